@@ -1,0 +1,222 @@
+"""A channel ``ch = <Es, S>``: its space, its subscriptions, and per-slice load records.
+
+Rules this module keeps (SPEC §2.3, §5, §8.3):
+
+1. A channel id ``(node, seq)`` is unique in the cluster: the creating node
+   numbers its channels.
+2. ``match`` is the only way an event is matched on a channel; it records the
+   event's cost (subscriptions tested by the real matcher) in the current
+   slice, with the event's access node (for f4).
+3. Slice records are aggregated per distinct point of the distinguishing
+   attributes and kept sorted by the DA priority of §8.3 (numeric, rfid,
+   string; ties by popularity).  At most ``MAX_RECORDS`` points are kept: past
+   that, a new point's cost is added to its nearest kept neighbour, so the
+   slice load stays exact and memory stays bounded.
+4. For each string DA whose constraint is type 2, the channel remembers values
+   seen (the spec's ``valSet2``), bounded by ``MAX_SEEN``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+import msgspec
+from sortedcontainers import SortedDict
+
+from overlay.channels.matcher import DEFAULT_BUCKETS, MatchResult, SubscriptionIndex
+from overlay.channels.schema import Kind, Schema, Value
+from overlay.channels.space import EventSpace, ExceptConstraint
+from overlay.channels.subscriptions import Subscription
+
+__all__ = ["ChannelId", "Channel", "SliceStats", "EventRecord", "MAX_RECORDS", "MAX_SEEN"]
+
+# Distinct DA points recorded per slice; enough to cut a channel finely while
+# bounding the memory a flood of unique values can take.
+MAX_RECORDS: Final = 4096
+# Distinct values remembered per type-2 string attribute.
+MAX_SEEN: Final = 4096
+
+
+class ChannelId(msgspec.Struct, frozen=True, array_like=True, order=True):
+    """``(node_id, local_sequence_number)`` (rule 1)."""
+
+    node: int
+    seq: int
+
+    def __str__(self) -> str:
+        return f"{self.node}.{self.seq}"
+
+
+class EventRecord(msgspec.Struct, frozen=True, array_like=True):
+    """``<e_i, num_i>`` aggregated: a DA point (in priority order), its total cost
+    and how many events fell on it."""
+
+    point: tuple[Value, ...]
+    cost: int
+    count: int
+
+
+class SliceStats:
+    """What one time slice of a channel recorded. Invariant: ``load`` is the sum of
+    the records' costs and ``events`` the sum of their counts."""
+
+    __slots__ = ("priority", "load", "events", "_records", "access")
+
+    def __init__(self, priority: tuple[str, ...]) -> None:
+        self.priority = priority
+        self.load = 0
+        self.events = 0
+        self._records: SortedDict = SortedDict()
+        self.access: dict[int, int] = {}
+
+    def add(self, point: tuple[Value, ...], cost: int, access_node: int) -> None:
+        self.load += cost
+        self.events += 1
+        self.access[access_node] = self.access.get(access_node, 0) + 1
+        recs = self._records
+        rec = recs.get(point)
+        if rec is None:
+            if len(recs) >= MAX_RECORDS:
+                point = _nearest(recs, point)
+                rec = recs[point]
+            else:
+                recs[point] = [cost, 1]
+                return
+        rec[0] += cost
+        rec[1] += 1
+
+    def records(self) -> list[EventRecord]:
+        """The records in DA-priority order (rule 3)."""
+        return [EventRecord(p, r[0], r[1]) for p, r in self._records.items()]
+
+    def reordered(self, priority: tuple[str, ...], old: tuple[str, ...]) -> None:
+        """Re-key the records for a new DA priority order."""
+        if priority == old:
+            return
+        perm = [old.index(n) for n in priority]
+        items = list(self._records.items())
+        self._records = SortedDict()
+        for p, r in items:
+            key = tuple(p[i] for i in perm)
+            rec = self._records.setdefault(key, [0, 0])
+            rec[0] += r[0]
+            rec[1] += r[1]
+        self.priority = priority
+
+    def access_rate(self, node: int) -> float:
+        """``acc_rate = n_ikj / n_ik`` (SPEC §7, f4)."""
+        return self.access.get(node, 0) / self.events if self.events else 0.0
+
+
+def _nearest(recs: SortedDict, point: tuple[Value, ...]) -> tuple[Value, ...]:
+    i = recs.bisect_left(point)
+    keys = recs.keys()
+    return keys[i] if i < len(keys) else keys[i - 1]
+
+
+class Channel:
+    """``ch = <Es, S>`` with its matcher and slice statistics.
+
+    Invariant: every stored subscription belongs to ``space`` (covers or
+    overlaps it) — callers route by the routing table, which guarantees it.
+    """
+
+    def __init__(
+        self,
+        id: ChannelId,
+        space: EventSpace,
+        schema: Schema,
+        *,
+        nbuckets: int = DEFAULT_BUCKETS,
+    ) -> None:
+        self.id = id
+        self.space = space
+        self.schema = schema
+        self.index = SubscriptionIndex(schema, nbuckets)
+        self._da_count: dict[str, int] = {n: 0 for n in schema.da}
+        self.priority = schema.da_priority()
+        self.current = SliceStats(self.priority)
+        self.last: SliceStats = SliceStats(self.priority)
+        self.seen: dict[str, set[str]] = {}
+        self._type2 = tuple(
+            c.attr
+            for c in space.constraints
+            if isinstance(c, ExceptConstraint)
+            and schema.attributes[c.attr].kind is Kind.STRING
+        )
+
+    def __repr__(self) -> str:
+        return f"Channel({self.id}, {self.space.text(self.schema)}, {len(self)} subs)"
+
+    # -- subscriptions --------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __contains__(self, sub_id: str) -> bool:
+        return sub_id in self.index
+
+    def __iter__(self) -> Iterator[Subscription]:
+        return iter(self.index)
+
+    def get(self, sub_id: str) -> Subscription | None:
+        return self.index.get(sub_id)
+
+    def add(self, sub: Subscription) -> bool:
+        """Store ``sub``; False when it was already here (idempotent)."""
+        if not self.index.add(sub):
+            return False
+        for name in sub.filter.attrs():
+            if name in self._da_count:
+                self._da_count[name] += 1
+        return True
+
+    def remove(self, sub_id: str) -> Subscription | None:
+        sub = self.index.remove(sub_id)
+        if sub is not None:
+            for name in sub.filter.attrs():
+                if name in self._da_count:
+                    self._da_count[name] -= 1
+        return sub
+
+    def popularity(self) -> dict[str, float]:
+        """``pop(attr) = |subs constraining attr| / |subs|`` over the DA (SPEC §8.3)."""
+        n = len(self.index)
+        return {a: (c / n if n else 0.0) for a, c in self._da_count.items()}
+
+    # -- matching and load ---------------------------------------------------------
+
+    def match(self, values: Mapping[str, Value], access_node: int) -> MatchResult:
+        """Rule 2."""
+        result = self.index.match(values)
+        point = tuple(values[n] for n in self.priority)
+        self.current.add(point, result[1], access_node)
+        for name in self._type2:
+            seen = self.seen.setdefault(name, set())
+            if len(seen) < MAX_SEEN:
+                seen.add(values[name])  # type: ignore[arg-type]
+        return result
+
+    @property
+    def load(self) -> int:
+        """``LD(ch)`` of the slice in progress."""
+        return self.current.load
+
+    def roll_slice(self) -> SliceStats:
+        """Close the slice: it becomes ``last``; a new one starts with the DA
+        priority recomputed from the current popularity."""
+        done = self.current
+        self.last = done
+        self.priority = self.schema.da_priority(self.popularity())
+        self.current = SliceStats(self.priority)
+        return done
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id),
+            "space": self.space.text(self.schema),
+            "subscriptions": len(self),
+            "load": self.current.load,
+            "last_load": self.last.load,
+        }

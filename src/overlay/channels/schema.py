@@ -1,0 +1,326 @@
+"""The schema: attributes, their kinds and domains, and the distinguishing attributes.
+
+Rules this module keeps (SPEC §2.1):
+
+1. Every attribute has a name, a kind and a closed domain ``[min, max]``.
+   Kinds: ``int`` and ``float`` (the spec's *numeric*), ``rfid`` and ``string``.
+2. ``rfid`` values are 64-bit EPC-like codes compared as ordered unsigned
+   integers.  Their one textual form is the dotted ``header.manager.class.serial``
+   with field widths 8.20.12.24 bits, mapped to
+   ``header << 56 | manager << 36 | class << 24 | serial``; a plain integer is
+   accepted too.  64 bits, not 96: msgpack carries at most 64-bit integers, and
+   native ints keep matching and range cuts at int speed on every node.
+3. For ``string`` attributes ``min``/``max`` bound the *length* of a value (strings
+   have no useful order for cutting spaces; see SPEC §2.3 type-1/type-2 sets).
+4. Values are never coerced: a bool is not a number, a float is not an int, and a
+   value outside the domain is refused with a ``SchemaError`` naming the attribute.
+5. The distinguishing attributes (DA) are a non-empty subset of the attributes;
+   every event carries all of them.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+
+from overlay.errors import ConfigError, SchemaError
+
+__all__ = [
+    "Kind",
+    "Attribute",
+    "Schema",
+    "Value",
+    "parse_rfid",
+    "format_rfid",
+    "RFID_MAX",
+]
+
+Value = int | float | str
+
+# Field widths of the dotted rfid form: header, manager, object class, serial.
+_RFID_FIELDS: Final = (8, 20, 12, 24)
+RFID_MAX: Final = (1 << 64) - 1
+# Strings longer than this are refused unless the schema says otherwise; a bound
+# keeps a single hostile event from pinning memory in every channel record.
+DEFAULT_STRING_MAX_LEN: Final = 256
+
+
+class Kind(enum.StrEnum):
+    INT = "int"
+    FLOAT = "float"
+    RFID = "rfid"
+    STRING = "string"
+
+    @property
+    def ordered(self) -> bool:
+        """Values compare with < and form intervals."""
+        return self is not Kind.STRING
+
+    @property
+    def discrete(self) -> bool:
+        """Values are integers: an open bound ``< v`` is the closed bound ``<= v-1``."""
+        return self is Kind.INT or self is Kind.RFID
+
+    @property
+    def split_priority(self) -> int:
+        """SPEC §8.3: numeric attributes split first, then rfid, then string."""
+        return _SPLIT_PRIORITY[self]
+
+
+_SPLIT_PRIORITY: Final = {Kind.INT: 0, Kind.FLOAT: 0, Kind.RFID: 1, Kind.STRING: 2}
+
+
+def parse_rfid(text: str) -> int:
+    """Map the dotted form ``H.M.C.S`` to its ordered 64-bit integer."""
+    parts = text.split(".")
+    if len(parts) != len(_RFID_FIELDS):
+        raise SchemaError(
+            f"rfid code {text!r} must have 4 dotted fields header.manager.class.serial"
+        )
+    value = 0
+    for part, width in zip(parts, _RFID_FIELDS):
+        if not part.isdigit():
+            raise SchemaError(f"rfid field {part!r} of {text!r} is not a decimal number")
+        field = int(part)
+        if field >= 1 << width:
+            raise SchemaError(
+                f"rfid field {field} of {text!r} does not fit in {width} bits"
+            )
+        value = (value << width) | field
+    return value
+
+
+def format_rfid(value: int) -> str:
+    """The dotted form of an rfid integer (inverse of ``parse_rfid``)."""
+    fields = []
+    for width in reversed(_RFID_FIELDS):
+        fields.append(value & ((1 << width) - 1))
+        value >>= width
+    return ".".join(str(f) for f in reversed(fields))
+
+
+class Attribute(msgspec.Struct, frozen=True):
+    """One attribute of the schema. Invariant: ``min <= max`` and both fit the kind."""
+
+    name: str
+    kind: Kind
+    min: int | float
+    max: int | float
+
+    def check(self, value: object) -> Value:
+        """Return ``value`` if it is a valid value of this attribute, else raise."""
+        kind = self.kind
+        if kind is Kind.STRING:
+            if type(value) is not str:
+                raise SchemaError(
+                    f"attribute {self.name!r} is a string, got {_describe(value)}",
+                    attr=self.name,
+                )
+            if not self.min <= len(value) <= self.max:
+                raise SchemaError(
+                    f"value of {self.name!r} has length {len(value)}, "
+                    f"outside [{self.min}, {self.max}]",
+                    attr=self.name,
+                )
+            return value
+        if kind is Kind.FLOAT:
+            if type(value) is not float and type(value) is not int:
+                raise SchemaError(
+                    f"attribute {self.name!r} is a number, got {_describe(value)}",
+                    attr=self.name,
+                )
+            if isinstance(value, float) and not math.isfinite(value):
+                raise SchemaError(
+                    f"value of {self.name!r} must be finite, got {value}", attr=self.name
+                )
+        elif type(value) is not int:
+            raise SchemaError(
+                f"attribute {self.name!r} is {'an rfid code' if kind is Kind.RFID else 'an integer'}, "
+                f"got {_describe(value)}",
+                attr=self.name,
+            )
+        if not self.min <= value <= self.max:  # type: ignore[operator]
+            raise SchemaError(
+                f"value {self.format(value)} of {self.name!r} is outside "  # type: ignore[arg-type]
+                f"[{self.format(self.min)}, {self.format(self.max)}]",
+                attr=self.name,
+            )
+        return value  # type: ignore[return-value]
+
+    def format(self, value: Value) -> str:
+        """The value as it is written in an expression."""
+        if self.kind is Kind.RFID and isinstance(value, int):
+            return format_rfid(value)
+        if isinstance(value, str):
+            return _quote(value)
+        return repr(value)
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _describe(value: object) -> str:
+    return f"{type(value).__name__} {value!r}"
+
+
+class Schema:
+    """The attributes and the distinguishing attributes, identical on every node.
+
+    Invariant: ``da`` is a non-empty tuple of names of ``attributes``, no repeats.
+    """
+
+    __slots__ = ("attributes", "da", "_da_set")
+
+    def __init__(self, attributes: Iterable[Attribute], da: Iterable[str]) -> None:
+        attrs: dict[str, Attribute] = {}
+        for attr in attributes:
+            if attr.name in attrs:
+                raise ConfigError(f"attribute {attr.name!r} is declared twice")
+            attrs[attr.name] = attr
+        da_names = tuple(da)
+        if not da_names:
+            raise ConfigError("the schema needs at least one distinguishing attribute")
+        for name in da_names:
+            if name not in attrs:
+                raise ConfigError(f"distinguishing attribute {name!r} is not declared")
+        if len(set(da_names)) != len(da_names):
+            raise ConfigError("a distinguishing attribute is listed twice")
+        self.attributes: Mapping[str, Attribute] = attrs
+        self.da: tuple[str, ...] = da_names
+        self._da_set = frozenset(da_names)
+
+    def __repr__(self) -> str:
+        return f"Schema(attributes={list(self.attributes)}, da={list(self.da)})"
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, Schema)
+            and self.attributes == other.attributes
+            and self.da == other.da
+        )
+
+    def __hash__(self) -> int:
+        return hash((tuple(self.attributes.values()), self.da))
+
+    def attribute(self, name: str) -> Attribute:
+        try:
+            return self.attributes[name]
+        except KeyError:
+            raise SchemaError(
+                f"unknown attribute {name!r} (known: {', '.join(self.attributes)})",
+                attr=name,
+            ) from None
+
+    def is_da(self, name: str) -> bool:
+        return name in self._da_set
+
+    def da_priority(self, popularity: Mapping[str, float] | None = None) -> tuple[str, ...]:
+        """DA names in split priority (SPEC §8.3): numeric, rfid, string; ties by
+        popularity (higher first), then by declaration order."""
+        pop = popularity or {}
+        order = {name: i for i, name in enumerate(self.da)}
+        return tuple(
+            sorted(
+                self.da,
+                key=lambda n: (
+                    self.attributes[n].kind.split_priority,
+                    -pop.get(n, 0.0),
+                    order[n],
+                ),
+            )
+        )
+
+    def check_event_values(self, values: Mapping[str, object]) -> dict[str, Value]:
+        """Validate an event's items: known attributes, right types, in range, all DA."""
+        out: dict[str, Value] = {}
+        for name, value in values.items():
+            out[name] = self.attribute(name).check(value)
+        missing = [name for name in self.da if name not in out]
+        if missing:
+            raise SchemaError(
+                f"event lacks distinguishing attribute(s) {', '.join(map(repr, missing))}",
+                attr=missing[0],
+            )
+        return out
+
+    # -- configuration -------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, table: Mapping[str, Any]) -> Schema:
+        """Build from the ``[schema]`` table of a cluster TOML file."""
+        if not isinstance(table, Mapping):
+            raise ConfigError("[schema] must be a table")
+        raw_attrs = table.get("attributes")
+        if not isinstance(raw_attrs, list) or not raw_attrs:
+            raise ConfigError("[schema] needs a non-empty [[schema.attributes]] list")
+        attrs = [_attribute_from_dict(i, raw) for i, raw in enumerate(raw_attrs)]
+        da = table.get("distinguishing")
+        if not isinstance(da, list) or not all(isinstance(n, str) for n in da):
+            raise ConfigError("[schema] distinguishing must be a list of attribute names")
+        return cls(attrs, da)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> Schema:
+        try:
+            with open(path, "rb") as fh:
+                doc = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError(f"cannot read {path}: {exc}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+        if "schema" not in doc:
+            raise ConfigError(f"{path} has no [schema] table")
+        return cls.from_dict(doc["schema"])
+
+
+def _attribute_from_dict(index: int, raw: object) -> Attribute:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"schema attribute #{index} must be a table")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ConfigError(f"schema attribute #{index} needs a name that is an identifier")
+    raw_kind = raw.get("type")
+    if raw_kind == "numeric":  # the spec's word; a numeric attribute takes floats
+        raw_kind = "float"
+    try:
+        kind = Kind(raw_kind)
+    except ValueError:
+        raise ConfigError(
+            f"attribute {name!r}: type must be one of int, float, numeric, rfid, string"
+            f" (got {raw_kind!r})"
+        ) from None
+    lo = _bound(name, kind, raw.get("min"), "min")
+    hi = _bound(name, kind, raw.get("max"), "max")
+    if lo > hi:
+        raise ConfigError(f"attribute {name!r}: min {lo} is above max {hi}")
+    return Attribute(name=name, kind=kind, min=lo, max=hi)
+
+
+def _bound(name: str, kind: Kind, raw: object, which: str) -> int | float:
+    if raw is None:
+        if kind is Kind.STRING:
+            return 0 if which == "min" else DEFAULT_STRING_MAX_LEN
+        if kind is Kind.RFID:
+            return 0 if which == "min" else RFID_MAX
+        raise ConfigError(f"attribute {name!r} needs {which}")
+    if kind is Kind.RFID and isinstance(raw, str):
+        try:
+            return parse_rfid(raw)
+        except SchemaError as exc:
+            raise ConfigError(f"attribute {name!r} {which}: {exc}") from None
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise ConfigError(f"attribute {name!r}: {which} must be a number, got {raw!r}")
+    if kind in (Kind.INT, Kind.RFID, Kind.STRING) and not isinstance(raw, int):
+        raise ConfigError(f"attribute {name!r}: {which} must be an integer, got {raw!r}")
+    if isinstance(raw, float) and not math.isfinite(raw):
+        raise ConfigError(f"attribute {name!r}: {which} must be finite")
+    if kind is Kind.STRING and raw < 0:
+        raise ConfigError(f"attribute {name!r}: string length bound {which} is negative")
+    return raw

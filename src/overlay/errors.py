@@ -1,0 +1,85 @@
+"""The one exception hierarchy of overlay.
+
+Every error a user can cause or see is an ``OverlayError``; nothing else is
+meant to escape a parser, a codec or a core.  Exceptions carry fields, not only
+text, so callers (and the wire protocol) can act on them.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "OverlayError",
+    "RemoteProtocolError",
+    "LocalProtocolError",
+    "SchemaError",
+    "ExpressionError",
+    "ConfigError",
+    "NotReady",
+    "SlowConsumerError",
+]
+
+
+class OverlayError(Exception):
+    """Base class of every error raised by overlay."""
+
+
+class RemoteProtocolError(OverlayError):
+    """The peer misbehaved: answer with an error message and close cleanly."""
+
+
+class LocalProtocolError(OverlayError):
+    """A caller misused an API of ours (a bug on our side of the connection)."""
+
+
+class ConfigError(OverlayError):
+    """A cluster configuration file is invalid."""
+
+
+class SchemaError(OverlayError):
+    """A value does not fit the schema: unknown attribute, wrong type, out of range,
+    or a distinguishing attribute missing from an event.
+
+    ``attr`` names the attribute concerned when there is one.
+    """
+
+    def __init__(self, message: str, *, attr: str | None = None) -> None:
+        super().__init__(message)
+        self.attr = attr
+
+
+class ExpressionError(OverlayError):
+    """A textual subscription or event expression is malformed or invalid.
+
+    ``position`` is the 0-based character offset of the offending token in
+    ``text``; ``str(exc)`` shows the expression with a caret under it.
+    """
+
+    def __init__(self, message: str, *, text: str, position: int) -> None:
+        self.reason = message
+        self.text = text
+        self.position = position
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        return (
+            f"{self.reason} at position {self.position}\n"
+            f"  {self.text}\n"
+            f"  {' ' * self.position}^"
+        )
+
+
+class NotReady(OverlayError):
+    """The cluster (or node) is not ready to serve clients yet; retry later."""
+
+
+class SlowConsumerError(OverlayError):
+    """A subscriber's bounded queue is full and the policy is to refuse."""
+
+    def __init__(self, subscriber: str, queued: int, limit: int) -> None:
+        super().__init__(
+            f"subscriber {subscriber!r} is too slow: {queued} notifications queued "
+            f"(limit {limit})"
+        )
+        self.subscriber = subscriber
+        self.queued = queued
+        self.limit = limit
