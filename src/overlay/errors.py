@@ -16,6 +16,8 @@ __all__ = [
     "ConfigError",
     "NotReady",
     "SlowConsumerError",
+    "RequestError",
+    "ConnectionLost",
 ]
 
 
@@ -83,3 +85,19 @@ class SlowConsumerError(OverlayError):
         self.subscriber = subscriber
         self.queued = queued
         self.limit = limit
+
+
+class RequestError(OverlayError):
+    """A node refused a client request; ``code`` is one of
+    ``overlay.messages.client.ErrorCode`` and ``position`` points into the
+    expression when the expression was at fault (-1 otherwise)."""
+
+    def __init__(self, code: str, message: str, position: int = -1) -> None:
+        super().__init__(f"{code}: {message}" + (f" (at position {position})" if position >= 0 else ""))
+        self.code = code
+        self.reason = message
+        self.position = position
+
+
+class ConnectionLost(OverlayError):
+    """The connection to the access node is gone and could not be re-established."""

@@ -1,0 +1,210 @@
+"""Migration sessions: moving channels from an overloaded node to a receiver.
+
+Theory of operation (SPEC §8.1 steps 3–9 and §8.2):
+
+1. One session moves a set of channels from the *moving-out* node ``g_i`` to
+   one *receiver* ``g_j``.  Both sides hold a session object keyed by
+   ``(g_i, session_id)``; every message of the session carries the id.
+2. Moving-out states and the message that moves each on::
+
+       REQUESTED  --ReplyRequestLoadBalance(SUCCESS)-->   TRANSFERRING   (<1>)
+       REQUESTED  --ReplyRequestLoadBalance(FAIL)---->    ABORTED
+       TRANSFERRING --ReplyChannelTransfer(SUCCESS)-->    MOVING         (<2>)
+       TRANSFERRING --ReplyChannelTransfer(FAIL)----->    ABORTED
+       MOVING     --ReplySubscriptionMove------------>    UPDATING       (<3>)
+       UPDATING   --(every ReplyUpdateGlobal in)----->    DONE
+
+   A timeout in REQUESTED, TRANSFERRING or MOVING aborts; in UPDATING the
+   tables already changed and the receiver owns the channels, so the session
+   retries the update instead of rolling back.
+3. Reforward: from <2> on (states MOVING, UPDATING, and after DONE through the
+   node's routing table) every Subscription, UnSubscription and Event for a
+   moving channel that reaches ``g_i`` goes to the receiver as a Reforward, in
+   arrival order, instead of being processed here.  Before <2> they are
+   processed here and the subscriptions are part of the SubscriptionMove
+   snapshot, which is taken at <2>, so nothing needs recording twice.
+4. The receiver applies SubscriptionMove before any Reforward of that
+   session: both travel on the high-priority queue of the same link, which is
+   FIFO, so arrival order is send order; a Reforward before the move is a
+   protocol error.
+5. Rollback (ABORTED before <3>): the moving-out node never changed its
+   tables, so rollback is dropping the session; a receiver that added channels
+   for it removes them again on ``abort``.
+6. An illegal (state, message) pair raises ``RemoteProtocolError`` and
+   changes nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Final
+
+from overlay.channels.channel import ChannelId
+from overlay.errors import RemoteProtocolError
+from overlay.messages import peer as pm
+
+__all__ = ["OutState", "InState", "OutgoingMigration", "IncomingMigration"]
+
+
+class OutState(enum.Enum):
+    REQUESTED = "requested"
+    TRANSFERRING = "transferring"
+    MOVING = "moving"
+    UPDATING = "updating"
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+class InState(enum.Enum):
+    ACCEPTED = "accepted"
+    CHANNELS_ADDED = "channels_added"
+    SUBSCRIPTIONS_ADDED = "subscriptions_added"
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+_OUT_TRANSITIONS: Final[dict[tuple[OutState, type], OutState]] = {
+    (OutState.REQUESTED, pm.ReplyRequestLoadBalance): OutState.TRANSFERRING,
+    (OutState.TRANSFERRING, pm.ReplyChannelTransfer): OutState.MOVING,
+    (OutState.MOVING, pm.ReplySubscriptionMove): OutState.UPDATING,
+}
+
+_IN_TRANSITIONS: Final[dict[tuple[InState, type], InState]] = {
+    (InState.ACCEPTED, pm.ChannelTransfer): InState.CHANNELS_ADDED,
+    (InState.CHANNELS_ADDED, pm.SubscriptionMove): InState.SUBSCRIPTIONS_ADDED,
+    (InState.SUBSCRIPTIONS_ADDED, pm.Reforward): InState.SUBSCRIPTIONS_ADDED,
+    (InState.SUBSCRIPTIONS_ADDED, pm.CompleteLoadBalance): InState.DONE,
+}
+
+
+class OutgoingMigration:
+    """The moving-out side of one session (rules 2, 3, 5).
+
+    Invariant: ``reforwarding`` is True exactly from <2> on; ``channels`` never
+    changes after construction.
+    """
+
+    def __init__(
+        self,
+        session: int,
+        receiver: int,
+        channels: Sequence[ChannelId],
+        *,
+        started: float,
+        timeout: float,
+        forced: bool = False,
+    ) -> None:
+        self.session = session
+        self.receiver = receiver
+        self.channels: tuple[ChannelId, ...] = tuple(channels)
+        self.state = OutState.REQUESTED
+        self.started = started
+        self.deadline = started + timeout
+        self.timeout = timeout
+        self.forced = forced
+        self.reason = ""
+        self.waiting_updates: set[int] = set()
+        self.subscriptions_moved = 0
+        self.bytes_moved = 0
+        self.times: dict[str, float] = {"<1>": started}
+
+    @property
+    def reforwarding(self) -> bool:
+        return self.state in (OutState.MOVING, OutState.UPDATING, OutState.DONE)
+
+    @property
+    def active(self) -> bool:
+        return self.state not in (OutState.DONE, OutState.ABORTED)
+
+    def on(self, msg: pm.PeerMessage, now: float) -> OutState:
+        """Advance on a reply from the receiver; returns the new state."""
+        key = (self.state, type(msg))
+        new = _OUT_TRANSITIONS.get(key)
+        if new is None:
+            raise RemoteProtocolError(
+                f"{type(msg).__name__} is not expected by moving-out session {self.session} "
+                f"in state {self.state.value}"
+            )
+        failed = (
+            isinstance(msg, (pm.ReplyRequestLoadBalance, pm.ReplyChannelTransfer))
+            and getattr(msg, "status", getattr(msg, "reply_sign", None)) is pm.ReplySign.REPLY_FAIL
+        )
+        if failed:
+            self.reason = getattr(msg, "reason", "") or "receiver refused"
+            self.state = OutState.ABORTED
+            return self.state
+        self.state = new
+        self.deadline = now + self.timeout
+        if new is OutState.MOVING:
+            self.times["<2>"] = now
+        elif new is OutState.UPDATING:
+            self.times["<3>"] = now
+        return new
+
+    def updates_sent(self, peers: Sequence[int], now: float) -> None:
+        self.waiting_updates = set(peers)
+        self.deadline = now + self.timeout
+
+    def on_update_reply(self, peer: int, now: float) -> OutState:
+        if self.state is not OutState.UPDATING:
+            raise RemoteProtocolError(
+                f"ReplyUpdateGlobal from node {peer} not expected by session {self.session} "
+                f"in state {self.state.value}"
+            )
+        self.waiting_updates.discard(peer)
+        if not self.waiting_updates:
+            self.state = OutState.DONE
+            self.times["done"] = now
+        return self.state
+
+    def expired(self, now: float) -> bool:
+        return self.active and now >= self.deadline
+
+    def abort(self, reason: str) -> None:
+        """Rule 5: only legal before <3>."""
+        if self.state in (OutState.UPDATING, OutState.DONE):
+            raise RemoteProtocolError(
+                f"session {self.session} cannot abort in state {self.state.value}: "
+                "the routing tables already changed"
+            )
+        self.reason = reason
+        self.state = OutState.ABORTED
+
+
+class IncomingMigration:
+    """The receiver side of one session (rules 4, 5)."""
+
+    def __init__(self, origin: int, session: int, *, started: float, timeout: float) -> None:
+        self.origin = origin
+        self.session = session
+        self.state = InState.ACCEPTED
+        self.channels: tuple[ChannelId, ...] = ()
+        self.deadline = started + timeout
+        self.timeout = timeout
+
+    @property
+    def active(self) -> bool:
+        return self.state not in (InState.DONE, InState.ABORTED)
+
+    def on(self, msg: pm.PeerMessage, now: float) -> InState:
+        key = (self.state, type(msg))
+        new = _IN_TRANSITIONS.get(key)
+        if new is None:
+            raise RemoteProtocolError(
+                f"{type(msg).__name__} is not expected by receiving session "
+                f"{self.origin}/{self.session} in state {self.state.value}"
+            )
+        if isinstance(msg, pm.ChannelTransfer):
+            self.channels = tuple(c.ch_id for c in msg.channels)
+        self.state = new
+        self.deadline = now + self.timeout
+        return new
+
+    def expired(self, now: float) -> bool:
+        # Once the subscriptions are here the channels are live on this node:
+        # only the sender may end the session then.
+        return self.state in (InState.ACCEPTED, InState.CHANNELS_ADDED) and now >= self.deadline
+
+    def abort(self) -> None:
+        self.state = InState.ABORTED

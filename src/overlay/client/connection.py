@@ -1,0 +1,374 @@
+"""The client library: publish, subscribe and operate, over one access-node connection.
+
+Rules this module keeps (SPEC §4, §12; STYLE habits 6–8):
+
+1. One connection at a time to one access node, chosen from the known list;
+   one writer task coalesces frames; one reader task routes answers to the
+   waiting request (by ``seq``) and notifications to their subscription.
+2. Requests are retried, not failed, while the cluster is not ready and
+   when a node answers Choke(delay): the client waits the delay (nothing is
+   dropped) and sends again.
+3. Subscriptions belong to the client.  After a lost connection the client
+   reconnects (to the same or the next node, with backoff) and re-subscribes
+   every open subscription before any new request goes out.
+4. A ``Subscription`` is an async iterator with a bounded queue.  Taking a
+   notification from it acknowledges it to the node.  When the queue is full
+   further notifications are dropped and counted (``dropped``) — the reader
+   never blocks on one slow consumer.  ``drain()`` lets queued notifications
+   be consumed then unsubscribes; ``close()`` unsubscribes and drops them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgspec
+
+from overlay.channels.schema import Value
+from overlay.errors import ConnectionLost, NotReady, RemoteProtocolError, RequestError
+from overlay.messages import client as cm
+from overlay.messages.codec import DEFAULT_MAX_FRAME_SIZE, client_reader, encode_frame
+
+__all__ = ["Client", "Subscription", "Notification", "Publisher", "Subscriber"]
+
+log = logging.getLogger("overlay.client")
+
+CLIENT_MAGIC: Final = b"OVC1"
+DEFAULT_QUEUE: Final = 10_000
+REQUEST_TIMEOUT: Final = 10.0
+NOT_READY_RETRY: Final = 0.05
+RECONNECT_MIN: Final = 0.05
+RECONNECT_MAX: Final = 2.0
+
+
+class Notification(msgspec.Struct, frozen=True):
+    """An event delivered to this client, with the client's matching subscriptions."""
+
+    event_id: str
+    event: dict[str, Value]
+    sub_ids: tuple[str, ...]
+    publish_time: float = 0.0
+    received: float = 0.0
+
+
+class Subscription:
+    """Rule 4. Use as ``async for note in sub`` or ``async with``."""
+
+    def __init__(self, client: Client, sub_id: str, expression: str, maxsize: int) -> None:
+        self.client = client
+        self.sub_id = sub_id
+        self.expression = expression
+        self.queue: asyncio.Queue[Notification | None] = asyncio.Queue(maxsize)
+        self.dropped = 0
+        self.received = 0
+        self.closed = False
+
+    def _deliver(self, note: Notification) -> None:
+        try:
+            self.queue.put_nowait(note)
+            self.received += 1
+        except asyncio.QueueFull:
+            self.dropped += 1
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Notification:
+        if self.closed and self.queue.empty():
+            raise StopAsyncIteration
+        note = await self.queue.get()
+        if note is None:
+            raise StopAsyncIteration
+        self.client._ack(note.event_id)
+        return note
+
+    async def next(self, timeout: float | None = None) -> Notification:
+        return await asyncio.wait_for(self.__anext__(), timeout)
+
+    async def drain(self) -> None:
+        """Unsubscribe, then let queued notifications be consumed before iteration ends."""
+        if not self.closed:
+            self.closed = True
+            await self.client.unsubscribe(self.sub_id)
+            if not self.queue.full():  # wake a consumer blocked on an empty queue
+                self.queue.put_nowait(None)
+
+    async def close(self) -> None:
+        """Unsubscribe and drop what is queued."""
+        if not self.closed:
+            self.closed = True
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            await self.client.unsubscribe(self.sub_id)
+            self.queue.put_nowait(None)
+
+    async def __aenter__(self) -> Subscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class Client:
+    """A connection to the cluster through one access node at a time (rules 1–3)."""
+
+    def __init__(
+        self,
+        addresses: Sequence[tuple[str, int]],
+        *,
+        client_id: str | None = None,
+        reconnect: bool = True,
+        max_frame: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        if not addresses:
+            raise ValueError("a client needs at least one access node address")
+        self.addresses = list(addresses)
+        self.client_id = client_id or f"client-{os.getpid()}-{id(self):x}"
+        self.reconnect = reconnect
+        self.max_frame = max_frame
+        self.node_id: int | None = None
+        self.ready = False
+        self.subscriptions: dict[str, Subscription] = {}
+        self.chokes = 0
+        self._seq = itertools.count(1)
+        self._sub_seq = itertools.count(1)
+        self._waiting: dict[int, asyncio.Future[cm.ClientMessage]] = {}
+        self._out: deque[bytes] = deque()
+        self._out_ready = asyncio.Event()
+        self._connected = asyncio.Event()
+        self._closing = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._writer: asyncio.StreamWriter | None = None
+        self._addr_index = 0
+        self._lost = asyncio.Event()
+
+    # -- connection ----------------------------------------------------------------
+
+    async def connect(self, timeout: float = 10.0) -> Client:
+        await asyncio.wait_for(self._open(), timeout)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._supervise()))
+        return self
+
+    async def __aenter__(self) -> Client:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _open(self) -> None:
+        delay = RECONNECT_MIN
+        while True:
+            host, port = self.addresses[self._addr_index % len(self.addresses)]
+            try:
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(self.client_id), self.max_frame))
+                magic = await reader.readexactly(4)
+                if magic != CLIENT_MAGIC:
+                    raise RemoteProtocolError(f"node at {host}:{port} answered with {magic!r}")
+                frames = client_reader(self.max_frame)
+                welcome = None
+                while welcome is None:
+                    data = await reader.read(65536)
+                    if not data:
+                        raise ConnectionResetError("closed during hello")
+                    msgs = frames.feed(data)
+                    if msgs:
+                        welcome = msgs[0]
+                        pending = msgs[1:]
+                if isinstance(welcome, cm.Error):
+                    raise RequestError(welcome.code, welcome.message)
+                if not isinstance(welcome, cm.Welcome):
+                    raise RemoteProtocolError(f"expected Welcome, got {type(welcome).__name__}")
+                self.node_id = welcome.node_id
+                self.ready = welcome.ready
+                self._writer = writer
+                loop = asyncio.get_running_loop()
+                self._conn_tasks = [
+                    loop.create_task(self._read(reader, frames, pending)),
+                    loop.create_task(self._write(writer)),
+                ]
+                self._lost.clear()
+                self._connected.set()
+                log.debug("%s: connected to node %d at %s:%d", self.client_id, welcome.node_id, host, port)
+                return
+            except (OSError, asyncio.IncompleteReadError, RemoteProtocolError) as exc:
+                log.debug("%s: cannot use %s:%d: %s", self.client_id, host, port, exc)
+                self._addr_index += 1
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX)
+
+    async def _supervise(self) -> None:
+        """Rule 3: reconnect and re-subscribe after a lost connection."""
+        while not self._closing:
+            await self._lost.wait()
+            if self._closing:
+                return
+            self._connected.clear()
+            for t in self._conn_tasks:
+                t.cancel()
+            for fut in self._waiting.values():
+                if not fut.done():
+                    fut.set_exception(ConnectionLost("connection to the access node lost"))
+            self._waiting.clear()
+            if not self.reconnect:
+                return
+            self._addr_index += 1
+            await self._open()
+            for sub in list(self.subscriptions.values()):
+                if not sub.closed:
+                    await self._request_retrying(lambda seq, s=sub: cm.Subscribe(seq, s.sub_id, s.expression))
+
+    async def close(self) -> None:
+        self._closing = True
+        self._lost.set()
+        for t in getattr(self, "_conn_tasks", []):
+            t.cancel()
+        for t in self._tasks:
+            t.cancel()
+        if self._writer is not None:
+            self._writer.close()
+        for sub in self.subscriptions.values():
+            sub.closed = True
+            if not sub.queue.full():
+                sub.queue.put_nowait(None)
+
+    async def _read(self, reader: asyncio.StreamReader, frames: Any, pending: list[cm.ClientMessage]) -> None:
+        try:
+            for msg in pending:
+                self._on_message(msg)
+            while data := await reader.read(256 * 1024):
+                for msg in frames.feed(data):
+                    self._on_message(msg)
+        except (OSError, RemoteProtocolError) as exc:
+            log.debug("%s: read failed: %s", self.client_id, exc)
+        finally:
+            self._lost.set()
+
+    async def _write(self, writer: asyncio.StreamWriter) -> None:
+        out = self._out
+        try:
+            while True:
+                while not out:
+                    self._out_ready.clear()
+                    await self._out_ready.wait()
+                batch = [out.popleft() for _ in range(min(len(out), 512))]
+                writer.writelines(batch)
+                await writer.drain()
+        except OSError:
+            self._lost.set()
+
+    def _send(self, msg: cm.ClientMessage) -> None:
+        self._out.append(encode_frame(msg, self.max_frame))
+        self._out_ready.set()
+
+    def _on_message(self, msg: cm.ClientMessage) -> None:
+        match msg:
+            case cm.Notify():
+                note = Notification(msg.event_id, msg.event, msg.sub_ids, msg.publish_time, time.time())
+                seen = False
+                for sid in msg.sub_ids:
+                    sub = self.subscriptions.get(sid)
+                    if sub is not None and not sub.closed and not seen:
+                        sub._deliver(note)
+                        seen = True
+                if not seen:
+                    self._ack(msg.event_id)
+            case cm.Error(seq=seq) if seq in self._waiting:
+                self._waiting.pop(seq).set_result(msg)
+            case cm.Error():
+                log.warning("%s: node says %s: %s", self.client_id, msg.code, msg.message)
+            case cm.PubAck(seq=seq) | cm.SubAck(seq=seq) | cm.UnsubAck(seq=seq) | cm.Choke(seq=seq) | cm.AdminReply(seq=seq):
+                fut = self._waiting.pop(seq, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            case _:
+                log.debug("%s: ignoring %s", self.client_id, type(msg).__name__)
+
+    def _ack(self, event_id: str) -> None:
+        if self._connected.is_set():
+            self._send(cm.Ack(event_id))
+
+    # -- requests (rule 2) -----------------------------------------------------------------
+
+    async def _request(self, make: Any, timeout: float) -> cm.ClientMessage:
+        await self._connected.wait()
+        seq = next(self._seq)
+        fut: asyncio.Future[cm.ClientMessage] = asyncio.get_running_loop().create_future()
+        self._waiting[seq] = fut
+        self._send(make(seq))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._waiting.pop(seq, None)
+
+    async def _request_retrying(self, make: Any, timeout: float = REQUEST_TIMEOUT) -> cm.ClientMessage:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("request timed out")
+            try:
+                reply = await self._request(make, left)
+            except ConnectionLost:
+                if not self.reconnect or self._closing:
+                    raise
+                continue
+            if isinstance(reply, cm.Choke):
+                self.chokes += 1
+                await asyncio.sleep(reply.delay)
+                continue
+            if isinstance(reply, cm.Error):
+                if reply.code == cm.ErrorCode.NOT_READY:
+                    if time.monotonic() + NOT_READY_RETRY >= deadline:
+                        raise NotReady(reply.message)
+                    await asyncio.sleep(NOT_READY_RETRY)
+                    continue
+                raise RequestError(reply.code, reply.message, reply.position)
+            return reply
+
+    async def publish(self, event: str | dict[str, Value], *, timeout: float = REQUEST_TIMEOUT) -> str:
+        """Publish an event (an eventExp text or an ``{attr: value}`` map); returns its id."""
+        now = time.time()
+        reply = await self._request_retrying(lambda seq: cm.Publish(seq, event, now), timeout)
+        assert isinstance(reply, cm.PubAck)
+        return reply.event_id
+
+    async def subscribe(
+        self, expression: str, *, sub_id: str | None = None, queue_size: int = DEFAULT_QUEUE, timeout: float = REQUEST_TIMEOUT
+    ) -> Subscription:
+        """Subscribe; returns once every channel holding it has applied it."""
+        sid = sub_id or f"s{next(self._sub_seq)}"
+        if sid in self.subscriptions and not self.subscriptions[sid].closed:
+            raise RequestError(cm.ErrorCode.DUPLICATE_SUBSCRIPTION, f"subscription {sid!r} is already open")
+        sub = Subscription(self, sid, expression, queue_size)
+        self.subscriptions[sid] = sub
+        try:
+            await self._request_retrying(lambda seq: cm.Subscribe(seq, sid, expression), timeout)
+        except BaseException:
+            self.subscriptions.pop(sid, None)
+            raise
+        return sub
+
+    async def unsubscribe(self, sub_id: str, *, timeout: float = REQUEST_TIMEOUT) -> None:
+        sub = self.subscriptions.pop(sub_id, None)
+        if sub is None:
+            raise RequestError(cm.ErrorCode.UNKNOWN_SUBSCRIPTION, f"no subscription {sub_id!r}")
+        sub.closed = True
+        await self._request_retrying(lambda seq: cm.Unsubscribe(seq, sub_id), timeout)
+
+    async def admin(self, command: str, *, timeout: float = REQUEST_TIMEOUT, **args: Any) -> Any:
+        reply = await self._request_retrying(lambda seq: cm.Admin(seq, command, args), timeout)
+        assert isinstance(reply, cm.AdminReply)
+        return reply.result
+
+
+# The issue's two roles; one class serves both, as one connection can do both.
+Publisher = Client
+Subscriber = Client

@@ -1,0 +1,139 @@
+"""Cluster configuration: one TOML file describes every node (SPEC §14).
+
+Layout::
+
+    [cluster]       name, initializer, slice_seconds (T), delta (δ), levels (L),
+                    probability (p), omega/alpha/beta/gamma, limits …
+    [[nodes]]       id, host, port, admin_port, capacity
+    [bandwidth]     default, and [[bandwidth.links]] {a, b, bw} (symmetric)
+    [schema]        the content model's schema (overlay.channels.schema)
+
+Everything is checked when loaded; a bad file raises ``ConfigError`` naming
+the offending key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+
+from overlay.channels.schema import Schema
+from overlay.errors import ConfigError
+
+__all__ = ["ClusterConfig", "ClusterSettings", "NodeConfig", "BandwidthLink", "load_config"]
+
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+Unit = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+class NodeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    id: Annotated[int, msgspec.Meta(ge=0, le=65535)]
+    host: str = "127.0.0.1"
+    port: Port = 0
+    admin_port: Port = 0
+    capacity: Positive = 1.0
+
+
+class BandwidthLink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    a: int
+    b: int
+    bw: Positive
+
+
+class Bandwidth(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    default: Positive = 100.0
+    links: tuple[BandwidthLink, ...] = ()
+
+
+class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str = "overlay"
+    initializer: int = 0
+    # Load model and balancing (SPEC §5–§7).
+    slice_seconds: Positive = 2.0
+    delta: Annotated[float, msgspec.Meta(gt=0, lt=1)] = 0.1
+    levels: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 10
+    probability: Unit = 0.5
+    omega: Unit = 0.5
+    alpha: Unit = 0.6
+    beta: Unit = 0.2
+    gamma: Unit = 0.2
+    balancing: bool = True
+    # Limits.
+    max_frame_size: Annotated[int, msgspec.Meta(ge=1024, le=64 << 20)] = 1 << 20
+    peer_queue: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+    client_queue: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+    choke_threshold: Annotated[int, msgspec.Meta(ge=1)] = 8_000
+    peer_timeout: Positive = 5.0
+    capture_dir: str = ""
+
+
+class ClusterConfig(msgspec.Struct, frozen=True):
+    cluster: ClusterSettings
+    nodes: tuple[NodeConfig, ...]
+    bandwidth: Bandwidth
+    schema: Schema
+    path: str = ""
+
+    def node(self, node_id: int) -> NodeConfig:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise ConfigError(
+            f"node {node_id} is not in the cluster config (nodes: {[n.id for n in self.nodes]})"
+        )
+
+    @property
+    def node_ids(self) -> list[int]:
+        return [n.id for n in self.nodes]
+
+    def bw(self, a: int, b: int) -> float:
+        """``bw[a][b]``: configured bandwidth between two nodes (symmetric)."""
+        for link in self.bandwidth.links:
+            if {link.a, link.b} == {a, b}:
+                return link.bw
+        return self.bandwidth.default
+
+    def with_nodes(self, nodes: tuple[NodeConfig, ...]) -> ClusterConfig:
+        return msgspec.structs.replace(self, nodes=nodes)
+
+
+def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
+    try:
+        settings = msgspec.convert(doc.get("cluster", {}), ClusterSettings)
+        nodes = msgspec.convert(doc.get("nodes", []), tuple[NodeConfig, ...])
+        bandwidth = msgspec.convert(doc.get("bandwidth", {}), Bandwidth)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    if not nodes:
+        raise ConfigError(f"{path}: no [[nodes]] declared")
+    ids = [n.id for n in nodes]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"{path}: node ids repeat: {ids}")
+    if settings.initializer not in ids:
+        raise ConfigError(f"{path}: initializer {settings.initializer} is not a declared node")
+    for link in bandwidth.links:
+        if link.a not in ids or link.b not in ids:
+            raise ConfigError(f"{path}: bandwidth link {link.a}-{link.b} names an unknown node")
+    if "schema" not in doc:
+        raise ConfigError(f"{path}: no [schema] table")
+    schema = Schema.from_dict(doc["schema"])
+    return ClusterConfig(settings, nodes, bandwidth, schema, path)
+
+
+def load_config(path: str | Path) -> ClusterConfig:
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    return _from_doc(doc, str(path))
+
+
+def config_from_dict(doc: dict[str, Any], path: str = "<dict>") -> ClusterConfig:
+    return _from_doc(doc, path)

@@ -1,0 +1,146 @@
+"""Messages between a client (publisher or subscriber) and its access node.
+
+Client → node: ``Hello``, ``Publish``, ``Subscribe``, ``Unsubscribe``, ``Ack``,
+and the operator's ``Admin`` commands.  Node → client: ``Welcome``,
+``PubAck``, ``SubAck``, ``UnsubAck``, ``Notify``, ``Choke``, ``Error``,
+``AdminReply``.  ``seq`` is the client's correlation number for a request;
+the answer carries it back.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from overlay.channels.schema import Value
+
+__all__ = [
+    "ClientMessage",
+    "Hello",
+    "Welcome",
+    "Publish",
+    "PubAck",
+    "Subscribe",
+    "SubAck",
+    "Unsubscribe",
+    "UnsubAck",
+    "Notify",
+    "Ack",
+    "Choke",
+    "Error",
+    "Admin",
+    "AdminReply",
+    "ErrorCode",
+]
+
+Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+Seq = Annotated[int, msgspec.Meta(ge=0)]
+# An expression's text; the parser bounds it again with a position-bearing error.
+ExprText = Annotated[str, msgspec.Meta(max_length=64 * 1024)]
+
+
+class ErrorCode:
+    """The ``code`` values of ``Error``: stable strings clients can switch on."""
+
+    PROTOCOL = "protocol_error"
+    NOT_READY = "not_ready"
+    BAD_EXPRESSION = "bad_expression"
+    BAD_EVENT = "bad_event"
+    UNKNOWN_SUBSCRIPTION = "unknown_subscription"
+    DUPLICATE_SUBSCRIPTION = "duplicate_subscription"
+    SLOW_CONSUMER = "slow_consumer"
+    NO_ROUTE = "no_route"
+    ADMIN = "admin_error"
+
+
+class ClientMessage(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    """Base of every client-protocol message."""
+
+
+class Hello(ClientMessage, frozen=True):
+    client_id: Ident
+    version: int = 1
+
+
+class Welcome(ClientMessage, frozen=True):
+    node_id: int
+    session: int
+    ready: bool
+    cluster: str = ""
+
+
+class Publish(ClientMessage, frozen=True):
+    """``event`` is an eventExp text or an ``{attr: value}`` map."""
+
+    seq: Seq
+    event: ExprText | dict[str, Value]
+    publish_time: float = 0.0
+
+
+class PubAck(ClientMessage, frozen=True):
+    seq: Seq
+    event_id: str
+
+
+class Subscribe(ClientMessage, frozen=True):
+    seq: Seq
+    sub_id: Ident
+    expression: ExprText
+
+
+class SubAck(ClientMessage, frozen=True):
+    seq: Seq
+    sub_id: str
+    channels: int = 0
+
+
+class Unsubscribe(ClientMessage, frozen=True):
+    seq: Seq
+    sub_id: Ident
+
+
+class UnsubAck(ClientMessage, frozen=True):
+    seq: Seq
+    sub_id: str
+
+
+class Notify(ClientMessage, frozen=True):
+    """An event matched the client's subscriptions ``sub_ids`` (each listed once)."""
+
+    event_id: str
+    event: dict[str, Value]
+    sub_ids: tuple[str, ...]
+    publish_time: float = 0.0
+
+
+class Ack(ClientMessage, frozen=True):
+    event_id: str
+
+
+class Choke(ClientMessage, frozen=True):
+    """The node is congested: retry ``seq`` after ``delay`` seconds (SPEC §12)."""
+
+    seq: Seq
+    delay: float
+
+
+class Error(ClientMessage, frozen=True):
+    seq: int
+    code: str
+    message: str
+    position: int = -1
+    fatal: bool = False
+
+
+class Admin(ClientMessage, frozen=True):
+    """An operator command: ``command`` with JSON-like ``args``."""
+
+    seq: Seq
+    command: Ident
+    args: dict[str, Any] = {}
+
+
+class AdminReply(ClientMessage, frozen=True):
+    seq: Seq
+    result: Any

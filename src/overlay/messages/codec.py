@@ -1,0 +1,134 @@
+"""Framing and encoding: a 4-byte big-endian length prefix, then a msgpack body.
+
+Rules:
+1. One module-level encoder, one decoder per protocol (peer, client).
+2. The length prefix is checked against the maximum frame size **before** the
+   body is buffered, so a hostile prefix cannot make us allocate.
+3. Every decode failure — bad msgpack, unknown tag, wrong field type, a value
+   out of its declared bounds — becomes ``RemoteProtocolError`` (``from`` the
+   msgspec error) at this one place.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from typing import Final, Generic, TypeVar
+
+import msgspec
+
+from overlay.errors import LocalProtocolError, RemoteProtocolError
+from overlay.messages.client import ClientMessage
+from overlay.messages.peer import PeerMessage, PeerUnion
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_SIZE",
+    "HEADER",
+    "encode",
+    "encode_frame",
+    "FrameReader",
+    "peer_reader",
+    "client_reader",
+    "ClientUnion",
+]
+
+# 1 MiB: far above any event or subscription, low enough that a bad peer cannot
+# pin much memory per connection.  Configurable per cluster.
+DEFAULT_MAX_FRAME_SIZE: Final = 1 << 20
+HEADER: Final = struct.Struct(">I")
+
+_encoder: Final = msgspec.msgpack.Encoder()
+
+from overlay.messages import client as _c  # noqa: E402
+
+ClientUnion = (
+    _c.Hello
+    | _c.Welcome
+    | _c.Publish
+    | _c.PubAck
+    | _c.Subscribe
+    | _c.SubAck
+    | _c.Unsubscribe
+    | _c.UnsubAck
+    | _c.Notify
+    | _c.Ack
+    | _c.Choke
+    | _c.Error
+    | _c.Admin
+    | _c.AdminReply
+)
+
+_peer_decoder: Final = msgspec.msgpack.Decoder(PeerUnion)
+_client_decoder: Final = msgspec.msgpack.Decoder(ClientUnion)
+
+M = TypeVar("M", PeerMessage, ClientMessage)
+
+
+def encode(msg: PeerMessage | ClientMessage) -> bytes:
+    return _encoder.encode(msg)
+
+
+def encode_frame(msg: PeerMessage | ClientMessage, max_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
+    body = _encoder.encode(msg)
+    if len(body) > max_size:
+        raise LocalProtocolError(
+            f"{type(msg).__name__} encodes to {len(body)} bytes, over the frame limit {max_size}"
+        )
+    return HEADER.pack(len(body)) + body
+
+
+class FrameReader(Generic[M]):
+    """Sans-IO frame splitter: ``feed`` bytes as they come, get whole messages.
+
+    Invariant: ``_buf`` never holds more than one header plus one frame body of
+    at most ``max_size`` bytes beyond what ``feed`` was just given.
+    """
+
+    def __init__(self, decoder: msgspec.msgpack.Decoder, max_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self._decoder = decoder
+        self.max_size = max_size
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[M]:
+        buf = self._buf
+        buf += data
+        out: list[M] = []
+        pos = 0
+        n = len(buf)
+        size = HEADER.size
+        decode = self._decoder.decode
+        while n - pos >= size:
+            (length,) = HEADER.unpack_from(buf, pos)
+            if length > self.max_size:
+                raise RemoteProtocolError(
+                    f"frame of {length} bytes is over the limit of {self.max_size}"
+                )
+            end = pos + size + length
+            if end > n:
+                break
+            try:
+                out.append(decode(memoryview(buf)[pos + size : end]))
+            except msgspec.ValidationError as exc:
+                raise RemoteProtocolError(f"invalid message: {exc}") from exc
+            except msgspec.DecodeError as exc:
+                raise RemoteProtocolError(f"undecodable frame: {exc}") from exc
+            pos = end
+        if pos:
+            del buf[:pos]
+        return out
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+
+def peer_reader(max_size: int = DEFAULT_MAX_FRAME_SIZE) -> FrameReader[PeerMessage]:
+    return FrameReader(_peer_decoder, max_size)
+
+
+def client_reader(max_size: int = DEFAULT_MAX_FRAME_SIZE) -> FrameReader[ClientMessage]:
+    return FrameReader(_client_decoder, max_size)
+
+
+def encode_frames(msgs: Iterable[PeerMessage | ClientMessage]) -> list[bytes]:
+    return [encode_frame(m) for m in msgs]

@@ -1,0 +1,330 @@
+"""Messages between nodes: the 16 of SPEC §9 and what a deployment adds.
+
+Every message is a frozen, tagged, array-like ``msgspec.Struct``; new fields
+go at the end with defaults so older peers still decode.  ``HIGH`` names the
+types that travel on the high-priority queues (SPEC §1.1): RoutingTableInit
+and its reply, LIEM, and every load-balancing/migration message (types 7–16).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Final
+
+import msgspec
+
+from overlay.channels.channel import ChannelId
+from overlay.channels.predicates import Filter
+from overlay.channels.routing_table import RouteEntry
+from overlay.channels.schema import Value
+from overlay.channels.space import EventSpace
+from overlay.channels.subscriptions import Subscription as StoredSubscription
+
+__all__ = [
+    "PeerMessage",
+    "DispatchSign",
+    "ReplySign",
+    "SubscriptionType",
+    "ReforwardSign",
+    "RouteItem",
+    "ChannelSpec",
+    "ChannelSubscriptions",
+    "ReforwardItem",
+    "PeerHello",
+    "PeerError",
+    "RoutingTableInit",
+    "ReplyRoutingTableInit",
+    "Subscription",
+    "UnSubscription",
+    "SubscriptionApplied",
+    "Event",
+    "Notification",
+    "NotificationAck",
+    "LIEM",
+    "RequestLoadBalance",
+    "ReplyRequestLoadBalance",
+    "ChannelTransfer",
+    "ReplyChannelTransfer",
+    "SubscriptionMove",
+    "ReplySubscriptionMove",
+    "UpdateRoutingTable",
+    "ReplyUpdateGlobal",
+    "CompleteLoadBalance",
+    "Reforward",
+    "HIGH",
+    "is_high",
+]
+
+NodeId = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+# Bounds on identifiers that come from clients and are echoed in every hop.
+Ident = Annotated[str, msgspec.Meta(max_length=256)]
+
+
+class DispatchSign(enum.StrEnum):
+    SUBSCRIBE_NEW = "SUBSCRIBE_NEW"
+    SUBSCRIBE_DISPATCHED = "SUBSCRIBE_DISPATCHED"
+    UNSUBSCRIBE_NEW = "UNSUBSCRIBE_NEW"
+    UNSUBSCRIBE_DISPATCHED = "UNSUBSCRIBE_DISPATCHED"
+    EVENT_NEW = "EVENT_NEW"
+    EVENT_DISPATCHED = "EVENT_DISPATCHED"
+
+
+class ReplySign(enum.StrEnum):
+    REPLY_SUCCESS = "REPLY_SUCCESS"
+    REPLY_FAIL = "REPLY_FAIL"
+
+
+class SubscriptionType(enum.StrEnum):
+    ATOMIC = "atomic"
+    COMPOSITE = "composite"
+
+
+class ReforwardSign(enum.StrEnum):
+    SUBSCRIBE = "SUBSCRIBE"
+    UNSUBSCRIBE = "UNSUBSCRIBE"
+    EVENT_MESSAGE = "EVENT_MESSAGE"
+
+
+class PeerMessage(msgspec.Struct, frozen=True, tag=True, array_like=True):
+    """Base of every node-to-node message."""
+
+
+class RouteItem(msgspec.Struct, frozen=True, array_like=True):
+    ch_id: ChannelId
+    entry: RouteEntry
+
+
+class ChannelSpec(msgspec.Struct, frozen=True, array_like=True):
+    """A channel as ChannelTransfer names it: id and space."""
+
+    ch_id: ChannelId
+    space: EventSpace
+
+
+class ChannelSubscriptions(msgspec.Struct, frozen=True, array_like=True):
+    """One channel's subscriptions in a SubscriptionMove."""
+
+    ch_id: ChannelId
+    subscriptions: tuple[StoredSubscription, ...]
+
+
+# -- membership and errors ------------------------------------------------------
+
+
+class PeerHello(PeerMessage, frozen=True):
+    """First frame on a peer link: who is calling, and whether it holds a table."""
+
+    node_id: NodeId
+    cluster: Ident
+    has_routing_table: bool = False
+
+
+class PeerError(PeerMessage, frozen=True):
+    """The sender refuses something we sent; the link is closed after it."""
+
+    code: Ident
+    message: str
+
+
+# -- 1–2: initialisation ----------------------------------------------------------
+
+
+class RoutingTableInit(PeerMessage, frozen=True):
+    routing_table: tuple[RouteItem, ...]
+
+
+class ReplyRoutingTableInit(PeerMessage, frozen=True):
+    node_id: NodeId = 0
+
+
+# -- 3–5: routing -------------------------------------------------------------------
+
+
+class Subscription(PeerMessage, frozen=True):
+    sub_id: Ident
+    sub_exp: Filter
+    subscriber: Ident
+    access_node: NodeId
+    dispatch_sign: DispatchSign
+    ch_id: ChannelId | None = None
+    hops: int = 0
+
+    def stored(self) -> StoredSubscription:
+        return StoredSubscription(self.sub_id, self.sub_exp, self.subscriber, self.access_node)
+
+
+class UnSubscription(PeerMessage, frozen=True):
+    sub_id: Ident
+    unsub_exp: Filter
+    unsubscriber: Ident
+    access_node: NodeId
+    dispatch_sign: DispatchSign
+    ch_id: ChannelId | None = None
+    hops: int = 0
+
+
+class SubscriptionApplied(PeerMessage, frozen=True):
+    """Owner → access node: a (un)subscription took effect on ``ch_id``, so the
+    access node can acknowledge its client once every channel has answered."""
+
+    sub_id: Ident
+    ch_id: ChannelId
+    subscribe: bool
+    # Non-empty when ch_id was no longer at the sender and the message went on
+    # to these channels instead: the access node waits for them in its place.
+    rerouted_to: tuple[ChannelId, ...] = ()
+
+
+class Event(PeerMessage, frozen=True):
+    event_id: Ident
+    event_exp: dict[str, Value]
+    access_node: NodeId
+    dispatch_sign: DispatchSign
+    ch_id: ChannelId | None = None
+    publish_time: float = 0.0  # publisher's wall clock, for publish→notify latency
+    hops: int = 0  # re-routes so far; bounds a routing loop while tables settle
+
+
+class Notification(PeerMessage, frozen=True):
+    """Owner → a subscriber's access node: ``event_id`` matched ``sub_ids``."""
+
+    event_id: Ident
+    event_exp: dict[str, Value]
+    sub_ids: tuple[Ident, ...]
+    ch_id: ChannelId
+    publish_time: float = 0.0
+
+
+class NotificationAck(PeerMessage, frozen=True):
+    """Access node → owner: the notification reached the subscribers' clients."""
+
+    event_id: Ident
+    sub_ids: tuple[Ident, ...]
+
+
+# -- 6: monitoring ---------------------------------------------------------------------
+
+
+class LIEM(PeerMessage, frozen=True):
+    broker_id: NodeId
+    broker_status: str
+    broker_d: float
+    broker_dc: float
+    capacity: float
+    slice_no: int = 0
+
+
+# -- 7–16: load balancing and migration ---------------------------------------------------
+
+
+class RequestLoadBalance(PeerMessage, frozen=True):
+    broker_d: float
+    broker_dc: float
+    session: int = 0
+    forced: bool = False  # an operator's move: accepted whatever the receiver's state
+
+
+class ReplyRequestLoadBalance(PeerMessage, frozen=True):
+    status: ReplySign
+    session: int = 0
+    reason: str = ""
+
+
+class ChannelTransfer(PeerMessage, frozen=True):
+    channels: tuple[ChannelSpec, ...]
+    session: int = 0
+
+
+class ReplyChannelTransfer(PeerMessage, frozen=True):
+    reply_sign: ReplySign
+    channel_ids: tuple[ChannelId, ...]
+    session: int = 0
+    reason: str = ""
+
+
+class SubscriptionMove(PeerMessage, frozen=True):
+    subscription_type: SubscriptionType
+    ch_sub_set: tuple[ChannelSubscriptions, ...]
+    session: int = 0
+
+
+class ReplySubscriptionMove(PeerMessage, frozen=True):
+    session: int = 0
+
+
+class UpdateRoutingTable(PeerMessage, frozen=True):
+    delete_chs: tuple[ChannelId, ...]
+    update_chs: tuple[RouteItem, ...]
+    session: int = 0
+    origin: NodeId = 0
+
+
+class ReplyUpdateGlobal(PeerMessage, frozen=True):
+    session: int = 0
+    origin: NodeId = 0
+
+
+class CompleteLoadBalance(PeerMessage, frozen=True):
+    session: int = 0
+    aborted: bool = False  # the sender rolled back: drop what the session added
+
+
+class ReforwardItem(msgspec.Struct, frozen=True, array_like=True):
+    sign: ReforwardSign
+    message: Subscription | UnSubscription | Event
+
+
+class Reforward(PeerMessage, frozen=True):
+    ch_id: ChannelId
+    messages: tuple[ReforwardItem, ...]
+    session: int = 0
+
+
+PeerUnion = (
+    PeerHello
+    | PeerError
+    | RoutingTableInit
+    | ReplyRoutingTableInit
+    | Subscription
+    | UnSubscription
+    | SubscriptionApplied
+    | Event
+    | Notification
+    | NotificationAck
+    | LIEM
+    | RequestLoadBalance
+    | ReplyRequestLoadBalance
+    | ChannelTransfer
+    | ReplyChannelTransfer
+    | SubscriptionMove
+    | ReplySubscriptionMove
+    | UpdateRoutingTable
+    | ReplyUpdateGlobal
+    | CompleteLoadBalance
+    | Reforward
+)
+
+HIGH: Final[frozenset[type]] = frozenset(
+    {
+        PeerHello,
+        PeerError,
+        RoutingTableInit,
+        ReplyRoutingTableInit,
+        LIEM,
+        RequestLoadBalance,
+        ReplyRequestLoadBalance,
+        ChannelTransfer,
+        ReplyChannelTransfer,
+        SubscriptionMove,
+        ReplySubscriptionMove,
+        UpdateRoutingTable,
+        ReplyUpdateGlobal,
+        CompleteLoadBalance,
+        Reforward,
+    }
+)
+
+
+def is_high(msg: PeerMessage) -> bool:
+    """SPEC §1.1: which queue a message travels on."""
+    return type(msg) in HIGH

@@ -1,0 +1,359 @@
+"""The asyncio shell of a node: sockets, queues and tasks around ``NodeCore``.
+
+Rules this module keeps (SPEC §1.1, STYLE habits 6 and 7):
+
+1. One ``asyncio.TaskGroup`` owns every task of the node: the listener's
+   connection handlers, one outbound ``PeerLink`` per peer, the dispatcher,
+   and the ticker.  ``stop()`` flushes and cancels it; nothing is
+   fire-and-forget.
+2. A connection starts with a 4-byte preamble saying what it is: ``OVP1``
+   for a peer link, ``OVC1`` for a client.  Each peer sends on its own
+   outbound link (one per direction, FIFO) and only reads on inbound ones.
+3. Inbound messages wait in one two-level queue; the single dispatcher takes
+   high-priority ones first and hands each to the core.  Read loops block when
+   it is full (TCP backpressure).  A publish that finds the normal level past
+   ``choke_threshold`` is answered with Choke instead (SPEC §12).
+4. Each connection has one writer task, fed by bounded high/normal queues,
+   writing batches with ``writelines`` then ``drain``.
+5. A client's Notify that finds its queue full is dropped and counted as a
+   slow-consumer drop, and the client is told once per burst; control replies
+   are never dropped.  Dispatch never waits on a slow subscriber.
+6. Read loops sort their exceptions: protocol error → error reply and close;
+   ``OSError`` → peer gone; cancellation → re-raise; anything else → log with
+   the traceback and close that connection only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from typing import Final
+
+from overlay.config import ClusterConfig, NodeConfig
+from overlay.errors import OverlayError, RemoteProtocolError
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+from overlay.messages.codec import client_reader, encode_frame, peer_reader
+from overlay.net.queues import TwoLevelQueue
+from overlay.node_core import CloseClient, NodeCore, ToClient, ToPeer
+
+__all__ = ["Node", "PEER_MAGIC", "CLIENT_MAGIC"]
+
+log = logging.getLogger("overlay.net")
+
+PEER_MAGIC: Final = b"OVP1"
+CLIENT_MAGIC: Final = b"OVC1"
+# Frames per writelines(): enough to amortise the system call, small enough
+# that one batch does not hold the loop for long.
+MAX_BATCH: Final = 512
+READ_CHUNK: Final = 256 * 1024
+TICK_SECONDS: Final = 0.05
+BACKOFF_MIN: Final = 0.05
+BACKOFF_MAX: Final = 2.0
+FLUSH_SECONDS: Final = 2.0
+
+
+class _Writer:
+    """Rule 4 for one connection."""
+
+    def __init__(self, writer: asyncio.StreamWriter, maxsize: int) -> None:
+        self.writer = writer
+        self.queue: TwoLevelQueue[bytes] = TwoLevelQueue(maxsize)
+
+    async def run(self) -> None:
+        q = self.queue
+        w = self.writer
+        while True:
+            await q.wait()
+            w.writelines(q.drain(MAX_BATCH))
+            await w.drain()
+
+    async def flush(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.queue) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+
+class PeerLink:
+    """The outbound link to one peer, reconnecting with backoff (rule 2).
+
+    Frames queued while disconnected wait (bounded) and go out on reconnect.
+    """
+
+    def __init__(self, node: Node, peer: NodeConfig) -> None:
+        self.node = node
+        self.peer = peer
+        self.queue: TwoLevelQueue[bytes] = TwoLevelQueue(node.config.cluster.peer_queue)
+        self.connected = asyncio.Event()
+        self.connects = 0
+
+    def send(self, msg: pm.PeerMessage) -> bool:
+        return self.queue.put_nowait(encode_frame(msg, self.node.max_frame), pm.is_high(msg))
+
+    async def run(self) -> None:
+        backoff = BACKOFF_MIN
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(self.peer.host, self.peer.port)
+            except OSError as exc:
+                log.debug("node %d: peer %d unreachable (%s); retry in %.2fs", self.node.id, self.peer.id, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            backoff = BACKOFF_MIN
+            self.connects += 1
+            try:
+                writer.write(PEER_MAGIC + encode_frame(self.node.core.hello()))
+                self.connected.set()
+                log.info("node %d: link to peer %d up", self.node.id, self.peer.id)
+                await self._pump(reader, writer)
+            except OSError as exc:
+                log.warning("node %d: link to peer %d lost: %s", self.node.id, self.peer.id, exc)
+            finally:
+                self.connected.clear()
+                writer.close()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        q = self.queue
+
+        async def watch_close() -> None:
+            # The peer never writes on our outbound link; EOF means it went away.
+            while await reader.read(READ_CHUNK):
+                pass
+
+        watcher = asyncio.ensure_future(watch_close())
+        try:
+            while not watcher.done():
+                waiter = asyncio.ensure_future(q.wait())
+                done, _ = await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if watcher in done:
+                    waiter.cancel()
+                    raise ConnectionResetError("peer closed the link")
+                writer.writelines(q.drain(MAX_BATCH))
+                await writer.drain()
+        finally:
+            watcher.cancel()
+
+
+class _Stop(Exception):
+    """Raised inside the node's TaskGroup to end it cleanly."""
+
+
+class Node:
+    """A running node: ``await node.run()``; ``node.stop()`` ends it (rule 1)."""
+
+    def __init__(self, config: ClusterConfig, node_id: int, *, sock: socket.socket | None = None) -> None:
+        self.config = config
+        self.id = node_id
+        self.core = NodeCore(config, node_id)
+        self.me = config.node(node_id)
+        self.max_frame = config.cluster.max_frame_size
+        self._sock = sock
+        self.inbox: TwoLevelQueue[tuple[str, int, object]] = TwoLevelQueue(config.cluster.peer_queue)
+        self.links: dict[int, PeerLink] = {p.id: PeerLink(self, p) for p in config.nodes if p.id != node_id}
+        self.clients: dict[int, _Writer] = {}
+        self._slow: set[int] = set()
+        self._stop = asyncio.Event()
+        self._tg: asyncio.TaskGroup | None = None
+        self.started = asyncio.Event()
+        self.port = self.me.port
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> None:
+        if self._sock is not None:
+            server = await asyncio.start_server(self._on_connect, sock=self._sock, limit=READ_CHUNK)
+        else:
+            server = await asyncio.start_server(self._on_connect, self.me.host, self.me.port, limit=READ_CHUNK, reuse_address=True)
+        self.port = server.sockets[0].getsockname()[1]
+        log.info("node %d: listening on %s:%d", self.id, self.me.host, self.port)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                self._tg = tg
+                for link in self.links.values():
+                    tg.create_task(link.run(), name=f"link-{self.id}->{link.peer.id}")
+                tg.create_task(self._dispatch(), name=f"dispatch-{self.id}")
+                tg.create_task(self._ticker(), name=f"tick-{self.id}")
+                self._execute(self.core.start(time.time()))
+                self.started.set()
+                await self._stop.wait()
+                server.close()
+                await self._flush()
+                raise _Stop
+        except* _Stop:
+            pass
+        finally:
+            server.close()
+            for w in self.clients.values():
+                w.writer.close()
+            log.info("node %d: stopped", self.id)
+
+    async def _flush(self) -> None:
+        deadline = time.monotonic() + FLUSH_SECONDS
+        while time.monotonic() < deadline:
+            if not len(self.inbox) and all(not len(l.queue) for l in self.links.values() if l.connected.is_set()) and all(
+                not len(w.queue) for w in self.clients.values()
+            ):
+                return
+            await asyncio.sleep(0.01)
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            self._execute(self.core.tick(time.time()))
+
+    # -- dispatch (rule 3) ------------------------------------------------------------
+
+    async def _dispatch(self) -> None:
+        core = self.core
+        inbox = self.inbox
+        while True:
+            (kind, src, msg), _high = await inbox.get()
+            now = time.time()
+            try:
+                if kind == "peer":
+                    acts = core.handle_peer(src, msg, now)  # type: ignore[arg-type]
+                elif kind == "client":
+                    acts = core.handle_client(src, msg, now)  # type: ignore[arg-type]
+                elif kind == "closed":
+                    acts = core.client_closed(src)
+                else:  # peer hello
+                    acts = core.peer_hello(src, msg, now)  # type: ignore[arg-type]
+            except RemoteProtocolError as exc:
+                log.warning("node %d: protocol error from %s %d: %s", self.id, kind, src, exc)
+                if kind == "peer":
+                    self._send_peer(src, pm.PeerError("protocol_error", str(exc)))
+                continue
+            except Exception:
+                log.exception("node %d: failed handling %s from %s %d", self.id, type(msg).__name__, kind, src)
+                continue
+            self._execute(acts)
+
+    def _execute(self, acts: list) -> None:
+        for act in acts:
+            if type(act) is ToPeer:
+                self._send_peer(act.node, act.msg)
+            elif type(act) is ToClient:
+                self._send_client(act.session, act.msg)
+            elif type(act) is CloseClient:
+                w = self.clients.get(act.session)
+                if w is not None:
+                    w.writer.close()
+
+    def _send_peer(self, node: int, msg: pm.PeerMessage) -> None:
+        link = self.links.get(node)
+        if link is None:
+            log.error("node %d: no link to node %d for %s", self.id, node, type(msg).__name__)
+            return
+        if not link.send(msg):
+            # Backpressure without blocking the dispatcher: the frame waits past
+            # the bound and the overflow is counted, never dropped.
+            self.core.stats["peer_queue_overflow"] += 1
+            link.queue.put_force(encode_frame(msg, self.max_frame), pm.is_high(msg))
+
+    def _send_client(self, sid: int, msg: cm.ClientMessage) -> None:
+        w = self.clients.get(sid)
+        if w is None:
+            return
+        frame = encode_frame(msg, self.max_frame)
+        if type(msg) is cm.Notify:
+            if not w.queue.put_nowait(frame, False):
+                self.core.stats["slow_consumer_drops"] += 1
+                if sid not in self._slow:
+                    self._slow.add(sid)
+                    log.warning("node %d: client session %d is a slow consumer; dropping notifications", self.id, sid)
+                    w.queue.put_force(
+                        encode_frame(cm.Error(-1, cm.ErrorCode.SLOW_CONSUMER, "notification queue full; notifications dropped")),
+                        True,
+                    )
+                return
+            self._slow.discard(sid)
+        else:
+            w.queue.put_force(frame, False)
+
+    # -- connections --------------------------------------------------------------------
+
+    def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._tg is None or self._stop.is_set():
+            writer.close()
+            return
+        self._tg.create_task(self._serve(reader, writer))
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            magic = await asyncio.wait_for(reader.readexactly(4), self.config.cluster.peer_timeout)
+        except (asyncio.IncompleteReadError, asyncio.TimeoutError, OSError):
+            writer.close()
+            return
+        if magic == PEER_MAGIC:
+            await self._serve_peer(reader, writer)
+        elif magic == CLIENT_MAGIC:
+            await self._serve_client(reader, writer)
+        else:
+            log.warning("node %d: connection with unknown preamble %r closed", self.id, magic)
+            self.core.stats["rejected_bad_preamble"] += 1
+            writer.write(CLIENT_MAGIC + encode_frame(cm.Error(-1, cm.ErrorCode.PROTOCOL, "unknown preamble: expected OVC1 or OVP1", fatal=True)))
+            writer.close()
+
+    async def _serve_peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        frames = peer_reader(self.max_frame)
+        src = -1
+        try:
+            while data := await reader.read(READ_CHUNK):
+                for msg in frames.feed(data):
+                    if src < 0:
+                        if not isinstance(msg, pm.PeerHello):
+                            raise RemoteProtocolError(f"peer link opened with {type(msg).__name__}, not PeerHello")
+                        src = msg.node_id
+                        await self.inbox.put(("hello", src, msg), True)
+                        continue
+                    await self.inbox.put(("peer", src, msg), pm.is_high(msg))
+        except RemoteProtocolError as exc:
+            log.warning("node %d: peer %d misbehaved: %s; closing its link", self.id, src, exc)
+            self.core.stats["rejected_peer_protocol"] += 1
+            writer.write(encode_frame(pm.PeerError("protocol_error", str(exc))))
+        except OSError:
+            pass
+        except Exception:
+            log.exception("node %d: peer %d link failed", self.id, src)
+        finally:
+            writer.close()
+
+    async def _serve_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sid = self.core.client_opened()
+        out = _Writer(writer, self.config.cluster.client_queue)
+        self.clients[sid] = out
+        assert self._tg is not None
+        wtask = self._tg.create_task(out.run())
+        frames = client_reader(self.max_frame)
+        choke_at = self.config.cluster.choke_threshold
+        try:
+            writer.write(CLIENT_MAGIC)
+            while data := await reader.read(READ_CHUNK):
+                for msg in frames.feed(data):
+                    if type(msg) is cm.Publish and len(self.inbox.normal) >= choke_at:
+                        self.core.stats["chokes"] += 1
+                        delay = 0.001 * len(self.inbox.normal) / choke_at * 10
+                        self._send_client(sid, cm.Choke(msg.seq, delay))
+                        continue
+                    await self.inbox.put(("client", sid, msg), False)
+        except RemoteProtocolError as exc:
+            self.core.stats["rejected_client_protocol"] += 1
+            log.info("node %d: client session %d sent a bad frame: %s", self.id, sid, exc)
+            self._send_client(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, str(exc), fatal=True))
+            await out.flush(1.0)
+        except OSError:
+            pass
+        except Exception:
+            log.exception("node %d: client session %d failed", self.id, sid)
+        finally:
+            wtask.cancel()
+            self.clients.pop(sid, None)
+            self._slow.discard(sid)
+            writer.close()
+            await self.inbox.put(("closed", sid, None), False)

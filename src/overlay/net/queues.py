@@ -1,0 +1,88 @@
+"""Bounded two-level (high/normal) queues for the asyncio layer (SPEC §1.1).
+
+Rules:
+1. ``get``/``drain`` always take from the high level before the normal one;
+   within a level, order is FIFO.
+2. Each level is bounded.  ``put`` waits for room (backpressure);
+   ``put_nowait`` returns False when full and changes nothing, so the caller
+   decides — and counts — what happens instead.  Nothing is dropped here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Generic, TypeVar
+
+__all__ = ["TwoLevelQueue"]
+
+T = TypeVar("T")
+
+
+class TwoLevelQueue(Generic[T]):
+    """Invariant: ``len(high) <= maxsize`` and ``len(normal) <= maxsize``."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self.high: deque[T] = deque()
+        self.normal: deque[T] = deque()
+        self._nonempty = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def __len__(self) -> int:
+        return len(self.high) + len(self.normal)
+
+    def full(self, high: bool) -> bool:
+        return len(self.high if high else self.normal) >= self.maxsize
+
+    def put_nowait(self, item: T, high: bool) -> bool:
+        q = self.high if high else self.normal
+        if len(q) >= self.maxsize:
+            self._room.clear()
+            return False
+        q.append(item)
+        self._nonempty.set()
+        return True
+
+    def put_force(self, item: T, high: bool) -> None:
+        """Enqueue past the bound: only for the few control frames whose loss
+        would wedge a protocol (the caller bounds how many it sends)."""
+        (self.high if high else self.normal).append(item)
+        self._nonempty.set()
+
+    async def put(self, item: T, high: bool) -> None:
+        while not self.put_nowait(item, high):
+            await self._room.wait()
+
+    def _taken(self) -> None:
+        if not self.high and not self.normal:
+            self._nonempty.clear()
+        if len(self.high) < self.maxsize and len(self.normal) < self.maxsize:
+            self._room.set()
+
+    async def get(self) -> tuple[T, bool]:
+        """The next item and whether it was high priority (rule 1)."""
+        while not self.high and not self.normal:
+            await self._nonempty.wait()
+        if self.high:
+            item, high = self.high.popleft(), True
+        else:
+            item, high = self.normal.popleft(), False
+        self._taken()
+        return item, high
+
+    async def wait(self) -> None:
+        while not self.high and not self.normal:
+            await self._nonempty.wait()
+
+    def drain(self, limit: int) -> list[T]:
+        """Up to ``limit`` items, high first (rule 1), without waiting."""
+        out: list[T] = []
+        hq, nq = self.high, self.normal
+        while hq and len(out) < limit:
+            out.append(hq.popleft())
+        while nq and len(out) < limit:
+            out.append(nq.popleft())
+        self._taken()
+        return out
