@@ -1,0 +1,356 @@
+"""The ``overlay`` command line (SPEC §14).
+
+    overlay node --config F --id N           run one node until SIGINT/SIGTERM
+    overlay cluster up F [--duration S]      every node of F as subprocesses
+    overlay pub --config F [--node N] [EVENT ...]   (events from stdin if none)
+    overlay sub --config F [--node N] EXPR [--count K] [--seconds S]
+    overlay status --config F                the cluster at a glance
+    overlay channel split --config F CH --attr A (--at V | --values a,b)
+    overlay channel place --config F CH --node N
+    overlay demo F [--seconds S]             cluster + bounded demo traffic (make run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from overlay.client import Client
+from overlay.config import ClusterConfig, load_config
+from overlay.errors import OverlayError
+
+__all__ = ["main"]
+
+log = logging.getLogger("overlay.cli")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _run(coro: Any) -> Any:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:  # uvloop is a dependency; this only guards odd platforms
+        return asyncio.run(coro)
+
+
+def _addresses(cfg: ClusterConfig, node: int | None) -> list[tuple[str, int]]:
+    nodes = [cfg.node(node)] if node is not None else list(cfg.nodes)
+    return [(n.host, n.port) for n in nodes]
+
+
+# -- node ---------------------------------------------------------------------------
+
+
+async def _node_main(cfg: ClusterConfig, node_id: int) -> None:
+    from overlay.net.node import Node
+
+    node = Node(cfg, node_id)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, node.stop)
+    await node.run()
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    cfg.node(args.id)
+    _run(_node_main(cfg, args.id))
+    return 0
+
+
+# -- cluster up ----------------------------------------------------------------------
+
+
+async def _wait_ready(cfg: ClusterConfig, timeout: float) -> None:
+    """Every node answers its clients and reports ready."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    for n in cfg.nodes:
+        while True:
+            try:
+                c = await Client([(n.host, n.port)], client_id="overlay-cli", reconnect=False).connect(timeout=2)
+                try:
+                    status = await c.admin("status", timeout=2)
+                finally:
+                    await c.close()
+                if status["ready"]:
+                    break
+            except (OSError, OverlayError, asyncio.TimeoutError, TimeoutError):
+                pass
+            if asyncio.get_running_loop().time() > deadline:
+                raise OverlayError(f"node {n.id} at {n.host}:{n.port} not ready after {timeout}s")
+            await asyncio.sleep(0.1)
+
+
+class LocalCluster:
+    """Every node of a config as a subprocess; ``stop`` ends them all cleanly."""
+
+    def __init__(self, config_path: str, log_level: str = "info") -> None:
+        self.config_path = config_path
+        self.cfg = load_config(config_path)
+        self.log_level = log_level
+        self.procs: dict[int, asyncio.subprocess.Process] = {}
+
+    async def start(self, timeout: float = 30.0) -> None:
+        for n in self.cfg.nodes:
+            self.procs[n.id] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "overlay", "--log-level", self.log_level,
+                "node", "--config", self.config_path, "--id", str(n.id),
+                start_new_session=True,  # Ctrl-C reaches us; we stop the nodes in order
+            )
+        await _wait_ready(self.cfg, timeout)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        for p in self.procs.values():
+            if p.returncode is None:
+                p.send_signal(signal.SIGTERM)
+        for nid, p in self.procs.items():
+            try:
+                await asyncio.wait_for(p.wait(), timeout)
+            except asyncio.TimeoutError:
+                log.warning("node %d did not stop within %ss; killing it", nid, timeout)
+                p.kill()
+                await p.wait()
+
+
+async def _until_signal(seconds: float | None) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except asyncio.TimeoutError:
+        pass
+
+
+async def _cluster_up(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(args.config, args.log_level)
+    try:
+        await cluster.start()
+        print(f"cluster {cluster.cfg.cluster.name!r} ready: " + ", ".join(
+            f"node {n.id} at {n.host}:{n.port}" for n in cluster.cfg.nodes), flush=True)
+        await _until_signal(args.duration)
+    finally:
+        print("stopping the cluster…", flush=True)
+        await cluster.stop()
+    return 0
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    return _run(_cluster_up(args))
+
+
+# -- pub / sub ------------------------------------------------------------------------
+
+
+async def _pub(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    events = args.events or [line.strip() for line in sys.stdin if line.strip()]
+    failed = 0
+    async with Client(_addresses(cfg, args.node), client_id="overlay-pub") as c:
+        for text in events:
+            try:
+                event_id = await c.publish(text)
+                print(json.dumps({"event_id": event_id, "event": text}), flush=True)
+            except OverlayError as exc:
+                failed += 1
+                print(f"error: {exc}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def cmd_pub(args: argparse.Namespace) -> int:
+    return _run(_pub(args))
+
+
+async def _sub(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    async with Client(_addresses(cfg, args.node), client_id="overlay-sub") as c:
+        sub = await c.subscribe(args.expression)
+        print(json.dumps({"subscribed": args.expression, "node": c.node_id}), file=sys.stderr, flush=True)
+        n = 0
+
+        async def consume() -> None:
+            nonlocal n
+            async for note in sub:
+                print(json.dumps({"event_id": note.event_id, "event": note.event, "subscriptions": list(note.sub_ids)}), flush=True)
+                n += 1
+                if args.count and n >= args.count:
+                    return
+
+        consumer = asyncio.ensure_future(consume())
+        waiter = asyncio.ensure_future(_until_signal(args.seconds))
+        await asyncio.wait({consumer, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        consumer.cancel()
+        waiter.cancel()
+        await sub.close()
+    return 0
+
+
+def cmd_sub(args: argparse.Namespace) -> int:
+    return _run(_sub(args))
+
+
+# -- status / channel ------------------------------------------------------------------
+
+
+async def _statuses(cfg: ClusterConfig) -> list[dict[str, Any] | None]:
+    out: list[dict[str, Any] | None] = []
+    for n in cfg.nodes:
+        try:
+            c = await Client([(n.host, n.port)], client_id="overlay-status", reconnect=False).connect(timeout=2)
+            try:
+                out.append(await c.admin("status", timeout=5))
+            finally:
+                await c.close()
+        except (OSError, OverlayError, asyncio.TimeoutError, TimeoutError):
+            out.append(None)
+    return out
+
+
+def format_status(cfg: ClusterConfig, statuses: Sequence[dict[str, Any] | None]) -> str:
+    rows = [f"{'node':>4}  {'address':<21} {'ready':<5} {'load':>8} {'channels':>8} {'sessions':>8}  events in/matched"]
+    for n, st in zip(cfg.nodes, statuses):
+        if st is None:
+            rows.append(f"{n.id:>4}  {n.host + ':' + str(n.port):<21} {'down':<5}")
+            continue
+        s = st["stats"]
+        rows.append(
+            f"{n.id:>4}  {n.host + ':' + str(n.port):<21} {str(st['ready']).lower():<5} {st['load']:>8} "
+            f"{len(st['channels']):>8} {st['sessions']:>8}  {s.get('events_in', 0)}/{s.get('events_matched', 0)}"
+        )
+    first = next((st for st in statuses if st), None)
+    if first:
+        rows.append("routing table:")
+        for r in first["routing"]:
+            rows.append(f"  {r['id']:<8} node {','.join(map(str, r['owners'])):<6} {r['space']}")
+    return "\n".join(rows)
+
+
+async def _status(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    statuses = await _statuses(cfg)
+    print(format_status(cfg, statuses))
+    return 0 if all(statuses) else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    return _run(_status(args))
+
+
+async def _owner_of(cfg: ClusterConfig, channel: str) -> int:
+    for st in await _statuses(cfg):
+        if st:
+            for r in st["routing"]:
+                if r["id"] == channel:
+                    return int(r["owners"][0])
+            raise OverlayError(f"channel {channel} is not in the routing table")
+    raise OverlayError("no node answered")
+
+
+async def _channel(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config)
+    owner = await _owner_of(cfg, args.channel)
+    kw: dict[str, Any] = {"channel": args.channel}
+    if args.action == "split":
+        kw["attr"] = args.attr
+        if args.values:
+            kw["values"] = args.values.split(",")
+        else:
+            kw["at"] = float(args.at) if "." in args.at else int(args.at)
+        cmd = "split"
+    else:
+        kw["node"] = args.node
+        cmd = "place"
+    async with Client(_addresses(cfg, owner), client_id="overlay-admin") as c:
+        print(json.dumps(await c.admin(cmd, **kw)))
+    return 0
+
+
+def cmd_channel(args: argparse.Namespace) -> int:
+    return _run(_channel(args))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from overlay.demo import run_demo
+
+    return _run(run_demo(args.config, args.seconds, args.log_level))
+
+
+# -- parser ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="overlay", description="content-based pub/sub overlay")
+    p.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    n = sub.add_parser("node", help="run one node")
+    n.add_argument("--config", required=True)
+    n.add_argument("--id", type=int, required=True)
+    n.set_defaults(func=cmd_node)
+
+    c = sub.add_parser("cluster", help="run every node of a config locally")
+    c.add_argument("action", choices=["up"])
+    c.add_argument("config")
+    c.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    c.set_defaults(func=cmd_cluster)
+
+    pb = sub.add_parser("pub", help="publish events (arguments, or one per stdin line)")
+    pb.add_argument("--config", required=True)
+    pb.add_argument("--node", type=int, default=None)
+    pb.add_argument("events", nargs="*")
+    pb.set_defaults(func=cmd_pub)
+
+    sb = sub.add_parser("sub", help="subscribe and print notifications as JSON lines")
+    sb.add_argument("--config", required=True)
+    sb.add_argument("--node", type=int, default=None)
+    sb.add_argument("expression")
+    sb.add_argument("--count", type=int, default=0, help="stop after this many notifications")
+    sb.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
+    sb.set_defaults(func=cmd_sub)
+
+    st = sub.add_parser("status", help="show the cluster")
+    st.add_argument("--config", required=True)
+    st.set_defaults(func=cmd_status)
+
+    ch = sub.add_parser("channel", help="operator commands on channels")
+    ch.add_argument("action", choices=["split", "place"])
+    ch.add_argument("channel", help="channel id, e.g. 0.0")
+    ch.add_argument("--config", required=True)
+    ch.add_argument("--attr", help="split: attribute to cut")
+    ch.add_argument("--at", help="split: cut an ordered attribute after this value")
+    ch.add_argument("--values", help="split: comma-separated string values for the new type-1 child")
+    ch.add_argument("--node", type=int, help="place: the receiving node")
+    ch.set_defaults(func=cmd_channel)
+
+    d = sub.add_parser("demo", help="local cluster with bounded demo traffic (make run)")
+    d.add_argument("config")
+    d.add_argument("--seconds", type=float, default=60.0)
+    d.set_defaults(func=cmd_demo)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_logging(args.log_level)
+    try:
+        return int(args.func(args) or 0)
+    except OverlayError as exc:
+        print(f"overlay: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
