@@ -34,14 +34,16 @@ Rules this module keeps (SPEC §3, §4, §8):
 from __future__ import annotations
 
 import logging
+import zlib
 from collections import Counter
 from collections.abc import Iterable
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 import msgspec
 
+from overlay.actions import Action, CloseClient, ToClient, ToPeer
 from overlay.balance.migration import InState, IncomingMigration, OutgoingMigration, OutState
-from overlay.balance.split import divide
+from overlay.balance.split import Cut
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.expressions import parse_event, parse_subscription
 from overlay.channels.local_table import LocalTable
@@ -53,6 +55,7 @@ from overlay.config import ClusterConfig
 from overlay.errors import ExpressionError, LocalProtocolError, OverlayError, RemoteProtocolError, SchemaError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
+from overlay.node_balancing import BalancingMixin
 
 __all__ = ["NodeCore", "ToPeer", "ToClient", "CloseClient", "Action"]
 
@@ -61,24 +64,6 @@ log = logging.getLogger("overlay.node")
 # A message re-routed this many times is dropped (counted and logged): tables
 # that disagree for longer than a few hops are a bug, not a transient.
 MAX_HOPS: Final = 4
-
-
-class ToPeer(NamedTuple):
-    node: int
-    msg: pm.PeerMessage
-
-
-class ToClient(NamedTuple):
-    session: int
-    msg: cm.ClientMessage
-
-
-class CloseClient(NamedTuple):
-    session: int
-    reason: str
-
-
-Action = ToPeer | ToClient | CloseClient
 
 
 class _Session:
@@ -117,7 +102,7 @@ class _TableUpdate:
         self.admin = admin
 
 
-class NodeCore:
+class NodeCore(BalancingMixin):
     """One node's state and protocol logic (module rules 1–6).
 
     Invariant: a channel is in ``local`` iff the routing table names this node
@@ -149,6 +134,7 @@ class NodeCore:
         self._admin_waits: dict[int, tuple[int, int]] = {}  # migration session -> (client session, seq)
         self.stats: Counter[str] = Counter()
         self.timeout = config.cluster.peer_timeout
+        self._init_balancing()
 
     # == lifecycle ===============================================================
 
@@ -243,6 +229,7 @@ class NodeCore:
                 self._on_migration_reply(src, msg, now, out)
             case pm.LIEM():
                 self.stats["liems_in"] += 1
+                self._on_liem(src, msg)
             case pm.PeerHello():
                 out.extend(self.peer_hello(src, msg, now))
             case pm.PeerError():
@@ -257,7 +244,7 @@ class NodeCore:
         chid = msg.ch_id
         assert chid is not None
         mig = self._reforward.get(chid)
-        if mig is not None:
+        if mig is not None and not mig.replicate:  # a replica's events stay here
             self._reforward_msg(mig, chid, pm.ReforwardSign.EVENT_MESSAGE, msg, out)
             return
         ch = self.local.get(chid)
@@ -324,7 +311,8 @@ class NodeCore:
         mig = self._reforward.get(chid)
         if mig is not None:
             self._reforward_msg(mig, chid, pm.ReforwardSign.SUBSCRIBE, msg, out)
-            return
+            if not mig.replicate:
+                return
         ch = self.local.get(chid)
         if ch is None:
             self._reroute_sub(msg, msg.sub_exp, out, subscribe=True)
@@ -339,7 +327,8 @@ class NodeCore:
         mig = self._reforward.get(chid)
         if mig is not None:
             self._reforward_msg(mig, chid, pm.ReforwardSign.UNSUBSCRIBE, msg, out)
-            return
+            if not mig.replicate:
+                return
         ch = self.local.get(chid)
         if ch is None:
             self._reroute_sub(msg, msg.unsub_exp, out, subscribe=False)
@@ -465,11 +454,17 @@ class NodeCore:
     def _on_migration_reply(self, src: int, msg: pm.PeerMessage, now: float, out: list[Action]) -> None:
         mig = self.outgoing.get(msg.session)  # type: ignore[attr-defined]
         if mig is None or mig.receiver != src:
-            raise RemoteProtocolError(f"{type(msg).__name__} from node {src} names no session of ours")
+            # A late answer to a session already timed out and rolled back.
+            log.info("node %d: ignoring %s from node %d for a session that is over", self.id, type(msg).__name__, src)
+            return
         state = mig.on(msg, now)
         if state is OutState.ABORTED:
             self._abort_outgoing(mig, mig.reason, out)
         elif state is OutState.TRANSFERRING:
+            if not mig.channels and not self._plan_transfer(mig, now, out):
+                mig.abort(mig.reason or "nothing to move")
+                self._abort_outgoing(mig, mig.reason, out)
+                return
             specs = tuple(pm.ChannelSpec(c, self.local[c].space) for c in mig.channels)
             out.append(ToPeer(mig.receiver, pm.ChannelTransfer(specs, mig.session)))
         elif state is OutState.MOVING:
@@ -487,9 +482,14 @@ class NodeCore:
             # <3>: the receiver holds everything; switch the tables.
             updates = []
             for c in mig.channels:
-                ch = self.local.remove(c)
-                assert ch is not None
-                entry = RouteEntry(ch.space, (mig.receiver,))
+                if mig.replicate:  # the channel stays here too: one more owner
+                    ch = self.local[c]
+                    owners = tuple(dict.fromkeys(self.routing[c].owners + (mig.receiver,)))
+                else:
+                    ch = self.local.remove(c)
+                    assert ch is not None
+                    owners = (mig.receiver,)
+                entry = RouteEntry(ch.space, owners)
                 self.routing.set(c, entry)
                 updates.append((c, entry))
             self._broadcast_update((), updates, out, session=mig.session)
@@ -500,8 +500,20 @@ class NodeCore:
             if self._reforward.get(c) is mig:
                 del self._reforward[c]
         out.append(ToPeer(mig.receiver, pm.CompleteLoadBalance(mig.session)))
-        self.stats["migrations"] += 1
+        self.stats["replications" if mig.replicate else "migrations"] += 1
         self.stats["subscriptions_moved"] += mig.subscriptions_moved
+        self.stats["migration_bytes"] += mig.bytes_moved
+        bw = self.config.bw(self.id, mig.receiver)
+        self.record(
+            "replication" if mig.replicate else "migration", mig.times.get("done", mig.started),
+            session=mig.session, receiver=mig.receiver, channels=[str(c) for c in mig.channels],
+            subscriptions=mig.subscriptions_moved, bytes=mig.bytes_moved, bw=bw,
+            mig_cost=mig.subscriptions_moved / bw, forced=mig.forced,
+            duration=round(mig.times.get("done", mig.started) - mig.started, 6),
+            times={k: round(v - mig.started, 6) for k, v in mig.times.items()},
+        )
+        if not mig.forced:
+            self.monitor.leave_busy(completed=True)
         log.info(
             "node %d: session %d done: %d channels, %d subscriptions to node %d",
             self.id, mig.session, len(mig.channels), mig.subscriptions_moved, mig.receiver,
@@ -526,6 +538,12 @@ class NodeCore:
         out.append(ToPeer(mig.receiver, pm.CompleteLoadBalance(mig.session, aborted=True)))
         self.stats["migrations_aborted"] += 1
         log.warning("node %d: session %d to node %d aborted: %s", self.id, mig.session, mig.receiver, reason)
+        self.record("abort", mig.started, session=mig.session, receiver=mig.receiver, reason=reason)
+        if not mig.forced:
+            if mig.candidate is not None and "<2>" not in mig.times and not mig.channels:
+                self._request_next(mig.started, out)  # refused: try the next candidate (SPEC §8.1 step 4)
+            else:
+                self.monitor.leave_busy(completed=False)
         admin = self._admin_waits.pop(mig.session, None)
         if admin is not None:
             out.append(ToClient(admin[0], cm.Error(admin[1], cm.ErrorCode.ADMIN, f"migration aborted: {reason}")))
@@ -542,9 +560,9 @@ class NodeCore:
         key = (src, msg.session)
         if key in self.incoming:
             raise RemoteProtocolError(f"node {src} reopened session {msg.session}")
-        if not msg.forced:
-            # Balancing decides in issue 4; without it only forced moves are accepted.
-            out.append(ToPeer(src, pm.ReplyRequestLoadBalance(pm.ReplySign.REPLY_FAIL, msg.session, "not underloaded")))
+        ok, reason = self._accepts(msg)
+        if not ok:
+            out.append(ToPeer(src, pm.ReplyRequestLoadBalance(pm.ReplySign.REPLY_FAIL, msg.session, reason)))
             return
         self.incoming[key] = IncomingMigration(src, msg.session, started=now, timeout=self.timeout)
         out.append(ToPeer(src, pm.ReplyRequestLoadBalance(pm.ReplySign.REPLY_SUCCESS, msg.session)))
@@ -595,9 +613,11 @@ class NodeCore:
         mig = self.incoming.pop((src, msg.session), None)
         if mig is None:
             return
+        self.monitor.leave_busy(completed=not msg.aborted)
         if msg.aborted:
             for c in mig.channels:
-                self.local.remove(c)
+                if not (self.routing.get(c) and self.id in self.routing[c].owners):
+                    self.local.remove(c)
             mig.abort()
             log.warning("node %d: session %d/%d aborted by sender; channels dropped", self.id, src, msg.session)
             return
@@ -605,8 +625,9 @@ class NodeCore:
         log.info("node %d: received %s from node %d", self.id, [str(c) for c in mig.channels], src)
 
     def tick(self, now: float) -> list[Action]:
-        """Time-driven work: session timeouts (migration rule 2)."""
+        """Time-driven work: slices (SPEC §6) and session timeouts (migration rule 2)."""
         out: list[Action] = []
+        self._slice_tick(now, out)
         for mig in list(self.outgoing.values()):
             if mig.expired(now):
                 if mig.state in (OutState.REQUESTED, OutState.TRANSFERRING):
@@ -621,6 +642,7 @@ class NodeCore:
                 for c in inc.channels:
                     self.local.remove(c)
                 inc.abort()
+                self.monitor.leave_busy(completed=False)
                 del self.incoming[key]
                 log.warning("node %d: incoming session %s timed out; rolled back", self.id, key)
         return out
@@ -767,7 +789,7 @@ class NodeCore:
                 case "status":
                     out.append(ToClient(sess.id, cm.AdminReply(msg.seq, self.status())))
                 case "split":
-                    self._admin_split(sess.id, msg, out)
+                    self._admin_split(sess.id, msg, now, out)
                 case "place":
                     chid = _parse_chid(msg.args.get("channel"))
                     receiver = msg.args.get("node")
@@ -788,7 +810,7 @@ class NodeCore:
             return f"channel {chid} does not exist"
         return f"channel {chid} is owned by node {entry.owner}, not node {self.id}"
 
-    def _admin_split(self, sid: int, msg: cm.Admin, out: list[Action]) -> None:
+    def _admin_split(self, sid: int, msg: cm.Admin, now: float, out: list[Action]) -> None:
         chid = _parse_chid(msg.args.get("channel"))
         ch = self.local.get(chid)
         if ch is None:
@@ -798,21 +820,13 @@ class NodeCore:
         attr_name = msg.args.get("attr")
         attr = self.schema.attribute(str(attr_name))
         if "values" in msg.args:
-            a, b = ch.space.take_strings(attr.name, [str(v) for v in msg.args["values"]])
+            low, high = ch.space.take_strings(attr.name, [str(v) for v in msg.args["values"]])
         else:
             at = msg.args.get("at")
             if isinstance(at, bool) or not isinstance(at, (int, float)):
                 raise LocalProtocolError("split needs a numeric 'at' or a list of 'values'")
-            a, b = ch.space.cut(attr, at)
-        children = divide(ch, [(self.local.new_id(), a), (self.local.new_id(), b)])
-        self.local.remove(chid)
-        for c in children:
-            self.local.add(c)
-        entries = [(c.id, RouteEntry(c.space, (self.id,))) for c in children]
-        self.routing.apply([chid], entries)
-        self.stats["splits"] += 1
-        log.info("node %d: split %s into %s", self.id, chid, ", ".join(f"{c.id}={c.space.text(self.schema)}" for c in children))
-        self._broadcast_update([chid], entries, out, admin=(sid, msg.seq))
+            low, high = ch.space.cut(attr, at)
+        self._split_local(ch, Cut(attr.name, low, high, 0, 0), now, out, admin=(sid, msg.seq))
 
     def _admin_done(self, admin: tuple[int, int], result: Any, out: list[Action]) -> None:
         sid, seq = admin
@@ -846,5 +860,5 @@ def _parse_chid(raw: object) -> ChannelId:
 
 def _pick(owners: tuple[int, ...], key: str) -> int:
     """A replica for an event (SPEC §8.3): random-looking but stable per event."""
-    return owners[hash(key) % len(owners)]
+    return owners[zlib.crc32(key.encode()) % len(owners)]
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from overlay.channels.channel import ChannelId
 from overlay.errors import RemoteProtocolError
@@ -97,8 +97,13 @@ class OutgoingMigration:
     ) -> None:
         self.session = session
         self.receiver = receiver
+        # Empty until the receiver accepts when the balancer picks them then.
         self.channels: tuple[ChannelId, ...] = tuple(channels)
         self.state = OutState.REQUESTED
+        # A replication (SPEC §8.3 degenerate case) copies the channel: it stays
+        # here too, and only subscriptions are reforwarded after <2>.
+        self.replicate = False
+        self.candidate: Any = None  # the receiver's scores, for the balancing log
         self.started = started
         self.deadline = started + timeout
         self.timeout = timeout

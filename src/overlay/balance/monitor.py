@@ -1,0 +1,192 @@
+"""The monitoring loop of every node (SPEC §5, §6), as a pure class.
+
+Theory of operation:
+
+1. Time is cut into slices of length ``T``.  At the end of a slice the node
+   reports its load ``d`` (the sum of its channels' costs in the slice); the
+   monitor computes ``dc = d / c``, and, when LIEMs of every live peer are in,
+   ``dc̄`` over the node and those peers, ``Δd = δ·dc̄`` and the new state:
+   ``UNDERLOADED`` if ``dc < dc̄ − Δd``, ``OVERLOADED`` if ``dc > dc̄ + Δd``,
+   ``STABLE`` otherwise.
+2. ``BUSY`` is entered only from OVERLOADED (as sender) or UNDERLOADED (as
+   receiver) and left to STABLE when the session completes, or back to the
+   state before it when refused or aborted.  While BUSY the slice does not
+   change the state.  A node starts UNDERLOADED.
+3. A peer is live while its last LIEM is at most ``LIVE_SLICES`` slices old.
+   ``u_nodes``/``o_nodes`` hold the live peers lighter/heavier than this node;
+   a peer is in at most one of them.
+4. An OVERLOADED node starts scheduling with probability ``p`` (the random
+   source is injected, so the simulator is deterministic).
+5. Anti-jitter: when scheduling ran ``JITTER_RUNS`` times in a row, each
+   within ``JITTER_GAP`` slices of the previous, ``T`` grows to 150 % of the
+   configured slice; after ``CALM_SLICES`` slices without scheduling it
+   returns to the configured length.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from typing import Final
+
+import msgspec
+
+from overlay.errors import LocalProtocolError
+
+__all__ = ["NodeState", "PeerLoad", "SliceReport", "Monitor"]
+
+LIVE_SLICES: Final = 3
+JITTER_RUNS: Final = 3
+JITTER_GAP: Final = 2
+CALM_SLICES: Final = 5
+STRETCH: Final = 1.5
+
+
+class NodeState(enum.StrEnum):
+    UNDERLOADED = "UNDERLOADED"
+    STABLE = "STABLE"
+    OVERLOADED = "OVERLOADED"
+    BUSY = "BUSY"
+
+
+class PeerLoad(msgspec.Struct, frozen=True):
+    """What the latest LIEM of a peer said, and in which of our slices it came."""
+
+    node: int
+    state: NodeState
+    d: float
+    dc: float
+    capacity: float
+    slice_no: int
+
+
+class SliceReport(msgspec.Struct, frozen=True):
+    """The outcome of one slice (rule 1)."""
+
+    slice_no: int
+    d: float
+    dc: float
+    mean: float | None
+    state: NodeState
+    schedule: bool
+    slice_seconds: float
+    spread: float | None
+
+
+class Monitor:
+    """Rules 1–5. Invariant: ``state`` is BUSY iff ``_before_busy`` is not None."""
+
+    def __init__(
+        self,
+        node_id: int,
+        capacity: float,
+        peers: list[int],
+        *,
+        delta: float,
+        slice_seconds: float,
+        probability: float,
+        rng: random.Random,
+    ) -> None:
+        self.node_id = node_id
+        self.capacity = capacity
+        self.peers = list(peers)
+        self.delta = delta
+        self.base_slice = slice_seconds
+        self.slice_seconds = slice_seconds
+        self.probability = probability
+        self.rng = rng
+        self.state = NodeState.UNDERLOADED
+        self._before_busy: NodeState | None = None
+        self.slice_no = 0
+        self.d = 0.0
+        self.dc = 0.0
+        self.mean: float | None = None
+        self.loads: dict[int, PeerLoad] = {}
+        self._runs: list[int] = []
+
+    # -- LIEMs (rule 3) ------------------------------------------------------------------
+
+    def on_liem(self, node: int, state: str, d: float, dc: float, capacity: float) -> None:
+        try:
+            st = NodeState(state)
+        except ValueError:
+            raise LocalProtocolError(f"LIEM from node {node} has unknown state {state!r}") from None
+        self.loads[node] = PeerLoad(node, st, d, dc, capacity, self.slice_no)
+
+    def live(self) -> list[PeerLoad]:
+        return [p for p in self.loads.values() if self.slice_no - p.slice_no <= LIVE_SLICES and p.node in self.peers]
+
+    def u_nodes(self) -> list[PeerLoad]:
+        """Live peers lighter than this node (``dc_j < dc_i``)."""
+        return [p for p in self.live() if p.dc < self.dc]
+
+    def o_nodes(self) -> list[PeerLoad]:
+        """Live peers heavier than this node (``dc_j > dc_i``)."""
+        return [p for p in self.live() if p.dc > self.dc]
+
+    def add_peer(self, node: int) -> None:
+        if node not in self.peers and node != self.node_id:
+            self.peers.append(node)
+
+    def remove_peer(self, node: int) -> None:
+        if node in self.peers:
+            self.peers.remove(node)
+        self.loads.pop(node, None)
+
+    # -- slices (rules 1, 4, 5) -----------------------------------------------------------
+
+    def end_slice(self, d: float) -> SliceReport:
+        self.slice_no += 1
+        self.d = d
+        self.dc = d / self.capacity
+        live = self.live()
+        levels = [self.dc] + [p.dc for p in live]
+        self.mean = sum(levels) / len(levels)
+        if self.state is not NodeState.BUSY:
+            self.state = self.classify(self.dc, self.mean)
+        schedule = self.state is NodeState.OVERLOADED and bool(live) and self.rng.random() < self.probability
+        if schedule:
+            self._runs.append(self.slice_no)
+        self._stretch()
+        n = len(levels)
+        spread = (sum((v - self.mean) ** 2 for v in levels) / n) ** 0.5
+        return SliceReport(self.slice_no, d, self.dc, self.mean, self.state, schedule, self.slice_seconds, spread)
+
+    def classify(self, dc: float, mean: float) -> NodeState:
+        dd = self.delta * mean
+        if dc < mean - dd:
+            return NodeState.UNDERLOADED
+        if dc > mean + dd:
+            return NodeState.OVERLOADED
+        return NodeState.STABLE
+
+    def _stretch(self) -> None:
+        runs = self._runs[-JITTER_RUNS:]
+        if len(runs) == JITTER_RUNS and runs[-1] == self.slice_no and all(
+            b - a <= JITTER_GAP for a, b in zip(runs, runs[1:])
+        ):
+            self.slice_seconds = self.base_slice * STRETCH
+        elif self._runs and self.slice_no - self._runs[-1] >= CALM_SLICES:
+            self.slice_seconds = self.base_slice
+
+    # -- BUSY (rule 2) ----------------------------------------------------------------------
+
+    def enter_busy(self, as_sender: bool) -> None:
+        allowed = NodeState.OVERLOADED if as_sender else NodeState.UNDERLOADED
+        if self.state is not allowed:
+            raise LocalProtocolError(
+                f"node {self.node_id} cannot become BUSY as {'sender' if as_sender else 'receiver'} "
+                f"from {self.state.value}"
+            )
+        self._before_busy = self.state
+        self.state = NodeState.BUSY
+
+    def leave_busy(self, completed: bool) -> None:
+        if self._before_busy is None:
+            return
+        self.state = NodeState.STABLE if completed else self._before_busy
+        self._before_busy = None
+
+    @property
+    def busy(self) -> bool:
+        return self.state is NodeState.BUSY

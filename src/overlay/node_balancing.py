@@ -1,0 +1,304 @@
+"""The balancing half of the node core: slices, LIEMs, scheduling, splits and merges.
+
+Theory of operation (SPEC §5–§8):
+
+1. Every ``T`` seconds (``tick`` sees the time pass) each local channel closes
+   its slice; the node's load ``d`` is the sum of the closed slices' costs.
+   The ``Monitor`` turns it into ``dc``, ``dc̄`` and a state, and the node sends
+   its LIEM to every peer on the high-priority queue.
+2. An OVERLOADED node that the monitor lets schedule (probability p) becomes
+   BUSY, ranks receivers with rank1 and asks the best with
+   RequestLoadBalance; a refusal moves on to the next candidate, an empty
+   list returns the node to its previous state.  A receiver accepts only
+   when UNDERLOADED and not BUSY, and becomes BUSY.
+3. On acceptance the node ranks its channels with rank2 and takes the prefix
+   closest to φ.  When a channel must be cut first, the cut is chosen from
+   its last slice's records (``split.choose_cut``) and **committed** on this
+   node before the transfer — children replace the parent in both tables and
+   are announced with UpdateRoutingTable, exactly like any table change — and
+   the choice is made again (at most ``MAX_REPLANS`` times).  A session that
+   is later refused or rolled back undoes the moves, not the split: the
+   tables stay a valid partition, and idle merges fold cold children back.
+4. A channel whose slice records all lie on one point cannot be cut; it is
+   **replicated** to the receiver instead (§8.3 degenerate case).
+5. Channels whose load stays at or below ``MERGE_THRESHOLD`` for
+   ``MERGE_SLICES`` slices merge with an adjacent cold local channel (§8.4).
+6. Every decision (candidates with rank1/f2/f3, channels with
+   rank2/f1/f3/f4, the choice), split, merge, migration and state change is
+   appended to the node's journal as a JSON-ready dict.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import zlib
+from collections import deque
+from typing import TYPE_CHECKING, Any, Final
+
+from overlay.actions import Action, ToPeer
+from overlay.balance.migration import OutgoingMigration
+from overlay.balance.merge import mergeable_pairs, merge_pair
+from overlay.balance.monitor import Monitor, NodeState
+from overlay.balance.scheduler import ChannelLoad, Weights, choose_channels, rank_receivers
+from overlay.balance.split import Cut, choose_cut, divide
+from overlay.channels.channel import Channel, ChannelId
+from overlay.channels.routing_table import RouteEntry
+from overlay.messages import peer as pm
+
+if TYPE_CHECKING:
+    from overlay.node_core import NodeCore
+
+__all__ = ["BalancingMixin", "JOURNAL_SIZE"]
+
+log = logging.getLogger("overlay.balance")
+
+JOURNAL_SIZE: Final = 2000
+MAX_REPLANS: Final = 3
+MERGE_THRESHOLD: Final = 0
+MERGE_SLICES: Final = 5
+
+
+class BalancingMixin:
+    """Mixed into ``NodeCore``; uses its tables and emits through its action lists."""
+
+    def _init_balancing(self: NodeCore) -> None:
+        cl = self.config.cluster
+        seed = zlib.crc32(f"{cl.name}:{self.id}".encode())
+        self.rng = random.Random(seed)
+        self.monitor = Monitor(
+            self.id,
+            self.me.capacity,
+            list(self.peers),
+            delta=cl.delta,
+            slice_seconds=cl.slice_seconds,
+            probability=cl.probability,
+            rng=self.rng,
+        )
+        self.weights = Weights(cl.omega, cl.alpha, cl.beta, cl.gamma, cl.levels)
+        self.balancing_enabled = cl.balancing
+        self.next_slice_at: float | None = None
+        self.journal: deque[dict[str, Any]] = deque(maxlen=JOURNAL_SIZE)
+        self._cold: dict[ChannelId, int] = {}
+        self._candidates: list[Any] = []
+        self.last_report: Any = None
+
+    def record(self: NodeCore, kind: str, now: float, **fields: Any) -> None:
+        entry = {"kind": kind, "node": self.id, "time": round(now, 4), "slice": self.monitor.slice_no, **fields}
+        self.journal.append(entry)
+        self.stats[f"journal_{kind}"] += 1
+
+    # -- slices (rule 1) --------------------------------------------------------------
+
+    def _slice_tick(self: NodeCore, now: float, out: list[Action]) -> None:
+        if not self.ready:
+            return
+        if self.next_slice_at is None:
+            self.next_slice_at = now + self.monitor.slice_seconds
+            return
+        if now < self.next_slice_at:
+            return
+        self.next_slice_at = now + self.monitor.slice_seconds
+        self._end_slice(now, out)
+
+    def _end_slice(self: NodeCore, now: float, out: list[Action]) -> None:
+        d = 0
+        for ch in self.local:
+            d += ch.roll_slice().load
+        before = self.monitor.state
+        report = self.monitor.end_slice(float(d))
+        self.last_report = report
+        liem = pm.LIEM(self.id, report.state.value, report.d, report.dc, self.me.capacity, report.slice_no)
+        for p in self.peers:
+            out.append(ToPeer(p, liem))
+        self.record(
+            "slice", now, d=report.d, dc=report.dc, mean=report.mean, spread=report.spread,
+            state=report.state.value, channels={str(c.id): c.last.load for c in self.local},
+            slice_seconds=report.slice_seconds,
+        )
+        if report.state is not before:
+            self.record("state", now, old=before.value, new=report.state.value)
+        if not self.balancing_enabled:
+            return
+        self._idle_merges(now, out)
+        if report.schedule and not self.monitor.busy and not any(m.active for m in self.outgoing.values()):
+            self._start_balancing(now, out)
+
+    def _on_liem(self: NodeCore, src: int, msg: pm.LIEM) -> None:
+        self.monitor.on_liem(msg.broker_id, msg.broker_status, msg.broker_d, msg.broker_dc, msg.capacity)
+
+    # -- scheduling (rules 2, 3) ----------------------------------------------------------
+
+    def _start_balancing(self: NodeCore, now: float, out: list[Action]) -> None:
+        mon = self.monitor
+        cands = rank_receivers(
+            self.id, mon.d, mon.dc, self.me.capacity, max(len(self.local), 1), mon.live(), self.config.bw, self.weights
+        )
+        self.record(
+            "decision", now, phase="receivers", d=mon.d, dc=mon.dc, mean=mon.mean,
+            candidates=[{"node": c.node, "rank1": c.rank1, "f2": c.f2, "f3": c.f3_bw, "rank_o": c.rank_o,
+                         "rank_u": c.rank_u, "dc": c.dc} for c in cands],
+        )
+        if not cands or not len(self.local):
+            return
+        mon.enter_busy(as_sender=True)
+        self._candidates = list(cands)
+        self._request_next(now, out)
+
+    def _request_next(self: NodeCore, now: float, out: list[Action]) -> None:
+        while self._candidates:
+            cand = self._candidates.pop(0)
+            if cand.node not in self.peers:
+                continue
+            self._update_seq += 1
+            mig = OutgoingMigration(self._update_seq, cand.node, (), started=now, timeout=self.timeout)
+            mig.candidate = cand
+            self.outgoing[mig.session] = mig
+            req = pm.RequestLoadBalance(self.monitor.d, self.monitor.dc, mig.session)
+            out.append(ToPeer(cand.node, req))
+            return
+        self.monitor.leave_busy(completed=False)
+        self.record("decision", now, phase="gave_up", reason="no candidate accepted")
+
+    def _accepts(self: NodeCore, msg: pm.RequestLoadBalance) -> tuple[bool, str]:
+        """Rule 2, receiver side."""
+        if msg.forced:
+            return True, ""
+        if not self.balancing_enabled:
+            return False, "balancing is off"
+        if self.monitor.busy:
+            return False, "busy"
+        if self.monitor.state is not NodeState.UNDERLOADED:
+            return False, f"{self.monitor.state.value.lower()}, not underloaded"
+        self.monitor.enter_busy(as_sender=False)
+        return True, ""
+
+    def _channel_loads(self: NodeCore) -> list[ChannelLoad]:
+        moving = {c for m in self.outgoing.values() if m.active for c in m.channels}
+        out = []
+        for ch in self.local:
+            if ch.id in moving or self.routing[ch.id].replicated:
+                continue
+            last = ch.last
+            access = {n: cnt / last.events for n, cnt in last.access.items()} if last.events else {}
+            out.append(ChannelLoad(ch.id, last.load, len(ch), access, splittable=True))
+        return out
+
+    def _plan_transfer(self: NodeCore, mig: OutgoingMigration, now: float, out: list[Action]) -> bool:
+        """Rule 3: choose (and if needed first split) the channels to move."""
+        mon = self.monitor
+        peer = next((p for p in mon.live() if p.node == mig.receiver), None)
+        if peer is None or mon.mean is None:
+            mig.reason = "receiver load unknown"
+            return False
+        n = len(mon.live()) + 1
+        bw_ij = self.config.bw(self.id, mig.receiver)
+        for _ in range(MAX_REPLANS + 1):
+            loads = self._channel_loads()
+            if not loads:
+                mig.reason = "no channel to move"
+                return False
+            under = [p.node for p in mon.live() if p.state is NodeState.UNDERLOADED] or [mig.receiver]
+            min_cost = min(c.subscriptions / self.config.bw(self.id, j) for c in loads for j in under)
+            choice = choose_channels(
+                loads, dc=mon.dc, capacity=self.me.capacity, receiver=mig.receiver, receiver_dc=peer.dc,
+                receiver_capacity=peer.capacity, mean=mon.mean, n=n, bw_ij=bw_ij, min_mig_cost=min_cost,
+                weights=self.weights,
+            )
+            self.record(
+                "decision", now, phase="channels", session=mig.session, receiver=mig.receiver, phi=choice.phi,
+                channels=[{"id": str(s.ch_id), "load": s.load, "subscriptions": s.subscriptions, "f1": s.f1,
+                           "f3": s.f3, "f4": s.f4, "rank2": s.rank2} for s in choice.scores],
+                transfer=[str(c) for c in choice.transfer],
+                split=str(choice.split) if choice.split else None, split_load=choice.split_load,
+            )
+            if choice.split is None:
+                if not choice.transfer:
+                    mig.reason = "no channel lowers the spread"
+                    return False
+                mig.channels = choice.transfer
+                return True
+            ch = self.local[choice.split]
+            cut = choose_cut(ch.space, ch.last.records(), ch.last.priority, choice.split_load, self.schema)
+            if cut is None:
+                mig.channels = (ch.id,)
+                mig.replicate = True
+                self.record("replicate", now, channel=str(ch.id), receiver=mig.receiver, load=ch.last.load)
+                return True
+            self._split_local(ch, cut, now, out)
+        mig.reason = "no good cut found"
+        return False
+
+    # -- splits and merges (rules 3–5) ---------------------------------------------------------
+
+    def _split_local(self: NodeCore, ch: Channel, cut: Cut, now: float, out: list[Action], admin: tuple[int, int] | None = None) -> list[Channel]:
+        low_id, high_id = self.local.new_id(), self.local.new_id()
+        children = divide(ch, [(low_id, cut.low), (high_id, cut.high)])
+        # The children inherit the parent's last slice, split by the cut, so the
+        # scheduler can rank them before their own first slice ends.
+        _inherit_slice(ch, children, cut)
+        self.local.remove(ch.id)
+        for c in children:
+            self.local.add(c)
+        entries = [(c.id, RouteEntry(c.space, (self.id,))) for c in children]
+        self.routing.apply([ch.id], entries)
+        self.stats["splits"] += 1
+        self.record(
+            "split", now, parent=str(ch.id), attr=cut.attr,
+            children=[{"id": str(c.id), "space": c.space.text(self.schema), "subscriptions": len(c)} for c in children],
+            low_load=cut.low_load, high_load=cut.high_load,
+        )
+        log.info("node %d: split %s on %s into %s", self.id, ch.id, cut.attr, ", ".join(str(c.id) for c in children))
+        self._broadcast_update([ch.id], entries, out, admin=admin)
+        return children
+
+    def _idle_merges(self: NodeCore, now: float, out: list[Action]) -> None:
+        moving = {c for m in self.outgoing.values() if m.active for c in m.channels}
+        for ch in self.local:
+            if ch.last.load <= MERGE_THRESHOLD:
+                self._cold[ch.id] = self._cold.get(ch.id, 0) + 1
+            else:
+                self._cold.pop(ch.id, None)
+        cold = [
+            ch for ch in self.local
+            if self._cold.get(ch.id, 0) >= MERGE_SLICES and ch.id not in moving and not self.routing[ch.id].replicated
+        ]
+        for a, b, space in mergeable_pairs(cold, self.schema)[:1]:
+            self._merge_local(a, b, space, now, out)
+
+    def _merge_local(self: NodeCore, a: Channel, b: Channel, space: Any, now: float, out: list[Action]) -> Channel:
+        merged = merge_pair(a, b, self.local.new_id(), space)
+        self.local.remove(a.id)
+        self.local.remove(b.id)
+        self.local.add(merged)
+        self._cold.pop(a.id, None)
+        self._cold.pop(b.id, None)
+        entry = RouteEntry(merged.space, (self.id,))
+        self.routing.apply([a.id, b.id], [(merged.id, entry)])
+        self.stats["merges"] += 1
+        self.record("merge", now, parts=[str(a.id), str(b.id)], merged=str(merged.id), space=merged.space.text(self.schema), subscriptions=len(merged))
+        self._broadcast_update([a.id, b.id], [(merged.id, entry)], out)
+        return merged
+
+
+def _inherit_slice(parent: Channel, children: list[Channel], cut: Cut) -> None:
+    """Give each child the parent's last-slice records that fall in its space."""
+    prio = parent.last.priority
+    for child in children:
+        child.last.priority = prio
+        child.priority = prio
+    for rec in parent.last.records():
+        values = dict(zip(prio, rec.point))
+        for child in children:
+            if child.space.contains(values):
+                st = child.last
+                st.load += rec.cost
+                st.events += rec.count
+                st._records[rec.point] = [rec.cost, rec.count]
+                break
+    # Access counts split in proportion to events (the records do not keep them).
+    total = parent.last.events or 1
+    for child in children:
+        share = child.last.events / total
+        child.last.access = {n: int(round(cnt * share)) for n, cnt in parent.last.access.items()}
+
