@@ -1,24 +1,99 @@
-"""Splitting a channel into children (SPEC §8.3).
+"""Splitting a channel (SPEC §8.3): where to cut, and the cut itself.
 
-``divide`` is the mechanical part shared by the operator's split command and
-the balancer: given the children's spaces, build the channels and hand each
-subscription to every child it belongs to (covers or overlaps — some go to
-both).  Invariant: the children's spaces partition the parent's space, and
-every parent subscription that can match an event of a child is in that child.
+Rules this module keeps:
+
+1. Records ``<e_i, num_i>`` are sorted by the DA values in priority order
+   (numeric, rfid, string; ties by popularity).  The cut-off part is a prefix
+   of that order whose cost is closest to ``ΔLD``: the shortest prefix
+   reaching ``ΔLD``, or the one before it when that is closer.
+2. Attributes on which every record of the slice has the same value cannot
+   separate anything; the cut is made on the first attribute (in priority
+   order) on which the records differ, at a boundary between groups of equal
+   values on it.  When the records differ already on the first DA this is
+   exactly the spec's rule (``e_k`` and ``e_{k+1}`` differ on ``DA_1``): the
+   worked example cuts ``a`` after 20.
+3. Ordered attributes are cut after the last value of the prefix
+   (``[lo, v]`` / ``[v+1, hi]`` for integers, ``(v, hi]`` for floats); string
+   attributes move the prefix's values (``strSet``) into a type-1 child.
+4. All records on one point: no cut is possible and the channel must be
+   replicated instead (``choose_cut`` returns None).
+5. ``divide`` builds the children and hands each subscription to every child
+   it belongs to (covers or overlaps — some go to both).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from overlay.channels.channel import Channel, ChannelId
+import msgspec
+
+from overlay.channels.channel import Channel, ChannelId, EventRecord
+from overlay.channels.schema import Kind, Schema
 from overlay.channels.space import EventSpace
 from overlay.errors import LocalProtocolError
 
-__all__ = ["divide"]
+__all__ = ["Cut", "choose_cut", "divide"]
+
+
+class Cut(msgspec.Struct, frozen=True):
+    """A planned split: ``low`` carries ``low_load`` (≈ ΔLD), ``high`` the rest."""
+
+    attr: str
+    low: EventSpace
+    high: EventSpace
+    low_load: int
+    high_load: int
+
+
+def choose_cut(
+    space: EventSpace,
+    records: Sequence[EventRecord],
+    priority: Sequence[str],
+    delta_ld: float,
+    schema: Schema,
+) -> Cut | None:
+    """Rules 1–4. ``records`` must be sorted by ``priority``."""
+    if len(records) < 2:
+        return None
+    # Rule 2: the first attribute on which the records differ.
+    pos = next(
+        (i for i in range(len(priority)) if len({r.point[i] for r in records}) > 1),
+        None,
+    )
+    if pos is None:
+        return None
+    name = priority[pos]
+    # Records are lexicographic and constant before `pos`, so sorted by `pos`:
+    # group them by value and pick the boundary closest to ΔLD.
+    bounds: list[tuple[object, int]] = []  # (last value of the group, cost up to it)
+    total = 0
+    for r in records:
+        v = r.point[pos]
+        total += r.cost
+        if bounds and bounds[-1][0] == v:
+            bounds[-1] = (v, total)
+        else:
+            bounds.append((v, total))
+    bounds.pop()  # a cut after the last group cuts nothing off the top
+    k = next((i for i, (_, cum) in enumerate(bounds) if cum >= delta_ld), len(bounds) - 1)
+    if k > 0 and abs(bounds[k - 1][1] - delta_ld) < abs(bounds[k][1] - delta_ld):
+        k -= 1
+    value, low_load = bounds[k]
+    attr = schema.attributes[name]
+    if attr.kind is Kind.STRING:
+        str_set = {r.point[pos] for r in records if _before_or_at(r.point[pos], value)}
+        low, high = space.take_strings(name, str_set)  # type: ignore[arg-type]
+    else:
+        low, high = space.cut(attr, value)  # type: ignore[arg-type]
+    return Cut(name, low, high, low_load, total - low_load)
+
+
+def _before_or_at(v: object, last: object) -> bool:
+    return v <= last  # type: ignore[operator]
 
 
 def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]]) -> list[Channel]:
+    """Rule 5."""
     if len(parts) < 2:
         raise LocalProtocolError("a split needs at least two children")
     schema = parent.schema
