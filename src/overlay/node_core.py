@@ -42,20 +42,19 @@ from typing import Any, Final
 import msgspec
 
 from overlay.actions import Action, CloseClient, ToClient, ToPeer
-from overlay.balance.migration import InState, IncomingMigration, OutgoingMigration, OutState
-from overlay.balance.split import Cut
+from overlay.balance.migration import IncomingMigration, OutgoingMigration, OutState
 from overlay.channels.channel import Channel, ChannelId
-from overlay.channels.expressions import parse_event, parse_subscription
 from overlay.channels.local_table import LocalTable
 from overlay.channels.predicates import Filter
 from overlay.channels.routing_table import RouteEntry, RoutingTable
 from overlay.channels.space import EventSpace
-from overlay.channels.subscriptions import Subscription as StoredSubscription
 from overlay.config import ClusterConfig
-from overlay.errors import ExpressionError, LocalProtocolError, OverlayError, RemoteProtocolError, SchemaError
+from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node_balancing import BalancingMixin
+from overlay.node_clients import ClientsMixin, _Pending, _Session
+from overlay.node_migration import MigrationMixin
 
 __all__ = ["NodeCore", "ToPeer", "ToClient", "CloseClient", "Action"]
 
@@ -64,32 +63,6 @@ log = logging.getLogger("overlay.node")
 # A message re-routed this many times is dropped (counted and logged): tables
 # that disagree for longer than a few hops are a bug, not a transient.
 MAX_HOPS: Final = 4
-
-
-class _Session:
-    __slots__ = ("id", "client_id", "subs", "greeted", "n")
-
-    def __init__(self, sid: int) -> None:
-        self.id = sid
-        self.client_id = ""
-        self.greeted = False
-        self.subs: dict[str, tuple[str, Filter]] = {}  # local id -> (global id, filter)
-        self.n = 0
-
-
-class _Pending:
-    """An (un)subscription waiting for its channels to apply it (rule 4)."""
-
-    __slots__ = ("session", "seq", "local_id", "subscribe", "waiting", "applied", "channels")
-
-    def __init__(self, session: int, seq: int, local_id: str, subscribe: bool, chans: Iterable[ChannelId]) -> None:
-        self.session = session
-        self.seq = seq
-        self.local_id = local_id
-        self.subscribe = subscribe
-        self.waiting = set(chans)
-        self.applied: set[ChannelId] = set()
-        self.channels = len(self.waiting)
 
 
 class _TableUpdate:
@@ -102,7 +75,7 @@ class _TableUpdate:
         self.admin = admin
 
 
-class NodeCore(BalancingMixin):
+class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
     """One node's state and protocol logic (module rules 1–6).
 
     Invariant: a channel is in ``local`` iff the routing table names this node
@@ -429,201 +402,6 @@ class NodeCore(BalancingMixin):
             if upd.admin is not None:
                 self._admin_done(upd.admin, {"update": msg.session}, out)
 
-    # -- migration: moving-out side ---------------------------------------------------------
-
-    def start_migration(
-        self, channels: list[ChannelId], receiver: int, now: float, *, forced: bool = False, admin: tuple[int, int] | None = None
-    ) -> tuple[OutgoingMigration, list[Action]]:
-        for chid in channels:
-            if chid not in self.local:
-                raise LocalProtocolError(f"channel {chid} is not on node {self.id}")
-            if chid in self._reforward or any(chid in m.channels and m.active for m in self.outgoing.values()):
-                raise LocalProtocolError(f"channel {chid} is already moving")
-        if receiver == self.id or receiver not in self.peers:
-            raise LocalProtocolError(f"node {receiver} cannot receive channels from node {self.id}")
-        self._update_seq += 1
-        mig = OutgoingMigration(self._update_seq, receiver, channels, started=now, timeout=self.timeout, forced=forced)
-        self.outgoing[mig.session] = mig
-        if admin is not None:
-            self._admin_waits[mig.session] = admin
-        d = float(self.local.load)
-        req = pm.RequestLoadBalance(d, d / self.me.capacity, mig.session, forced)
-        log.info("node %d: session %d: moving %s to node %d", self.id, mig.session, [str(c) for c in channels], receiver)
-        return mig, [ToPeer(receiver, req)]
-
-    def _on_migration_reply(self, src: int, msg: pm.PeerMessage, now: float, out: list[Action]) -> None:
-        mig = self.outgoing.get(msg.session)  # type: ignore[attr-defined]
-        if mig is None or mig.receiver != src:
-            # A late answer to a session already timed out and rolled back.
-            log.info("node %d: ignoring %s from node %d for a session that is over", self.id, type(msg).__name__, src)
-            return
-        state = mig.on(msg, now)
-        if state is OutState.ABORTED:
-            self._abort_outgoing(mig, mig.reason, out)
-        elif state is OutState.TRANSFERRING:
-            if not mig.channels and not self._plan_transfer(mig, now, out):
-                mig.abort(mig.reason or "nothing to move")
-                self._abort_outgoing(mig, mig.reason, out)
-                return
-            specs = tuple(pm.ChannelSpec(c, self.local[c].space) for c in mig.channels)
-            out.append(ToPeer(mig.receiver, pm.ChannelTransfer(specs, mig.session)))
-        elif state is OutState.MOVING:
-            # <2>: snapshot the subscriptions, and reforward from now on (migration rule 3).
-            sets = []
-            for c in mig.channels:
-                subs = tuple(self.local[c])
-                mig.subscriptions_moved += len(subs)
-                sets.append(pm.ChannelSubscriptions(c, subs))
-                self._reforward[c] = mig
-            move = pm.SubscriptionMove(pm.SubscriptionType.ATOMIC, tuple(sets), mig.session)
-            mig.bytes_moved = len(msgspec.msgpack.encode(move))
-            out.append(ToPeer(mig.receiver, move))
-        elif state is OutState.UPDATING:
-            # <3>: the receiver holds everything; switch the tables.
-            updates = []
-            for c in mig.channels:
-                if mig.replicate:  # the channel stays here too: one more owner
-                    ch = self.local[c]
-                    owners = tuple(dict.fromkeys(self.routing[c].owners + (mig.receiver,)))
-                else:
-                    ch = self.local.remove(c)
-                    assert ch is not None
-                    owners = (mig.receiver,)
-                entry = RouteEntry(ch.space, owners)
-                self.routing.set(c, entry)
-                updates.append((c, entry))
-            self._broadcast_update((), updates, out, session=mig.session)
-            mig.updates_sent(self.peers, now)
-
-    def _finish_outgoing(self, mig: OutgoingMigration, out: list[Action]) -> None:
-        for c in mig.channels:
-            if self._reforward.get(c) is mig:
-                del self._reforward[c]
-        out.append(ToPeer(mig.receiver, pm.CompleteLoadBalance(mig.session)))
-        self.stats["replications" if mig.replicate else "migrations"] += 1
-        self.stats["subscriptions_moved"] += mig.subscriptions_moved
-        self.stats["migration_bytes"] += mig.bytes_moved
-        bw = self.config.bw(self.id, mig.receiver)
-        self.record(
-            "replication" if mig.replicate else "migration", mig.times.get("done", mig.started),
-            session=mig.session, receiver=mig.receiver, channels=[str(c) for c in mig.channels],
-            subscriptions=mig.subscriptions_moved, bytes=mig.bytes_moved, bw=bw,
-            mig_cost=mig.subscriptions_moved / bw, forced=mig.forced,
-            duration=round(mig.times.get("done", mig.started) - mig.started, 6),
-            times={k: round(v - mig.started, 6) for k, v in mig.times.items()},
-        )
-        if not mig.forced:
-            self.monitor.leave_busy(completed=True)
-        log.info(
-            "node %d: session %d done: %d channels, %d subscriptions to node %d",
-            self.id, mig.session, len(mig.channels), mig.subscriptions_moved, mig.receiver,
-        )
-        admin = self._admin_waits.pop(mig.session, None)
-        if admin is not None:
-            self._admin_done(
-                admin,
-                {
-                    "session": mig.session,
-                    "channels": [str(c) for c in mig.channels],
-                    "receiver": mig.receiver,
-                    "subscriptions_moved": mig.subscriptions_moved,
-                    "bytes": mig.bytes_moved,
-                },
-                out,
-            )
-
-    def _abort_outgoing(self, mig: OutgoingMigration, reason: str, out: list[Action]) -> None:
-        if mig.state is not OutState.ABORTED:
-            mig.abort(reason)
-        out.append(ToPeer(mig.receiver, pm.CompleteLoadBalance(mig.session, aborted=True)))
-        self.stats["migrations_aborted"] += 1
-        log.warning("node %d: session %d to node %d aborted: %s", self.id, mig.session, mig.receiver, reason)
-        self.record("abort", mig.started, session=mig.session, receiver=mig.receiver, reason=reason)
-        if not mig.forced:
-            if mig.candidate is not None and "<2>" not in mig.times and not mig.channels:
-                self._request_next(mig.started, out)  # refused: try the next candidate (SPEC §8.1 step 4)
-            else:
-                self.monitor.leave_busy(completed=False)
-        admin = self._admin_waits.pop(mig.session, None)
-        if admin is not None:
-            out.append(ToClient(admin[0], cm.Error(admin[1], cm.ErrorCode.ADMIN, f"migration aborted: {reason}")))
-
-    def _reforward_msg(
-        self, mig: OutgoingMigration, chid: ChannelId, sign: pm.ReforwardSign, msg: pm.Subscription | pm.UnSubscription | pm.Event, out: list[Action]
-    ) -> None:
-        self.stats["reforwards"] += 1
-        out.append(ToPeer(mig.receiver, pm.Reforward(chid, (pm.ReforwardItem(sign, msg),), mig.session)))
-
-    # -- migration: receiver side -------------------------------------------------------------
-
-    def _on_request(self, src: int, msg: pm.RequestLoadBalance, now: float, out: list[Action]) -> None:
-        key = (src, msg.session)
-        if key in self.incoming:
-            raise RemoteProtocolError(f"node {src} reopened session {msg.session}")
-        ok, reason = self._accepts(msg)
-        if not ok:
-            out.append(ToPeer(src, pm.ReplyRequestLoadBalance(pm.ReplySign.REPLY_FAIL, msg.session, reason)))
-            return
-        self.incoming[key] = IncomingMigration(src, msg.session, started=now, timeout=self.timeout)
-        out.append(ToPeer(src, pm.ReplyRequestLoadBalance(pm.ReplySign.REPLY_SUCCESS, msg.session)))
-
-    def _incoming(self, src: int, session: int, what: str) -> IncomingMigration:
-        mig = self.incoming.get((src, session))
-        if mig is None:
-            raise RemoteProtocolError(f"{what} from node {src} names unknown session {session}")
-        return mig
-
-    def _on_channel_transfer(self, src: int, msg: pm.ChannelTransfer, now: float, out: list[Action]) -> None:
-        mig = self._incoming(src, msg.session, "ChannelTransfer")
-        clash = [c.ch_id for c in msg.channels if c.ch_id in self.local]
-        if clash:
-            mig.abort()
-            out.append(ToPeer(src, pm.ReplyChannelTransfer(pm.ReplySign.REPLY_FAIL, tuple(clash), msg.session, "channel already here")))
-            return
-        mig.on(msg, now)
-        for spec in msg.channels:
-            self.local.add(Channel(spec.ch_id, spec.space, self.schema))
-        out.append(ToPeer(src, pm.ReplyChannelTransfer(pm.ReplySign.REPLY_SUCCESS, mig.channels, msg.session)))
-
-    def _on_subscription_move(self, src: int, msg: pm.SubscriptionMove, now: float, out: list[Action]) -> None:
-        mig = self._incoming(src, msg.session, "SubscriptionMove")
-        mig.on(msg, now)
-        for cs in msg.ch_sub_set:
-            ch = self.local[cs.ch_id]
-            for sub in cs.subscriptions:
-                ch.add(sub)
-        out.append(ToPeer(src, pm.ReplySubscriptionMove(msg.session)))
-
-    def _on_reforward(self, src: int, msg: pm.Reforward, now: float, out: list[Action]) -> None:
-        mig = self.incoming.get((src, msg.session))
-        if mig is not None and mig.active:
-            mig.on(msg, now)  # rule 4: raises before SubscriptionMove
-        self.stats["reforwards_in"] += 1
-        for item in msg.messages:
-            inner = item.message
-            match inner:
-                case pm.Event():
-                    self._on_event(inner, out)
-                case pm.Subscription():
-                    self._on_subscription(inner, out)
-                case pm.UnSubscription():
-                    self._on_unsubscription(inner, out)
-
-    def _on_complete(self, src: int, msg: pm.CompleteLoadBalance, now: float, out: list[Action]) -> None:
-        mig = self.incoming.pop((src, msg.session), None)
-        if mig is None:
-            return
-        self.monitor.leave_busy(completed=not msg.aborted)
-        if msg.aborted:
-            for c in mig.channels:
-                if not (self.routing.get(c) and self.id in self.routing[c].owners):
-                    self.local.remove(c)
-            mig.abort()
-            log.warning("node %d: session %d/%d aborted by sender; channels dropped", self.id, src, msg.session)
-            return
-        mig.on(msg, now)
-        log.info("node %d: received %s from node %d", self.id, [str(c) for c in mig.channels], src)
-
     def tick(self, now: float) -> list[Action]:
         """Time-driven work: slices (SPEC §6) and session timeouts (migration rule 2)."""
         out: list[Action] = []
@@ -647,192 +425,6 @@ class NodeCore(BalancingMixin):
                 log.warning("node %d: incoming session %s timed out; rolled back", self.id, key)
         return out
 
-    # == clients =====================================================================
-
-    def client_opened(self) -> int:
-        self._session_seq += 1
-        sid = self._session_seq
-        self.sessions[sid] = _Session(sid)
-        return sid
-
-    def client_closed(self, sid: int) -> list[Action]:
-        """Drop the session's subscriptions everywhere (subscriptions are owned by
-        the client, which re-subscribes on reconnect)."""
-        sess = self.sessions.pop(sid, None)
-        out: list[Action] = []
-        if sess is None:
-            return out
-        for local_id, (gid, f) in sess.subs.items():
-            self._sub_owner.pop(gid, None)
-            self._send_unsubscribe(sid, 0, local_id, gid, f, out)
-        return out
-
-    def handle_client(self, sid: int, msg: cm.ClientMessage, now: float) -> list[Action]:
-        out: list[Action] = []
-        sess = self.sessions.get(sid)
-        if sess is None:
-            return out
-        if not sess.greeted:
-            if not isinstance(msg, cm.Hello):
-                out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, "the first message must be Hello", fatal=True)))
-                out.append(CloseClient(sid, "no Hello"))
-                return out
-            sess.greeted = True
-            sess.client_id = msg.client_id
-            out.append(ToClient(sid, cm.Welcome(self.id, sid, self.ready, self.config.cluster.name)))
-            return out
-        match msg:
-            case cm.Publish():
-                self._client_publish(sess, msg, now, out)
-            case cm.Subscribe():
-                self._client_subscribe(sess, msg, out)
-            case cm.Unsubscribe():
-                self._client_unsubscribe(sess, msg, out)
-            case cm.Ack():
-                self.stats["client_acks"] += 1
-            case cm.Admin():
-                self._client_admin(sess, msg, now, out)
-            case cm.Hello():
-                out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, "Hello sent twice")))
-            case _:
-                out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, f"{type(msg).__name__} is not a client request", fatal=True)))
-                out.append(CloseClient(sid, f"sent {type(msg).__name__}"))
-        return out
-
-    def _not_ready(self, sid: int, seq: int, out: list[Action]) -> bool:
-        if self.ready:
-            return False
-        self.stats["rejected_not_ready"] += 1
-        out.append(ToClient(sid, cm.Error(seq, cm.ErrorCode.NOT_READY, "the cluster is not ready yet; retry shortly")))
-        return True
-
-    def _client_publish(self, sess: _Session, msg: cm.Publish, now: float, out: list[Action]) -> None:
-        if self._not_ready(sess.id, msg.seq, out):
-            return
-        try:
-            if isinstance(msg.event, str):
-                values = parse_event(msg.event, self.schema)
-            else:
-                values = self.schema.check_event_values(msg.event)
-        except ExpressionError as exc:
-            self.stats["rejected_bad_event"] += 1
-            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EVENT, exc.reason, exc.position)))
-            return
-        except SchemaError as exc:
-            self.stats["rejected_bad_event"] += 1
-            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EVENT, str(exc))))
-            return
-        chid = self.routing.lookup_event(values)
-        if chid is None:
-            self.stats["rejected_no_route"] += 1
-            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.NO_ROUTE, "no channel holds this event")))
-            return
-        self._event_seq += 1
-        event_id = f"{self.id}-{self._event_seq}"
-        self.stats["events_in"] += 1
-        ev = pm.Event(event_id, values, self.id, pm.DispatchSign.EVENT_DISPATCHED, chid, msg.publish_time or now)
-        self._dispatch_event(ev, out)
-        out.append(ToClient(sess.id, cm.PubAck(msg.seq, event_id)))
-
-    def _client_subscribe(self, sess: _Session, msg: cm.Subscribe, out: list[Action]) -> None:
-        if self._not_ready(sess.id, msg.seq, out):
-            return
-        if msg.sub_id in sess.subs:
-            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.DUPLICATE_SUBSCRIPTION, f"subscription {msg.sub_id!r} already exists")))
-            return
-        try:
-            f = parse_subscription(msg.expression, self.schema)
-        except ExpressionError as exc:
-            self.stats["rejected_bad_expression"] += 1
-            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EXPRESSION, exc.reason, exc.position)))
-            return
-        sess.n += 1
-        gid = f"{self.id}:{sess.id}:{msg.sub_id}:{sess.n}"
-        sess.subs[msg.sub_id] = (gid, f)
-        self._sub_owner[gid] = (sess.id, msg.sub_id)
-        chans = self.routing.lookup_subscription(f)
-        self._pending[gid] = _Pending(sess.id, msg.seq, msg.sub_id, True, chans)
-        self.stats["subscriptions_in"] += 1
-        if not chans:  # a filter no event can match: nothing to store
-            self._pending.pop(gid)
-            out.append(ToClient(sess.id, cm.SubAck(msg.seq, msg.sub_id, 0)))
-            return
-        sub = pm.Subscription(gid, f, sess.client_id, self.id, pm.DispatchSign.SUBSCRIBE_DISPATCHED)
-        for chid in chans:
-            self._dispatch_sub(msgspec.structs.replace(sub, ch_id=chid), out)
-
-    def _client_unsubscribe(self, sess: _Session, msg: cm.Unsubscribe, out: list[Action]) -> None:
-        entry = sess.subs.pop(msg.sub_id, None)
-        if entry is None:
-            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.UNKNOWN_SUBSCRIPTION, f"no subscription {msg.sub_id!r}")))
-            return
-        gid, f = entry
-        self._sub_owner.pop(gid, None)
-        self._send_unsubscribe(sess.id, msg.seq, msg.sub_id, gid, f, out)
-
-    def _send_unsubscribe(self, sid: int, seq: int, local_id: str, gid: str, f: Filter, out: list[Action]) -> None:
-        self._pending.pop(gid, None)  # an unanswered subscribe is superseded
-        chans = self.routing.lookup_subscription(f)
-        self._pending[gid] = _Pending(sid, seq, local_id, False, chans)
-        if not chans:
-            self._on_applied(pm.SubscriptionApplied(gid, ChannelId(-1, -1), False), out)
-            return
-        unsub = pm.UnSubscription(gid, f, local_id, self.id, pm.DispatchSign.UNSUBSCRIBE_DISPATCHED)
-        for chid in chans:
-            self._dispatch_sub(msgspec.structs.replace(unsub, ch_id=chid), out)
-
-    # -- operator commands -----------------------------------------------------------------
-
-    def _client_admin(self, sess: _Session, msg: cm.Admin, now: float, out: list[Action]) -> None:
-        try:
-            match msg.command:
-                case "status":
-                    out.append(ToClient(sess.id, cm.AdminReply(msg.seq, self.status())))
-                case "split":
-                    self._admin_split(sess.id, msg, now, out)
-                case "place":
-                    chid = _parse_chid(msg.args.get("channel"))
-                    receiver = msg.args.get("node")
-                    if not isinstance(receiver, int):
-                        raise LocalProtocolError("place needs an integer 'node'")
-                    if chid not in self.local:
-                        raise LocalProtocolError(self._not_owner(chid))
-                    _, acts = self.start_migration([chid], receiver, now, forced=True, admin=(sess.id, msg.seq))
-                    out.extend(acts)
-                case _:
-                    raise LocalProtocolError(f"unknown admin command {msg.command!r} (status, split, place)")
-        except (OverlayError, KeyError, ValueError, TypeError) as exc:
-            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.ADMIN, str(exc))))
-
-    def _not_owner(self, chid: ChannelId) -> str:
-        entry = self.routing.get(chid)
-        if entry is None:
-            return f"channel {chid} does not exist"
-        return f"channel {chid} is owned by node {entry.owner}, not node {self.id}"
-
-    def _admin_split(self, sid: int, msg: cm.Admin, now: float, out: list[Action]) -> None:
-        chid = _parse_chid(msg.args.get("channel"))
-        ch = self.local.get(chid)
-        if ch is None:
-            raise LocalProtocolError(self._not_owner(chid))
-        if chid in self._reforward or any(chid in m.channels and m.active for m in self.outgoing.values()):
-            raise LocalProtocolError(f"channel {chid} is moving; split it later")
-        attr_name = msg.args.get("attr")
-        attr = self.schema.attribute(str(attr_name))
-        if "values" in msg.args:
-            low, high = ch.space.take_strings(attr.name, [str(v) for v in msg.args["values"]])
-        else:
-            at = msg.args.get("at")
-            if isinstance(at, bool) or not isinstance(at, (int, float)):
-                raise LocalProtocolError("split needs a numeric 'at' or a list of 'values'")
-            low, high = ch.space.cut(attr, at)
-        self._split_local(ch, Cut(attr.name, low, high, 0, 0), now, out, admin=(sid, msg.seq))
-
-    def _admin_done(self, admin: tuple[int, int], result: Any, out: list[Action]) -> None:
-        sid, seq = admin
-        if sid in self.sessions:
-            out.append(ToClient(sid, cm.AdminReply(seq, result)))
-
     def status(self) -> dict[str, Any]:
         return {
             "node": self.id,
@@ -848,14 +440,6 @@ class NodeCore(BalancingMixin):
             "sessions": len(self.sessions),
             "stats": dict(self.stats),
         }
-
-
-def _parse_chid(raw: object) -> ChannelId:
-    if isinstance(raw, str) and raw.count(".") == 1:
-        node, seq = raw.split(".")
-        if node.isdigit() and seq.isdigit():
-            return ChannelId(int(node), int(seq))
-    raise LocalProtocolError(f"channel ids look like 'node.seq' (e.g. '0.0'), got {raw!r}")
 
 
 def _pick(owners: tuple[int, ...], key: str) -> int:

@@ -1,0 +1,256 @@
+"""The client half of the node core: sessions, publish, (un)subscribe, operator commands.
+
+Rules (SPEC §3, §4; module rules of ``overlay.node_core``): a client must say
+Hello first; publish and subscribe before the cluster is ready are answered
+``not_ready``; an (un)subscription is acknowledged once every channel applied
+it; bad expressions and events are answered with an error and the position,
+and the session stays open.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from overlay.actions import Action, CloseClient, ToClient
+from overlay.balance.split import Cut
+from overlay.channels.channel import ChannelId
+from overlay.channels.expressions import parse_event, parse_subscription
+from overlay.channels.predicates import Filter
+from overlay.errors import ExpressionError, LocalProtocolError, OverlayError, SchemaError
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+
+if TYPE_CHECKING:
+    from overlay.node_core import NodeCore
+
+__all__ = ["ClientsMixin"]
+
+log = logging.getLogger("overlay.node")
+
+
+class _Session:
+    __slots__ = ("id", "client_id", "subs", "greeted", "n")
+
+    def __init__(self, sid: int) -> None:
+        self.id = sid
+        self.client_id = ""
+        self.greeted = False
+        self.subs: dict[str, tuple[str, Filter]] = {}  # local id -> (global id, filter)
+        self.n = 0
+
+
+class _Pending:
+    """An (un)subscription waiting for its channels to apply it (rule 4)."""
+
+    __slots__ = ("session", "seq", "local_id", "subscribe", "waiting", "applied", "channels")
+
+    def __init__(self, session: int, seq: int, local_id: str, subscribe: bool, chans: Iterable[ChannelId]) -> None:
+        self.session = session
+        self.seq = seq
+        self.local_id = local_id
+        self.subscribe = subscribe
+        self.waiting = set(chans)
+        self.applied: set[ChannelId] = set()
+        self.channels = len(self.waiting)
+
+
+class ClientsMixin:
+    """Mixed into ``NodeCore``."""
+
+    # == clients =====================================================================
+
+    def client_opened(self) -> int:
+        self._session_seq += 1
+        sid = self._session_seq
+        self.sessions[sid] = _Session(sid)
+        return sid
+
+    def client_closed(self: NodeCore, sid: int) -> list[Action]:
+        """Drop the session's subscriptions everywhere (subscriptions are owned by
+        the client, which re-subscribes on reconnect)."""
+        sess = self.sessions.pop(sid, None)
+        out: list[Action] = []
+        if sess is None:
+            return out
+        for local_id, (gid, f) in sess.subs.items():
+            self._sub_owner.pop(gid, None)
+            self._send_unsubscribe(sid, 0, local_id, gid, f, out)
+        return out
+
+    def handle_client(self: NodeCore, sid: int, msg: cm.ClientMessage, now: float) -> list[Action]:
+        out: list[Action] = []
+        sess = self.sessions.get(sid)
+        if sess is None:
+            return out
+        if not sess.greeted:
+            if not isinstance(msg, cm.Hello):
+                out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, "the first message must be Hello", fatal=True)))
+                out.append(CloseClient(sid, "no Hello"))
+                return out
+            sess.greeted = True
+            sess.client_id = msg.client_id
+            out.append(ToClient(sid, cm.Welcome(self.id, sid, self.ready, self.config.cluster.name)))
+            return out
+        match msg:
+            case cm.Publish():
+                self._client_publish(sess, msg, now, out)
+            case cm.Subscribe():
+                self._client_subscribe(sess, msg, out)
+            case cm.Unsubscribe():
+                self._client_unsubscribe(sess, msg, out)
+            case cm.Ack():
+                self.stats["client_acks"] += 1
+            case cm.Admin():
+                self._client_admin(sess, msg, now, out)
+            case cm.Hello():
+                out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, "Hello sent twice")))
+            case _:
+                out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, f"{type(msg).__name__} is not a client request", fatal=True)))
+                out.append(CloseClient(sid, f"sent {type(msg).__name__}"))
+        return out
+
+    def _not_ready(self: NodeCore, sid: int, seq: int, out: list[Action]) -> bool:
+        if self.ready:
+            return False
+        self.stats["rejected_not_ready"] += 1
+        out.append(ToClient(sid, cm.Error(seq, cm.ErrorCode.NOT_READY, "the cluster is not ready yet; retry shortly")))
+        return True
+
+    def _client_publish(self: NodeCore, sess: _Session, msg: cm.Publish, now: float, out: list[Action]) -> None:
+        if self._not_ready(sess.id, msg.seq, out):
+            return
+        try:
+            if isinstance(msg.event, str):
+                values = parse_event(msg.event, self.schema)
+            else:
+                values = self.schema.check_event_values(msg.event)
+        except ExpressionError as exc:
+            self.stats["rejected_bad_event"] += 1
+            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EVENT, exc.reason, exc.position)))
+            return
+        except SchemaError as exc:
+            self.stats["rejected_bad_event"] += 1
+            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EVENT, str(exc))))
+            return
+        chid = self.routing.lookup_event(values)
+        if chid is None:
+            self.stats["rejected_no_route"] += 1
+            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.NO_ROUTE, "no channel holds this event")))
+            return
+        self._event_seq += 1
+        event_id = f"{self.id}-{self._event_seq}"
+        self.stats["events_in"] += 1
+        ev = pm.Event(event_id, values, self.id, pm.DispatchSign.EVENT_DISPATCHED, chid, msg.publish_time or now)
+        self._dispatch_event(ev, out)
+        out.append(ToClient(sess.id, cm.PubAck(msg.seq, event_id)))
+
+    def _client_subscribe(self: NodeCore, sess: _Session, msg: cm.Subscribe, out: list[Action]) -> None:
+        if self._not_ready(sess.id, msg.seq, out):
+            return
+        if msg.sub_id in sess.subs:
+            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.DUPLICATE_SUBSCRIPTION, f"subscription {msg.sub_id!r} already exists")))
+            return
+        try:
+            f = parse_subscription(msg.expression, self.schema)
+        except ExpressionError as exc:
+            self.stats["rejected_bad_expression"] += 1
+            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EXPRESSION, exc.reason, exc.position)))
+            return
+        sess.n += 1
+        gid = f"{self.id}:{sess.id}:{msg.sub_id}:{sess.n}"
+        sess.subs[msg.sub_id] = (gid, f)
+        self._sub_owner[gid] = (sess.id, msg.sub_id)
+        chans = self.routing.lookup_subscription(f)
+        self._pending[gid] = _Pending(sess.id, msg.seq, msg.sub_id, True, chans)
+        self.stats["subscriptions_in"] += 1
+        if not chans:  # a filter no event can match: nothing to store
+            self._pending.pop(gid)
+            out.append(ToClient(sess.id, cm.SubAck(msg.seq, msg.sub_id, 0)))
+            return
+        sub = pm.Subscription(gid, f, sess.client_id, self.id, pm.DispatchSign.SUBSCRIBE_DISPATCHED)
+        for chid in chans:
+            self._dispatch_sub(msgspec.structs.replace(sub, ch_id=chid), out)
+
+    def _client_unsubscribe(self: NodeCore, sess: _Session, msg: cm.Unsubscribe, out: list[Action]) -> None:
+        entry = sess.subs.pop(msg.sub_id, None)
+        if entry is None:
+            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.UNKNOWN_SUBSCRIPTION, f"no subscription {msg.sub_id!r}")))
+            return
+        gid, f = entry
+        self._sub_owner.pop(gid, None)
+        self._send_unsubscribe(sess.id, msg.seq, msg.sub_id, gid, f, out)
+
+    def _send_unsubscribe(self: NodeCore, sid: int, seq: int, local_id: str, gid: str, f: Filter, out: list[Action]) -> None:
+        self._pending.pop(gid, None)  # an unanswered subscribe is superseded
+        chans = self.routing.lookup_subscription(f)
+        self._pending[gid] = _Pending(sid, seq, local_id, False, chans)
+        if not chans:
+            self._on_applied(pm.SubscriptionApplied(gid, ChannelId(-1, -1), False), out)
+            return
+        unsub = pm.UnSubscription(gid, f, local_id, self.id, pm.DispatchSign.UNSUBSCRIBE_DISPATCHED)
+        for chid in chans:
+            self._dispatch_sub(msgspec.structs.replace(unsub, ch_id=chid), out)
+
+    # -- operator commands -----------------------------------------------------------------
+
+    def _client_admin(self: NodeCore, sess: _Session, msg: cm.Admin, now: float, out: list[Action]) -> None:
+        try:
+            match msg.command:
+                case "status":
+                    out.append(ToClient(sess.id, cm.AdminReply(msg.seq, self.status())))
+                case "split":
+                    self._admin_split(sess.id, msg, now, out)
+                case "place":
+                    chid = _parse_chid(msg.args.get("channel"))
+                    receiver = msg.args.get("node")
+                    if not isinstance(receiver, int):
+                        raise LocalProtocolError("place needs an integer 'node'")
+                    if chid not in self.local:
+                        raise LocalProtocolError(self._not_owner(chid))
+                    _, acts = self.start_migration([chid], receiver, now, forced=True, admin=(sess.id, msg.seq))
+                    out.extend(acts)
+                case _:
+                    raise LocalProtocolError(f"unknown admin command {msg.command!r} (status, split, place)")
+        except (OverlayError, KeyError, ValueError, TypeError) as exc:
+            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.ADMIN, str(exc))))
+
+    def _not_owner(self: NodeCore, chid: ChannelId) -> str:
+        entry = self.routing.get(chid)
+        if entry is None:
+            return f"channel {chid} does not exist"
+        return f"channel {chid} is owned by node {entry.owner}, not node {self.id}"
+
+    def _admin_split(self: NodeCore, sid: int, msg: cm.Admin, now: float, out: list[Action]) -> None:
+        chid = _parse_chid(msg.args.get("channel"))
+        ch = self.local.get(chid)
+        if ch is None:
+            raise LocalProtocolError(self._not_owner(chid))
+        if chid in self._reforward or any(chid in m.channels and m.active for m in self.outgoing.values()):
+            raise LocalProtocolError(f"channel {chid} is moving; split it later")
+        attr_name = msg.args.get("attr")
+        attr = self.schema.attribute(str(attr_name))
+        if "values" in msg.args:
+            low, high = ch.space.take_strings(attr.name, [str(v) for v in msg.args["values"]])
+        else:
+            at = msg.args.get("at")
+            if isinstance(at, bool) or not isinstance(at, (int, float)):
+                raise LocalProtocolError("split needs a numeric 'at' or a list of 'values'")
+            low, high = ch.space.cut(attr, at)
+        self._split_local(ch, Cut(attr.name, low, high, 0, 0), now, out, admin=(sid, msg.seq))
+
+    def _admin_done(self: NodeCore, admin: tuple[int, int], result: Any, out: list[Action]) -> None:
+        sid, seq = admin
+        if sid in self.sessions:
+            out.append(ToClient(sid, cm.AdminReply(seq, result)))
+
+
+def _parse_chid(raw: object) -> ChannelId:
+    if isinstance(raw, str) and raw.count(".") == 1:
+        node, seq = raw.split(".")
+        if node.isdigit() and seq.isdigit():
+            return ChannelId(int(node), int(seq))
+    raise LocalProtocolError(f"channel ids look like 'node.seq' (e.g. '0.0'), got {raw!r}")

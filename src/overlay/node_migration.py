@@ -1,0 +1,229 @@
+"""The migration half of the node core: both roles of a session (SPEC §8.1–8.2).
+
+The rules are those of ``overlay.balance.migration`` (states, Reforward from
+<2>, rollback before <3>); this mixin applies them to the node's tables:
+the moving-out side snapshots subscriptions at <2>, switches its tables at
+<3> and broadcasts UpdateRoutingTable; the receiver adds channels, then
+subscriptions, then applies Reforwards in order.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from overlay.actions import Action, ToClient, ToPeer
+from overlay.balance.migration import IncomingMigration, OutgoingMigration, OutState
+from overlay.channels.channel import Channel, ChannelId
+from overlay.channels.routing_table import RouteEntry
+from overlay.errors import LocalProtocolError, RemoteProtocolError
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+
+if TYPE_CHECKING:
+    from overlay.node_core import NodeCore
+
+__all__ = ["MigrationMixin"]
+
+log = logging.getLogger("overlay.node")
+
+
+class MigrationMixin:
+    """Mixed into ``NodeCore``."""
+
+    # -- migration: moving-out side ---------------------------------------------------------
+
+    def start_migration(
+        self: NodeCore, channels: list[ChannelId], receiver: int, now: float, *, forced: bool = False, admin: tuple[int, int] | None = None
+    ) -> tuple[OutgoingMigration, list[Action]]:
+        for chid in channels:
+            if chid not in self.local:
+                raise LocalProtocolError(f"channel {chid} is not on node {self.id}")
+            if chid in self._reforward or any(chid in m.channels and m.active for m in self.outgoing.values()):
+                raise LocalProtocolError(f"channel {chid} is already moving")
+        if receiver == self.id or receiver not in self.peers:
+            raise LocalProtocolError(f"node {receiver} cannot receive channels from node {self.id}")
+        self._update_seq += 1
+        mig = OutgoingMigration(self._update_seq, receiver, channels, started=now, timeout=self.timeout, forced=forced)
+        self.outgoing[mig.session] = mig
+        if admin is not None:
+            self._admin_waits[mig.session] = admin
+        d = float(self.local.load)
+        req = pm.RequestLoadBalance(d, d / self.me.capacity, mig.session, forced)
+        log.info("node %d: session %d: moving %s to node %d", self.id, mig.session, [str(c) for c in channels], receiver)
+        return mig, [ToPeer(receiver, req)]
+
+    def _on_migration_reply(self: NodeCore, src: int, msg: pm.PeerMessage, now: float, out: list[Action]) -> None:
+        mig = self.outgoing.get(msg.session)  # type: ignore[attr-defined]
+        if mig is None or mig.receiver != src:
+            # A late answer to a session already timed out and rolled back.
+            log.info("node %d: ignoring %s from node %d for a session that is over", self.id, type(msg).__name__, src)
+            return
+        state = mig.on(msg, now)
+        if state is OutState.ABORTED:
+            self._abort_outgoing(mig, mig.reason, out)
+        elif state is OutState.TRANSFERRING:
+            if not mig.channels and not self._plan_transfer(mig, now, out):
+                mig.abort(mig.reason or "nothing to move")
+                self._abort_outgoing(mig, mig.reason, out)
+                return
+            specs = tuple(pm.ChannelSpec(c, self.local[c].space) for c in mig.channels)
+            out.append(ToPeer(mig.receiver, pm.ChannelTransfer(specs, mig.session)))
+        elif state is OutState.MOVING:
+            # <2>: snapshot the subscriptions, and reforward from now on (migration rule 3).
+            sets = []
+            for c in mig.channels:
+                subs = tuple(self.local[c])
+                mig.subscriptions_moved += len(subs)
+                sets.append(pm.ChannelSubscriptions(c, subs))
+                self._reforward[c] = mig
+            move = pm.SubscriptionMove(pm.SubscriptionType.ATOMIC, tuple(sets), mig.session)
+            mig.bytes_moved = len(msgspec.msgpack.encode(move))
+            out.append(ToPeer(mig.receiver, move))
+        elif state is OutState.UPDATING:
+            # <3>: the receiver holds everything; switch the tables.
+            updates = []
+            for c in mig.channels:
+                if mig.replicate:  # the channel stays here too: one more owner
+                    ch = self.local[c]
+                    owners = tuple(dict.fromkeys(self.routing[c].owners + (mig.receiver,)))
+                else:
+                    ch = self.local.remove(c)
+                    assert ch is not None
+                    owners = (mig.receiver,)
+                entry = RouteEntry(ch.space, owners)
+                self.routing.set(c, entry)
+                updates.append((c, entry))
+            self._broadcast_update((), updates, out, session=mig.session)
+            mig.updates_sent(self.peers, now)
+
+    def _finish_outgoing(self: NodeCore, mig: OutgoingMigration, out: list[Action]) -> None:
+        for c in mig.channels:
+            if self._reforward.get(c) is mig:
+                del self._reforward[c]
+        out.append(ToPeer(mig.receiver, pm.CompleteLoadBalance(mig.session)))
+        self.stats["replications" if mig.replicate else "migrations"] += 1
+        self.stats["subscriptions_moved"] += mig.subscriptions_moved
+        self.stats["migration_bytes"] += mig.bytes_moved
+        bw = self.config.bw(self.id, mig.receiver)
+        self.record(
+            "replication" if mig.replicate else "migration", mig.times.get("done", mig.started),
+            session=mig.session, receiver=mig.receiver, channels=[str(c) for c in mig.channels],
+            subscriptions=mig.subscriptions_moved, bytes=mig.bytes_moved, bw=bw,
+            mig_cost=mig.subscriptions_moved / bw, forced=mig.forced,
+            duration=round(mig.times.get("done", mig.started) - mig.started, 6),
+            times={k: round(v - mig.started, 6) for k, v in mig.times.items()},
+        )
+        if not mig.forced:
+            self.monitor.leave_busy(completed=True)
+        log.info(
+            "node %d: session %d done: %d channels, %d subscriptions to node %d",
+            self.id, mig.session, len(mig.channels), mig.subscriptions_moved, mig.receiver,
+        )
+        admin = self._admin_waits.pop(mig.session, None)
+        if admin is not None:
+            self._admin_done(
+                admin,
+                {
+                    "session": mig.session,
+                    "channels": [str(c) for c in mig.channels],
+                    "receiver": mig.receiver,
+                    "subscriptions_moved": mig.subscriptions_moved,
+                    "bytes": mig.bytes_moved,
+                },
+                out,
+            )
+
+    def _abort_outgoing(self: NodeCore, mig: OutgoingMigration, reason: str, out: list[Action]) -> None:
+        if mig.state is not OutState.ABORTED:
+            mig.abort(reason)
+        out.append(ToPeer(mig.receiver, pm.CompleteLoadBalance(mig.session, aborted=True)))
+        self.stats["migrations_aborted"] += 1
+        log.warning("node %d: session %d to node %d aborted: %s", self.id, mig.session, mig.receiver, reason)
+        self.record("abort", mig.started, session=mig.session, receiver=mig.receiver, reason=reason)
+        if not mig.forced:
+            if mig.candidate is not None and "<2>" not in mig.times and not mig.channels:
+                self._request_next(mig.started, out)  # refused: try the next candidate (SPEC §8.1 step 4)
+            else:
+                self.monitor.leave_busy(completed=False)
+        admin = self._admin_waits.pop(mig.session, None)
+        if admin is not None:
+            out.append(ToClient(admin[0], cm.Error(admin[1], cm.ErrorCode.ADMIN, f"migration aborted: {reason}")))
+
+    def _reforward_msg(
+        self: NodeCore, mig: OutgoingMigration, chid: ChannelId, sign: pm.ReforwardSign, msg: pm.Subscription | pm.UnSubscription | pm.Event, out: list[Action]
+    ) -> None:
+        self.stats["reforwards"] += 1
+        out.append(ToPeer(mig.receiver, pm.Reforward(chid, (pm.ReforwardItem(sign, msg),), mig.session)))
+
+    # -- migration: receiver side -------------------------------------------------------------
+
+    def _on_request(self: NodeCore, src: int, msg: pm.RequestLoadBalance, now: float, out: list[Action]) -> None:
+        key = (src, msg.session)
+        if key in self.incoming:
+            raise RemoteProtocolError(f"node {src} reopened session {msg.session}")
+        ok, reason = self._accepts(msg)
+        if not ok:
+            out.append(ToPeer(src, pm.ReplyRequestLoadBalance(pm.ReplySign.REPLY_FAIL, msg.session, reason)))
+            return
+        self.incoming[key] = IncomingMigration(src, msg.session, started=now, timeout=self.timeout)
+        out.append(ToPeer(src, pm.ReplyRequestLoadBalance(pm.ReplySign.REPLY_SUCCESS, msg.session)))
+
+    def _incoming(self: NodeCore, src: int, session: int, what: str) -> IncomingMigration:
+        mig = self.incoming.get((src, session))
+        if mig is None:
+            raise RemoteProtocolError(f"{what} from node {src} names unknown session {session}")
+        return mig
+
+    def _on_channel_transfer(self: NodeCore, src: int, msg: pm.ChannelTransfer, now: float, out: list[Action]) -> None:
+        mig = self._incoming(src, msg.session, "ChannelTransfer")
+        clash = [c.ch_id for c in msg.channels if c.ch_id in self.local]
+        if clash:
+            mig.abort()
+            out.append(ToPeer(src, pm.ReplyChannelTransfer(pm.ReplySign.REPLY_FAIL, tuple(clash), msg.session, "channel already here")))
+            return
+        mig.on(msg, now)
+        for spec in msg.channels:
+            self.local.add(Channel(spec.ch_id, spec.space, self.schema))
+        out.append(ToPeer(src, pm.ReplyChannelTransfer(pm.ReplySign.REPLY_SUCCESS, mig.channels, msg.session)))
+
+    def _on_subscription_move(self: NodeCore, src: int, msg: pm.SubscriptionMove, now: float, out: list[Action]) -> None:
+        mig = self._incoming(src, msg.session, "SubscriptionMove")
+        mig.on(msg, now)
+        for cs in msg.ch_sub_set:
+            ch = self.local[cs.ch_id]
+            for sub in cs.subscriptions:
+                ch.add(sub)
+        out.append(ToPeer(src, pm.ReplySubscriptionMove(msg.session)))
+
+    def _on_reforward(self: NodeCore, src: int, msg: pm.Reforward, now: float, out: list[Action]) -> None:
+        mig = self.incoming.get((src, msg.session))
+        if mig is not None and mig.active:
+            mig.on(msg, now)  # rule 4: raises before SubscriptionMove
+        self.stats["reforwards_in"] += 1
+        for item in msg.messages:
+            inner = item.message
+            match inner:
+                case pm.Event():
+                    self._on_event(inner, out)
+                case pm.Subscription():
+                    self._on_subscription(inner, out)
+                case pm.UnSubscription():
+                    self._on_unsubscription(inner, out)
+
+    def _on_complete(self: NodeCore, src: int, msg: pm.CompleteLoadBalance, now: float, out: list[Action]) -> None:
+        mig = self.incoming.pop((src, msg.session), None)
+        if mig is None:
+            return
+        self.monitor.leave_busy(completed=not msg.aborted)
+        if msg.aborted:
+            for c in mig.channels:
+                if not (self.routing.get(c) and self.id in self.routing[c].owners):
+                    self.local.remove(c)
+            mig.abort()
+            log.warning("node %d: session %d/%d aborted by sender; channels dropped", self.id, src, msg.session)
+            return
+        mig.on(msg, now)
+        log.info("node %d: received %s from node %d", self.id, [str(c) for c in mig.channels], src)
