@@ -3,7 +3,9 @@
 Publishers send events whose ``price`` is hot around one region of the event
 space (70 % of events in the lowest tenth); subscribers on every node hold a
 mix of narrow and wide subscriptions.  Every second the terminal shows events
-published and delivered, and per node its load, channels and notifications.
+published and delivered, each node's balancing state, load level ``dc`` and
+channel count, and the spread ``S/dc̄`` that balancing drives down as the
+overloaded initializer splits and moves channels to the others.
 Bounded by ``seconds`` and by ``MAX_EVENTS``; Ctrl-C stops everything cleanly.
 """
 
@@ -22,7 +24,7 @@ __all__ = ["run_demo"]
 
 MAX_EVENTS: Final = 500_000
 PUBLISHERS: Final = 2
-SUBSCRIBERS_PER_NODE: Final = 3
+SUBSCRIBERS_PER_NODE: Final = 40
 SYMBOLS: Final = ("AAPL", "MSFT", "GOOG", "AMZN", "NVDA", "META", "TSLA", "IBM")
 
 
@@ -113,14 +115,25 @@ async def run_demo(config_path: str, seconds: float, log_level: str = "warning")
 
 
 def _line(t: float, pub_rate: float, del_rate: float, statuses: list[dict[str, Any] | None]) -> str:
-    parts = [f"t={t:5.1f}s  pub {pub_rate:7.0f}/s  notify {del_rate:7.0f}/s |"]
+    """One line a second: traffic, then each node's state, load level and channels,
+    then the spread S/dc̄ of the load levels (what balancing lowers)."""
+    parts = [f"t={t:5.1f}s pub {pub_rate:6.0f}/s notify {del_rate:6.0f}/s |"]
+    levels = []
+    moves = 0
     for st in statuses:
         if st is None:
             parts.append(" down |")
             continue
-        s = st["stats"]
-        parts.append(
-            f" n{st['node']}: load {st['load']:>7} ch {len(st['channels'])} matched {s.get('events_matched', 0):>7} "
-            f"notified {s.get('notifies_out', 0):>7} |"
-        )
+        levels.append(st["dc"])
+        moves += st["stats"].get("migrations", 0) + st["stats"].get("replications", 0)
+        parts.append(f" n{st['node']} {st['state'][:5]:<5} dc {st['dc']:8.0f} ch {len(st['channels']):2d} |")
+    if levels and sum(levels) > 0:
+        mean = sum(levels) / len(levels)
+        spread = (sum((v - mean) ** 2 for v in levels) / len(levels)) ** 0.5
+        parts.append(f" S/dc̄ {spread / mean:5.2f} {_bar(spread / mean)} moves {moves}")
     return "".join(parts)
+
+
+def _bar(x: float, width: int = 12) -> str:
+    filled = min(width, int(round(x / 1.5 * width)))
+    return "█" * filled + "·" * (width - filled)

@@ -432,7 +432,18 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
             "initializer": self.is_initializer,
             "load": self.local.load,
             "capacity": self.me.capacity,
-            "channels": [ch.summary() for ch in self.local],
+            "state": self.monitor.state.value,
+            "slice": self.monitor.slice_no,
+            "slice_seconds": self.monitor.slice_seconds,
+            "d": self.monitor.d,
+            "dc": self.monitor.dc,
+            "mean_dc": self.monitor.mean,
+            "spread": self.last_report.spread if self.last_report else None,
+            "peers": {str(p.node): {"state": p.state.value, "dc": p.dc, "d": p.d} for p in self.monitor.live()},
+            "channels": [
+                {**ch.summary(), "replicas": list(self.routing[ch.id].owners) if ch.id in self.routing else [self.id]}
+                for ch in self.local
+            ],
             "routing": [
                 {"id": str(c), "space": e.space.text(self.schema), "owners": list(e.owners)}
                 for c, e in sorted(self.routing.items())
