@@ -10,7 +10,8 @@ Rules this module keeps (SPEC §2.3, §5, §8.3):
 3. Slice records are aggregated per distinct point of the distinguishing
    attributes and kept sorted by the DA priority of §8.3 (numeric, rfid,
    string; ties by popularity).  At most ``MAX_RECORDS`` points are kept: past
-   that, a new point's cost is added to its nearest kept neighbour, so the
+   that, a new point's cost is added to the kept point just above it (or the
+   last one), a neighbour in priority order, so the
    slice load stays exact and memory stays bounded.
 4. For each string DA whose constraint is type 2, the channel remembers values
    seen (the spec's ``valSet2``), bounded by ``MAX_SEEN``.

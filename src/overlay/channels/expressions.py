@@ -36,6 +36,8 @@ __all__ = ["parse_subscription", "parse_event", "MAX_EXPRESSION_LENGTH"]
 
 # Expressions arrive from the network; a bound keeps parsing cost predictable.
 MAX_EXPRESSION_LENGTH: Final = 64 * 1024
+# Longest integer literal: far past any 64-bit value, well below int()'s limit.
+_MAX_INT_DIGITS: Final = 100
 
 
 class Tok(enum.Enum):
@@ -57,10 +59,10 @@ class Token(NamedTuple):
 _TOKEN_RE: Final = re.compile(
     r"""
     (?P<ws>\s+)
-  | (?P<rfid>\d+\.\d+\.\d+\.\d+(?![\w.]))
-  | (?P<number>-?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?(?![\w.]))
+  | (?P<rfid>[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+(?![\w.]))
+  | (?P<number>-?(?:[0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)(?:[eE][+-]?[0-9]+)?(?![\w.]))
   | (?P<name>[A-Za-z_][A-Za-z0-9_]*)
-  | (?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
+  | (?P<string>"(?:[^"\\]|\\[\s\S])*"|'(?:[^'\\]|\\[\s\S])*')
   | (?P<punct>==|!=|<=|>=|[=<>\[\]{},:])
     """,
     re.VERBOSE,
@@ -111,6 +113,12 @@ def _tokens(text: str) -> Iterator[Token]:
             yield Token(Tok.RFID, raw, None, pos)
         elif kind == "number":
             is_float = any(c in raw for c in ".eE")
+            if not is_float and len(raw) > _MAX_INT_DIGITS:
+                # int() refuses more than 4300 digits with a ValueError; no schema
+                # domain needs a literal anywhere near this long.
+                raise ExpressionError(
+                    f"number is too long ({len(raw)} characters)", text=text, position=pos
+                )
             yield Token(Tok.NUMBER, raw, float(raw) if is_float else int(raw), pos)
         elif kind == "name":
             yield Token(Tok.NAME, raw, None, pos)
@@ -221,6 +229,8 @@ class _Parser:
         elif self.is_keyword(op_tok, "in"):
             open_tok = self.expect_punct("[", "{")
             if open_tok.text == "[":
+                if not self.schema.attributes[name].kind.ordered:
+                    raise self.error(f"in[lo, hi] does not apply to string attribute {name!r}; use in {{...}}", open_tok)
                 op = Op.IN_RANGE
                 lo = self.literal(name)
                 self.expect_punct(",")

@@ -46,6 +46,8 @@ Value = int | float | str
 # Field widths of the dotted rfid form: header, manager, object class, serial.
 _RFID_FIELDS: Final = (8, 20, 12, 24)
 RFID_MAX: Final = (1 << 64) - 1
+# Decimal digits of the widest field, 2**24 - 1.
+_RFID_FIELD_DIGITS: Final = len(str((1 << max(_RFID_FIELDS)) - 1))
 # Strings longer than this are refused unless the schema says otherwise; a bound
 # keeps a single hostile event from pinning memory in every channel record.
 DEFAULT_STRING_MAX_LEN: Final = 256
@@ -85,19 +87,26 @@ def parse_rfid(text: str) -> int:
         )
     value = 0
     for part, width in zip(parts, _RFID_FIELDS):
-        if not part.isdigit():
+        # isdecimal, not isdigit: int() refuses digits such as "²" that isdigit accepts.
+        if not part.isdecimal():
             raise SchemaError(f"rfid field {part!r} of {text!r} is not a decimal number")
-        field = int(part)
-        if field >= 1 << width:
+        # Bound the length before int(): past 4300 digits int() raises ValueError,
+        # and no field of 24 bits or fewer needs more than _RFID_FIELD_DIGITS digits.
+        digits = part.lstrip("0") or "0"
+        if len(digits) > _RFID_FIELD_DIGITS or int(digits) >= 1 << width:
+            shown = digits if len(digits) <= 20 else digits[:20] + "…"
             raise SchemaError(
-                f"rfid field {field} of {text!r} does not fit in {width} bits"
+                f"rfid field {shown} of {text!r} does not fit in {width} bits"
             )
-        value = (value << width) | field
+        value = (value << width) | int(digits)
     return value
 
 
 def format_rfid(value: int) -> str:
     """The dotted form of an rfid integer (inverse of ``parse_rfid``)."""
+    if not 0 <= value <= RFID_MAX:
+        # Masking would silently print another code (-1 as the maximum code).
+        raise SchemaError(f"{value} is not an rfid code (outside [0, {RFID_MAX}])")
     fields = []
     for width in reversed(_RFID_FIELDS):
         fields.append(value & ((1 << width) - 1))
@@ -155,7 +164,7 @@ class Attribute(msgspec.Struct, frozen=True):
 
     def format(self, value: Value) -> str:
         """The value as it is written in an expression."""
-        if self.kind is Kind.RFID and isinstance(value, int):
+        if self.kind is Kind.RFID and isinstance(value, int) and 0 <= value <= RFID_MAX:
             return format_rfid(value)
         if isinstance(value, str):
             return _quote(value)
@@ -323,4 +332,8 @@ def _bound(name: str, kind: Kind, raw: object, which: str) -> int | float:
         raise ConfigError(f"attribute {name!r}: {which} must be finite")
     if kind is Kind.STRING and raw < 0:
         raise ConfigError(f"attribute {name!r}: string length bound {which} is negative")
+    if kind is Kind.RFID and not 0 <= raw <= RFID_MAX:
+        raise ConfigError(
+            f"attribute {name!r}: {which} {raw} is outside the rfid range [0, {RFID_MAX}]"
+        )
     return raw

@@ -1,0 +1,266 @@
+"""overlay.channels.matcher: the bucketed bitmap index against the linear reference (SPEC §5 cost)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import SMALL, brute_matches, events, filters
+
+from overlay.channels import (
+    Attribute,
+    Kind,
+    LinearMatcher,
+    Schema,
+    Subscription,
+    SubscriptionIndex,
+    parse_subscription,
+)
+from overlay.channels.schema import RFID_MAX
+
+PROPS = settings(max_examples=200, deadline=None)
+
+EVENT = {"price": 12.5, "qty": 3, "sym": "AB", "tag": 7}
+
+
+def S(sub_id, text, schema):
+    return Subscription(sub_id, parse_subscription(text, schema), subscriber=f"client-{sub_id}")
+
+
+def ids(result):
+    return sorted(s.id for s in result[0])
+
+
+def both(schema, **kw):
+    return SubscriptionIndex(schema, **kw), LinearMatcher(schema)
+
+
+# -- bookkeeping ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("make", [SubscriptionIndex, LinearMatcher])
+def test_empty_matcher_matches_nothing(schema, make):
+    m = make(schema)
+    matched, tested = m.match(EVENT)
+    assert matched == [] and tested == 0 and len(m) == 0 and list(m) == []
+
+
+@pytest.mark.parametrize("make", [SubscriptionIndex, LinearMatcher])
+def test_add_and_remove_are_idempotent(schema, make):
+    m = make(schema)
+    s1 = S("s1", "qty < 10", schema)
+    assert m.add(s1) is True
+    assert m.add(S("s1", "qty > 50", schema)) is False  # same id: no change
+    assert len(m) == 1 and list(m) == [s1]
+    assert ids(m.match(EVENT)) == ["s1"]
+    assert m.remove("s1") == s1
+    assert m.remove("s1") is None
+    assert m.remove("never") is None
+    assert len(m) == 0 and m.match(EVENT) == ([], 0)
+
+
+def test_index_lookup_by_id(schema):
+    ix = SubscriptionIndex(schema)
+    s1 = S("s1", "qty < 10", schema)
+    ix.add(s1)
+    assert "s1" in ix and "s2" not in ix
+    assert ix.get("s1") == s1 and ix.get("s2") is None
+    ix.remove("s1")
+    assert "s1" not in ix and ix.get("s1") is None
+
+
+def test_add_many_counts_new_subscriptions(schema):
+    ix = SubscriptionIndex(schema)
+    subs = [S(f"s{i}", f"qty = {i}", schema) for i in range(5)]
+    assert ix.add_many(subs) == 5
+    assert ix.add_many(subs[:2] + [S("s9", "qty = 9", schema)]) == 1
+    assert len(ix) == 6
+
+
+# -- matching and cost -------------------------------------------------------------------------
+
+
+def test_linear_matcher_tests_every_subscription(schema):
+    lin = LinearMatcher(schema)
+    for i in range(10):
+        lin.add(S(f"s{i}", f"qty = {i}", schema))
+    matched, tested = lin.match(EVENT)
+    assert [s.id for s in matched] == ["s3"] and tested == 10
+
+
+def test_index_prunes_selective_subscriptions(schema):
+    ix, lin = both(schema)
+    for i in range(101):
+        for m in (ix, lin):
+            m.add(S(f"q{i}", f"qty = {i}", schema))
+    matched, tested = ix.match(EVENT)
+    assert [s.id for s in matched] == ["q3"]
+    assert 1 <= tested < 10 < lin.match(EVENT)[1]
+
+
+def test_cost_counts_every_candidate_tested_matched_or_not(schema):
+    ix = SubscriptionIndex(schema)
+    ix.add(S("a", "qty = 3 and sym = \"AB\"", schema))
+    ix.add(S("b", "qty = 3 and sym = \"ZZ\"", schema))  # a candidate by qty; fails on sym
+    ix.add(S("c", "price < 100", schema))
+    matched, tested = ix.match(EVENT)
+    assert sorted(s.id for s in matched) == ["a", "c"]
+    assert len(matched) <= tested <= 3
+
+
+def test_unsatisfiable_subscriptions_are_never_candidates(schema):
+    # Rule 2: predicates that no value satisfies put the slot in no bucket.
+    ix = SubscriptionIndex(schema)
+    ix.add(S("never", "qty > 5 and qty < 3", schema))
+    ix.add(S("never2", 'sym = "A" and sym = "B"', schema))
+    for qty in (0, 3, 4, 5, 100):
+        assert ix.match({**EVENT, "qty": qty}) == ([], 0)
+    assert ix.match({**EVENT, "sym": "A"}) == ([], 0)
+
+
+def test_event_missing_an_attribute_a_subscription_needs(schema):
+    ix, lin = both(schema)
+    for m in (ix, lin):
+        m.add(S("n", 'note prefix "x"', schema))
+        m.add(S("n2", 'note != "x"', schema))
+        m.add(S("q", "qty >= 0", schema))
+    for e in (EVENT, {**EVENT, "note": "xy"}, {**EVENT, "note": "x"}):
+        assert ids(ix.match(e)) == ids(lin.match(e))
+    assert ids(ix.match(EVENT)) == ["q"]
+    assert ids(ix.match({**EVENT, "note": "xy"})) == ["n", "n2", "q"]
+
+
+def test_domain_edges_and_all_kinds(schema):
+    subs = [
+        "price <= 0", "price >= 1000", "price > 999.5", "price < 0.5", "price != 0",
+        "qty = 0", "qty = 100", "qty != 100", "qty in [0, 100]",
+        "tag = 0", f"tag = {RFID_MAX}", "tag > 255.0.0.0", "tag in [1.0.0.0, 2.0.0.0]",
+        'sym in {"A", "AB", "B"}', 'sym suffix "B"', 'sym != "AB"', 'sym contains ""',
+        'note = "" and qty < 50',
+    ]
+    ix, lin = both(schema)
+    for i, text in enumerate(subs):
+        ix.add(S(f"s{i}", text, schema))
+        lin.add(S(f"s{i}", text, schema))
+    for price in (0, 0.25, 0.5, 999.5, 999.75, 1000, 1000.0):
+        for qty in (0, 50, 100):
+            for tag in (0, 1 << 56, 255 << 56, RFID_MAX):
+                for sym in ("A", "AB", "ZB"):
+                    e = {"price": price, "qty": qty, "sym": sym, "tag": tag, "note": ""}
+                    got, lin_got = ix.match(e), lin.match(e)
+                    assert ids(got) == ids(lin_got)
+                    assert len(got[0]) <= got[1] <= lin_got[1]
+
+
+@pytest.mark.parametrize("nbuckets", [1, 2, 3, 128, 1000])
+def test_bucket_counts_do_not_change_results(schema, nbuckets):
+    ix, lin = both(schema, nbuckets=nbuckets)
+    texts = ["qty < 10", "qty in [10, 20]", "qty > 90", "price < 1", "price > 999",
+             'sym in {"A", "B"}', 'sym = "AB"', f"tag >= {RFID_MAX - 1}"]
+    for i, text in enumerate(texts):
+        ix.add(S(f"s{i}", text, schema))
+        lin.add(S(f"s{i}", text, schema))
+    for qty in (0, 9, 10, 20, 21, 90, 91, 100):
+        for price, tag in ((0, 0), (0.999, RFID_MAX), (999.5, RFID_MAX - 1), (1000, 5)):
+            e = {**EVENT, "qty": qty, "price": price, "tag": tag}
+            assert ids(ix.match(e)) == ids(lin.match(e))
+
+
+def test_many_slots_grow_and_are_reused(schema):
+    ix, lin = both(schema)
+    for i in range(300):  # well past the first 64 slots
+        s = S(f"s{i}", f"qty = {i % 101}", schema)
+        ix.add(s)
+        lin.add(s)
+    for i in range(0, 300, 2):
+        assert ix.remove(f"s{i}").id == f"s{i}"
+        lin.remove(f"s{i}")
+    for i in range(300, 400):  # refill freed slots
+        s = S(f"s{i}", f"qty <= {i % 101}", schema)
+        ix.add(s)
+        lin.add(s)
+    assert len(ix) == len(lin) == 250
+    assert sorted(s.id for s in ix) == sorted(s.id for s in lin)
+    for qty in (0, 3, 50, 100):
+        e = {**EVENT, "qty": qty}
+        got = ix.match(e)
+        assert ids(got) == ids(lin.match(e))
+        assert len(got[0]) <= got[1] <= 250
+
+
+def test_rfid_full_domain_buckets():
+    s = Schema([Attribute("tag", Kind.RFID, 0, RFID_MAX)], ["tag"])
+    ix, lin = both(s, nbuckets=16)
+    for i, text in enumerate(["tag < 1.0.0.0", "tag >= 255.0.0.0", f"tag = {RFID_MAX}", "tag = 0"]):
+        ix.add(S(f"s{i}", text, s))
+        lin.add(S(f"s{i}", text, s))
+    for tag in (0, 1, (1 << 56) - 1, 1 << 56, 255 << 56, RFID_MAX):
+        assert ids(ix.match({"tag": tag})) == ids(lin.match({"tag": tag}))
+
+
+# -- the property: the index is the linear scan, only cheaper --------------------------------------
+
+
+OPS = st.sampled_from(["add", "add", "remove", "match", "match"])
+
+
+@PROPS
+@given(
+    data=st.data(),
+    pool=st.lists(filters(SMALL), min_size=1, max_size=12),
+    copies=st.sampled_from([1, 1, 8]),
+    nbuckets=st.sampled_from([1, 3, 7, 128]),
+)
+def test_index_agrees_with_linear_matcher_under_random_changes(data, pool, copies, nbuckets):
+    # `copies` repeats each filter under several ids: past 64 slots the bitmaps grow.
+    subs = [Subscription(f"{k}.{i}", f) for i, f in enumerate(pool) for k in range(copies)]
+    ix, lin = SubscriptionIndex(SMALL, nbuckets), LinearMatcher(SMALL)
+    ops = data.draw(st.lists(st.tuples(OPS, st.integers(0, len(subs) - 1)), max_size=60), label="ops")
+    for op, i in ops:
+        if op == "add":
+            for s in subs[i : i + copies]:
+                assert ix.add(s) == lin.add(s)
+        elif op == "remove":
+            for s in subs[i : i + copies]:
+                assert ix.remove(s.id) == lin.remove(s.id)
+        else:
+            e = data.draw(events(SMALL), label="event")
+            got, tested = ix.match(e)
+            want, linear_tested = lin.match(e)
+            assert sorted(s.id for s in got) == sorted(s.id for s in want)
+            assert sorted(s.id for s in got) == sorted(s.id for s in lin if brute_matches(s.filter, e))
+            assert len(got) == len({s.id for s in got})  # each subscription at most once
+            assert len(got) <= tested <= linear_tested == len(lin)
+        assert len(ix) == len(lin)
+    assert sorted(s.id for s in ix) == sorted(s.id for s in lin)
+
+
+ODD_VALUES = [True, False, float("nan"), float("inf"), -1, 10**20, -(10**20), 1.5, 0.0, "", "a", None]
+
+
+@st.composite
+def unchecked_events(draw):
+    """Events as a caller might pass them unvalidated: wrong types, NaN, out of domain."""
+    out = {}
+    for name, attr in SMALL.attributes.items():
+        if draw(st.booleans()):
+            continue
+        out[name] = draw(st.one_of(st.sampled_from(ODD_VALUES), events(SMALL).map(lambda e, n=name: e.get(n))))
+    return out
+
+
+@PROPS
+@given(pool=st.lists(filters(SMALL), min_size=1, max_size=12), evs=st.lists(unchecked_events(), max_size=10))
+def test_index_agrees_with_linear_matcher_on_unchecked_events(pool, evs):
+    ix, lin = SubscriptionIndex(SMALL, 8), LinearMatcher(SMALL)
+    for i, f in enumerate(pool):
+        ix.add(Subscription(f"s{i}", f))
+        lin.add(Subscription(f"s{i}", f))
+    for e in evs:
+        try:
+            want, linear_tested = lin.match(e)
+        except (TypeError, AttributeError):
+            continue  # "a" < 5, True.startswith: the reference itself cannot decide
+        got, tested = ix.match(e)
+        assert sorted(s.id for s in got) == sorted(s.id for s in want)
+        assert len(got) <= tested <= linear_tested

@@ -1,0 +1,395 @@
+"""overlay.channels.predicates: every operator of SPEC §2.2, L(f), matching, coverage, overlap."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import (
+    SMALL,
+    all_strings,
+    any_predicate,
+    brute_matches,
+    brute_satisfies,
+    domain_of,
+    events,
+    filters,
+    predicates,
+)
+
+from overlay.channels import Filter, Interval, IntervalSet, Op, Predicate, StringConj, compile_filter
+from overlay.channels.predicates import (
+    MAX_SET_SIZE,
+    conjunction,
+    covers,
+    overlaps,
+    predicate_values,
+)
+from overlay.channels.schema import RFID_MAX
+from overlay.errors import SchemaError
+
+PROPS = settings(max_examples=200, deadline=None)
+
+
+def P(attr, op, *args):
+    return Predicate(attr, Op(op), args)
+
+
+def ivs(schema, attr, *intervals):
+    a = schema.attributes[attr]
+    return IntervalSet(intervals, Interval(a.min, a.max), a.kind.discrete)
+
+
+# -- L(f) of every ordered operator, at the domain's edges ---------------------------------
+
+
+@pytest.mark.parametrize(
+    "pred, expected",
+    [
+        # integers: < and > normalise to closed bounds
+        (P("qty", "<", 10), [Interval(0, 9)]),
+        (P("qty", "<", 0), []),
+        (P("qty", "<", 1), [Interval(0, 0)]),
+        (P("qty", "<=", 0), [Interval(0, 0)]),
+        (P("qty", "<=", 100), [Interval(0, 100)]),
+        (P("qty", ">", 10), [Interval(11, 100)]),
+        (P("qty", ">", 100), []),
+        (P("qty", ">", 99), [Interval(100, 100)]),
+        (P("qty", ">=", 100), [Interval(100, 100)]),
+        (P("qty", ">=", 0), [Interval(0, 100)]),
+        (P("qty", "=", 0), [Interval(0, 0)]),
+        (P("qty", "=", 100), [Interval(100, 100)]),
+        (P("qty", "!=", 0), [Interval(1, 100)]),
+        (P("qty", "!=", 100), [Interval(0, 99)]),
+        (P("qty", "!=", 50), [Interval(0, 49), Interval(51, 100)]),
+        (P("qty", "in[]", 3, 3), [Interval(3, 3)]),
+        (P("qty", "in[]", 0, 100), [Interval(0, 100)]),
+        # floats: open bounds stay open, closed stay closed
+        (P("price", "<", 0), []),
+        (P("price", "<=", 0), [Interval(0, 0)]),
+        (P("price", "<", 10), [Interval(0, 10, False, True)]),
+        (P("price", "<", 10.5), [Interval(0, 10.5, False, True)]),
+        (P("price", ">", 1000), []),
+        (P("price", ">=", 1000), [Interval(1000, 1000)]),
+        (P("price", ">", 10), [Interval(10, 1000, True, False)]),
+        (P("price", "!=", 0), [Interval(0, 1000, True, False)]),
+        (P("price", "!=", 1000), [Interval(0, 1000, False, True)]),
+        (P("price", "!=", 5.5), [Interval(0, 5.5, False, True), Interval(5.5, 1000, True, False)]),
+        (P("price", "in[]", 1.5, 2.5), [Interval(1.5, 2.5)]),
+        (P("price", "=", 0.25), [Interval(0.25, 0.25)]),
+        # rfid codes are discrete too
+        (P("tag", "<", 1), [Interval(0, 0)]),
+        (P("tag", "<", 0), []),
+        (P("tag", ">", RFID_MAX - 1), [Interval(RFID_MAX, RFID_MAX)]),
+        (P("tag", ">", RFID_MAX), []),
+        (P("tag", "!=", 0), [Interval(1, RFID_MAX)]),
+        (P("tag", "in[]", 1 << 56, (2 << 56) - 1), [Interval(1 << 56, (2 << 56) - 1)]),
+    ],
+    ids=lambda x: x.text() if isinstance(x, Predicate) else None,
+)
+def test_values_of_ordered_predicates(schema, pred, expected):
+    pred.check(schema)
+    attr = schema.attributes[pred.attr]
+    got = predicate_values(pred, attr)
+    assert got == ivs(schema, pred.attr, *expected)
+    # satisfied_by agrees with L(f) at every interesting value
+    for iv in [*expected, Interval(attr.min, attr.max)]:
+        for v in (iv.lo, iv.hi):
+            assert pred.satisfied_by(v) == (v in got)
+
+
+@pytest.mark.parametrize(
+    "pred, yes, no",
+    [
+        (P("sym", "=", "AB"), ["AB"], ["A", "ABC", "ab", ""]),
+        (P("sym", "!=", "AB"), ["A", "ABC", ""], ["AB"]),
+        (P("sym", "prefix", "AB"), ["AB", "ABC"], ["A", "XAB", ""]),
+        (P("sym", "prefix", ""), ["", "A", "XYZ"], []),
+        (P("sym", "suffix", "AB"), ["AB", "XAB"], ["ABX", "B", ""]),
+        (P("sym", "suffix", ""), ["", "A"], []),
+        (P("sym", "contains", "B"), ["B", "ABC"], ["A", "ACD", ""]),
+        (P("sym", "contains", ""), ["", "A"], []),
+        (P("sym", "in{}", "A", "B"), ["A", "B"], ["AB", "", "C"]),
+    ],
+)
+def test_string_operators(schema, pred, yes, no):
+    pred.check(schema)
+    conj = predicate_values(pred, schema.attributes["sym"])
+    assert isinstance(conj, StringConj)
+    for v in yes:
+        assert pred.satisfied_by(v) and conj.contains(v)
+    for v in no:
+        assert not pred.satisfied_by(v) and not conj.contains(v)
+
+
+def test_string_values_are_not_narrowed_by_the_length_bound(schema):
+    # Rule 2: L(f) of a string is over all strings; the bound validates values only.
+    conj = predicate_values(P("sym", "prefix", "ABCDEFGHIJ"), schema.attributes["sym"])
+    assert not conj.is_empty() and conj.finite is None
+
+
+# -- StringConj -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "preds, empty, finite, whole",
+    [
+        ([], False, None, True),
+        ([P("sym", "prefix", "")], False, None, True),
+        ([P("sym", "prefix", ""), P("sym", "contains", "")], False, None, True),
+        ([P("sym", "!=", "A")], False, None, False),
+        ([P("sym", "=", "A"), P("sym", "=", "B")], True, frozenset(), False),
+        ([P("sym", "=", "A"), P("sym", "!=", "A")], True, frozenset(), False),
+        ([P("sym", "in{}", "A", "B", "C"), P("sym", "in{}", "B", "C", "D")], False, {"B", "C"}, False),
+        ([P("sym", "in{}", "AB", "B"), P("sym", "prefix", "A")], False, {"AB"}, False),
+        ([P("sym", "prefix", "AB"), P("sym", "prefix", "AC")], True, None, False),
+        ([P("sym", "prefix", "A"), P("sym", "prefix", "AB")], False, None, False),
+        ([P("sym", "suffix", "AB"), P("sym", "suffix", "CB")], True, None, False),
+        ([P("sym", "suffix", "B"), P("sym", "suffix", "AB")], False, None, False),
+        ([P("sym", "prefix", "AB"), P("sym", "suffix", "BA"), P("sym", "contains", "Z")], False, None, False),
+    ],
+)
+def test_string_conjunctions(preds, empty, finite, whole):
+    conj = StringConj(preds)
+    assert conj.is_empty() == empty
+    assert conj.finite == (None if finite is None else frozenset(finite))
+    assert conj.is_whole() == whole
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pred, fragment",
+    [
+        # operators that do not apply to the kind
+        (P("qty", "prefix", "1"), "operator 'prefix' does not apply to int attribute 'qty'"),
+        (P("price", "contains", "1"), "does not apply to float"),
+        (P("tag", "in{}", 1, 2), "operator 'in{}' does not apply to rfid"),
+        (P("qty", "in{}", 1), "does not apply to int"),
+        (P("sym", "<", "A"), "operator '<' does not apply to string attribute 'sym'"),
+        (P("sym", "in[]", "A", "B"), "does not apply to string"),
+        # arity
+        (P("qty", "in[]", 1), "needs two bounds"),
+        (P("qty", "in[]", 1, 2, 3), "needs two bounds"),
+        (P("qty", "=", 1, 2), "takes one value"),
+        (P("qty", "="), "takes one value"),
+        (P("sym", "in{}"), "needs 1 to 1024 values, got 0"),
+        (Predicate("sym", Op.IN_SET, tuple(f"v{i}" for i in range(MAX_SET_SIZE + 1))), "got 1025"),
+        # in[lo, hi] with lo > hi
+        (P("qty", "in[]", 5, 4), "has lo above hi"),
+        (P("price", "in[]", 5.5, 5.25), "has lo above hi"),
+        # wrong types: bool is not a number, nothing is coerced
+        (P("qty", "=", True), "is an integer, got bool"),
+        (P("price", ">", False), "is a number, got bool"),
+        (P("qty", "<", 1.0), "is an integer, got float"),
+        (P("qty", "in[]", 1, 2.0), "is an integer, got float"),
+        (P("tag", "=", 1.0), "is an rfid code, got float"),
+        (P("sym", "=", 1), "is a string, got int"),
+        (P("sym", "in{}", "A", 2), "is a string, got int"),
+        (P("price", "=", "1"), "is a number, got str"),
+        (P("sym", "prefix", 1), "prefix on 'sym' needs a string"),
+        (P("sym", "suffix", None), "suffix on 'sym' needs a string"),
+        # values out of [min, max]
+        (P("qty", "<", 101), "outside [0, 100]"),
+        (P("qty", ">", -1), "outside [0, 100]"),
+        (P("qty", "in[]", -1, 5), "outside"),
+        (P("price", "<=", 1000.5), "outside"),
+        (P("tag", "=", RFID_MAX + 1), "outside"),
+        (P("sym", "=", ""), "length 0"),
+        (P("sym", "in{}", "ABCDEFGHI"), "length 9"),
+        # unknown attribute
+        (P("colour", "=", "red"), "unknown attribute 'colour'"),
+    ],
+    ids=repr,
+)
+def test_check_rejects(schema, pred, fragment):
+    with pytest.raises(SchemaError) as info:
+        pred.check(schema)
+    assert fragment in str(info.value)
+    assert info.value.attr == pred.attr
+
+
+@pytest.mark.parametrize(
+    "pred",
+    [
+        P("qty", "=", 0), P("qty", "in[]", 0, 100), P("qty", "in[]", 7, 7),
+        P("price", "<", 0), P("price", "=", 1000), P("price", "in[]", 0, 1000.0),
+        P("price", ">=", 5),  # an int constant for a float attribute
+        P("tag", "<", RFID_MAX), P("sym", "in{}", *(f"v{i}" for i in range(MAX_SET_SIZE))),
+        # a pattern is a fragment: its length is not bounded by the schema
+        P("sym", "prefix", ""), P("sym", "contains", "ABCDEFGHIJKLMNOP"),
+    ],
+    ids=repr,
+)
+def test_check_accepts(schema, pred):
+    assert pred.check(schema) is pred
+
+
+def test_predicate_values_refuses_an_operator_of_the_other_kind(schema):
+    with pytest.raises(SchemaError):
+        predicate_values(P("qty", "in{}", 1), schema.attributes["qty"])
+
+
+# -- filters -----------------------------------------------------------------------------------
+
+
+def test_empty_conjunction_is_refused(schema):
+    with pytest.raises(SchemaError, match="at least one predicate"):
+        Filter(()).check(schema)
+
+
+def test_conjunction_without_predicates_is_the_whole_domain(schema):
+    assert conjunction([], schema.attributes["qty"]).is_whole()
+    assert conjunction([], schema.attributes["sym"]).is_whole()
+    both = conjunction([P("qty", ">", 10), P("qty", "<", 20)], schema.attributes["qty"])
+    assert both == ivs(schema, "qty", Interval(11, 19))
+    none = conjunction([P("qty", ">", 10), P("qty", "<", 5)], schema.attributes["qty"])
+    assert none.is_empty()
+
+
+def test_filter_matches_and_accessors(schema):
+    f = Filter((P("price", ">=", 10), P("price", "<", 20), P("sym", "prefix", "AB"))).check(schema)
+    assert f.matches({"price": 10, "sym": "AB"})
+    assert f.matches({"price": 19.999, "sym": "ABC", "qty": 4})
+    assert not f.matches({"price": 20, "sym": "AB"})
+    assert not f.matches({"price": 15})  # an item is missing: no predicate on it is satisfied
+    assert not f.matches({})
+    assert f.attrs() == {"price", "sym"}
+    assert f.on("price") == (P("price", ">=", 10), P("price", "<", 20))
+    assert f.on("qty") == ()
+    assert f.text(schema) == 'price >= 10 and price < 20 and sym prefix "AB"'
+    assert f.text() == "price >= 10 and price < 20 and sym prefix 'AB'"
+    fn = compile_filter(f)
+    assert fn({"price": 10, "sym": "AB"}) and not fn({"price": 15})
+
+
+def test_predicate_text(schema):
+    assert P("tag", "in[]", 0, 1 << 24).text(schema) == "tag in [0.0.0.0, 0.0.1.0]"
+    assert P("sym", "in{}", "A", "B").text(schema) == 'sym in {"A", "B"}'
+    assert P("qty", "!=", 3).text(schema) == "qty != 3"
+
+
+# -- coverage and overlap, by example ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "p, q, cov, ovl",
+    [
+        (P("qty", ">=", 0), P("qty", "!=", 5), True, True),  # domain-clipped (intervals rule 1)
+        (P("qty", "<", 10), P("qty", "<=", 9), True, True),  # integer normalisation
+        (P("qty", "<=", 9), P("qty", "<", 10), True, True),
+        (P("price", "<", 10), P("price", "<=", 9.99), True, True),
+        (P("price", "<=", 9.99), P("price", "<", 10), False, True),
+        (P("price", "<", 10), P("price", ">=", 10), False, False),
+        (P("price", "<=", 10), P("price", ">=", 10), False, True),
+        (P("qty", "<", 10), P("qty", ">", 8), False, True),
+        (P("qty", "<", 10), P("qty", ">", 9), False, False),
+        (P("qty", "=", 5), P("qty", "in[]", 5, 5), True, True),
+        (P("qty", "!=", 5), P("qty", "<", 0), True, False),  # L(q) = ∅ is covered by anything
+        (P("qty", "<", 5), P("price", "<", 5), False, False),  # different attributes
+        (P("sym", "prefix", "A"), P("sym", "prefix", "AB"), True, True),
+        (P("sym", "prefix", "AB"), P("sym", "prefix", "A"), False, True),
+        (P("sym", "prefix", "AB"), P("sym", "prefix", "AC"), False, False),
+        (P("sym", "contains", "B"), P("sym", "suffix", "AB"), True, True),
+        (P("sym", "contains", "BC"), P("sym", "prefix", "AB"), False, True),
+        (P("sym", "!=", "A"), P("sym", "prefix", "AB"), True, True),
+        (P("sym", "!=", "AB"), P("sym", "prefix", "AB"), False, True),
+        (P("sym", "in{}", "A", "B"), P("sym", "=", "A"), True, True),
+        (P("sym", "=", "A"), P("sym", "in{}", "A", "B"), False, True),
+        (P("sym", "=", "A"), P("sym", "!=", "A"), False, False),
+        (P("sym", "in{}", "A"), P("sym", "prefix", "A"), False, True),
+        (P("sym", "prefix", ""), P("sym", "!=", "Q"), True, True),
+    ],
+    ids=repr,
+)
+def test_covers_and_overlaps_examples(schema, p, q, cov, ovl):
+    assert covers(p, q, schema) == cov
+    assert overlaps(p, q, schema) == ovl
+    assert overlaps(q, p, schema) == ovl
+
+
+def test_filter_covers_is_the_spec_definition(schema):
+    wide = Filter((P("price", "<", 100),))
+    narrow = Filter((P("price", "<", 50), P("qty", "=", 3)))
+    assert wide.covers(narrow, schema)
+    assert not narrow.covers(wide, schema)  # qty = 3 covers no predicate of `wide`
+    # Sound, not complete: F1 = price < 50 ∧ price > 10 covers F2 = price in [20, 30] too.
+    assert Filter((P("price", "<", 50), P("price", ">", 10))).covers(
+        Filter((P("price", "in[]", 20, 30),)), schema
+    )
+
+
+# -- properties -------------------------------------------------------------------------------
+
+
+@PROPS
+@given(f=filters(SMALL), event=events(SMALL))
+def test_filter_matches_equals_brute_force(f, event):
+    f.check(SMALL)
+    expected = brute_matches(f, event)
+    assert f.matches(event) == expected
+    assert compile_filter(f)(event) == expected
+
+
+def same_attr_pairs():
+    return st.sampled_from(sorted(SMALL.attributes)).flatmap(
+        lambda a: st.tuples(predicates(SMALL, a), predicates(SMALL, a))
+    )
+
+
+@PROPS
+@given(same_attr_pairs())
+def test_covers_and_overlaps_are_exact_over_the_domain(pair):
+    """For ordered kinds the whole (sampled) domain is enumerated; for strings every
+    string over one more letter than the patterns use, up to a length that holds
+    a witness for every pair the strategy makes."""
+    p, q = pair
+    attr = SMALL.attributes[p.attr]
+    dom = domain_of(attr)
+    lp = {v for v in dom if brute_satisfies(p, v)}
+    lq = {v for v in dom if brute_satisfies(q, v)}
+    assert covers(p, q, SMALL) == (lq <= lp)
+    assert overlaps(p, q, SMALL) == bool(lp & lq)
+    if attr.kind.ordered:
+        values = predicate_values(p, attr)
+        assert {v for v in dom if v in values} == lp
+
+
+@PROPS
+@given(any_predicate(SMALL), any_predicate(SMALL))
+def test_predicates_on_different_attributes_neither_cover_nor_overlap(p, q):
+    if p.attr != q.attr:
+        assert not covers(p, q, SMALL) and not overlaps(p, q, SMALL)
+
+
+@PROPS
+@given(st.sampled_from(sorted(SMALL.attributes)).flatmap(
+    lambda a: st.lists(predicates(SMALL, a), max_size=4).map(lambda ps: (a, ps))
+))
+def test_conjunction_membership_and_emptiness(case):
+    name, preds = case
+    attr = SMALL.attributes[name]
+    conj = conjunction(preds, attr)
+    dom = domain_of(attr)
+    members = {v for v in dom if all(brute_satisfies(p, v) for p in preds)}
+    if attr.kind.ordered:
+        assert {v for v in dom if v in conj} == members
+        assert conj.is_empty() == (not members)
+        return
+    assert {v for v in dom if conj.contains(v)} == members
+    if members:
+        assert not conj.is_empty()
+    if conj.finite is not None:
+        candidates = set(all_strings()) | {a for p in preds for a in p.args}
+        assert conj.finite == {v for v in candidates if all(brute_satisfies(p, v) for p in preds)}
+        assert conj.is_empty() == (not conj.finite)
+
+
+@PROPS
+@given(filters(SMALL, max_size=3), filters(SMALL, max_size=3), st.lists(events(SMALL), max_size=30))
+def test_filter_covers_is_sound(f1, f2, sample):
+    if f1.covers(f2, SMALL):
+        for e in sample:
+            if brute_matches(f2, e):
+                assert brute_matches(f1, e)
