@@ -230,7 +230,7 @@ class _Parser:
             open_tok = self.expect_punct("[", "{")
             if open_tok.text == "[":
                 if not self.schema.attributes[name].kind.ordered:
-                    raise self.error(f"in[lo, hi] does not apply to string attribute {name!r}; use in {{...}}", open_tok)
+                    raise self.error(f"operator 'in[]' does not apply to string attribute {name!r}; use in {{...}}", op_tok)
                 op = Op.IN_RANGE
                 lo = self.literal(name)
                 self.expect_punct(",")
