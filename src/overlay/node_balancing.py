@@ -225,7 +225,8 @@ class BalancingMixin:
                 mig.replicate = True
                 self.record("replicate", now, channel=str(ch.id), receiver=mig.receiver, load=ch.last.load)
                 return True
-            self._split_local(ch, cut, now, out)
+            children = self._split_local(ch, cut, now, out)
+            mig.split_infos[ch.id] = tuple(c.id for c in children)
         mig.reason = "no good cut found"
         return False
 

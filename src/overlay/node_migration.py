@@ -112,7 +112,7 @@ class MigrationMixin:
             "replication" if mig.replicate else "migration", mig.times.get("done", mig.started),
             session=mig.session, receiver=mig.receiver, channels=[str(c) for c in mig.channels],
             subscriptions=mig.subscriptions_moved, bytes=mig.bytes_moved, bw=bw,
-            mig_cost=mig.subscriptions_moved / bw, forced=mig.forced,
+            mig_cost=mig.subscriptions_moved / bw, forced=mig.forced, sets=mig.five_sets(),
             duration=round(mig.times.get("done", mig.started) - mig.started, 6),
             times={k: round(v - mig.started, 6) for k, v in mig.times.items()},
         )

@@ -104,6 +104,8 @@ class OutgoingMigration:
         # here too, and only subscriptions are reforwarded after <2>.
         self.replicate = False
         self.candidate: Any = None  # the receiver's scores, for the balancing log
+        # splitInfos: parent -> children, for the splits this session committed.
+        self.split_infos: dict[ChannelId, tuple[ChannelId, ...]] = {}
         self.started = started
         self.deadline = started + timeout
         self.timeout = timeout
@@ -165,6 +167,22 @@ class OutgoingMigration:
 
     def expired(self, now: float) -> bool:
         return self.active and now >= self.deadline
+
+    def five_sets(self) -> dict[str, list[str]]:
+        """SPEC §8.1 step 7 from transferChannels, splitInfos and newedChannels.
+
+        Splits are committed when planned (``overlay.node_balancing`` rule 3)
+        and moves at <3>; the sets describe the session's whole change.
+        """
+        moved = set(self.channels)
+        newed = {c for kids in self.split_infos.values() for c in kids}
+        return {
+            "localAdd": sorted(str(c) for c in newed - moved),
+            "localDel": sorted(str(c) for c in set(self.split_infos) | (moved if not self.replicate else set())),
+            "globalAdd": sorted(str(c) for c in newed),
+            "globalUpdate": sorted(str(c) for c in moved),
+            "globalDel": sorted(str(c) for c in self.split_infos),
+        }
 
     def abort(self, reason: str) -> None:
         """Rule 5: only legal before <3>."""
