@@ -44,6 +44,7 @@ from overlay.balance.scheduler import ChannelLoad, Weights, choose_channels, ran
 from overlay.balance.split import Cut, choose_cut, divide
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.routing_table import RouteEntry
+from overlay.errors import LocalProtocolError, RemoteProtocolError
 from overlay.messages import peer as pm
 
 if TYPE_CHECKING:
@@ -86,6 +87,8 @@ class BalancingMixin:
     def record(self: NodeCore, kind: str, now: float, **fields: Any) -> None:
         entry = {"kind": kind, "node": self.id, "time": round(now, 4), "slice": self.monitor.slice_no, **fields}
         self.journal.append(entry)
+        if self.capture is not None:
+            self.capture.journal(entry)
         self.stats[f"journal_{kind}"] += 1
 
     # -- slices (rule 1) --------------------------------------------------------------
@@ -125,7 +128,12 @@ class BalancingMixin:
             self._start_balancing(now, out)
 
     def _on_liem(self: NodeCore, src: int, msg: pm.LIEM) -> None:
-        self.monitor.on_liem(msg.broker_id, msg.broker_status, msg.broker_d, msg.broker_dc, msg.capacity)
+        try:
+            self.monitor.on_liem(msg.broker_id, msg.broker_status, msg.broker_d, msg.broker_dc, msg.capacity)
+        except LocalProtocolError as exc:  # the peer sent a state we do not know
+            raise RemoteProtocolError(str(exc)) from exc
+        if self.capture is not None:
+            self.capture.liem(msg.broker_id, msg.broker_status, msg.broker_d, msg.broker_dc, msg.capacity, msg.slice_no)
 
     # -- scheduling (rules 2, 3) ----------------------------------------------------------
 
@@ -174,7 +182,7 @@ class BalancingMixin:
         return True, ""
 
     def _channel_loads(self: NodeCore) -> list[ChannelLoad]:
-        moving = {c for m in self.outgoing.values() if m.active for c in m.channels}
+        moving = {c for m in self.outgoing.values() if m.active for c in m.channels} | self._arriving()
         out = []
         for ch in self.local:
             if ch.id in moving or self.routing[ch.id].replicated:
@@ -254,7 +262,7 @@ class BalancingMixin:
         return children
 
     def _idle_merges(self: NodeCore, now: float, out: list[Action]) -> None:
-        moving = {c for m in self.outgoing.values() if m.active for c in m.channels}
+        moving = {c for m in self.outgoing.values() if m.active for c in m.channels} | self._arriving()
         for ch in self.local:
             if ch.last.load <= MERGE_THRESHOLD:
                 self._cold[ch.id] = self._cold.get(ch.id, 0) + 1

@@ -40,7 +40,7 @@ def lev(x: float, levels: int) -> float:
         return 0.0
     if x >= 1.0:
         return 1.0
-    # Round first so 0.3·10 = 3.0000000000000004 stays at level 3.
+    # Round first so a computed 0.3 (0.1·3 → ·10 = 3.0000000000000004) stays at level 3.
     return math.ceil(round(x * levels, 9)) / levels
 
 

@@ -14,9 +14,10 @@ Theory of operation (SPEC §8.1 steps 3–9 and §8.2):
        MOVING     --ReplySubscriptionMove------------>    UPDATING       (<3>)
        UPDATING   --(every ReplyUpdateGlobal in)----->    DONE
 
-   A timeout in REQUESTED, TRANSFERRING or MOVING aborts; in UPDATING the
-   tables already changed and the receiver owns the channels, so the session
-   retries the update instead of rolling back.
+   A timeout in REQUESTED or TRANSFERRING aborts.  From <2> on the sender
+   has reforwarded messages the receiver alone now holds, so a timeout in
+   MOVING or UPDATING does not roll back: the session keeps waiting (the
+   links reconnect and deliver what is queued) and logs that it waits.
 3. Reforward: from <2> on (states MOVING, UPDATING, and after DONE through the
    node's routing table) every Subscription, UnSubscription and Event for a
    moving channel that reaches ``g_i`` goes to the receiver as a Reforward, in
@@ -27,9 +28,10 @@ Theory of operation (SPEC §8.1 steps 3–9 and §8.2):
    session: both travel on the high-priority queue of the same link, which is
    FIFO, so arrival order is send order; a Reforward before the move is a
    protocol error.
-5. Rollback (ABORTED before <3>): the moving-out node never changed its
+5. Rollback (ABORTED before <2>): the moving-out node never changed its
    tables, so rollback is dropping the session; a receiver that added channels
-   for it removes them again on ``abort``.
+   for it removes them again on ``abort``.  The receiver times out on its own
+   only before ChannelTransfer.
 6. An illegal (state, message) pair raises ``RemoteProtocolError`` and
    changes nothing.
 """
@@ -225,9 +227,10 @@ class IncomingMigration:
         return new
 
     def expired(self, now: float) -> bool:
-        # Once the subscriptions are here the channels are live on this node:
-        # only the sender may end the session then.
-        return self.state in (InState.ACCEPTED, InState.CHANNELS_ADDED) and now >= self.deadline
+        # Once this side confirmed the channels (ReplyChannelTransfer), the
+        # sender may be past <2> and reforwarding here: rolling back alone would
+        # lose what it sends.  Only the sender may end the session then.
+        return self.state is InState.ACCEPTED and now >= self.deadline
 
     def abort(self) -> None:
         self.state = InState.ABORTED

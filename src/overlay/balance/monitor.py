@@ -147,6 +147,7 @@ class Monitor:
         schedule = self.state is NodeState.OVERLOADED and bool(live) and self.rng.random() < self.probability
         if schedule:
             self._runs.append(self.slice_no)
+            del self._runs[:-JITTER_RUNS]  # rule 5 reads only the last runs; keep memory bounded
         self._stretch()
         n = len(levels)
         spread = (sum((v - self.mean) ** 2 for v in levels) / n) ** 0.5

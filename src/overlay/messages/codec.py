@@ -112,6 +112,11 @@ class FrameReader(Generic[M]):
                 raise RemoteProtocolError(f"invalid message: {exc}") from exc
             except msgspec.DecodeError as exc:
                 raise RemoteProtocolError(f"undecodable frame: {exc}") from exc
+            except RecursionError as exc:
+                # msgspec's depth limit: a small frame of nested arrays in a free-form field.
+                raise RemoteProtocolError(f"frame nested too deeply: {exc}") from exc
+            except UnicodeDecodeError as exc:  # msgspec raises this one itself for a bad str
+                raise RemoteProtocolError(f"invalid UTF-8 in a string: {exc}") from exc
             pos = end
         if pos:
             del buf[:pos]

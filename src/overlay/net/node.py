@@ -12,7 +12,9 @@ Rules this module keeps (SPEC §1.1, STYLE habits 6 and 7):
 3. Inbound messages wait in one two-level queue; the single dispatcher takes
    high-priority ones first and hands each to the core.  Read loops block when
    it is full (TCP backpressure).  A publish that finds the normal level past
-   ``choke_threshold`` is answered with Choke instead (SPEC §12).
+   ``choke_threshold`` is answered with Choke instead (SPEC §12).  A client's
+   Ack of a notification only counts it: the read loop hands it to the core
+   itself (``NodeCore.client_ack``) instead of queueing it.
 4. Each connection has one writer task, fed by bounded high/normal queues,
    writing batches with ``writelines`` then ``drain``.
 5. A client's Notify that finds its queue full is dropped and counted as a
@@ -37,6 +39,7 @@ from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import client_reader, encode_frame, peer_reader
 from overlay.net.queues import TwoLevelQueue
+from overlay.net.capture_writer import CaptureWriter
 from overlay.node_core import CloseClient, NodeCore, ToClient, ToPeer
 
 __all__ = ["Node", "PEER_MAGIC", "CLIENT_MAGIC"]
@@ -48,6 +51,9 @@ CLIENT_MAGIC: Final = b"OVC1"
 # Frames per writelines(): enough to amortise the system call, small enough
 # that one batch does not hold the loop for long.
 MAX_BATCH: Final = 512
+# Inbound messages the dispatcher takes per wake-up: the loop gets back to the
+# sockets at least this often under a flood.
+DISPATCH_BATCH: Final = 1024
 READ_CHUNK: Final = 256 * 1024
 TICK_SECONDS: Final = 0.05
 BACKOFF_MIN: Final = 0.05
@@ -65,15 +71,26 @@ class _Writer:
     async def run(self) -> None:
         q = self.queue
         w = self.writer
-        while True:
-            await q.wait()
-            w.writelines(q.drain(MAX_BATCH))
-            await w.drain()
+        try:
+            while True:
+                await q.wait()
+                w.writelines(q.drain(MAX_BATCH))
+                await w.drain()
+        except OSError:
+            # The connection is gone (rule 6): end this writer and close, so
+            # the read loop cleans up.  Raising would end the node's TaskGroup.
+            w.close()
 
     async def flush(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while len(self.queue) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+
+    def close(self) -> None:
+        """Close after what is queued (e.g. the fatal Error just sent): the
+        transport writes its buffer out before it closes."""
+        self.writer.writelines(self.queue.drain(len(self.queue)))
+        self.writer.close()
 
 
 class PeerLink:
@@ -148,6 +165,10 @@ class Node:
         self.config = config
         self.id = node_id
         self.core = NodeCore(config, node_id)
+        self.capture: CaptureWriter | None = None  # SPEC §13: on when the config names a capture_dir
+        if config.cluster.capture_dir:
+            self.capture = CaptureWriter(config, node_id, config.cluster.capture_dir)
+            self.core.capture = self.capture.buffer
         self.me = config.node(node_id)
         self.max_frame = config.cluster.max_frame_size
         self._sock = sock
@@ -172,6 +193,8 @@ class Node:
             server = await asyncio.start_server(self._on_connect, self.me.host, self.me.port, limit=READ_CHUNK, reuse_address=True)
         self.port = server.sockets[0].getsockname()[1]
         log.info("node %d: listening on %s:%d", self.id, self.me.host, self.port)
+        if self.capture is not None:
+            self.capture.open(time.time())
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
@@ -179,6 +202,8 @@ class Node:
                     tg.create_task(link.run(), name=f"link-{self.id}->{link.peer.id}")
                 tg.create_task(self._dispatch(), name=f"dispatch-{self.id}")
                 tg.create_task(self._ticker(), name=f"tick-{self.id}")
+                if self.capture is not None:
+                    tg.create_task(self.capture.run(), name=f"capture-{self.id}")
                 self._execute(self.core.start(time.time()))
                 self.started.set()
                 await self._stop.wait()
@@ -191,6 +216,8 @@ class Node:
             server.close()
             for w in self.clients.values():
                 w.writer.close()
+            if self.capture is not None:
+                self.capture.close(time.time())
             log.info("node %d: stopped", self.id)
 
     async def _flush(self) -> None:
@@ -213,26 +240,31 @@ class Node:
         core = self.core
         inbox = self.inbox
         while True:
-            (kind, src, msg), _high = await inbox.get()
-            now = time.time()
-            try:
-                if kind == "peer":
-                    acts = core.handle_peer(src, msg, now)  # type: ignore[arg-type]
-                elif kind == "client":
-                    acts = core.handle_client(src, msg, now)  # type: ignore[arg-type]
-                elif kind == "closed":
-                    acts = core.client_closed(src)
-                else:  # peer hello
-                    acts = core.peer_hello(src, msg, now)  # type: ignore[arg-type]
-            except RemoteProtocolError as exc:
-                log.warning("node %d: protocol error from %s %d: %s", self.id, kind, src, exc)
-                if kind == "peer":
-                    self._send_peer(src, pm.PeerError("protocol_error", str(exc)))
-                continue
-            except Exception:
-                log.exception("node %d: failed handling %s from %s %d", self.id, type(msg).__name__, kind, src)
-                continue
-            self._execute(acts)
+            await inbox.wait()
+            # Take what is queued in one go, high first (queues rule 1).  Nothing
+            # below awaits, so nothing is queued meanwhile: the order is exactly
+            # the one a get() per message would give, without its per-message cost.
+            for kind, src, msg in inbox.drain(DISPATCH_BATCH):
+                now = time.time()
+                try:
+                    if kind == "client":
+                        acts = core.handle_client(src, msg, now)  # type: ignore[arg-type]
+                    elif kind == "peer":
+                        acts = core.handle_peer(src, msg, now)  # type: ignore[arg-type]
+                    elif kind == "closed":
+                        acts = core.client_closed(src)
+                    else:  # peer hello
+                        acts = core.peer_hello(src, msg, now)  # type: ignore[arg-type]
+                except RemoteProtocolError as exc:
+                    log.warning("node %d: protocol error from %s %d: %s", self.id, kind, src, exc)
+                    if kind == "peer":
+                        self._send_peer(src, pm.PeerError("protocol_error", str(exc)))
+                    continue
+                except Exception:
+                    log.exception("node %d: failed handling %s from %s %d", self.id, type(msg).__name__, kind, src)
+                    continue
+                if acts:
+                    self._execute(acts)
 
     def _execute(self, acts: list) -> None:
         for act in acts:
@@ -243,7 +275,7 @@ class Node:
             elif type(act) is CloseClient:
                 w = self.clients.get(act.session)
                 if w is not None:
-                    w.writer.close()
+                    w.close()
 
     def _send_peer(self, node: int, msg: pm.PeerMessage) -> None:
         link = self.links.get(node)
@@ -264,6 +296,8 @@ class Node:
         if type(msg) is cm.Notify:
             if not w.queue.put_nowait(frame, False):
                 self.core.stats["slow_consumer_drops"] += 1
+                if self.capture is not None:
+                    self._capture_drop(sid, msg)
                 if sid not in self._slow:
                     self._slow.add(sid)
                     log.warning("node %d: client session %d is a slow consumer; dropping notifications", self.id, sid)
@@ -275,6 +309,13 @@ class Node:
             self._slow.discard(sid)
         else:
             w.queue.put_force(frame, False)
+
+    def _capture_drop(self, sid: int, msg: cm.Notify) -> None:
+        """Rule 5, in the capture: the subscriptions whose notification was dropped."""
+        assert self.capture is not None
+        sess = self.core.sessions.get(sid)
+        subs = [sess.subs[lid][0] for lid in msg.sub_ids if lid in sess.subs] if sess is not None else []
+        self.capture.buffer.drop(msg.event_id, sid, subs)
 
     # -- connections --------------------------------------------------------------------
 
@@ -332,16 +373,22 @@ class Node:
         wtask = self._tg.create_task(out.run())
         frames = client_reader(self.max_frame)
         choke_at = self.config.cluster.choke_threshold
+        put_nowait = self.inbox.put_nowait
+        client_ack = self.core.client_ack
         try:
             writer.write(CLIENT_MAGIC)
             while data := await reader.read(READ_CHUNK):
                 for msg in frames.feed(data):
+                    if type(msg) is cm.Ack and client_ack(sid, msg):
+                        continue  # rule 3: counted, nothing to dispatch
                     if type(msg) is cm.Publish and len(self.inbox.normal) >= choke_at:
                         self.core.stats["chokes"] += 1
                         delay = 0.001 * len(self.inbox.normal) / choke_at * 10
                         self._send_client(sid, cm.Choke(msg.seq, delay))
                         continue
-                    await self.inbox.put(("client", sid, msg), False)
+                    item = ("client", sid, msg)
+                    if not put_nowait(item, False):  # full: wait for room (rule 3)
+                        await self.inbox.put(item, False)
         except RemoteProtocolError as exc:
             self.core.stats["rejected_client_protocol"] += 1
             log.info("node %d: client session %d sent a bad frame: %s", self.id, sid, exc)

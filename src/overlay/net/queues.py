@@ -27,8 +27,11 @@ class TwoLevelQueue(Generic[T]):
         self.high: deque[T] = deque()
         self.normal: deque[T] = deque()
         self._nonempty = asyncio.Event()
-        self._room = asyncio.Event()
-        self._room.set()
+        # One event per level: a put waits for room on its own level only, so a
+        # full normal level never holds back a high put (and vice versa).
+        self._room = {True: asyncio.Event(), False: asyncio.Event()}
+        self._room[True].set()
+        self._room[False].set()
 
     def __len__(self) -> int:
         return len(self.high) + len(self.normal)
@@ -39,7 +42,7 @@ class TwoLevelQueue(Generic[T]):
     def put_nowait(self, item: T, high: bool) -> bool:
         q = self.high if high else self.normal
         if len(q) >= self.maxsize:
-            self._room.clear()
+            self._room[high].clear()
             return False
         q.append(item)
         self._nonempty.set()
@@ -53,13 +56,15 @@ class TwoLevelQueue(Generic[T]):
 
     async def put(self, item: T, high: bool) -> None:
         while not self.put_nowait(item, high):
-            await self._room.wait()
+            await self._room[high].wait()
 
     def _taken(self) -> None:
         if not self.high and not self.normal:
             self._nonempty.clear()
-        if len(self.high) < self.maxsize and len(self.normal) < self.maxsize:
-            self._room.set()
+        if len(self.high) < self.maxsize:
+            self._room[True].set()
+        if len(self.normal) < self.maxsize:
+            self._room[False].set()
 
     async def get(self) -> tuple[T, bool]:
         """The next item and whether it was high priority (rule 1)."""

@@ -1,0 +1,518 @@
+"""overlay.net.node.Node: real nodes in this process, on loopback, ephemeral ports.
+
+Each test starts a small cluster (every node's socket bound to 127.0.0.1:0
+first, the config rewritten with the real ports) and talks to it through
+``overlay.client.Client`` or raw sockets.  SPEC §1.1 (priority queues), §3,
+§4, §9 (bad frames → error and close), §12 (client reconnect).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+import struct
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from overlay.channels import ChannelId, parse_subscription
+from overlay.client import Client
+from overlay.config import ClusterConfig, NodeConfig, load_config
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+from overlay.messages.codec import HEADER, client_reader, encode_frame, peer_reader
+from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC, Node, _Writer
+from overlay.node_core import ToPeer
+
+pytestmark = pytest.mark.timeout(30)
+
+_LOADED = load_config(Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml")
+# No balancer: channels move only when a test says so.
+BASE = msgspec.structs.replace(_LOADED, cluster=msgspec.structs.replace(_LOADED.cluster, balancing=False))
+SCHEMA = BASE.schema
+EC = ChannelId(0, 0)
+WAIT = 10.0
+
+
+async def wait_until(cond: Callable[[], bool], timeout: float = WAIT, what: str = "condition") -> None:
+    """Await a condition on the nodes' state (polled: it has no event of its own)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+def bound_socket(listen: bool = True, sndbuf: int | None = None) -> socket.socket:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if sndbuf is not None:  # accepted sockets inherit it (Linux)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+    s.bind(("127.0.0.1", 0))
+    if listen:
+        s.listen(128)
+    return s
+
+
+class Cluster:
+    """Nodes of one config running as tasks of the test's event loop."""
+
+    def __init__(self, n: int = 3, *, fake: Iterable[int] = (), sndbuf: int | None = None) -> None:
+        fake = set(fake)
+        self.socks = {i: bound_socket(listen=i not in fake, sndbuf=sndbuf) for i in range(n)}
+        nodes = tuple(
+            NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, BASE.nodes[i].capacity) for i, s in self.socks.items()
+        )
+        self.config: ClusterConfig = BASE.with_nodes(nodes)
+        self.nodes = {i: Node(self.config, i, sock=self.socks[i]) for i in range(n) if i not in fake}
+        self.tasks: list[asyncio.Task[None]] = []
+        self.clients: list[Client] = []
+
+    def addr(self, i: int) -> tuple[str, int]:
+        return ("127.0.0.1", self.socks[i].getsockname()[1])
+
+    async def start(self, *, ready: bool = True) -> Cluster:
+        for i, node in self.nodes.items():
+            self.tasks.append(asyncio.create_task(node.run(), name=f"node-{i}"))
+        await asyncio.wait_for(asyncio.gather(*(n.started.wait() for n in self.nodes.values())), WAIT)
+        if ready:
+            await wait_until(lambda: all(n.core.ready for n in self.nodes.values()), what="cluster ready")
+        return self
+
+    async def client(self, *nodes: int, **kw) -> Client:
+        c = await Client([self.addr(i) for i in nodes], **kw).connect()
+        self.clients.append(c)
+        return c
+
+    async def stop(self) -> None:
+        for c in self.clients:
+            with contextlib.suppress(Exception):
+                await c.close()
+        for n in self.nodes.values():
+            n.stop()
+        await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), WAIT)
+        for t in self.tasks:
+            assert t.done() and (t.cancelled() or t.exception() is None), t
+        for s in self.socks.values():
+            s.close()
+
+    def idle(self) -> bool:
+        """Nothing waits in any inbox, link or client queue."""
+        return all(
+            not len(n.inbox)
+            and all(not len(l.queue) for l in n.links.values())
+            and all(not len(w.queue) for w in n.clients.values())
+            for n in self.nodes.values()
+        )
+
+    def stat(self, name: str) -> int:
+        return sum(n.core.stats[name] for n in self.nodes.values())
+
+
+@pytest.fixture
+async def cluster():
+    c = await Cluster().start()
+    try:
+        yield c
+    finally:
+        await c.stop()
+
+
+async def assert_serving(cluster: Cluster, node: int = 0) -> None:
+    """A well-behaved subscriber and publisher still get through ``node``."""
+    sub_client = await cluster.client(node)
+    pub_client = await cluster.client((node + 1) % len(cluster.nodes))
+    sym = f"S{random.randrange(10**6)}"[:8]
+    sub = await sub_client.subscribe(f'sym = "{sym}"')
+    eid = await pub_client.publish({"price": 1.0, "sym": sym})
+    note = await sub.next(WAIT)
+    assert (note.event_id, note.sub_ids, note.event) == (eid, (sub.sub_id,), {"price": 1.0, "sym": sym})
+
+
+# -- routing through channels spread over the nodes (SPEC §4) -----------------------------------------
+
+
+SUBS = {
+    0: ["price < 100", 'sym = "AB" and price >= 400', "qty > 90"],
+    1: ["price >= 500", 'sym in {"CD", "X"}', 'price in [250, 750] and sym != "AB"'],
+    2: ['sym prefix "A"', "price > 990", "price >= 0"],
+}
+
+
+def _events(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    prices = [0.0, 50.0, 99.5, 100.0, 250.0, 400.0, 499.0, 500.0, 500.5, 750.0, 991.0, 1000.0]
+    out = []
+    for _ in range(n):
+        e = {"price": rng.choice(prices), "sym": rng.choice(["AB", "CD", "EF", "X", "ABC"])}
+        if rng.random() < 0.3:
+            e["qty"] = rng.randrange(0, 101)
+        out.append(e)
+    return out
+
+
+async def test_subscribers_on_every_node_get_exactly_their_events(cluster):
+    ops = await cluster.client(0)
+    assert (await ops.admin("split", channel="0.0", attr="price", at=500.0))["update"]
+    placed = await ops.admin("place", channel="0.2", node=2)
+    assert placed["receiver"] == 2 and placed["channels"] == ["0.2"]
+    await ops.admin("split", channel="0.1", attr="sym", values=["AB", "CD"])
+    await ops.admin("place", channel="0.3", node=1)
+    # Each node reports the channels it now owns.
+    for i, owned in {0: ["0.4"], 1: ["0.3"], 2: ["0.2"]}.items():
+        st = await (await cluster.client(i)).admin("status")
+        assert [c["id"] for c in st["channels"]] == owned
+    # Every node's table agrees.
+    tables = [n.core.routing for n in cluster.nodes.values()]
+    assert all(t == tables[0] for t in tables)
+
+    subscribers = {i: await cluster.client(i) for i in range(3)}
+    subs = {
+        i: {(await subscribers[i].subscribe(expr, sub_id=f"n{i}s{k}")).sub_id: expr for k, expr in enumerate(exprs)}
+        for i, exprs in SUBS.items()
+    }
+    publishers = [await cluster.client(i) for i in range(3)]
+    events = _events(300, seed=3)
+
+    async def publish_all(k: int) -> dict[str, dict]:
+        return {await publishers[k].publish(e): e for e in events[k::3]}
+
+    published: dict[str, dict] = {}
+    for part in await asyncio.gather(*(publish_all(k) for k in range(3))):
+        published.update(part)
+    assert len(published) == 300
+
+    # Brute force, from the content model alone.
+    expected: dict[int, dict[str, frozenset[str]]] = {}
+    for i, table in subs.items():
+        filters = {sid: parse_subscription(expr, SCHEMA) for sid, expr in table.items()}
+        expected[i] = {}
+        for eid, e in published.items():
+            hit = frozenset(sid for sid, f in filters.items() if f.matches(e))
+            if hit:
+                expected[i][eid] = hit
+    total = sum(len(v) for v in expected.values())
+    assert total > 300
+
+    def received(i: int) -> int:
+        return sum(s.queue.qsize() for s in subscribers[i].subscriptions.values())
+
+    await wait_until(lambda: all(received(i) >= len(expected[i]) for i in range(3)), what="every notification")
+    await wait_until(cluster.idle, what="quiescence")
+    # The nodes sent exactly one Notify per (subscriber, event): no extras in flight.
+    assert cluster.stat("notifies_out") == total
+    assert cluster.stat("events_matched") == 300
+    for i in range(3):
+        got: dict[str, frozenset[str]] = {}
+        for sub in subscribers[i].subscriptions.values():
+            while not sub.queue.empty():
+                note = sub.queue.get_nowait()
+                assert note.event_id not in got, f"event {note.event_id} twice at node {i}"
+                assert note.event == published[note.event_id]
+                got[note.event_id] = frozenset(note.sub_ids)
+        assert got == expected[i], i
+
+
+# -- priority (SPEC §1.1) -------------------------------------------------------------------------------
+
+
+async def test_high_priority_frame_overtakes_normal_ones_queued_for_a_peer():
+    # Node 1 is a socket that refuses connections until we listen on it, so
+    # node 0's link to it queues frames; then we accept and read the wire.
+    c = Cluster(2, fake=[1])
+    await c.start(ready=False)
+    try:
+        node = c.nodes[0]
+        link = node.links[1]
+        assert not link.connected.is_set()
+        normals = [pm.Event(f"e{i}", {"price": float(i), "sym": "A"}, 0, pm.DispatchSign.EVENT_DISPATCHED, EC) for i in range(50)]
+        high = pm.LIEM(0, "STABLE", 1.0, 1.0, 1.0, 7)
+        node._execute([ToPeer(1, m) for m in normals] + [ToPeer(1, high)])
+        assert list(map(len, (link.queue.high, link.queue.normal))) == [2, 50]  # RoutingTableInit + LIEM
+
+        got: list[pm.PeerMessage] = []
+        done = asyncio.Event()
+
+        async def fake_peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            assert await reader.readexactly(4) == PEER_MAGIC
+            frames = peer_reader()
+            while len(got) < 53 and (data := await reader.read(65536)):
+                got.extend(frames.feed(data))
+            done.set()
+            await reader.read()  # hold the link open until the node stops
+            writer.close()
+
+        server = await asyncio.start_server(fake_peer, sock=c.socks[1])
+        async with server:
+            await asyncio.wait_for(done.wait(), WAIT)
+        assert [type(m) for m in got[:3]] == [pm.PeerHello, pm.RoutingTableInit, pm.LIEM]
+        assert got[2] == high
+        assert got[3:] == normals  # FIFO within the normal level
+    finally:
+        await c.stop()
+
+
+async def test_dispatcher_takes_a_high_priority_message_before_queued_normal_ones(cluster):
+    # A fake peer writes 200 normal frames then one high one in a single burst;
+    # the node's read loop queues them all, and its dispatcher must hand the
+    # high one to the core before the normal ones still waiting.
+    node = cluster.nodes[0]
+    handled: list[str] = []
+    real_handle = node.core.handle_peer
+
+    def spy(src, msg, now):
+        handled.append(type(msg).__name__)
+        return real_handle(src, msg, now)
+
+    node.core.handle_peer = spy  # type: ignore[method-assign]
+    waiting_at_high: list[int] = []
+    real_put_nowait = node.inbox.put_nowait  # put() goes through it too
+
+    def put_spy(item, high):
+        ok = real_put_nowait(item, high)
+        if ok and item[0] == "peer" and type(item[2]) is pm.LIEM:
+            waiting_at_high.append(len(node.inbox.normal))
+            handled.append("<LIEM queued>")
+        return ok
+
+    node.inbox.put_nowait = put_spy  # type: ignore[method-assign]
+    reader, writer = await asyncio.open_connection(*cluster.addr(0))
+    normals = [pm.Event(f"x{i}", {"price": 1.0, "sym": "Z"}, 1, pm.DispatchSign.EVENT_DISPATCHED, EC) for i in range(200)]
+    burst = PEER_MAGIC + encode_frame(pm.PeerHello(1, "local", True))
+    burst += b"".join(encode_frame(m) for m in normals) + encode_frame(pm.LIEM(1, "STABLE", 0.0, 0.0, 1.0))
+    writer.write(burst)
+    await writer.drain()
+    try:
+        await wait_until(lambda: handled.count("Event") == 200 and "LIEM" in handled, what="every frame handled")
+        (pending,) = waiting_at_high
+        assert pending > 0  # there were normal frames to overtake
+        queued = handled.index("<LIEM queued>")
+        assert handled[queued + 1] == "LIEM"  # the very next message handled
+        assert handled.index("LIEM") < len(handled) - 1
+    finally:
+        writer.close()
+
+
+# -- bad input from a client (SPEC §9) -------------------------------------------------------------------
+
+
+def frame(body: bytes) -> bytes:
+    return HEADER.pack(len(body)) + body
+
+
+async def read_until_closed(reader: asyncio.StreamReader) -> tuple[bytes, list[cm.ClientMessage]]:
+    magic = await asyncio.wait_for(reader.readexactly(4), WAIT)
+    frames = client_reader()
+    out: list[cm.ClientMessage] = []
+    while data := await asyncio.wait_for(reader.read(65536), WAIT):
+        out += frames.feed(data)
+    return magic, out
+
+
+async def read_frames(reader: asyncio.StreamReader, frames, n: int) -> list[cm.ClientMessage]:
+    out: list[cm.ClientMessage] = []
+    while len(out) < n:
+        data = await asyncio.wait_for(reader.read(65536), WAIT)
+        assert data, f"closed after {out}"
+        out += frames.feed(data)
+    return out
+
+
+FATAL_INPUTS = {
+    "garbage bytes": b"\xde\xad\xbe\xef" * 8,
+    "garbage in a frame": frame(b"\xc1\xc1\xc1"),
+    "oversize frame": HEADER.pack(BASE.cluster.max_frame_size + 1) + b"\x00" * 64,
+    "unknown tag": frame(msgspec.msgpack.encode(["Bogus", 1, "x"])),
+    "peer message on a client link": encode_frame(pm.PeerHello(1, "local")),
+    "wrong field types": frame(msgspec.msgpack.encode(["Publish", "one", 2])),
+    "value out of bounds": frame(msgspec.msgpack.encode(["Subscribe", -5, "s", "price < 1"])),
+    "deeply nested": frame(b"\x94\xa5Admin\x01\xa6status\x81\xa1a" + b"\x91" * 3000 + b"\x01"),
+    "invalid utf-8": frame(b"\x92\xa5Hello\xa2\xc3\x28"),
+}
+
+
+@pytest.mark.parametrize("bad", FATAL_INPUTS.values(), ids=FATAL_INPUTS.keys())
+async def test_bad_frame_gets_an_error_then_the_connection_closes(cluster, bad):
+    reader, writer = await asyncio.open_connection(*cluster.addr(0))
+    writer.write(CLIENT_MAGIC + encode_frame(cm.Hello("raw")))
+    try:
+        assert await asyncio.wait_for(reader.readexactly(4), WAIT) == CLIENT_MAGIC
+        frames = client_reader()
+        (welcome,) = await read_frames(reader, frames, 1)
+        assert isinstance(welcome, cm.Welcome)
+        writer.write(bad)
+        msgs = []
+        while data := await asyncio.wait_for(reader.read(65536), WAIT):
+            msgs += frames.feed(data)
+    finally:
+        writer.close()
+    (err,) = msgs
+    assert isinstance(err, cm.Error) and err.code == cm.ErrorCode.PROTOCOL and err.fatal
+    assert cluster.nodes[0].core.stats["rejected_client_protocol"] == 1
+    await wait_until(lambda: len(cluster.nodes[0].core.sessions) == 0 or all(
+        s.client_id != "raw" for s in cluster.nodes[0].core.sessions.values()), what="session dropped")
+    await assert_serving(cluster, 0)
+
+
+async def test_bad_frame_before_hello_is_refused_too(cluster):
+    reader, writer = await asyncio.open_connection(*cluster.addr(1))
+    writer.write(CLIENT_MAGIC + frame(b"\xc1"))
+    try:
+        magic, msgs = await read_until_closed(reader)
+    finally:
+        writer.close()
+    assert [type(m) for m in msgs] == [cm.Error] and msgs[0].fatal
+    await assert_serving(cluster, 1)
+
+
+async def test_first_frame_must_be_hello(cluster):
+    reader, writer = await asyncio.open_connection(*cluster.addr(2))
+    writer.write(CLIENT_MAGIC + encode_frame(cm.Publish(1, {"price": 1.0, "sym": "A"})))
+    try:
+        _, msgs = await read_until_closed(reader)
+    finally:
+        writer.close()
+    assert len(msgs) == 1 and msgs[0].code == cm.ErrorCode.PROTOCOL and msgs[0].fatal
+    await assert_serving(cluster, 2)
+
+
+async def test_unknown_preamble_is_answered_and_closed(cluster):
+    reader, writer = await asyncio.open_connection(*cluster.addr(0))
+    writer.write(b"GET / HTTP/1.1\r\n\r\n")
+    try:
+        magic, msgs = await read_until_closed(reader)
+    finally:
+        writer.close()
+    assert magic == CLIENT_MAGIC
+    assert len(msgs) == 1 and msgs[0].code == cm.ErrorCode.PROTOCOL and msgs[0].fatal
+    assert cluster.nodes[0].core.stats["rejected_bad_preamble"] == 1
+    await assert_serving(cluster, 0)
+
+
+async def test_bad_expression_and_bad_event_leave_the_connection_open(cluster):
+    reader, writer = await asyncio.open_connection(*cluster.addr(1))
+    frames = client_reader()
+    try:
+        writer.write(CLIENT_MAGIC + encode_frame(cm.Hello("raw")))
+        assert await asyncio.wait_for(reader.readexactly(4), WAIT) == CLIENT_MAGIC
+        assert isinstance((await read_frames(reader, frames, 1))[0], cm.Welcome)
+        writer.write(encode_frame(cm.Subscribe(1, "s", "price >> 3")))
+        (err,) = await read_frames(reader, frames, 1)
+        assert (err.seq, err.code, err.position, err.fatal) == (1, cm.ErrorCode.BAD_EXPRESSION, 7, False)
+        writer.write(encode_frame(cm.Publish(2, "{price: 10}")))
+        (err,) = await read_frames(reader, frames, 1)
+        assert (err.seq, err.code, err.position) == (2, cm.ErrorCode.BAD_EVENT, 10)
+        assert "sym" in err.message
+        writer.write(encode_frame(cm.Publish(3, {"price": 10.0})))
+        (err,) = await read_frames(reader, frames, 1)
+        assert (err.seq, err.code) == (3, cm.ErrorCode.BAD_EVENT) and "sym" in err.message
+        # Still the same session: it subscribes and gets its notification.
+        writer.write(encode_frame(cm.Subscribe(4, "s", 'sym = "RAW"')))
+        (ack,) = await read_frames(reader, frames, 1)
+        assert ack == cm.SubAck(4, "s", 1)
+        writer.write(encode_frame(cm.Publish(5, '{price: 3, sym: "RAW"}')))
+        msgs = await read_frames(reader, frames, 2)
+        assert {type(m) for m in msgs} == {cm.PubAck, cm.Notify}
+        (note,) = [m for m in msgs if isinstance(m, cm.Notify)]
+        assert note.sub_ids == ("s",) and note.event == {"price": 3, "sym": "RAW"}
+    finally:
+        writer.close()
+    await assert_serving(cluster, 1)
+
+
+# -- client reconnect (SPEC §12, client rule 3) -------------------------------------------------------
+
+
+async def test_client_reconnects_to_its_next_node_and_resubscribes(cluster):
+    c = await cluster.client(0, 1, client_id="mover")
+    pub = await cluster.client(2)
+    sub = await c.subscribe("price < 100", sub_id="s")
+    e1 = await pub.publish({"price": 1.0, "sym": "A"})
+    assert (await sub.next(WAIT)).event_id == e1
+    n0, n1 = cluster.nodes[0], cluster.nodes[1]
+    (sid,) = [s for s, sess in n0.core.sessions.items() if sess.client_id == "mover"]
+    old_gid = n0.core.sessions[sid].subs["s"][0]
+    assert old_gid in n0.core.local[EC]
+
+    n0.clients[sid].writer.close()  # the node drops the connection
+
+    def resubscribed() -> bool:
+        sessions = [sess for sess in n1.core.sessions.values() if sess.client_id == "mover"]
+        return (
+            c.node_id == 1
+            and len(sessions) == 1
+            and "s" in sessions[0].subs
+            and sessions[0].subs["s"][0] in n0.core.local[EC]  # applied at the owner
+        )
+
+    await wait_until(resubscribed, what="re-subscription through node 1")
+    await wait_until(lambda: old_gid not in n0.core.local[EC], what="old subscription dropped")
+    e2 = await pub.publish({"price": 2.0, "sym": "A"})
+    e3 = await pub.publish({"price": 3.0, "sym": "A"})
+    assert [(await sub.next(WAIT)).event_id for _ in range(2)] == [e2, e3]
+    await wait_until(cluster.idle, what="quiescence")
+    assert sub.queue.empty()  # nothing twice
+    assert c.subscriptions["s"] is sub and not sub.closed
+
+
+# -- a vanishing slow consumer (STYLE habit 7) ----------------------------------------------------------
+
+
+async def test_slow_subscriber_that_resets_its_connection_does_not_stop_the_node():
+    # Small socket buffers on both ends, so the node's writer for this client
+    # blocks in drain() with notifications still queued; then the client
+    # resets the connection.  The node drops that client only.
+    c = await Cluster(sndbuf=4096).start()
+    try:
+        raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+        raw.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(raw, c.addr(0))
+        reader, writer = await asyncio.open_connection(sock=raw)
+        writer.write(CLIENT_MAGIC + encode_frame(cm.Hello("slow")) + encode_frame(cm.Subscribe(1, "s", 'sym = "FLOOD"')))
+        assert await asyncio.wait_for(reader.readexactly(4), WAIT) == CLIENT_MAGIC
+        frames = client_reader()
+        welcome, ack = await read_frames(reader, frames, 2)
+        assert isinstance(welcome, cm.Welcome) and isinstance(ack, cm.SubAck)
+        node = c.nodes[0]
+        (sid,) = [s for s, sess in node.core.sessions.items() if sess.client_id == "slow"]
+        out = node.clients[sid]
+        pub = await c.client(1)
+        # Stop reading; publish until the node's writer for "slow" is stuck.
+        for i in range(20000):
+            await pub.publish({"price": 1.0, "sym": "FLOOD", "venue": "x" * 16})
+            if len(out.queue) > 10:
+                break
+        assert len(out.queue) > 10 and out.writer.transport.get_write_buffer_size() > 0
+        # Reset (not a clean close): SO_LINGER 0.
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+        await wait_until(lambda: sid not in node.clients, what="the slow client dropped")
+        assert not any(t.done() for t in c.tasks), "a node stopped"
+        await assert_serving(c, 0)
+    finally:
+        await c.stop()
+
+
+async def test_a_client_writer_whose_connection_was_reset_ends_quietly():
+    # The writer task lives in the node's TaskGroup: an OSError escaping it
+    # would stop the whole node, so it must end that connection only.
+    async def reset_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+
+    server = await asyncio.start_server(reset_at_once, "127.0.0.1", 0)
+    async with server:
+        reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+        with pytest.raises(ConnectionResetError):
+            await asyncio.wait_for(reader.read(10), WAIT)
+        out = _Writer(writer, 10)
+        out.queue.put_nowait(encode_frame(cm.Ack("e")), False)
+        await asyncio.wait_for(out.run(), WAIT)  # returns instead of raising
+        assert writer.is_closing()
