@@ -954,11 +954,13 @@ def test_receiver_forgets_an_accepted_session_the_sender_never_continues():
     assert key in cores[2].incoming
     net.tick(2, TIMEOUT + 0.001)
     assert cores[2].incoming == {} and EC not in cores[2].local
-    # The late ChannelTransfer names a session that is over: refused, and the
-    # sender, never confirmed, rolls back at its own timeout.
+    # The late ChannelTransfer names a session that is over: answered with
+    # REPLY_FAIL, so the sender, never confirmed, rolls back at once.
     net.release()
     net.run()
-    assert [type(e) for _, _, e in net.errors] == [RemoteProtocolError]
+    assert net.errors == []
+    assert not any(m.active for m in cores[0].outgoing.values())
+    assert EC in cores[0].local and EC not in cores[2].local
     net.tick(0, 3 * TIMEOUT)
     net.run()
     assert net.owner_of(EC) == [0] and net.routing_tables_equal()
