@@ -1,7 +1,8 @@
 """Matching an event against a channel's subscriptions, and what it cost.
 
 ``SubscriptionIndex`` is a bucketed bitmap index, the counting algorithm done
-with whole-word operations instead of per-predicate counters:
+with whole-word operations instead of per-predicate counters, plus
+per-bucket dicts for the subscriptions that constrain a single attribute:
 
 1. Each subscription holds a *slot*.  For each attribute the index keeps one
    bitmap of the slots that do not constrain it (*wildcards*) and, for each
@@ -10,164 +11,101 @@ with whole-word operations instead of per-predicate counters:
    ``[min, max]`` into equal-width buckets; strings hash into buckets, with
    patterns (prefix, suffix, contains, !=) counted as wildcards.
 2. For an event, ``candidates = ⋀_attr (wildcards | bucket(value))`` — a few
-   big-integer ANDs, a C loop over machine words.  Attributes no subscription
-   constrains are skipped.  A subscription whose predicates on one attribute
-   cannot be satisfied at all is in no bucket and never a candidate.
-3. Every candidate is then tested exactly with its compiled filter.  The
-   number of candidates tested is the event's **cost** (SPEC §5): it counts
-   real work done by this matcher, never an estimate.
-4. Bitmaps are mutable ``bytearray``s (adding or removing a subscription flips
-   a few bits in O(1)); each caches its integer form until the next change.
+   big-integer ANDs, a C loop over machine words.  Attributes no bitmapped
+   subscription constrains are skipped, and so is an attribute whose value has
+   no bucket (wrong type, outside the domain, NaN): every slot stays a
+   candidate there and the exact test decides.  A subscription whose
+   predicates on one attribute cannot be satisfied at all is in no bucket and
+   never a candidate.
+3. Every candidate is then tested exactly, once.  The number of candidates is
+   the event's **cost** (SPEC §5): each one counted is one filter evaluated by
+   this matcher — real work, never an estimate.
+4. The exact test of a *plain* subscription (only ``= < <= > >= in[]`` with
+   numbers of the attribute's kind on ordered attributes, ``=`` on strings) is
+   a bound ``(lo, hi, strict)`` per constrained attribute, evaluated inline by
+   ``match``: a conjunction of comparisons on one attribute is one interval,
+   exactly, because Python compares ints and floats exactly.  Other
+   subscriptions keep the closure of ``compile_filter``.  A tuple is a few
+   dozen bytes where the closures take about a kilobyte, and testing it reads
+   two objects instead of ten scattered ones.  An attribute value the bounds
+   cannot compare like the filter would (not a number on an ordered attribute,
+   not a string on a string one) sends the tests that read it to
+   ``compile_filter``, so results never differ from ``LinearMatcher``'s.
+5. A plain subscription on a single attribute gains nothing from the AND of
+   rule 2 (it is a wildcard everywhere else), so it is kept out of the bitmaps:
+   its ``(lo, hi, strict, sub)`` entry sits in a dict per bucket it spans
+   (an ``=`` in a dict per value instead: exact), and an event scans the dicts
+   of its value's bucket directly — no bit to extract, no slot to look up.
+   Each entry scanned is a candidate of rule 3, tested and counted.
+6. A bitmap is a Python integer plus a ``bytearray`` of pending bit flips:
+   adding or removing a subscription flips a few bits in O(1); the next match
+   folds the flips in with one XOR and drops the buffer, so a bitmap costs
+   ``N/8`` bytes at rest.  Flips are exact because a slot's bit is only set
+   when it is clear and cleared when it is set (the invariant below).
 
-``LinearMatcher`` tests every subscription; it is the reference the index is
-checked against and the baseline of ``bench/matching.py``.
+The order of the matched subscriptions is unspecified.  ``LinearMatcher``
+tests every subscription; it is the reference the index is checked against
+and the baseline of ``bench/matching.py``.
 """
 
 from __future__ import annotations
 
-import re
-import zlib
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Final
 
-from overlay.channels.intervals import IntervalSet
-from overlay.channels.predicates import StringConj, compile_filter, conjunction
-from overlay.channels.schema import Attribute, Kind, Schema, Value
+from overlay.channels.predicates import compile_filter, conjunction
+from overlay.channels.schema import Schema, Value
 from overlay.channels.subscriptions import Subscription
+from overlay.errors import LocalProtocolError
 
 __all__ = ["MatchResult", "SubscriptionIndex", "LinearMatcher", "DEFAULT_BUCKETS"]
 
-# Buckets per attribute.  More buckets prune better for narrow ranges but cost
-# one bitmap each; 128 keeps a 100k-subscription channel's index near 10 MB.
-DEFAULT_BUCKETS: Final = 128
-_WILD: Final = -1
-_NONZERO: Final = re.compile(rb"[^\x00]")
-_BITS: Final = tuple(tuple(b for b in range(8) if byte >> b & 1) for byte in range(256))
-
-MatchResult = tuple[list[Subscription], int]
-
-
-class _Bitmap:
-    """A growable bit set over slots with a cached integer view (rule 4)."""
-
-    __slots__ = ("bits", "_int")
-
-    def __init__(self, nbytes: int) -> None:
-        self.bits = bytearray(nbytes)
-        self._int: int | None = 0
-
-    def set(self, slot: int) -> None:
-        self.bits[slot >> 3] |= 1 << (slot & 7)
-        self._int = None
-
-    def clear(self, slot: int) -> None:
-        self.bits[slot >> 3] &= ~(1 << (slot & 7)) & 0xFF
-        self._int = None
-
-    def grow(self, nbytes: int) -> None:
-        self.bits.extend(bytes(nbytes - len(self.bits)))
-
-    def value(self) -> int:
-        v = self._int
-        if v is None:
-            v = self._int = int.from_bytes(self.bits, "little")
-        return v
-
-
-class _AttrIndex:
-    """Rule 1 for one attribute."""
-
-    __slots__ = ("attr", "nbuckets", "wild", "buckets", "constrained", "_bucket_of", "_nbytes")
-
-    def __init__(self, attr: Attribute, nbuckets: int, nbytes: int) -> None:
-        self.attr = attr
-        self.nbuckets = nbuckets
-        self._nbytes = nbytes
-        self.wild = _Bitmap(nbytes)
-        self.buckets: list[_Bitmap | None] = [None] * nbuckets
-        self.constrained = 0  # slots that are not wildcards here
-        self._bucket_of = _bucket_function(attr, nbuckets)
-
-    def grow(self, nbytes: int) -> None:
-        self._nbytes = nbytes
-        self.wild.grow(nbytes)
-        for b in self.buckets:
-            if b is not None:
-                b.grow(nbytes)
-
-    def bucket(self, i: int) -> _Bitmap:
-        b = self.buckets[i]
-        if b is None:
-            b = self.buckets[i] = _Bitmap(self._nbytes)
-        return b
-
-    def placement(self, conj: IntervalSet | StringConj | None) -> tuple[int, ...]:
-        """The buckets a slot goes in (``(_WILD,)`` for a wildcard)."""
-        if conj is None or conj.is_whole():
-            return (_WILD,)
-        if conj.is_empty():
-            return ()
-        if isinstance(conj, StringConj):
-            if conj.finite is None:
-                return (_WILD,)
-            return tuple(sorted({self._bucket_of(v) for v in conj.finite}))
-        out: set[int] = set()
-        for iv in conj.intervals:
-            out.update(range(self._bucket_of(iv.lo), self._bucket_of(iv.hi) + 1))
-        if len(out) == self.nbuckets:
-            return (_WILD,)
-        return tuple(sorted(out))
-
-    def mask(self, value: Value | None) -> int:
-        if value is None:
-            return self.wild.value()
-        b = self.buckets[self._bucket_of(value)]
-        w = self.wild.value()
-        return w if b is None else w | b.value()
-
-
-def _bucket_function(attr: Attribute, n: int) -> Callable[[Value], int]:
-    if attr.kind is Kind.STRING:
-        # crc32, not hash(): stable across processes, so bucket stats are comparable.
-        return lambda v: zlib.crc32(v.encode()) % n  # type: ignore[union-attr]
-    lo, hi = attr.min, attr.max
-    last = n - 1
-    if attr.kind.discrete:
-        span = int(hi) - int(lo) + 1
-
-        def discrete_bucket(v: Value) -> int:
-            i = (v - lo) * n // span  # type: ignore[operator]
-            return last if i > last else (0 if i < 0 else i)
-
-        return discrete_bucket
-    width = (hi - lo) / n or 1.0
-
-    def float_bucket(v: Value) -> int:
-        i = int((v - lo) / width)  # type: ignore[operator]
-        return last if i > last else (0 if i < 0 else i)
-
-    return float_bucket
+from overlay.channels._buckets import (
+    DEFAULT_BUCKETS,
+    MatchResult,
+    _ABSENT,
+    _AttrIndex,
+    _BITS,
+    _Bitmap,
+    _CODE_TYPE,
+    _Compiled,
+    _HI_STRICT,
+    _LO_STRICT,
+    _NEVER,
+    _NONZERO_TO_ONE,
+    _NUMBER_TYPES,
+    _Plain,
+    _WILD,
+    _plain_bounds,
+)
 
 
 class SubscriptionIndex:
     """The indexed matcher of one channel.
 
-    Invariant: ``_subs[slot]`` is set exactly for the slots whose bit is set
-    in ``_alive``, and each such slot's bits are set in exactly the bitmaps
-    named by ``_placed[slot]``.
+    Invariant: ``_subs[slot]`` is set exactly for the slots in use.  A slot in
+    use is either *bitmapped* — in ``_alive`` and in exactly the bitmaps named
+    by the runs ``_placed[slot]`` — or *single* (rule 5: ``_placed[slot]`` is
+    None, its entry is in ``_order[pos]``'s dicts where ``pos`` is
+    ``_tests[slot][0]``).  ``_tests[slot]`` is its exact test (rule 4).  Free
+    slots are in no bitmap and no dict.
     """
 
     def __init__(self, schema: Schema, nbuckets: int = DEFAULT_BUCKETS) -> None:
+        if nbuckets < 1:
+            raise LocalProtocolError(f"an index needs at least one bucket, got {nbuckets}")
         self.schema = schema
-        self._nbytes = 8
+        self._stride = nbuckets + 1
         self._attrs = {
-            name: _AttrIndex(attr, nbuckets, self._nbytes)
-            for name, attr in schema.attributes.items()
+            name: _AttrIndex(attr, pos, nbuckets)
+            for pos, (name, attr) in enumerate(schema.attributes.items())
         }
-        self._alive = _Bitmap(self._nbytes)
+        self._order = tuple(self._attrs.values())
+        self._alive = _Bitmap()
         self._slot_of: dict[str, int] = {}
-        self._subs: list[tuple[Subscription, Callable[[Mapping[str, Value]], bool]] | None] = []
-        self._placed: list[tuple[tuple[str, int], ...]] = []
+        self._subs: list[Subscription | None] = []
+        self._tests: list[_Plain | _Compiled | None] = []
+        self._placed: list[bytes | None] = []
         self._free: list[int] = []
 
     def __len__(self) -> int:
@@ -177,52 +115,88 @@ class SubscriptionIndex:
         return sub_id in self._slot_of
 
     def __iter__(self) -> Iterator[Subscription]:
-        for entry in self._subs:
-            if entry is not None:
-                yield entry[0]
+        for sub in self._subs:
+            if sub is not None:
+                yield sub
 
     def get(self, sub_id: str) -> Subscription | None:
         slot = self._slot_of.get(sub_id)
-        if slot is None:
-            return None
-        entry = self._subs[slot]
-        return None if entry is None else entry[0]
+        return None if slot is None else self._subs[slot]
 
     def _new_slot(self) -> int:
         if self._free:
             return self._free.pop()
-        slot = len(self._subs)
         self._subs.append(None)
-        self._placed.append(())
-        if slot >> 3 >= self._nbytes:
-            self._nbytes *= 2
-            self._alive.grow(self._nbytes)
-            for ai in self._attrs.values():
-                ai.grow(self._nbytes)
-        return slot
+        self._tests.append(None)
+        self._placed.append(None)
+        return len(self._subs) - 1
+
+    def _flip(self, slot: int, placed: bytes) -> None:
+        """Flip ``slot`` in every bitmap of the runs ``placed`` (rule 6)."""
+        codes = array(_CODE_TYPE)
+        codes.frombytes(placed)
+        stride = self._stride
+        order = self._order
+        for k in range(0, len(codes), 2):
+            pos, first = divmod(codes[k], stride)
+            ai = order[pos]
+            for b in range(first - 1, codes[k + 1] - pos * stride):
+                ai.bitmap(b).flip(slot)
 
     def add(self, sub: Subscription) -> bool:
-        """Index ``sub``; False (and no change) if its id is already here."""
+        """Index ``sub``; False (and no change) if its id is already here.
+
+        Everything that can fail (placing an odd unchecked filter) is worked
+        out before the first change, so a raising add leaves the index as it was.
+        """
         if sub.id in self._slot_of:
             return False
-        slot = self._new_slot()
-        placed: list[tuple[str, int]] = []
         f = sub.filter
-        constrained = f.attrs()
-        for name, ai in self._attrs.items():
-            conj = conjunction(f.on(name), ai.attr) if name in constrained else None
-            for b in ai.placement(conj):
-                placed.append((name, b))
-                if b == _WILD:
-                    ai.wild.set(slot)
-                else:
-                    ai.bucket(b).set(slot)
-            if name in constrained:
-                ai.constrained += 1
-        self._placed[slot] = tuple(placed)
-        self._subs[slot] = (sub, compile_filter(f))
+        plain = _plain_bounds(f, self._attrs)
+        if plain is not None and len(plain) == 1:
+            ((name, bound),) = plain.items()
+            ai = self._attrs[name]
+            runs = ai.single_runs(bound)
+            slot = self._new_slot()
+            ai.add_single(slot, bound, runs, sub)
+            self._tests[slot] = (ai.pos, *bound)
+        else:
+            test: _Plain | _Compiled
+            codes = array(_CODE_TYPE)
+            stride = self._stride
+            names = f.attrs()
+            if plain is not None:
+                flat: list[object] = []
+                for ai in self._order:
+                    bound = plain.get(ai.name)
+                    if bound is None:
+                        runs = [(_WILD, _WILD)]
+                    else:
+                        flat += (ai.pos, *bound)
+                        runs = ai.plain_placement(bound[0], bound[1])
+                    for first, last in runs:
+                        codes.append(ai.pos * stride + first + 1)
+                        codes.append(ai.pos * stride + last + 1)
+                test = tuple(flat)
+            else:
+                for ai in self._order:
+                    conj = conjunction(f.on(ai.name), ai.attr) if ai.name in names else None
+                    for first, last in ai.placement(conj):
+                        codes.append(ai.pos * stride + first + 1)
+                        codes.append(ai.pos * stride + last + 1)
+                test = compile_filter(f)
+            placed = codes.tobytes()
+            slot = self._new_slot()
+            self._flip(slot, placed)
+            for name in names:
+                ai = self._attrs.get(name)  # type: ignore[assignment]
+                if ai is not None:
+                    ai.constrained += 1
+            self._placed[slot] = placed
+            self._tests[slot] = test
+            self._alive.flip(slot)
+        self._subs[slot] = sub
         self._slot_of[sub.id] = slot
-        self._alive.set(slot)
         return True
 
     def add_many(self, subs: Iterable[Subscription]) -> int:
@@ -233,44 +207,95 @@ class SubscriptionIndex:
         slot = self._slot_of.pop(sub_id, None)
         if slot is None:
             return None
-        entry = self._subs[slot]
-        assert entry is not None
-        for name, b in self._placed[slot]:
-            ai = self._attrs[name]
-            if b == _WILD:
-                ai.wild.clear(slot)
-            else:
-                ai.bucket(b).clear(slot)
-        for name in entry[0].filter.attrs():
-            self._attrs[name].constrained -= 1
-        self._alive.clear(slot)
+        sub = self._subs[slot]
+        assert sub is not None
+        placed = self._placed[slot]
+        if placed is None:
+            pos, *bound = self._tests[slot]  # type: ignore[misc]
+            self._order[pos].remove_single(slot, tuple(bound))  # type: ignore[arg-type]
+        else:
+            self._flip(slot, placed)
+            for name in sub.filter.attrs():
+                ai = self._attrs.get(name)
+                if ai is not None:
+                    ai.constrained -= 1
+            self._alive.flip(slot)
         self._subs[slot] = None
-        self._placed[slot] = ()
+        self._tests[slot] = None
+        self._placed[slot] = None
         self._free.append(slot)
-        return entry[0]
+        return sub
 
     def match(self, values: Mapping[str, Value]) -> MatchResult:
-        """The subscriptions ``values`` matches, and how many were tested (rule 3)."""
-        cand = self._alive.value()
-        if not cand:
-            return [], 0
-        get = values.get
-        for name, ai in self._attrs.items():
-            if ai.constrained:
-                cand &= ai.mask(get(name))
-                if not cand:
-                    return [], 0
-        subs = self._subs
+        """The subscriptions ``values`` matches (in no particular order), and how
+        many were tested (rule 3)."""
         matched: list[Subscription] = []
+        append = matched.append
         tested = 0
+        cand = self._alive.value()
+        get = values.get
+        # The event's values by attribute position, for the plain tests.
+        vals: list[object] = [_NEVER] * len(self._order)
+        inline = True
+        for ai in self._order:
+            v = get(ai.name, _ABSENT)
+            if v is _ABSENT:
+                # No predicate on a missing attribute holds: its singles are out.
+                if cand and ai.constrained:
+                    cand &= ai.wild.value()
+                continue
+            if (type(v) in _NUMBER_TYPES) if ai.ordered else (type(v) is str):
+                vals[ai.pos] = v
+            else:
+                inline = False
+            if ai.singles:
+                tested += ai.match_singles(v, values, append)
+            if cand and ai.constrained and ai.bucketed(v):
+                cand &= ai.mask(v)  # type: ignore[arg-type]
+        if not cand:
+            return matched, tested
+        # Every bitmapped candidate goes through exactly one exact test below.
+        tested += cand.bit_count()
+        subs = self._subs
+        tests = self._tests
         raw = cand.to_bytes((cand.bit_length() + 7) >> 3, "little")
-        for m in _NONZERO.finditer(raw):
-            base = m.start() << 3
-            for bit in _BITS[raw[base >> 3]]:
-                entry = subs[base | bit]
-                tested += 1
-                if entry[1](values):  # type: ignore[index]
-                    matched.append(entry[0])  # type: ignore[index]
+        find = raw.translate(_NONZERO_TO_ONE).find
+        i = find(1)
+        if not inline:
+            while i >= 0:
+                for bit in _BITS[raw[i]]:
+                    slot = i << 3 | bit
+                    test = tests[slot]
+                    if type(test) is tuple:
+                        test = compile_filter(subs[slot].filter)  # type: ignore[union-attr]
+                    if test(values):  # type: ignore[misc, operator]
+                        append(subs[slot])  # type: ignore[arg-type]
+                i = find(1, i + 1)
+            return matched, tested
+        while i >= 0:
+            for bit in _BITS[raw[i]]:
+                slot = i << 3 | bit
+                test = tests[slot]
+                if type(test) is not tuple:
+                    if test(values):  # type: ignore[misc]
+                        append(subs[slot])  # type: ignore[arg-type]
+                    continue
+                # Rule 4, inline: (pos, lo, hi, strict) per constrained attribute.
+                j = 0
+                n = len(test)
+                while j < n:
+                    v = vals[test[j]]  # type: ignore[index]
+                    lo = test[j + 1]
+                    hi = test[j + 2]
+                    s = test[j + 3]
+                    if not lo <= v <= hi or (  # type: ignore[operator]
+                        s and (s & _LO_STRICT and v == lo or s & _HI_STRICT and v == hi)  # type: ignore[operator]
+                    ):
+                        break
+                    j += 4
+                else:
+                    append(subs[slot])  # type: ignore[arg-type]
+            i = find(1, i + 1)
         return matched, tested
 
 
