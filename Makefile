@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test bench clean venv
+.PHONY: run test bench clean venv browser java
 
 venv: $(STAMP)
 
@@ -19,11 +20,36 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/overlay demo cluster_configs/local.toml
 
-test: $(STAMP)
+test: $(STAMP) browser java
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+# tests/test_web.py drives Debian's Chromium through selenium: installed once,
+# when missing (as root, or with password-less sudo); where it cannot be, the
+# browser test skips and says why.
+APT := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n) apt-get
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { $(APT) update -qq && DEBIAN_FRONTEND=noninteractive $(APT) install -y -qq chromium chromium-driver >/dev/null; } || \
+	  echo "chromium could not be installed: tests/test_web.py will skip"
+
+# Spark (overlay replay, tests/test_replay.py) runs on a Java runtime: on a
+# fresh machine without `java`, openjdk-17-jre-headless is installed with
+# apt-get (as root, or with password-less sudo).  No fallback: the Spark
+# tests need it.
+java:
+	@command -v java >/dev/null || \
+	  { echo "installing openjdk-17-jre-headless for Spark"; $(APT) update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $(APT) install -y -qq openjdk-17-jre-headless >/dev/null; }
+
+# The bench extra: MQTT peers (paho-mqtt, amqtt) and py-spy.  bench/throughput.py
+# also installs Mosquitto with apt-get when it is missing.
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python bench/matching.py
+	$(BIN)/python bench/throughput.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

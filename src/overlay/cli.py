@@ -1,13 +1,15 @@
 """The ``overlay`` command line (SPEC §14).
 
-    overlay node --config F --id N           run one node until SIGINT/SIGTERM
-    overlay cluster up F [--duration S]      every node of F as subprocesses
+    overlay node --config F --id N [--capture DIR]   run one node until SIGINT/SIGTERM
+    overlay cluster up F [--duration S] [--capture DIR] [--traffic]
+                                             every node of F as subprocesses
     overlay pub --config F [--node N] [EVENT ...]   (events from stdin if none)
     overlay sub --config F [--node N] EXPR [--count K] [--seconds S]
     overlay status --config F                the cluster at a glance
     overlay channel split --config F CH --attr A (--at V | --values a,b)
     overlay channel place --config F CH --node N
     overlay demo F [--seconds S]             cluster + bounded demo traffic (make run)
+    overlay replay RUN_DIR [--master URL] [--out DIR]   Spark replay of a capture (SPEC §13)
 """
 
 from __future__ import annotations
@@ -16,13 +18,18 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
+import aiohttp
+
+from overlay.capture import with_capture_dir
 from overlay.client import Client
-from overlay.config import ClusterConfig, load_config
+from overlay.config import ClusterConfig, NodeConfig, load_config
 from overlay.errors import OverlayError
 
 __all__ = ["main"]
@@ -68,6 +75,8 @@ async def _node_main(cfg: ClusterConfig, node_id: int) -> None:
 def cmd_node(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     cfg.node(args.id)
+    if args.capture:
+        cfg = with_capture_dir(cfg, args.capture)
     _run(_node_main(cfg, args.id))
     return 0
 
@@ -98,8 +107,9 @@ async def _wait_ready(cfg: ClusterConfig, timeout: float) -> None:
 class LocalCluster:
     """Every node of a config as a subprocess; ``stop`` ends them all cleanly."""
 
-    def __init__(self, config_path: str, log_level: str = "info") -> None:
+    def __init__(self, config_path: str, log_level: str = "info", *, capture: str | None = None) -> None:
         self.config_path = config_path
+        self.capture = capture  # every node captures to this run directory (SPEC §13)
         self.cfg = load_config(config_path)
         self.log_level = log_level
         self.procs: dict[int, asyncio.subprocess.Process] = {}
@@ -109,6 +119,7 @@ class LocalCluster:
             self.procs[n.id] = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "overlay", "--log-level", self.log_level,
                 "node", "--config", self.config_path, "--id", str(n.id),
+                *(["--capture", self.capture] if self.capture else []),
                 start_new_session=True,  # Ctrl-C reaches us; we stop the nodes in order
             )
         await _wait_ready(self.cfg, timeout)
@@ -138,12 +149,18 @@ async def _until_signal(seconds: float | None) -> None:
 
 
 async def _cluster_up(args: argparse.Namespace) -> int:
-    cluster = LocalCluster(args.config, args.log_level)
+    cluster = LocalCluster(args.config, args.log_level, capture=args.capture)
     try:
         await cluster.start()
         print(f"cluster {cluster.cfg.cluster.name!r} ready: " + ", ".join(
             f"node {n.id} at {n.host}:{n.port}" for n in cluster.cfg.nodes), flush=True)
-        await _until_signal(args.duration)
+        print("admin: " + ", ".join(admin_url(n.host, n.admin_port) + "/" for n in cluster.cfg.nodes if n.admin_port), flush=True)
+        if args.traffic:
+            from overlay.traffic import run_traffic
+
+            await run_traffic(cluster.cfg, args.duration or 60.0)
+        else:
+            await _until_signal(args.duration)
     finally:
         print("stopping the cluster…", flush=True)
         await cluster.stop()
@@ -207,44 +224,99 @@ def cmd_sub(args: argparse.Namespace) -> int:
 # -- status / channel ------------------------------------------------------------------
 
 
-async def _statuses(cfg: ClusterConfig) -> list[dict[str, Any] | None]:
-    out: list[dict[str, Any] | None] = []
-    for n in cfg.nodes:
+# How long `overlay status` waits for one node's admin endpoint: a node that
+# takes longer is as good as down to an operator looking at the table.
+STATUS_TIMEOUT: Final = 3.0
+
+
+def admin_url(host: str, port: int) -> str:
+    return f"http://{'127.0.0.1' if host in ('', '0.0.0.0', '::') else host}:{port}"
+
+
+async def _client_status(n: NodeConfig) -> tuple[dict[str, Any] | None, str]:
+    """A node without an admin port in the config (0: ephemeral) is asked over
+    the client protocol instead."""
+    try:
+        c = await Client([(n.host, n.port)], client_id="overlay-status", reconnect=False).connect(timeout=2)
         try:
-            c = await Client([(n.host, n.port)], client_id="overlay-status", reconnect=False).connect(timeout=2)
-            try:
-                out.append(await c.admin("status", timeout=5))
-            finally:
-                await c.close()
-        except (OSError, OverlayError, asyncio.TimeoutError, TimeoutError):
-            out.append(None)
-    return out
+            return await c.admin("status", timeout=5), ""
+        finally:
+            await c.close()
+    except (OSError, OverlayError, asyncio.TimeoutError, TimeoutError) as exc:
+        return None, f"down: {n.host}:{n.port} does not answer ({type(exc).__name__})"
 
 
-def format_status(cfg: ClusterConfig, statuses: Sequence[dict[str, Any] | None]) -> str:
-    rows = [f"{'node':>4}  {'address':<21} {'ready':<5} {'load':>8} {'channels':>8} {'sessions':>8}  events in/matched"]
-    for n, st in zip(cfg.nodes, statuses):
-        if st is None:
-            rows.append(f"{n.id:>4}  {n.host + ':' + str(n.port):<21} {'down':<5}")
-            continue
-        s = st["stats"]
-        rows.append(
-            f"{n.id:>4}  {n.host + ':' + str(n.port):<21} {str(st['ready']).lower():<5} {st['load']:>8} "
-            f"{len(st['channels']):>8} {st['sessions']:>8}  {s.get('events_in', 0)}/{s.get('events_matched', 0)}"
+async def _http_status(http: aiohttp.ClientSession, n: NodeConfig) -> tuple[dict[str, Any] | None, str]:
+    url = admin_url(n.host, n.admin_port)
+    try:
+        async with http.get(f"{url}/status") as resp:
+            if resp.status != 200:
+                return None, f"{url} answered HTTP {resp.status}"
+            return await resp.json(), ""
+    except aiohttp.ClientConnectorError:
+        return None, f"down: nothing listens on {url}"
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        return None, f"down: {url} did not answer ({type(exc).__name__})"
+
+
+async def node_statuses(cfg: ClusterConfig) -> list[tuple[dict[str, Any] | None, str]]:
+    """Every node's ``/status`` from its admin endpoint, or why there is none."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=STATUS_TIMEOUT)) as http:
+        return list(
+            await asyncio.gather(*(_http_status(http, n) if n.admin_port else _client_status(n) for n in cfg.nodes))
         )
-    first = next((st for st in statuses if st), None)
-    if first:
+
+
+async def _statuses(cfg: ClusterConfig) -> list[dict[str, Any] | None]:
+    return [st for st, _ in await node_statuses(cfg)]
+
+
+def _level_bar(x: float, top: float, width: int = 10) -> str:
+    filled = min(width, int(round(width * x / top))) if top > 0 else 0
+    return "█" * filled + "·" * (width - filled)
+
+
+def format_status(
+    cfg: ClusterConfig, statuses: Sequence[dict[str, Any] | None], reasons: Sequence[str] | None = None
+) -> str:
+    """One line per node (state, load level dc, channels, S/dc̄ as it sees it),
+    a cluster line, then the routing table."""
+    reasons = list(reasons or [""] * len(statuses))
+    levels = [st["dc"] for st in statuses if st]
+    top = max(levels, default=0.0)
+    rows = [f"{'node':>4}  {'admin':<22} {'state':<11} {'load level dc':<21} {'channels':>8} {'subs':>6} {'S/dc̄':>6}"]
+    for n, st, why in zip(cfg.nodes, statuses, reasons):
+        where = admin_url(n.host, n.admin_port) if n.admin_port else f"{n.host}:{n.port}"
+        if st is None:
+            rows.append(f"{n.id:>4}  {where:<22} {why or 'down'}")
+            continue
+        ratio = st.get("spread_ratio")
+        if ratio is None and st.get("spread") is not None and st.get("mean_dc"):
+            ratio = st["spread"] / st["mean_dc"]
+        subs = st.get("subscriptions", sum(c.get("subscriptions", 0) for c in st["channels"]))
+        rows.append(
+            f"{n.id:>4}  {where:<22} {st['state']:<11} {_level_bar(st['dc'], top)} {st['dc']:>10.1f} "
+            f"{len(st['channels']):>8} {subs:>6} {'–' if ratio is None else f'{ratio:.3f}':>6}"
+        )
+    up = [st for st in statuses if st]
+    line = f"cluster {cfg.cluster.name!r}: {len(up)}/{len(statuses)} nodes answer"
+    if up:
+        mean = sum(levels) / len(levels)
+        spread = (sum((x - mean) ** 2 for x in levels) / len(levels)) ** 0.5
+        line += f", {len(up[0]['routing'])} channels, dc̄ {mean:.1f}, S/dc̄ {spread / mean if mean else 0.0:.3f}"
+    rows.append(line)
+    if up:
         rows.append("routing table:")
-        for r in first["routing"]:
+        for r in up[0]["routing"]:
             rows.append(f"  {r['id']:<8} node {','.join(map(str, r['owners'])):<6} {r['space']}")
     return "\n".join(rows)
 
 
 async def _status(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
-    statuses = await _statuses(cfg)
-    print(format_status(cfg, statuses))
-    return 0 if all(statuses) else 1
+    answers = await node_statuses(cfg)
+    print(format_status(cfg, [st for st, _ in answers], [why for _, why in answers]))
+    return 0 if all(st for st, _ in answers) else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -284,6 +356,19 @@ def cmd_channel(args: argparse.Namespace) -> int:
     return _run(_channel(args))
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    # The Spark jobs live in the repository's spark/ directory (SPEC §13);
+    # OVERLAY_SPARK_DIR points elsewhere when the package is installed alone.
+    spark_dir = os.environ.get("OVERLAY_SPARK_DIR") or str(Path(__file__).resolve().parents[2] / "spark")
+    if not Path(spark_dir, "overlay_spark").is_dir():
+        raise OverlayError(f"the Spark jobs are not in {spark_dir}; set OVERLAY_SPARK_DIR to the repository's spark/")
+    if spark_dir not in sys.path:
+        sys.path.insert(0, spark_dir)
+    from overlay_spark.replay import run_from_args
+
+    return run_from_args(args)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from overlay.demo import run_demo
 
@@ -301,12 +386,15 @@ def build_parser() -> argparse.ArgumentParser:
     n = sub.add_parser("node", help="run one node")
     n.add_argument("--config", required=True)
     n.add_argument("--id", type=int, required=True)
+    n.add_argument("--capture", metavar="DIR", help="write this node's capture to DIR (overrides cluster.capture_dir)")
     n.set_defaults(func=cmd_node)
 
     c = sub.add_parser("cluster", help="run every node of a config locally")
     c.add_argument("action", choices=["up"])
     c.add_argument("config")
     c.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    c.add_argument("--capture", metavar="DIR", help="every node captures to DIR (one file per node), for `overlay replay DIR`")
+    c.add_argument("--traffic", action="store_true", help="drive the demo workload (make run's) until the end")
     c.set_defaults(func=cmd_cluster)
 
     pb = sub.add_parser("pub", help="publish events (arguments, or one per stdin line)")
@@ -341,6 +429,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("config")
     d.add_argument("--seconds", type=float, default=60.0)
     d.set_defaults(func=cmd_demo)
+
+    rp = sub.add_parser("replay", help="replay a run's capture on Spark: spread, migrations, re-matching, audit")
+    rp.add_argument("run_dir", help="directory holding the run's node-*.ndjson files")
+    rp.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    rp.add_argument("--out", default=None, help="report directory (default RUN_DIR/report)")
+    rp.add_argument("--tail-guard", type=float, default=None,
+                    help="seconds before the first node stopped whose events the loss checks skip (default: one slice)")
+    rp.add_argument("--partitions", type=int, default=8, help="Spark shuffle partitions")
+    rp.add_argument("--quiet", action="store_true", help="no progress lines")
+    rp.set_defaults(func=cmd_replay)
     return p
 
 

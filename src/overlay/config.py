@@ -69,6 +69,9 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     choke_threshold: Annotated[int, msgspec.Meta(ge=1)] = 8_000
     peer_timeout: Positive = 5.0
     capture_dir: str = ""
+    # Bearer token the admin HTTP endpoint asks of requests that change the
+    # cluster (e.g. drain); empty: no auth.  OVERLAY_ADMIN_TOKEN overrides it.
+    admin_token: str = ""
 
 
 class ClusterConfig(msgspec.Struct, frozen=True):

@@ -17,7 +17,7 @@ import signal
 import time
 from typing import Any, Final
 
-from overlay.cli import LocalCluster, _statuses
+from overlay.cli import LocalCluster, _statuses, admin_url
 from overlay.client import Client, Subscription
 
 __all__ = ["run_demo"]
@@ -70,6 +70,9 @@ async def run_demo(config_path: str, seconds: float, log_level: str = "warning")
     await cluster.start()
     cfg = cluster.cfg
     print("cluster ready: " + ", ".join(f"node {n.id} {n.host}:{n.port}" for n in cfg.nodes), flush=True)
+    for n in cfg.nodes:  # the live page: every node serves the whole cluster
+        if n.admin_port:
+            print(f"  node {n.id} admin: {admin_url(n.host, n.admin_port)}/", flush=True)
     rng = random.Random(7)
     clients: list[Client] = []
     published = [0]

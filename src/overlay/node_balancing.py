@@ -31,6 +31,7 @@ Theory of operation (SPEC §5–§8):
 from __future__ import annotations
 
 import logging
+import math
 import random
 import zlib
 from collections import deque
@@ -58,6 +59,12 @@ JOURNAL_SIZE: Final = 2000
 MAX_REPLANS: Final = 3
 MERGE_THRESHOLD: Final = 0
 MERGE_SLICES: Final = 5
+# Longest wait, in slices, for the peers' LIEMs of a slice before deciding
+# without them: slices close together to a tick, so they come within ms.
+DECIDE_GRACE: Final = 0.25
+# A cut-off part that brings the moved load within this fraction of φ is
+# taken as cut; any load in (0, 2φ) lowers S (SPEC §7), closer is better.
+SPLIT_ACCEPT: Final = 0.5
 
 
 class BalancingMixin:
@@ -79,6 +86,20 @@ class BalancingMixin:
         self.weights = Weights(cl.omega, cl.alpha, cl.beta, cl.gamma, cl.levels)
         self.balancing_enabled = cl.balancing
         self.next_slice_at: float | None = None
+        # Loads are per configured T (SPEC §5): a slice ends on the first tick
+        # past its end, and anti-jitter stretches T, so a raw slice sum would
+        # grow with the slice's real length and make nodes incomparable.
+        self._slice_started = 0.0
+        self.load_scale = 1.0  # configured T / the last slice's real length
+        self._channel_load: dict[ChannelId, float] = {}  # per configured T, two-slice mean (rule 1)
+        self._slice_load: dict[ChannelId, float] = {}  # per configured T, last slice alone
+        # Slices close on a common grid, so a peer's LIEM for the slice just
+        # closed comes a few ms after ours: the state and the decision to
+        # schedule wait for them (or DECIDE_GRACE of a slice), not to judge
+        # by the previous slice's loads (rule 1).
+        self._now = 0.0  # the last tick's clock: when a LIEM came, to a tick
+        self._liem_at: dict[int, float] = {}
+        self._decide: tuple[float, float, NodeState] | None = None  # (closed at, decide by, state before)
         self.journal: deque[dict[str, Any]] = deque(maxlen=JOURNAL_SIZE)
         self._cold: dict[ChannelId, int] = {}
         self._candidates: list[Any] = []
@@ -94,33 +115,65 @@ class BalancingMixin:
     # -- slices (rule 1) --------------------------------------------------------------
 
     def _slice_tick(self: NodeCore, now: float, out: list[Action]) -> None:
+        self._now = now
         if not self.ready:
             return
+        if self._decide is not None:
+            closed, by, _ = self._decide
+            fresh = all(self._liem_at.get(p.node, 0.0) >= closed - self.monitor.slice_seconds / 2 for p in self.monitor.live())
+            if fresh or now >= by:
+                self._end_decision(now, out)
         if self.next_slice_at is None:
-            self.next_slice_at = now + self.monitor.slice_seconds
+            self.next_slice_at = _slice_boundary(now, self.monitor.slice_seconds)
+            self._slice_started = now
             return
         if now < self.next_slice_at:
             return
-        self.next_slice_at = now + self.monitor.slice_seconds
+        self.next_slice_at = _slice_boundary(now, self.monitor.slice_seconds)
         self._end_slice(now, out)
 
     def _end_slice(self: NodeCore, now: float, out: list[Action]) -> None:
-        d = 0
-        for ch in self.local:
-            d += ch.roll_slice().load
+        if self._decide is not None:  # a tick so late it skipped the grace: decide first
+            self._end_decision(now, out)
+        raw = {ch.id: ch.roll_slice().load for ch in self.local}
+        elapsed, self._slice_started = now - self._slice_started, now
+        self.load_scale = self.monitor.base_slice / elapsed if elapsed > 0 else 1.0
+        # A channel's load is the mean of its last two slices here (one for a
+        # channel new here): which slice an event falls in depends on how far
+        # the node is behind when the slice closes, and the two-slice window
+        # cancels that ±10 % swing, which Δd would otherwise take for load.
+        loads = {c: v * self.load_scale for c, v in raw.items()}
+        self._channel_load = {c: (v + self._channel_load.get(c, v)) / 2 for c, v in loads.items()}
+        self._slice_load = loads
+        d = sum(self._channel_load.values())
         before = self.monitor.state
-        report = self.monitor.end_slice(float(d))
+        report = self.monitor.end_slice(d, decide=False)
         self.last_report = report
-        liem = pm.LIEM(self.id, report.state.value, report.d, report.dc, self.me.capacity, report.slice_no)
-        for p in self.peers:
-            out.append(ToPeer(p, liem))
+        self._send_liem(report, out)
+        self._decide = (now, now + DECIDE_GRACE * self.monitor.slice_seconds, before)
         self.record(
             "slice", now, d=report.d, dc=report.dc, mean=report.mean, spread=report.spread,
             state=report.state.value, channels={str(c.id): c.last.load for c in self.local},
-            slice_seconds=report.slice_seconds,
+            slice_seconds=report.slice_seconds, elapsed=round(elapsed, 4), d_slice=sum(loads.values()),
         )
+
+    def _send_liem(self: NodeCore, report: Any, out: list[Action]) -> None:
+        liem = pm.LIEM(self.id, report.state.value, report.d, report.dc, self.me.capacity, report.slice_no)
+        for p in self.peers:
+            out.append(ToPeer(p, liem))
+
+    def _end_decision(self: NodeCore, now: float, out: list[Action]) -> None:
+        """Rule 1's state and rule 2's draw, with the peers' LIEMs of the slice."""
+        assert self._decide is not None
+        closed, _, before = self._decide
+        self._decide = None
+        provisional = self.monitor.state
+        report = self.monitor.refresh()
+        self.last_report = report
+        if report.state is not provisional:  # peers hear the state we act on
+            self._send_liem(report, out)
         if report.state is not before:
-            self.record("state", now, old=before.value, new=report.state.value)
+            self.record("state", closed, old=before.value, new=report.state.value, mean=report.mean)
         if not self.balancing_enabled:
             return
         self._idle_merges(now, out)
@@ -128,6 +181,7 @@ class BalancingMixin:
             self._start_balancing(now, out)
 
     def _on_liem(self: NodeCore, src: int, msg: pm.LIEM) -> None:
+        self._liem_at[msg.broker_id] = self._now
         try:
             self.monitor.on_liem(msg.broker_id, msg.broker_status, msg.broker_d, msg.broker_dc, msg.capacity)
         except LocalProtocolError as exc:  # the peer sent a state we do not know
@@ -189,7 +243,8 @@ class BalancingMixin:
                 continue
             last = ch.last
             access = {n: cnt / last.events for n, cnt in last.access.items()} if last.events else {}
-            out.append(ChannelLoad(ch.id, last.load, len(ch), access, splittable=True))
+            load = self._channel_load.get(ch.id, last.load * self.load_scale)  # a new split child: its share
+            out.append(ChannelLoad(ch.id, round(load), len(ch), access, splittable=True))
         return out
 
     def _plan_transfer(self: NodeCore, mig: OutgoingMigration, now: float, out: list[Action]) -> bool:
@@ -227,7 +282,9 @@ class BalancingMixin:
                 mig.channels = choice.transfer
                 return True
             ch = self.local[choice.split]
-            cut = choose_cut(ch.space, ch.last.records(), ch.last.priority, choice.split_load, self.schema)
+            # Cut off the same share of the last slice's records as of the load ranked.
+            share = choice.split_load / max(1, next(s.load for s in choice.scores if s.ch_id == ch.id))
+            cut = choose_cut(ch.space, ch.last.records(), ch.last.priority, share * ch.last.load, self.schema)
             if cut is None:
                 mig.channels = (ch.id,)
                 mig.replicate = True
@@ -235,6 +292,13 @@ class BalancingMixin:
                 return True
             children = self._split_local(ch, cut, now, out)
             mig.split_infos[ch.id] = tuple(c.id for c in children)
+            # The cut-off part completes the prefix (SPEC §8.1 step 5): take it.
+            # Re-ranking instead can put the parent's rest (f1 = 0 like the small
+            # part, but heavier) first and cut it again, and again.
+            total = choice.moved_load + self._channel_load[children[0].id]
+            if abs(total - choice.phi) <= SPLIT_ACCEPT * choice.phi:
+                mig.channels = choice.transfer + (children[0].id,)
+                return True
         mig.reason = "no good cut found"
         return False
 
@@ -246,6 +310,11 @@ class BalancingMixin:
         # The children inherit the parent's last slice, split by the cut, so the
         # scheduler can rank them before their own first slice ends.
         _inherit_slice(ch, children, cut)
+        # Their two-slice load: the parent's, in proportion to the last slice.
+        whole = ch.last.load or 1
+        parent_load = self._channel_load.pop(ch.id, ch.last.load * self.load_scale)
+        for c in children:
+            self._channel_load[c.id] = parent_load * c.last.load / whole
         self.local.remove(ch.id)
         for c in children:
             self.local.add(c)
@@ -290,24 +359,37 @@ class BalancingMixin:
         return merged
 
 
-def _inherit_slice(parent: Channel, children: list[Channel], cut: Cut) -> None:
-    """Give each child the parent's last-slice records that fall in its space."""
-    prio = parent.last.priority
-    for child in children:
-        child.last.priority = prio
-        child.priority = prio
-    for rec in parent.last.records():
-        values = dict(zip(prio, rec.point))
-        for child in children:
-            if child.space.contains(values):
-                st = child.last
-                st.load += rec.cost
-                st.events += rec.count
-                st._records[rec.point] = [rec.cost, rec.count]
-                break
-    # Access counts split in proportion to events (the records do not keep them).
-    total = parent.last.events or 1
-    for child in children:
-        share = child.last.events / total
-        child.last.access = {n: int(round(cnt * share)) for n, cnt in parent.last.access.items()}
+def _slice_boundary(now: float, length: float) -> float:
+    """The next slice end on the clock's grid of multiples of ``length``, at
+    least half a slice away: nodes with the same T close their slices together
+    (to a tick), so their LIEMs describe the same stretch of traffic."""
+    end = (math.floor(now / length) + 1) * length
+    return end + length if end - now < length / 2 else end
 
+
+def _inherit_slice(parent: Channel, children: list[Channel], cut: Cut) -> None:
+    """Give each child the parent's records that fall in its space: the last
+    slice's, so the scheduler can rank the children before their own first
+    slice ends, and the slice in progress, so the load the parent carried
+    before the cut still counts in this slice."""
+    for child in children:
+        child.priority = parent.priority  # the order the slice in progress keys its records by
+    for which in ("last", "current"):
+        src = getattr(parent, which)
+        for child in children:
+            getattr(child, which).priority = src.priority
+        for rec in src.records():
+            values = dict(zip(src.priority, rec.point))
+            for child in children:
+                if child.space.contains(values):
+                    st = getattr(child, which)
+                    st.load += rec.cost
+                    st.events += rec.count
+                    st._records[rec.point] = [rec.cost, rec.count]
+                    break
+        # Access counts split in proportion to events (the records do not keep them).
+        total = src.events or 1
+        for child in children:
+            st = getattr(child, which)
+            share = st.events / total
+            st.access = {n: int(round(cnt * share)) for n, cnt in src.access.items()}

@@ -9,9 +9,11 @@ and the session stays open.
 
 from __future__ import annotations
 
+import itertools
 import logging
+from collections import Counter
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 
@@ -31,6 +33,10 @@ __all__ = ["ClientsMixin"]
 
 log = logging.getLogger("overlay.node")
 
+# Journal entries per admin("journal") reply: a few hundred bytes each, so a
+# page stays far below the 1 MiB default frame cap.
+JOURNAL_PAGE: Final = 500
+
 
 class _Session:
     __slots__ = ("id", "client_id", "subs", "greeted", "n")
@@ -46,16 +52,19 @@ class _Session:
 class _Pending:
     """An (un)subscription waiting for its channels to apply it (rule 4)."""
 
-    __slots__ = ("session", "seq", "local_id", "subscribe", "waiting", "applied", "channels")
+    __slots__ = ("session", "seq", "local_id", "subscribe", "waiting", "applied", "channels", "then")
 
     def __init__(self, session: int, seq: int, local_id: str, subscribe: bool, chans: Iterable[ChannelId]) -> None:
         self.session = session
         self.seq = seq
         self.local_id = local_id
         self.subscribe = subscribe
-        self.waiting = set(chans)
+        # Copies in flight per channel: each answers once, applied or rerouted.
+        self.waiting: Counter[ChannelId] = Counter(chans)
         self.applied: set[ChannelId] = set()
         self.channels = len(self.waiting)
+        # An unsubscribe that waits for this subscribe: the arguments of _send_unsubscribe.
+        self.then: tuple[int, int, str, str, Filter] | None = None
 
 
 class ClientsMixin:
@@ -78,11 +87,16 @@ class ClientsMixin:
             return out
         for local_id, (gid, f) in sess.subs.items():
             self._sub_owner.pop(gid, None)
+            if self.capture is not None:
+                self.capture.unsubscribe(gid, "closed")
             self._send_unsubscribe(sid, 0, local_id, gid, f, out)
         return out
 
     def handle_client(self: NodeCore, sid: int, msg: cm.ClientMessage, now: float) -> list[Action]:
         out: list[Action] = []
+        self.now = now
+        if self.capture is not None:
+            self.capture.now = now
         sess = self.sessions.get(sid)
         if sess is None:
             return out
@@ -112,6 +126,20 @@ class ClientsMixin:
                 out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, f"{type(msg).__name__} is not a client request", fatal=True)))
                 out.append(CloseClient(sid, f"sent {type(msg).__name__}"))
         return out
+
+    def client_ack(self: NodeCore, sid: int, msg: cm.Ack) -> bool:
+        """Count a client's Ack of a delivered notification, as ``handle_client``
+        would.  False when the session cannot take one (unknown, or before its
+        Hello): hand it to ``handle_client`` then, in order, for the answer.
+
+        The shell calls this straight from the read loop: an Ack changes no
+        state but a counter, so it need not wait its turn in the inbox.
+        """
+        sess = self.sessions.get(sid)
+        if sess is None or not sess.greeted:
+            return False
+        self.stats["client_acks"] += 1
+        return True
 
     def _not_ready(self: NodeCore, sid: int, seq: int, out: list[Action]) -> bool:
         if self.ready:
@@ -144,6 +172,8 @@ class ClientsMixin:
         self._event_seq += 1
         event_id = f"{self.id}-{self._event_seq}"
         self.stats["events_in"] += 1
+        if self.capture is not None:
+            self.capture.publish(event_id, chid, values)
         ev = pm.Event(event_id, values, self.id, pm.DispatchSign.EVENT_DISPATCHED, chid, msg.publish_time or now)
         self._dispatch_event(ev, out)
         out.append(ToClient(sess.id, cm.PubAck(msg.seq, event_id)))
@@ -164,6 +194,8 @@ class ClientsMixin:
         gid = f"{self.id}:{sess.id}:{msg.sub_id}:{sess.n}"
         sess.subs[msg.sub_id] = (gid, f)
         self._sub_owner[gid] = (sess.id, msg.sub_id)
+        if self.capture is not None:
+            self.capture.subscribe(gid, msg.sub_id, sess.id, sess.client_id, msg.expression)
         chans = self.routing.lookup_subscription(f)
         self._pending[gid] = _Pending(sess.id, msg.seq, msg.sub_id, True, chans)
         self.stats["subscriptions_in"] += 1
@@ -182,12 +214,20 @@ class ClientsMixin:
             return
         gid, f = entry
         self._sub_owner.pop(gid, None)
+        if self.capture is not None:
+            self.capture.unsubscribe(gid, "client")
         self._send_unsubscribe(sess.id, msg.seq, msg.sub_id, gid, f, out)
 
     def _send_unsubscribe(self: NodeCore, sid: int, seq: int, local_id: str, gid: str, f: Filter, out: list[Action]) -> None:
-        self._pending.pop(gid, None)  # an unanswered subscribe is superseded
+        prior = self._pending.get(gid)
+        if prior is not None and prior.subscribe:
+            # The subscribe is still on its way, maybe by a stale route: an
+            # unsubscribe sent now could overtake it and be undone by it.  It
+            # goes once every channel has applied the subscribe (rule 4).
+            prior.then = (sid, seq, local_id, gid, f)
+            return
         chans = self.routing.lookup_subscription(f)
-        self._pending[gid] = _Pending(sid, seq, local_id, False, chans)
+        self._pending[gid] = _Pending(sid, seq, local_id, False, chans or [ChannelId(-1, -1)])
         if not chans:
             self._on_applied(pm.SubscriptionApplied(gid, ChannelId(-1, -1), False), out)
             return
@@ -213,8 +253,16 @@ class ClientsMixin:
                         raise LocalProtocolError(self._not_owner(chid))
                     _, acts = self.start_migration([chid], receiver, now, forced=True, admin=(sess.id, msg.seq))
                     out.extend(acts)
+                case "journal":
+                    # The balancing journal from entry `since` on, at most `limit` entries
+                    # (a reply must fit in one frame; page with since += len(reply)).
+                    since, limit = msg.args.get("since", 0), msg.args.get("limit", JOURNAL_PAGE)
+                    if not (isinstance(since, int) and isinstance(limit, int) and since >= 0 and limit > 0):
+                        raise LocalProtocolError("journal takes non-negative integers 'since' and 'limit'")
+                    page = list(itertools.islice(self.journal, since, since + min(limit, JOURNAL_PAGE)))
+                    out.append(ToClient(sess.id, cm.AdminReply(msg.seq, page)))
                 case _:
-                    raise LocalProtocolError(f"unknown admin command {msg.command!r} (status, split, place)")
+                    raise LocalProtocolError(f"unknown admin command {msg.command!r} (status, split, place, journal)")
         except (OverlayError, KeyError, ValueError, TypeError) as exc:
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.ADMIN, str(exc))))
 
@@ -231,6 +279,10 @@ class ClientsMixin:
             raise LocalProtocolError(self._not_owner(chid))
         if chid in self._reforward or any(chid in m.channels and m.active for m in self.outgoing.values()):
             raise LocalProtocolError(f"channel {chid} is moving; split it later")
+        if chid in self._arriving():
+            raise LocalProtocolError(f"channel {chid} is still arriving; split it later")
+        if self.routing[chid].replicated:  # its other replicas would keep the parent
+            raise LocalProtocolError(f"channel {chid} is replicated on nodes {list(self.routing[chid].owners)}; it cannot be split")
         attr_name = msg.args.get("attr")
         attr = self.schema.attribute(str(attr_name))
         if "values" in msg.args:

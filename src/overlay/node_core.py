@@ -19,10 +19,17 @@ Rules this module keeps (SPEC §3, §4, §8):
 3. A DISPATCHED message whose channel is not here is re-routed with the
    current routing table (a bounded number of hops), never dropped silently;
    if this node is moving that channel out and is past time <2>, it is
-   reforwarded to the receiver instead (``overlay.balance.migration``).
-4. An (un)subscription is acknowledged to its client only when every channel
-   it went to has applied it (``SubscriptionApplied``), so an event published
-   after the SubAck is matched against it.
+   reforwarded to the receiver instead (``overlay.balance.migration``).  A
+   channel still arriving here counts as not here; an (un)subscription for a
+   moved channel goes on to that channel only, one for a split or merged
+   channel to the channels that replaced it.  A replicated channel's
+   (un)subscriptions enter at its first owner and are relayed along its
+   owners, the last one answering.
+4. An (un)subscription is acknowledged to its client only when every copy of
+   it has been applied (``SubscriptionApplied``; a reroute announces its new
+   copies), so an event published after the SubAck is matched against it.  An
+   unsubscribe waits until its subscribe is applied everywhere, so it cannot
+   overtake it.
 5. The owner matches an event once and sends one Notification per
    subscribers' access node; the access node sends each client one Notify
    listing that client's matching subscriptions — at most once per
@@ -36,13 +43,14 @@ from __future__ import annotations
 import logging
 import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import msgspec
 
 from overlay.actions import Action, CloseClient, ToClient, ToPeer
 from overlay.balance.migration import IncomingMigration, OutgoingMigration, OutState
+from overlay.capture import CaptureBuffer
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.local_table import LocalTable
 from overlay.channels.predicates import Filter
@@ -50,6 +58,7 @@ from overlay.channels.routing_table import RouteEntry, RoutingTable
 from overlay.channels.space import EventSpace
 from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
+from overlay.histograms import LATENCY_BOUNDS, TESTED_BOUNDS, BucketCounts
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node_balancing import BalancingMixin
@@ -63,6 +72,9 @@ log = logging.getLogger("overlay.node")
 # A message re-routed this many times is dropped (counted and logged): tables
 # that disagree for longer than a few hops are a bug, not a transient.
 MAX_HOPS: Final = 4
+# Deleted channels whose replacements a node remembers (for late reroutes);
+# far more than the splits and merges a late message can be behind.
+MAX_REPLACED: Final = 10_000
 
 
 class _TableUpdate:
@@ -101,11 +113,17 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
         self._session_seq = 0
         self._update_seq = 0
         self._updates: dict[int, _TableUpdate] = {}
+        self._replaced: dict[ChannelId, tuple[ChannelId, ...]] = {}  # deleted -> what replaced it
         self.outgoing: dict[int, OutgoingMigration] = {}
         self.incoming: dict[tuple[int, int], IncomingMigration] = {}
         self._reforward: dict[ChannelId, OutgoingMigration] = {}
         self._admin_waits: dict[int, tuple[int, int]] = {}  # migration session -> (client session, seq)
         self.stats: Counter[str] = Counter()
+        # Metrics the admin endpoint exposes (SPEC §14): filled on the hot path.
+        self.tested_hist = BucketCounts(TESTED_BOUNDS)
+        self.latency_hist = BucketCounts(LATENCY_BOUNDS)
+        self.now = 0.0  # the `now` of the message being handled
+        self.capture: CaptureBuffer | None = None  # set by the shell when capturing (SPEC §13)
         self.timeout = config.cluster.peer_timeout
         self._init_balancing()
 
@@ -158,6 +176,9 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
 
     def handle_peer(self, src: int, msg: pm.PeerMessage, now: float) -> list[Action]:
         out: list[Action] = []
+        self.now = now
+        if self.capture is not None:
+            self.capture.now = now
         match msg:
             case pm.Event():
                 self._on_event(msg, out)
@@ -184,6 +205,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
                 if not self._init_waiting and self.has_table:
                     self._become_ready()
             case pm.UpdateRoutingTable():
+                self._note_replaced(msg)
                 self.routing.apply(msg.delete_chs, ((i.ch_id, i.entry) for i in msg.update_chs))
                 out.append(ToPeer(src, pm.ReplyUpdateGlobal(msg.session, msg.origin)))
             case pm.ReplyUpdateGlobal():
@@ -221,26 +243,35 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
             self._reforward_msg(mig, chid, pm.ReforwardSign.EVENT_MESSAGE, msg, out)
             return
         ch = self.local.get(chid)
-        if ch is None:
+        if ch is None or (self.incoming and self._unfilled(chid, event=True)):
             self._reroute_event(msg, out)
             return
         self._match(ch, msg, out)
 
     def _match(self, ch: Channel, msg: pm.Event, out: list[Action]) -> None:
         matched, _tested = ch.match(msg.event_exp, msg.access_node)
-        self.stats["events_matched"] += 1
+        self.tested_hist.observe(_tested)
+        if self.capture is not None:
+            self.capture.event(msg.event_id, msg.access_node, ch.id, _tested, matched, self.monitor.slice_no)
+        stats = self.stats
+        stats["events_matched"] += 1
         if not matched:
             return
         by_node: dict[int, list[str]] = {}
         for sub in matched:
-            by_node.setdefault(sub.access_node, []).append(sub.id)
-        for node, ids in by_node.items():
-            note = pm.Notification(msg.event_id, msg.event_exp, tuple(ids), ch.id, msg.publish_time)
-            if node == self.id:
-                self._on_notification(note, out)
+            ids = by_node.get(sub.access_node)
+            if ids is None:
+                by_node[sub.access_node] = [sub.id]
             else:
-                out.append(ToPeer(node, note))
-        self.stats["notifications_out"] += len(matched)
+                ids.append(sub.id)
+        for node, ids in by_node.items():
+            if node == self.id:
+                # This node is the subscribers' access node: straight to their
+                # clients, exactly as a Notification to ourselves would go.
+                self._notify_clients(msg.event_id, msg.event_exp, ids, msg.publish_time, out)
+            else:
+                out.append(ToPeer(node, pm.Notification(msg.event_id, msg.event_exp, tuple(ids), ch.id, msg.publish_time)))
+        stats["notifications_out"] += len(matched)
 
     def _reroute_event(self, msg: pm.Event, out: list[Action]) -> None:
         chid = self.routing.lookup_event(msg.event_exp)
@@ -265,16 +296,35 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
             out.append(ToPeer(owner, msg))
 
     def _on_notification(self, msg: pm.Notification, out: list[Action]) -> None:
+        self._notify_clients(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out)
+
+    def _notify_clients(
+        self, event_id: str, event: dict[str, Any], sub_ids: Sequence[str], publish_time: float, out: list[Action]
+    ) -> None:
+        """One Notify per client session, listing its matching subscriptions (rule 5)."""
+        owners = self._sub_owner
+        latency = self.now - publish_time
+        self.latency_hist.observe(latency if latency > 0 else 0.0)
+        if self.capture is not None:
+            self.capture.deliver(event_id, sub_ids, owners)
+        if len(sub_ids) == 1:  # the common case, without the grouping
+            owner = owners.get(sub_ids[0])
+            if owner is None:
+                self.stats["notifications_orphaned"] += 1
+                return
+            out.append(ToClient(owner[0], cm.Notify(event_id, event, (owner[1],), publish_time)))
+            self.stats["notifies_out"] += 1
+            return
         by_session: dict[int, list[str]] = {}
-        for gid in msg.sub_ids:
-            owner = self._sub_owner.get(gid)
+        for gid in sub_ids:
+            owner = owners.get(gid)
             if owner is None:
                 self.stats["notifications_orphaned"] += 1
                 continue
             by_session.setdefault(owner[0], []).append(owner[1])
         for sid, local_ids in by_session.items():
-            out.append(ToClient(sid, cm.Notify(msg.event_id, msg.event_exp, tuple(local_ids), msg.publish_time)))
-            self.stats["notifies_out"] += 1
+            out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local_ids), publish_time)))
+        self.stats["notifies_out"] += len(by_session)
 
     # -- subscriptions (rules 2, 3, 4) -------------------------------------------------
 
@@ -287,12 +337,15 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
             if not mig.replicate:
                 return
         ch = self.local.get(chid)
-        if ch is None:
+        if ch is None or (self.incoming and self._unfilled(chid)):
             self._reroute_sub(msg, msg.sub_exp, out, subscribe=True)
+            return
+        if self._to_first_replica(chid, msg, out):
             return
         if ch.add(msg.stored()):
             self.stats["subscriptions_applied"] += 1
-        self._applied(msg.sub_id, chid, msg.access_node, True, (), out)
+        if mig is None and not self._relay(chid, msg, out):  # a new replica answers a Reforward itself
+            self._applied(msg.sub_id, chid, msg.access_node, True, (), out)
 
     def _on_unsubscription(self, msg: pm.UnSubscription, out: list[Action]) -> None:
         chid = msg.ch_id
@@ -303,12 +356,42 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
             if not mig.replicate:
                 return
         ch = self.local.get(chid)
-        if ch is None:
+        if ch is None or (self.incoming and self._unfilled(chid)):
             self._reroute_sub(msg, msg.unsub_exp, out, subscribe=False)
+            return
+        if self._to_first_replica(chid, msg, out):
             return
         if ch.remove(msg.sub_id) is not None:
             self.stats["unsubscriptions_applied"] += 1
-        self._applied(msg.sub_id, chid, msg.access_node, False, (), out)
+        if mig is None and not self._relay(chid, msg, out):  # a new replica answers a Reforward itself
+            self._applied(msg.sub_id, chid, msg.access_node, False, (), out)
+
+    def _relay(self, chid: ChannelId, msg: pm.Subscription | pm.UnSubscription, out: list[Action]) -> bool:
+        """A replicated channel's (un)subscriptions reach its first owner and go
+        along its owners in order, as Reforwards (each link FIFO); the last one
+        answers the access node, so a SubAck means every replica holds it
+        (SPEC §8.3), and one that reached the first owner by an old table still
+        reaches all."""
+        entry = self.routing.get(chid)
+        if entry is None or not entry.replicated or self.id not in entry.owners:
+            return False
+        i = entry.owners.index(self.id)
+        if i + 1 == len(entry.owners):
+            return False
+        sign = pm.ReforwardSign.SUBSCRIBE if isinstance(msg, pm.Subscription) else pm.ReforwardSign.UNSUBSCRIBE
+        out.append(ToPeer(entry.owners[i + 1], pm.Reforward(chid, (pm.ReforwardItem(sign, msg),))))
+        return True
+
+    def _to_first_replica(self, chid: ChannelId, msg: pm.Subscription | pm.UnSubscription, out: list[Action]) -> bool:
+        """A later replica got an (un)subscription straight, not along the chain
+        (an old route from when it owned the channel alone): to the first owner."""
+        if self._in_reforward:
+            return False
+        entry = self.routing.get(chid)
+        if entry is None or not entry.replicated or entry.owner == self.id or self.id not in entry.owners:
+            return False
+        out.append(ToPeer(entry.owner, msg))
+        return True
 
     def _reroute_sub(
         self, msg: pm.Subscription | pm.UnSubscription, f: Filter, out: list[Action], *, subscribe: bool
@@ -319,7 +402,14 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
             self.stats["subscriptions_unroutable"] += 1
             log.error("node %d: (un)subscription %s bounced %d times; dropped", self.id, msg.sub_id, msg.hops)
             return
-        chans = self.routing.lookup_subscription(f)
+        entry = self.routing.get(old)
+        if entry is not None and self.id not in entry.owners:
+            chans = [old]  # it moved: only its new owner(s), not every channel of the filter again
+        else:
+            chans = self.routing.lookup_subscription(f)
+            heirs = self._heirs(old)  # split or merged: only what replaced it
+            if heirs:
+                chans = [c for c in chans if c in heirs]
         self.stats["subscriptions_rerouted"] += 1
         # Tell the access node which channels replace the one it waits on, then send on.
         self._applied(msg.sub_id, old, msg.access_node, subscribe, tuple(chans), out)
@@ -327,18 +417,44 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
             fwd = msgspec.structs.replace(msg, ch_id=chid, hops=msg.hops + 1)
             self._dispatch_sub(fwd, out)
 
+    def _note_replaced(self, msg: pm.UpdateRoutingTable) -> None:
+        """Remember which channels replaced deleted ones (a split's children, a
+        merge's result), so a late (un)subscription for a deleted channel goes
+        on to those only — the access node sent its other copies itself."""
+        if not msg.delete_chs:
+            return
+        new = tuple(i.ch_id for i in msg.update_chs)
+        for c in msg.delete_chs:
+            self._replaced[c] = new
+        while len(self._replaced) > MAX_REPLACED:
+            del self._replaced[next(iter(self._replaced))]
+
+    def _heirs(self, chid: ChannelId) -> set[ChannelId]:
+        """The channels of the table that replaced ``chid``, through later splits and merges."""
+        heirs: set[ChannelId] = set()
+        todo, seen = [chid], set()
+        while todo:
+            c = todo.pop()
+            if c in seen:
+                continue
+            seen.add(c)
+            if c in self.routing:
+                heirs.add(c)
+            else:
+                todo.extend(self._replaced.get(c, ()))
+        return heirs
+
     def _dispatch_sub(self, msg: pm.Subscription | pm.UnSubscription, out: list[Action]) -> None:
         chid = msg.ch_id
         assert chid is not None
-        owners = self.routing[chid].owners
-        for owner in owners:  # replicas all hold every subscription (SPEC §8.3)
-            if owner == self.id:
-                if isinstance(msg, pm.Subscription):
-                    self._on_subscription(msg, out)
-                else:
-                    self._on_unsubscription(msg, out)
+        owner = self.routing[chid].owner  # replicas: the first, which relays it to the others
+        if owner == self.id:
+            if isinstance(msg, pm.Subscription):
+                self._on_subscription(msg, out)
             else:
-                out.append(ToPeer(owner, msg))
+                self._on_unsubscription(msg, out)
+        else:
+            out.append(ToPeer(owner, msg))
 
     def _applied(
         self, gid: str, chid: ChannelId, access: int, subscribe: bool, rerouted: tuple[ChannelId, ...], out: list[Action]
@@ -353,15 +469,25 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
         p = self._pending.get(msg.sub_id)
         if p is None or p.subscribe != msg.subscribe:
             return
-        p.waiting.discard(msg.ch_id)
+        # Signed count of copies per channel: below zero while an answer has
+        # overtaken the reroute notice that announces its copy (a Reforward
+        # travels on the high queue, the notice on the normal one).
+        p.waiting[msg.ch_id] -= 1
         if msg.rerouted_to:
-            p.waiting.update(c for c in msg.rerouted_to if c not in p.applied)
+            # One copy went on to each of these; wait for every one, so none is
+            # still on its way when the client hears back (and unsubscribes).
+            p.waiting.update(msg.rerouted_to)
             p.channels += len(msg.rerouted_to) - 1
         else:
             p.applied.add(msg.ch_id)
-        if p.waiting:
+        if any(p.waiting.values()):
             return
         del self._pending[msg.sub_id]
+        if self.capture is not None:
+            self.capture.applied(msg.sub_id, p.subscribe)
+        if p.then is not None:  # an unsubscribe waited for this subscribe: no SubAck, send it now
+            self._send_unsubscribe(*p.then, out)
+            return
         if p.session not in self.sessions:
             return
         if p.subscribe:
@@ -379,6 +505,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
         msg = pm.UpdateRoutingTable(
             tuple(delete), tuple(pm.RouteItem(c, e) for c, e in update), uid, self.id
         )
+        self._note_replaced(msg)
         for p in self.peers:
             out.append(ToPeer(p, msg))
         if session < 0:
@@ -405,6 +532,8 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
     def tick(self, now: float) -> list[Action]:
         """Time-driven work: slices (SPEC §6) and session timeouts (migration rule 2)."""
         out: list[Action] = []
+        if self.capture is not None:
+            self.capture.now = now
         self._slice_tick(now, out)
         for mig in list(self.outgoing.values()):
             if mig.expired(now):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from overlay.actions import Action, ToClient, ToPeer
-from overlay.balance.migration import IncomingMigration, OutgoingMigration, OutState
+from overlay.balance.migration import IncomingMigration, InState, OutgoingMigration, OutState
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.routing_table import RouteEntry
 from overlay.errors import LocalProtocolError, RemoteProtocolError
@@ -33,6 +33,8 @@ log = logging.getLogger("overlay.node")
 class MigrationMixin:
     """Mixed into ``NodeCore``."""
 
+    _in_reforward = False  # True while applying a Reforward's messages (see _unfilled)
+
     # -- migration: moving-out side ---------------------------------------------------------
 
     def start_migration(
@@ -43,6 +45,10 @@ class MigrationMixin:
                 raise LocalProtocolError(f"channel {chid} is not on node {self.id}")
             if chid in self._reforward or any(chid in m.channels and m.active for m in self.outgoing.values()):
                 raise LocalProtocolError(f"channel {chid} is already moving")
+            if chid in self._arriving():
+                raise LocalProtocolError(f"channel {chid} is still arriving; move it later")
+            if self.routing[chid].replicated:  # its other replicas would keep a channel no table names
+                raise LocalProtocolError(f"channel {chid} is replicated on nodes {list(self.routing[chid].owners)}; it cannot move")
         if receiver == self.id or receiver not in self.peers:
             raise LocalProtocolError(f"node {receiver} cannot receive channels from node {self.id}")
         self._update_seq += 1
@@ -171,6 +177,30 @@ class MigrationMixin:
         self.incoming[key] = IncomingMigration(src, msg.session, started=now, timeout=self.timeout)
         out.append(ToPeer(src, pm.ReplyRequestLoadBalance(pm.ReplySign.REPLY_SUCCESS, msg.session)))
 
+    def _arriving(self: NodeCore) -> set[ChannelId]:
+        """Channels an incoming session put in the localTable that are not ours
+        until its CompleteLoadBalance: no split, merge or move may touch them
+        (the sender's SubscriptionMove and Reforwards still name them)."""
+        return {c for m in self.incoming.values() for c in m.channels}
+
+    def _unfilled(self: NodeCore, chid: ChannelId, *, event: bool = False) -> bool:
+        """An arriving channel is not this node's until its subscriptions are
+        here and the routing table names this node: what reaches it straight (an
+        old route, e.g. from when it lived here before) goes to the owner the
+        table names, which keeps it or reforwards it here in order.  Reforwards
+        themselves are the owner's hand-over and apply here.  An event only
+        needs the subscriptions: once they are here it is matched here, once,
+        as a reforwarded one would be."""
+        for m in self.incoming.values():
+            if chid in m.channels:
+                if m.state is InState.CHANNELS_ADDED:
+                    return True
+                if event:
+                    return False
+                entry = self.routing.get(chid)
+                return not self._in_reforward and entry is not None and self.id not in entry.owners
+        return False
+
     def _incoming(self: NodeCore, src: int, session: int, what: str) -> IncomingMigration:
         mig = self.incoming.get((src, session))
         if mig is None:
@@ -178,6 +208,10 @@ class MigrationMixin:
         return mig
 
     def _on_channel_transfer(self: NodeCore, src: int, msg: pm.ChannelTransfer, now: float, out: list[Action]) -> None:
+        if (src, msg.session) not in self.incoming:  # we stopped waiting for it: the sender rolls back
+            ids = tuple(c.ch_id for c in msg.channels)
+            out.append(ToPeer(src, pm.ReplyChannelTransfer(pm.ReplySign.REPLY_FAIL, ids, msg.session, "session timed out")))
+            return
         mig = self._incoming(src, msg.session, "ChannelTransfer")
         clash = [c.ch_id for c in msg.channels if c.ch_id in self.local]
         if clash:
@@ -203,15 +237,19 @@ class MigrationMixin:
         if mig is not None and mig.active:
             mig.on(msg, now)  # rule 4: raises before SubscriptionMove
         self.stats["reforwards_in"] += 1
-        for item in msg.messages:
-            inner = item.message
-            match inner:
-                case pm.Event():
-                    self._on_event(inner, out)
-                case pm.Subscription():
-                    self._on_subscription(inner, out)
-                case pm.UnSubscription():
-                    self._on_unsubscription(inner, out)
+        self._in_reforward = True  # no detour through _unfilled: the owner hands these over
+        try:
+            for item in msg.messages:
+                inner = item.message
+                match inner:
+                    case pm.Event():
+                        self._on_event(inner, out)
+                    case pm.Subscription():
+                        self._on_subscription(inner, out)
+                    case pm.UnSubscription():
+                        self._on_unsubscription(inner, out)
+        finally:
+            self._in_reforward = False
 
     def _on_complete(self: NodeCore, src: int, msg: pm.CompleteLoadBalance, now: float, out: list[Action]) -> None:
         mig = self.incoming.pop((src, msg.session), None)

@@ -114,7 +114,8 @@ class Monitor:
         self.loads[node] = PeerLoad(node, st, d, dc, capacity, self.slice_no)
 
     def live(self) -> list[PeerLoad]:
-        return [p for p in self.loads.values() if self.slice_no - p.slice_no <= LIVE_SLICES and p.node in self.peers]
+        peers = set(self.peers)  # ``peers`` is a list: testing it per LIEM made this O(n²)
+        return [p for p in self.loads.values() if self.slice_no - p.slice_no <= LIVE_SLICES and p.node in peers]
 
     def u_nodes(self) -> list[PeerLoad]:
         """Live peers lighter than this node (``dc_j < dc_i``)."""
@@ -135,20 +136,34 @@ class Monitor:
 
     # -- slices (rules 1, 4, 5) -----------------------------------------------------------
 
-    def end_slice(self, d: float) -> SliceReport:
+    def end_slice(self, d: float, *, decide: bool = True) -> SliceReport:
+        """Close a slice with load ``d``.  With ``decide=False`` only the load and
+        a provisional state are computed — no draw of p, no anti-jitter — and
+        ``refresh()`` decides once the peers' LIEMs of the same slice are in."""
         self.slice_no += 1
         self.d = d
         self.dc = d / self.capacity
+        return self._assess(decide)
+
+    def refresh(self) -> SliceReport:
+        """Rules 1, 4 and 5 for the slice last closed, with the LIEMs in now."""
+        return self._assess(True)
+
+    def _assess(self, decide: bool) -> SliceReport:
+        d = self.d
         live = self.live()
         levels = [self.dc] + [p.dc for p in live]
         self.mean = sum(levels) / len(levels)
         if self.state is not NodeState.BUSY:
             self.state = self.classify(self.dc, self.mean)
-        schedule = self.state is NodeState.OVERLOADED and bool(live) and self.rng.random() < self.probability
+            if self.state is NodeState.STABLE:
+                self.state = self._pair_state(live)
+        schedule = decide and self.state is NodeState.OVERLOADED and bool(live) and self.rng.random() < self.probability
         if schedule:
             self._runs.append(self.slice_no)
             del self._runs[:-JITTER_RUNS]  # rule 5 reads only the last runs; keep memory bounded
-        self._stretch()
+        if decide:
+            self._stretch()
         n = len(levels)
         spread = (sum((v - self.mean) ** 2 for v in levels) / n) ** 0.5
         return SliceReport(self.slice_no, d, self.dc, self.mean, self.state, schedule, self.slice_seconds, spread)
@@ -159,6 +174,23 @@ class Monitor:
             return NodeState.UNDERLOADED
         if dc > mean + dd:
             return NodeState.OVERLOADED
+        return NodeState.STABLE
+
+    def _pair_state(self, live: list[PeerLoad]) -> NodeState:
+        """Rule 1's STABLE is "close to the mean and no move improves it" (SPEC
+        §5).  A node on one side of the mean, with a live peer beyond Δd on the
+        other side and more than 2·Δd away, has a move that lowers S by a
+        useful amount (φ > Δd, SPEC §7): it is OVERLOADED (above) or
+        UNDERLOADED (below).  Without this, e.g. three nodes at +δ and two at
+        −1.5·δ are all left alone with S/dc̄ ≈ 1.2·δ; with it, only pairs of
+        nodes less than 2·Δd apart stay, so S/dc̄ stays about δ or below.  The
+        2·Δd gap keeps slice-to-slice noise from moving channels to and fro."""
+        assert self.mean is not None
+        dd = self.delta * self.mean
+        if self.dc > self.mean and any(p.dc < self.mean - dd and self.dc - p.dc > 2 * dd for p in live):
+            return NodeState.OVERLOADED
+        if self.dc < self.mean and any(p.dc > self.mean + dd and p.dc - self.dc > 2 * dd for p in live):
+            return NodeState.UNDERLOADED
         return NodeState.STABLE
 
     def _stretch(self) -> None:

@@ -16,6 +16,17 @@ Rules this module keeps (SPEC §4, §12; STYLE habits 6–8):
    further notifications are dropped and counted (``dropped``) — the reader
    never blocks on one slow consumer.  ``drain()`` lets queued notifications
    be consumed then unsubscribes; ``close()`` unsubscribes and drops them.
+5. ``publish`` waits for its PubAck.  ``publish_windowed`` does not: it keeps
+   at most ``window`` publishes unacknowledged (waiting for room past that,
+   so a fast publisher is paced by the node) and ``flush()`` waits for all of
+   them.  Every pipelined publish is kept until its PubAck: one answered
+   Choke or not_ready is sent again after the delay (and after a Choke no new
+   one goes out before the delay has passed), one lost with the
+   connection is sent again after the reconnect (at least once, as for
+   ``publish``, which retries too), and one the node rejects is
+   counted in ``publish_errors`` and raised by the next ``flush()``.  Frames
+   leave in call order; a publish re-sent after a Choke or a reconnect may
+   reach the node after later ones.
 """
 
 from __future__ import annotations
@@ -46,6 +57,11 @@ REQUEST_TIMEOUT: Final = 10.0
 NOT_READY_RETRY: Final = 0.05
 RECONNECT_MIN: Final = 0.05
 RECONNECT_MAX: Final = 2.0
+# Unacknowledged publish_windowed() calls before the caller waits: enough to
+# keep a loopback link busy for a couple of round trips at 100k msgs/s, far
+# below the node's choke threshold (8,000 by default) so a lone publisher is
+# paced by PubAcks rather than by Chokes.
+PUBLISH_WINDOW: Final = 1_000
 
 
 class Notification(msgspec.Struct, frozen=True):
@@ -148,6 +164,16 @@ class Client:
         self._writer: asyncio.StreamWriter | None = None
         self._addr_index = 0
         self._lost = asyncio.Event()
+        # Rule 5: pipelined publishes by seq, until their PubAck.
+        self._inflight: dict[int, cm.Publish] = {}
+        self._window_room = asyncio.Event()
+        self._window_room.set()
+        self._all_acked = asyncio.Event()
+        self._all_acked.set()
+        self._publish_error: RequestError | None = None
+        self._choked_until = 0.0  # loop time before which no new pipelined publish goes out
+        self._conn_count = 0  # connections opened so far
+        self.publish_errors = 0
 
     # -- connection ----------------------------------------------------------------
 
@@ -195,6 +221,7 @@ class Client:
                     loop.create_task(self._write(writer)),
                 ]
                 self._lost.clear()
+                self._conn_count += 1
                 self._connected.set()
                 log.debug("%s: connected to node %d at %s:%d", self.client_id, welcome.node_id, host, port)
                 return
@@ -224,6 +251,8 @@ class Client:
             for sub in list(self.subscriptions.values()):
                 if not sub.closed:
                     await self._request_retrying(lambda seq, s=sub: cm.Subscribe(seq, s.sub_id, s.expression))
+            for msg in list(self._inflight.values()):  # rule 5: nothing pipelined is lost
+                self._send(msg)
 
     async def close(self) -> None:
         self._closing = True
@@ -280,8 +309,25 @@ class Client:
                         seen = True
                 if not seen:
                     self._ack(msg.event_id)
+            case cm.PubAck(seq=seq) if seq in self._inflight:
+                self._window_acked(seq)
             case cm.Error(seq=seq) if seq in self._waiting:
                 self._waiting.pop(seq).set_result(msg)
+            case cm.Error(seq=seq) if seq in self._inflight:
+                if msg.code == cm.ErrorCode.NOT_READY:
+                    self._resend_later(seq, NOT_READY_RETRY)
+                else:
+                    self.publish_errors += 1
+                    if self._publish_error is None:
+                        self._publish_error = RequestError(msg.code, msg.message, msg.position)
+                    self._window_acked(seq)
+            case cm.Choke(seq=seq) if seq in self._inflight:
+                self.chokes += 1
+                # Back off as a whole, not only this frame: sending more before
+                # the delay would only be choked in turn.
+                loop = asyncio.get_running_loop()
+                self._choked_until = max(self._choked_until, loop.time() + msg.delay)
+                self._resend_later(seq, msg.delay)
             case cm.Error():
                 log.warning("%s: node says %s: %s", self.client_id, msg.code, msg.message)
             case cm.PubAck(seq=seq) | cm.SubAck(seq=seq) | cm.UnsubAck(seq=seq) | cm.Choke(seq=seq) | cm.AdminReply(seq=seq):
@@ -290,6 +336,23 @@ class Client:
                     fut.set_result(msg)
             case _:
                 log.debug("%s: ignoring %s", self.client_id, type(msg).__name__)
+
+    def _window_acked(self, seq: int) -> None:
+        del self._inflight[seq]
+        self._window_room.set()
+        if not self._inflight:
+            self._all_acked.set()
+
+    def _resend_later(self, seq: int, delay: float) -> None:
+        conn = self._conn_count
+
+        def resend() -> None:
+            msg = self._inflight.get(seq)
+            # On a new connection the reconnect has re-sent it already (rule 5).
+            if msg is not None and conn == self._conn_count and self._connected.is_set() and not self._closing:
+                self._send(msg)
+
+        asyncio.get_running_loop().call_later(delay, resend)
 
     def _ack(self, event_id: str) -> None:
         if self._connected.is_set():
@@ -339,6 +402,51 @@ class Client:
         reply = await self._request_retrying(lambda seq: cm.Publish(seq, event, now), timeout)
         assert isinstance(reply, cm.PubAck)
         return reply.event_id
+
+    async def publish_windowed(self, event: str | dict[str, Value], *, window: int = PUBLISH_WINDOW) -> None:
+        """Publish without waiting for this event's PubAck (rule 5).
+
+        Returns once the frame is queued; waits only while ``window`` earlier
+        pipelined publishes are unacknowledged or the connection is down.  A
+        rejection surfaces in ``publish_errors`` and from ``flush()``.
+        """
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        if self._choked_until:
+            wait = self._choked_until - asyncio.get_running_loop().time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            else:
+                self._choked_until = 0.0
+        while len(self._inflight) >= window or not self._connected.is_set():
+            if self._closing:
+                raise ConnectionLost("client is closed")
+            if not self._connected.is_set():
+                await self._connected.wait()
+            else:
+                self._window_room.clear()
+                await self._window_room.wait()
+        seq = next(self._seq)
+        msg = cm.Publish(seq, event, time.time())
+        self._inflight[seq] = msg
+        self._all_acked.clear()
+        self._send(msg)
+
+    async def flush(self, *, timeout: float = REQUEST_TIMEOUT) -> None:
+        """Wait until every ``publish_windowed`` event is acknowledged.
+
+        Raises the first rejection since the last flush (``RequestError``), or
+        ``TimeoutError`` if some are still unacknowledged after ``timeout``.
+        """
+        await asyncio.wait_for(self._all_acked.wait(), timeout)
+        err, self._publish_error = self._publish_error, None
+        if err is not None:
+            raise err
+
+    @property
+    def unacknowledged(self) -> int:
+        """Pipelined publishes still waiting for their PubAck."""
+        return len(self._inflight)
 
     async def subscribe(
         self, expression: str, *, sub_id: str | None = None, queue_size: int = DEFAULT_QUEUE, timeout: float = REQUEST_TIMEOUT

@@ -5,7 +5,8 @@ Rules this module keeps (SPEC §1.1, STYLE habits 6 and 7):
 1. One ``asyncio.TaskGroup`` owns every task of the node: the listener's
    connection handlers, one outbound ``PeerLink`` per peer, the dispatcher,
    and the ticker.  ``stop()`` flushes and cancels it; nothing is
-   fire-and-forget.
+   fire-and-forget.  The admin HTTP endpoint (``overlay.net.admin``) is one
+   more task of it, on its own port, bound before the node reports started.
 2. A connection starts with a 4-byte preamble saying what it is: ``OVP1``
    for a peer link, ``OVC1`` for a client.  Each peer sends on its own
    outbound link (one per direction, FIFO) and only reads on inbound ones.
@@ -38,6 +39,7 @@ from overlay.errors import OverlayError, RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import client_reader, encode_frame, peer_reader
+from overlay.net.admin import AdminServer
 from overlay.net.queues import TwoLevelQueue
 from overlay.net.capture_writer import CaptureWriter
 from overlay.node_core import CloseClient, NodeCore, ToClient, ToPeer
@@ -161,7 +163,9 @@ class _Stop(Exception):
 class Node:
     """A running node: ``await node.run()``; ``node.stop()`` ends it (rule 1)."""
 
-    def __init__(self, config: ClusterConfig, node_id: int, *, sock: socket.socket | None = None) -> None:
+    def __init__(
+        self, config: ClusterConfig, node_id: int, *, sock: socket.socket | None = None, admin_sock: socket.socket | None = None
+    ) -> None:
         self.config = config
         self.id = node_id
         self.core = NodeCore(config, node_id)
@@ -180,6 +184,10 @@ class Node:
         self._tg: asyncio.TaskGroup | None = None
         self.started = asyncio.Event()
         self.port = self.me.port
+        # The admin HTTP endpoint (overlay.net.admin): bound in run(), served by a task of the TaskGroup.
+        self.admin = AdminServer(self)
+        self._admin_sock = admin_sock
+        self.admin_port = self.me.admin_port
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -193,6 +201,11 @@ class Node:
             server = await asyncio.start_server(self._on_connect, self.me.host, self.me.port, limit=READ_CHUNK, reuse_address=True)
         self.port = server.sockets[0].getsockname()[1]
         log.info("node %d: listening on %s:%d", self.id, self.me.host, self.port)
+        try:
+            self.admin_port = self.admin.bind(self._admin_sock)
+        except OSError:
+            server.close()
+            raise
         if self.capture is not None:
             self.capture.open(time.time())
         try:
@@ -202,6 +215,7 @@ class Node:
                     tg.create_task(link.run(), name=f"link-{self.id}->{link.peer.id}")
                 tg.create_task(self._dispatch(), name=f"dispatch-{self.id}")
                 tg.create_task(self._ticker(), name=f"tick-{self.id}")
+                tg.create_task(self.admin.run(), name=f"admin-{self.id}")
                 if self.capture is not None:
                     tg.create_task(self.capture.run(), name=f"capture-{self.id}")
                 self._execute(self.core.start(time.time()))

@@ -1,0 +1,207 @@
+"""The sequencer of SPEC §10: unit cases and hypothesis properties."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from overlay.seq import (
+    DuplicateRank,
+    ExpiryPolicy,
+    InvalidRank,
+    SeqStatus,
+    Sequencer,
+    SequencerConfig,
+    SequencerFull,
+)
+
+
+def ranks(releases):
+    return [r.rank for r in releases]
+
+
+def test_in_order_arrivals_release_one_at_a_time():
+    s = Sequencer()
+    assert ranks(s.arrive("k", 1, "e1", 0.0)) == [1]
+    assert s.context("k") == (SeqStatus.PROCESSING, 1, 0)
+    assert s.arrive("k", 2, "e2", 0.0) == []  # one in flight at a time
+    assert s.context("k") == (SeqStatus.PROCESSING, 1, 1)
+    assert ranks(s.complete("k", 1, 0.1)) == [2]
+    assert s.complete("k", 2, 0.2) == []
+    assert s.context("k") == (SeqStatus.WAITING, 3, 0)
+
+
+def test_out_of_order_ranks_are_held_until_the_gap_fills():
+    s = Sequencer()
+    assert s.arrive("k", 3, "e3", 0.0) == []
+    assert s.arrive("k", 2, "e2", 0.0) == []
+    assert s.context("k") == (SeqStatus.PENDING, 1, 2)
+    out = s.arrive("k", 1, "e1", 0.0)
+    assert [(r.rank, r.event) for r in out] == [(1, "e1")]
+    assert ranks(s.complete("k", 1, 0.0)) == [2]
+    assert ranks(s.complete("k", 2, 0.0)) == [3]
+
+
+def test_keys_proceed_in_parallel():
+    s = Sequencer()
+    assert ranks(s.arrive("a", 1, "a1", 0)) == [1]
+    assert ranks(s.arrive("b", 1, "b1", 0)) == [1]  # not blocked by a's in-flight event
+
+
+def test_assigned_ranks_follow_arrival_order():
+    s = Sequencer()
+    assert ranks(s.arrive("k", None, "x", 0)) == [1]
+    assert s.arrive("k", None, "y", 0) == []
+    assert ranks(s.complete("k", 1, 0)) == [2]
+
+
+@pytest.mark.parametrize("rank", [0, -1, 1.5, "2", True])
+def test_bad_ranks_are_refused_and_counted(rank):
+    s = Sequencer()
+    with pytest.raises(InvalidRank):
+        s.arrive("k", rank, "e", 0)
+    assert s.counters["rejected_bad_rank"] == 1
+
+
+@pytest.mark.parametrize("key", ["", "x" * 257, None])
+def test_bad_keys_are_refused(key):
+    with pytest.raises(InvalidRank):
+        Sequencer().arrive(key, 1, "e", 0)
+
+
+def test_duplicates_are_refused_and_counted():
+    s = Sequencer()
+    s.arrive("k", 1, "e1", 0)
+    with pytest.raises(DuplicateRank):
+        s.arrive("k", 1, "again", 0)  # in flight
+    s.arrive("k", 3, "e3", 0)
+    with pytest.raises(DuplicateRank):
+        s.arrive("k", 3, "again", 0)  # held
+    s.complete("k", 1, 0)
+    with pytest.raises(DuplicateRank):
+        s.arrive("k", 1, "again", 0)  # released already
+    assert s.counters["rejected_duplicate"] == 3
+
+
+def test_skip_policy_releases_past_a_missing_rank_after_the_ttl():
+    s = Sequencer(SequencerConfig(policy=ExpiryPolicy.SKIP, hold_ttl=1.0))
+    s.arrive("k", 2, "e2", 0.0)
+    s.arrive("k", 4, "e4", 0.5)
+    assert s.expire(0.99) == []
+    assert ranks(s.expire(1.0)) == [2]
+    assert s.counters["gaps_skipped"] == 1 and s.counters["ranks_skipped"] == 1
+    s.complete("k", 2, 1.1)
+    assert ranks(s.expire(1.5)) == [4]  # the next gap (rank 3) skipped when 4 has waited 1 s
+    assert s.counters["gaps_skipped"] == 2
+
+
+def test_drop_policy_discards_held_events_and_keeps_waiting():
+    s = Sequencer(SequencerConfig(policy=ExpiryPolicy.DROP, hold_ttl=1.0))
+    s.arrive("k", 2, "e2", 0.0)
+    s.arrive("k", 3, "e3", 0.5)
+    assert s.expire(1.0) == []
+    assert s.counters["expired_dropped"] == 1
+    assert s.context("k") == (SeqStatus.PENDING, 1, 1)
+    s.expire(1.5)
+    assert s.counters["expired_dropped"] == 2
+    assert s.context("k") == (SeqStatus.WAITING, 1, 0)
+    assert ranks(s.arrive("k", 1, "e1", 2.0)) == [1]  # the missing rank still goes
+
+
+def test_a_lost_completion_times_out_so_the_key_is_not_blocked():
+    s = Sequencer(SequencerConfig(processing_ttl=2.0))
+    s.arrive("k", 1, "e1", 0.0)
+    s.arrive("k", 2, "e2", 0.0)
+    assert ranks(s.expire(2.0)) == [2]
+    assert s.counters["processing_timeouts"] == 1
+
+
+def test_bounds_refuse_and_count():
+    s = Sequencer(SequencerConfig(max_keys=1, max_held=1))
+    s.arrive("a", 2, "x", 0)
+    with pytest.raises(SequencerFull):
+        s.arrive("b", 1, "y", 0)
+    with pytest.raises(SequencerFull):
+        s.arrive("a", 3, "z", 0)
+    assert s.counters["rejected_full"] == 2
+
+
+def test_idle_keys_are_forgotten():
+    s = Sequencer(SequencerConfig(key_ttl=10.0))
+    s.arrive("k", 1, "e", 0.0)
+    s.complete("k", 1, 1.0)
+    s.expire(11.0)
+    assert s.context("k") is None and s.counters["keys_expired"] == 1
+
+
+# -- properties ------------------------------------------------------------------------------
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("arrive"), st.sampled_from("abc"), st.one_of(st.none(), st.integers(1, 12))),
+        st.tuples(st.just("complete"), st.sampled_from("abc"), st.just(None)),
+        st.tuples(st.just("time"), st.just(""), st.floats(0.0, 3.0)),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops, st.sampled_from(list(ExpiryPolicy)))
+def test_any_interleaving_keeps_order_and_accounts_for_every_event(steps, policy):
+    s = Sequencer(SequencerConfig(policy=policy, hold_ttl=1.0, processing_ttl=2.0, key_ttl=5.0))
+    now = 0.0
+    released: dict[str, list[int]] = {}
+    in_flight: dict[str, int] = {}
+    accepted = 0
+    seen_events: set[object] = set()
+
+    def take(out):
+        for r in out:
+            assert r.event not in seen_events, "released twice"
+            seen_events.add(r.event)
+            assert r.key not in in_flight, "two events of one key in flight"
+            in_flight[r.key] = r.rank
+            prev = released.setdefault(r.key, [])
+            assert not prev or r.rank > prev[-1], "ranks out of order"
+            prev.append(r.rank)
+
+    for n, (op, key, arg) in enumerate(steps):
+        if op == "arrive":
+            try:
+                take(s.arrive(key, arg, (key, n), now))
+                accepted += 1
+            except DuplicateRank:
+                pass
+        elif op == "complete":
+            if key in in_flight:
+                take(s.complete(key, in_flight.pop(key), now))
+        else:
+            now += arg
+            for r in s.expire(now):
+                in_flight.pop(r.key, None)  # a timeout completed the previous one
+                take([r])
+            # An idle key forgotten after key_ttl starts a new sequence.
+            for k in list(released):
+                if s.context(k) is None:
+                    del released[k]
+            # a processing timeout may also have ended an in-flight event silently
+            for k in list(in_flight):
+                ctx = s.context(k)
+                if ctx is None or ctx[0] is not SeqStatus.PROCESSING:
+                    del in_flight[k]
+    # Drain: complete what is in flight and let time pass until nothing is held.
+    for _ in range(200):
+        for k, r in list(in_flight.items()):
+            del in_flight[k]
+            take(s.complete(k, r, now))
+        now += 1.0
+        for r in s.expire(now):
+            in_flight.pop(r.key, None)
+            take([r])
+        if s.held == 0 and not in_flight:
+            break
+    assert s.held == 0, "an event held forever"
+    c = s.counters
+    assert len(seen_events) + c["expired_dropped"] == accepted
