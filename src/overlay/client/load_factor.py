@@ -1,0 +1,81 @@
+"""The load factor a subscriber reports on every ack (SPEC §11, seed 000).
+
+    LF   = clamp(Wq·LFq + Wet·LFet, 0, 1)
+    LFq  = QUP / HLFM        QUP: queue use (queued / capacity), HLFM: high-load watermark
+    LFet = (ATT − TTT) / TTS ATT: mean processing time over the last ``window`` s,
+                             TTT: threshold, TTS: scale; 0 when ATT < TTT
+
+Rules (seed 000): LFq below ``min_pct`` counts as 0; once QUP reaches HLFM,
+LFq is 1 and stays 1 while LFq stays above ``max_pct``.  Computed from the
+client's real queue and real processing times; no clock is read here.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Final
+
+import msgspec
+
+__all__ = ["LoadFactorConfig", "LoadFactor"]
+
+WINDOW_SECONDS: Final = 2.0
+
+
+class LoadFactorConfig(msgspec.Struct, frozen=True):
+    wq: float = 0.5
+    wet: float = 0.5
+    hlfm: float = 0.8  # high-load watermark, as a fraction of the queue capacity
+    min_pct: float = 0.1
+    max_pct: float = 0.95
+    ttt: float = 0.005  # seconds
+    tts: float = 0.050  # seconds
+    window: float = WINDOW_SECONDS
+
+
+class LoadFactor:
+    """Invariant: ``value`` is in [0, 1]; ``_times`` only holds samples of the last window."""
+
+    def __init__(self, config: LoadFactorConfig | None = None) -> None:
+        self.config = config or LoadFactorConfig()
+        self._times: deque[tuple[float, float]] = deque()  # (finished at, duration)
+        self._sum = 0.0
+        self._saturated = False
+        self.value = 0.0
+
+    def processed(self, duration: float, now: float) -> None:
+        self._times.append((now, duration))
+        self._sum += duration
+        self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        horizon = now - self.config.window
+        times = self._times
+        while times and times[0][0] < horizon:
+            self._sum -= times.popleft()[1]
+
+    def lf_queue(self, queued: int, capacity: int) -> float:
+        cfg = self.config
+        qup = queued / capacity if capacity > 0 else 0.0
+        lfq = qup / cfg.hlfm
+        if lfq >= 1.0:
+            self._saturated = True
+        elif self._saturated and lfq < cfg.max_pct:
+            self._saturated = False
+        if self._saturated:
+            return 1.0
+        return 0.0 if lfq < cfg.min_pct else lfq
+
+    def lf_time(self, now: float) -> float:
+        self._trim(now)
+        if not self._times:
+            return 0.0
+        att = self._sum / len(self._times)
+        cfg = self.config
+        return 0.0 if att < cfg.ttt else (att - cfg.ttt) / cfg.tts
+
+    def update(self, queued: int, capacity: int, now: float) -> float:
+        cfg = self.config
+        lf = cfg.wq * self.lf_queue(queued, capacity) + cfg.wet * self.lf_time(now)
+        self.value = min(1.0, max(0.0, lf))
+        return self.value
