@@ -76,6 +76,10 @@ class Publish(ClientMessage, frozen=True):
     seq: Seq
     event: ExprText | dict[str, Value]
     publish_time: float = 0.0
+    # Ordered delivery (SPEC §10): events with the same key reach every
+    # subscriber in rank order; rank 0 lets the key's home node assign one.
+    key: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    rank: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class PubAck(ClientMessage, frozen=True):
@@ -87,6 +91,9 @@ class Subscribe(ClientMessage, frozen=True):
     seq: Seq
     sub_id: Ident
     expression: ExprText
+    # Subscriber groups (SPEC §11): one instance of a group gets each event.
+    group: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    weight: float = 1.0
 
 
 class SubAck(ClientMessage, frozen=True):
@@ -112,10 +119,13 @@ class Notify(ClientMessage, frozen=True):
     event: dict[str, Value]
     sub_ids: tuple[str, ...]
     publish_time: float = 0.0
+    key: str = ""
+    rank: int = 0
 
 
 class Ack(ClientMessage, frozen=True):
     event_id: str
+    lf: float = 0.0  # the subscriber's load factor (SPEC §11), on every ack
 
 
 class Choke(ClientMessage, frozen=True):

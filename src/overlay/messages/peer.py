@@ -183,6 +183,9 @@ class Event(PeerMessage, frozen=True):
     ch_id: ChannelId | None = None
     publish_time: float = 0.0  # publisher's wall clock, for publish→notify latency
     hops: int = 0  # re-routes so far; bounds a routing loop while tables settle
+    key: Ident = ""  # sequence key (SPEC §10); "" = unordered
+    rank: int = 0  # rank within the key, assigned by the key's home node
+    home: int = -1  # the key's home node, told when delivery completes
 
 
 class Notification(PeerMessage, frozen=True):
@@ -193,6 +196,9 @@ class Notification(PeerMessage, frozen=True):
     sub_ids: tuple[Ident, ...]
     ch_id: ChannelId
     publish_time: float = 0.0
+    key: Ident = ""
+    rank: int = 0
+    home: int = -1
 
 
 class NotificationAck(PeerMessage, frozen=True):
@@ -200,6 +206,8 @@ class NotificationAck(PeerMessage, frozen=True):
 
     event_id: Ident
     sub_ids: tuple[Ident, ...]
+    lf: float = 0.0  # the subscriber's load factor from its ack (SPEC §11)
+    failed: bool = False  # the delivery failed or timed out (fault surveillance)
 
 
 # -- 6: monitoring ---------------------------------------------------------------------
