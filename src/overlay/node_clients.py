@@ -85,6 +85,7 @@ class ClientsMixin:
         out: list[Action] = []
         if sess is None:
             return out
+        self._fail_session_acks(sid, out)  # its tracked deliveries failed (node_groups)
         for local_id, (gid, f) in sess.subs.items():
             self._sub_owner.pop(gid, None)
             if self.capture is not None:
@@ -118,6 +119,7 @@ class ClientsMixin:
                 self._client_unsubscribe(sess, msg, out)
             case cm.Ack():
                 self.stats["client_acks"] += 1
+                self._client_acked(sid, msg, out)  # a tracked delivery (node_groups)
             case cm.Admin():
                 self._client_admin(sess, msg, now, out)
             case cm.Hello():
@@ -136,8 +138,8 @@ class ClientsMixin:
         state but a counter, so it need not wait its turn in the inbox.
         """
         sess = self.sessions.get(sid)
-        if sess is None or not sess.greeted:
-            return False
+        if sess is None or not sess.greeted or self._tracks_ack(sid, msg.event_id):
+            return False  # a tracked delivery's ack changes state: it waits its turn
         self.stats["client_acks"] += 1
         return True
 
@@ -169,8 +171,12 @@ class ClientsMixin:
             self.stats["rejected_no_route"] += 1
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.NO_ROUTE, "no channel holds this event")))
             return
+        if msg.key or msg.rank:  # ordered delivery: through the key's home (node_ordering)
+            self._publish_keyed(sess, msg, values, now, out)
+            return
         self._event_seq += 1
         event_id = f"{self.id}-{self._event_seq}"
+        self._remember_publish(event_id, sess.id, msg.seq)
         self.stats["events_in"] += 1
         if self.capture is not None:
             self.capture.publish(event_id, chid, values)
@@ -183,6 +189,8 @@ class ClientsMixin:
             return
         if msg.sub_id in sess.subs:
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.DUPLICATE_SUBSCRIPTION, f"subscription {msg.sub_id!r} already exists")))
+            return
+        if not self._check_group(sess, msg, out):  # bad weight or group (node_groups)
             return
         try:
             f = parse_subscription(msg.expression, self.schema)
@@ -203,7 +211,9 @@ class ClientsMixin:
             self._pending.pop(gid)
             out.append(ToClient(sess.id, cm.SubAck(msg.seq, msg.sub_id, 0)))
             return
-        sub = pm.Subscription(gid, f, sess.client_id, self.id, pm.DispatchSign.SUBSCRIBE_DISPATCHED)
+        if msg.group:
+            self._group_of[gid] = msg.group
+        sub = pm.Subscription(gid, f, sess.client_id, self.id, pm.DispatchSign.SUBSCRIBE_DISPATCHED, group=msg.group, weight=msg.weight)
         for chid in chans:
             self._dispatch_sub(msgspec.structs.replace(sub, ch_id=chid), out)
 

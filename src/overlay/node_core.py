@@ -63,7 +63,9 @@ from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node_balancing import BalancingMixin
 from overlay.node_clients import ClientsMixin, _Pending, _Session
+from overlay.node_groups import GroupsMixin
 from overlay.node_migration import MigrationMixin
+from overlay.node_ordering import OrderingMixin
 
 __all__ = ["NodeCore", "ToPeer", "ToClient", "CloseClient", "Action"]
 
@@ -87,7 +89,7 @@ class _TableUpdate:
         self.admin = admin
 
 
-class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
+class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, GroupsMixin):
     """One node's state and protocol logic (module rules 1–6).
 
     Invariant: a channel is in ``local`` iff the routing table names this node
@@ -126,6 +128,8 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
         self.capture: CaptureBuffer | None = None  # set by the shell when capturing (SPEC §13)
         self.timeout = config.cluster.peer_timeout
         self._init_balancing()
+        self._init_ordering()  # SPEC §10: overlay.node_ordering
+        self._init_groups()  # SPEC §11: overlay.node_groups
 
     # == lifecycle ===============================================================
 
@@ -183,7 +187,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
             case pm.Event():
                 self._on_event(msg, out)
             case pm.Notification():
-                self._on_notification(msg, out)
+                self._on_notification(msg, out, src)
             case pm.Subscription():
                 self._on_subscription(msg, out)
             case pm.UnSubscription():
@@ -192,6 +196,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
                 self._on_applied(msg, out)
             case pm.NotificationAck():
                 self.stats["notification_acks"] += 1
+                self._on_notification_ack(src, msg, out)
             case pm.RoutingTableInit():
                 self.routing.replace_all({i.ch_id: i.entry for i in msg.routing_table})
                 for chid in self.routing:
@@ -236,6 +241,9 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
     # -- events (rules 2, 3, 5) ------------------------------------------------------
 
     def _on_event(self, msg: pm.Event, out: list[Action]) -> None:
+        if msg.dispatch_sign is pm.DispatchSign.EVENT_NEW:  # a keyed event for its home (node_ordering)
+            self._sequence(msg, out)
+            return
         chid = msg.ch_id
         assert chid is not None
         mig = self._reforward.get(chid)
@@ -255,6 +263,9 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
             self.capture.event(msg.event_id, msg.access_node, ch.id, _tested, matched, self.monitor.slice_no)
         stats = self.stats
         stats["events_matched"] += 1
+        if msg.key or (matched and any(s.group for s in matched)):
+            if self._deliver_tracked(ch, msg, matched, out):  # ordered / groups: node_groups
+                return
         if not matched:
             return
         by_node: dict[int, list[str]] = {}
@@ -295,7 +306,10 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
         else:
             out.append(ToPeer(owner, msg))
 
-    def _on_notification(self, msg: pm.Notification, out: list[Action]) -> None:
+    def _on_notification(self, msg: pm.Notification, out: list[Action], src: int = -1) -> None:
+        if msg.key or self._group_of:  # acks go back to the owner (node_groups)
+            self._access_notify(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, src, msg.key, msg.rank, out)
+            return
         self._notify_clients(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out)
 
     def _notify_clients(
@@ -535,6 +549,8 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin):
         if self.capture is not None:
             self.capture.now = now
         self._slice_tick(now, out)
+        self._ordering_tick(now, out)
+        self._groups_tick(now, out)
         for mig in list(self.outgoing.values()):
             if mig.expired(now):
                 if mig.state in (OutState.REQUESTED, OutState.TRANSFERRING):

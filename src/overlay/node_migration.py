@@ -83,7 +83,7 @@ class MigrationMixin:
             for c in mig.channels:
                 subs = tuple(self.local[c])
                 mig.subscriptions_moved += len(subs)
-                sets.append(pm.ChannelSubscriptions(c, subs))
+                sets.append(pm.ChannelSubscriptions(c, subs, self._group_states(c)))  # groups: node_groups
                 self._reforward[c] = mig
             move = pm.SubscriptionMove(pm.SubscriptionType.ATOMIC, tuple(sets), mig.session)
             mig.bytes_moved = len(msgspec.msgpack.encode(move))
@@ -230,6 +230,7 @@ class MigrationMixin:
             ch = self.local[cs.ch_id]
             for sub in cs.subscriptions:
                 ch.add(sub)
+            self._restore_groups(cs)  # the group dispatch state (node_groups)
         out.append(ToPeer(src, pm.ReplySubscriptionMove(msg.session)))
 
     def _on_reforward(self: NodeCore, src: int, msg: pm.Reforward, now: float, out: list[Action]) -> None:

@@ -18,7 +18,9 @@ Rules this module keeps:
 4. All records on one point: no cut is possible and the channel must be
    replicated instead (``choose_cut`` returns None).
 5. ``divide`` builds the children and hands each subscription to every child
-   it belongs to (covers or overlaps — some go to both).
+   it belongs to (covers or overlaps — some go to both).  The parent's
+   subscriptions all belong to it, so only the attributes a child changed are
+   tested.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from collections.abc import Sequence
 import msgspec
 
 from overlay.channels.channel import Channel, ChannelId, EventRecord
+from overlay.channels.predicates import conjunction
 from overlay.channels.schema import Kind, Schema
-from overlay.channels.space import EventSpace
+from overlay.channels.space import Constraint, EventSpace
+from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
 
 __all__ = ["Cut", "choose_cut", "divide"]
@@ -98,8 +102,20 @@ def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]]) -> li
         raise LocalProtocolError("a split needs at least two children")
     schema = parent.schema
     children = [Channel(chid, space, schema) for chid, space in parts]
+    # A stored subscription belongs to the parent, so it overlaps it on every
+    # attribute; a child differs from the parent on the cut attribute(s) only,
+    # and only those are tested — the full test costs a conjunction per
+    # attribute per child, and a split stalls the node for as long as it takes.
+    changed = [
+        (child, [c for c, p in zip(child.space.constraints, parent.space.constraints) if c != p]) for child in children
+    ]
     for sub in parent:
-        for child in children:
-            if child.space.belongs(sub.filter, schema):
+        for child, constraints in changed:
+            if all(_overlaps(c, sub, schema) for c in constraints):
                 child.add(sub)
     return children
+
+
+def _overlaps(c: Constraint, sub: Subscription, schema: Schema) -> bool:
+    attr = schema.attributes[c.attr]
+    return c.overlaps_conj(conjunction(sub.filter.on(c.attr), attr), attr)

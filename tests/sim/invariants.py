@@ -1,0 +1,263 @@
+"""What must hold after a simulated run (SPEC §8.2, §15).
+
+Each check takes a finished ``SimCluster`` and returns the violations it found
+as readable lines (empty: the invariant holds).  The expectations are
+computed from what the *clients* did and saw, with the simulator's own
+matcher (``SubSpec.matches``), not from the cores' bookkeeping.
+
+1. Deliveries — for every published event and every subscription whose
+   filter matches it:
+   * never more than one notification (exactly-once's "at most");
+   * every event matched by exactly one channel, once;
+   * exactly one when the event was published after the client got the SubAck
+     and the subscription was never given up — or it was given up
+     (Unsubscribe, closed session) only after the event was matched and its
+     notification reached the subscriber's access node.  An event published
+     before the Unsubscribe but matched, or notified to the access node, only
+     after it may be dropped (the client no longer wants it; the access node
+     forgets the subscription at once): counted as a race, not a failure;
+   * events published while the subscribe was in flight (before the SubAck)
+     may or may not match;
+   * no notification for an event the filter does not match, for an unknown
+     event or subscription, or after the client unsubscribed (checked as it
+     happens, in ``SimCluster._to_client``).
+2. Requests — every Publish, Subscribe, Unsubscribe and operator command of a
+   session still open got its answer (a Subscribe superseded by an
+   Unsubscribe before its SubAck is answered by the UnsubAck instead).
+3. Subscriptions, once quiet — a subscription the client still holds is
+   stored exactly in every channel its filter belongs to, on every owner of
+   that channel, and nowhere else; one given up (UnsubAck, closed session,
+   refused) is stored nowhere: no id is resurrected.
+4. Tables, once quiet — every routingTable is equal; every channel of the
+   table is in the localTable of exactly its owners (one node, or each of its
+   replicas) with the same space, and no localTable holds a channel the table
+   does not name; the spaces partition the event space (sampled points,
+   including every interval boundary, lie in exactly one entry, the one
+   ``lookup_event`` finds).
+5. Quiet — no node BUSY, no migration session active on either side, no
+   Reforward left armed, no table update or (un)subscription waiting, no
+   operator command unanswered, nothing dropped as unroutable.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+from overlay.channels.space import RangeConstraint, SetConstraint
+
+if TYPE_CHECKING:
+    from .cluster import SimCluster
+
+__all__ = [
+    "check_all",
+    "check_deliveries",
+    "check_requests_answered",
+    "check_subscriptions",
+    "check_routing_equal",
+    "check_ownership",
+    "check_partition",
+    "check_quiet",
+]
+
+
+def check_all(sim: SimCluster) -> list[str]:
+    out: list[str] = []
+    out += check_deliveries(sim)
+    out += check_requests_answered(sim)
+    out += check_quiet(sim)
+    tables_ok = not (eq := check_routing_equal(sim))
+    out += eq
+    out += check_ownership(sim)
+    out += check_partition(sim)
+    if tables_ok:
+        out += check_subscriptions(sim)
+    return out
+
+
+def check_deliveries(sim: SimCluster) -> list[str]:
+    """Rule 1."""
+    out: list[str] = []
+    by_key = {(r.client.name, r.local_id): r for r in sim.subs}
+    for (eid, cname, lid), n in sim.notes.items():
+        ev = sim.events.get(eid)
+        rec = by_key.get((cname, lid))
+        if ev is None:
+            out.append(f"{cname} notified of unknown event {eid} on {lid}")
+            continue
+        if rec is None:
+            out.append(f"{cname} notified of {eid} on unknown subscription {lid}")
+            continue
+        if not rec.spec.matches(ev.values):
+            out.append(f"{cname}/{lid} [{rec.spec.text()}] notified of non-matching event {eid} {ev.values}")
+        if n > 1:
+            out.append(f"{cname}/{lid} [{rec.spec.text()}] notified {n} times of event {eid} {ev.values}")
+    races = 0
+    for ev in sim.events.values():
+        m = sim.matched.get(ev.event_id, [])
+        if len(m) != 1:
+            out.append(f"event {ev.event_id} {ev.values} (published at step {ev.pub_at}) matched {len(m)} times, at steps {m}")
+        for rec in sim.subs:
+            if rec.gid is None or rec.failed or rec.acked_at is None or rec.acked_at >= ev.pub_at:
+                continue  # never stored, or the event raced the subscribe: at most once (above)
+            end = rec.ended_at
+            if end is not None and ev.pub_at > end:
+                continue  # published after the client gave it up: checked as it happened
+            if not rec.spec.matches(ev.values):
+                continue
+            n = sim.notes.get((ev.event_id, rec.client.name, rec.local_id), 0)
+            if end is not None:
+                arrived = sim.arrivals.get((ev.event_id, rec.gid))
+                matched_at = m[0] if m else None
+                if (arrived is not None and arrived > end) or (arrived is None and (matched_at or 0) > end):
+                    races += n == 0  # the unsubscribe overtook the notification, or the event
+                    continue
+            if n != 1:
+                out.append(
+                    f"event {ev.event_id} {ev.values} (published at step {ev.pub_at} on {ev.publisher}) delivered "
+                    f"{n} times to {rec.client.name}/{rec.local_id} [{rec.spec.text()}] (gid {rec.gid}, acked at step "
+                    f"{rec.acked_at}, ended at {end}, arrived at {sim.arrivals.get((ev.event_id, rec.gid))})"
+                )
+    sim.races += races
+    return out
+
+
+def check_requests_answered(sim: SimCluster) -> list[str]:
+    """Rule 2."""
+    out: list[str] = []
+    for c in [*sim.clients, *sim.admins.values()]:
+        if c.closed_at is not None:
+            continue
+        for seq, (kind, data) in sorted(c.pending.items()):
+            if kind == "sub" and data.unsub_sent_at is not None:
+                continue  # superseded by the unsubscribe
+            what = data.spec.text() if kind in ("sub", "unsub") else data
+            out.append(f"{c.name}@{c.node}: {kind} seq {seq} ({what}) never answered")
+    return out
+
+
+def check_subscriptions(sim: SimCluster) -> list[str]:
+    """Rule 3."""
+    out: list[str] = []
+    actual: dict[str, set[tuple[int, object]]] = {}
+    for i, core in sim.cores.items():
+        for ch in core.local:
+            for sub in ch:
+                actual.setdefault(sub.id, set()).add((i, ch.id))
+    table = sim.cores[sim.ids[0]].routing
+    known = set()
+    for rec in sim.subs:
+        if rec.gid is None:
+            continue
+        known.add(rec.gid)
+        have = actual.get(rec.gid, set())
+        gone = rec.failed or rec.unsub_sent_at is not None or rec.client.closed_at is not None
+        if gone:
+            if have:
+                out.append(
+                    f"{rec.client.name}/{rec.local_id} ({rec.gid}) [{rec.spec.text()}] was given up "
+                    f"(unsubscribe sent at {rec.unsub_sent_at}, acked at {rec.unsub_acked_at}, closed at "
+                    f"{rec.client.closed_at}) but is still stored in {_places(have)}"
+                )
+            continue
+        assert rec.filter is not None
+        want = {(o, c) for c in table.lookup_subscription(rec.filter) for o in table[c].owners}
+        if have != want:
+            out.append(
+                f"{rec.client.name}/{rec.local_id} ({rec.gid}) [{rec.spec.text()}] stored in {_places(have)}, "
+                f"should be in {_places(want)}"
+            )
+    for gid in sorted(set(actual) - known):
+        out.append(f"unknown subscription {gid} stored in {_places(actual[gid])}")
+    return out
+
+
+def _places(p: set[tuple[int, object]]) -> str:
+    return "{" + ", ".join(f"{c}@{n}" for n, c in sorted(p, key=lambda x: (x[0], str(x[1])))) + "}"
+
+
+def check_routing_equal(sim: SimCluster) -> list[str]:
+    """Rule 4: one routing table."""
+    out: list[str] = []
+    ref_id = sim.ids[0]
+    ref = sim.cores[ref_id].routing
+    for i, core in sim.cores.items():
+        if core.routing == ref:
+            continue
+        mine, theirs = core.routing.entries(), ref.entries()
+        diff = sorted(
+            str(c) for c in set(mine) | set(theirs) if mine.get(c) != theirs.get(c)
+        )
+        out.append(f"routing table of node {i} differs from node {ref_id} on channels {diff}")
+    return out
+
+
+def check_ownership(sim: SimCluster) -> list[str]:
+    """Rule 4: each channel on exactly its owners."""
+    out: list[str] = []
+    for i, core in sim.cores.items():
+        for chid, entry in core.routing.items():
+            holders = sorted(j for j, c in sim.cores.items() if chid in c.local)
+            if holders != sorted(entry.owners):
+                out.append(f"node {i}'s table says {chid} is on {sorted(entry.owners)}; localTables: {holders}")
+                continue
+            for j in holders:
+                if sim.cores[j].local[chid].space != entry.space:
+                    out.append(f"channel {chid} on node {j} has another space than node {i}'s table says")
+        for ch in core.local:
+            if ch.id not in core.routing:
+                out.append(f"node {i} holds channel {ch.id} that its routing table does not name")
+    return out
+
+
+def check_partition(sim: SimCluster, samples: int = 200) -> list[str]:
+    """Rule 4: the spaces of the table partition the event space."""
+    from .cluster import PRICE_MAX, SYMS
+
+    out: list[str] = []
+    table = sim.cores[sim.ids[0]].routing
+    entries = list(table.items())
+    schema = sim.config.schema
+    for chid, e in entries:
+        if e.space.is_empty(schema):
+            out.append(f"channel {chid} has an empty space {e.space.text(schema)}")
+    rng = random.Random(f"partition:{sim.seed}")
+    prices = {0.0, PRICE_MAX}
+    syms = set(SYMS) | {"Q", "ZZZZZZZZ"}
+    for _, e in entries:
+        for c in e.space.constraints:
+            if isinstance(c, RangeConstraint):
+                for v in (c.interval.lo, c.interval.hi):
+                    prices.update(x for x in (v - 0.05, v, v + 0.05) if 0.0 <= x <= PRICE_MAX)
+            elif isinstance(c, SetConstraint):
+                syms.update(c.values)
+    prices.update(rng.uniform(0, PRICE_MAX) for _ in range(samples // 4))
+    points = [(p, s) for p in sorted(prices) for s in sorted(syms)]
+    if len(points) > samples * 4:
+        points = rng.sample(points, samples * 4)
+    for price, sym in points:
+        ev = {"price": float(price), "sym": sym, "qty": 0}
+        holders = [chid for chid, e in entries if e.space.contains(ev)]
+        if len(holders) != 1:
+            out.append(f"point {ev} lies in {len(holders)} channels: {[str(h) for h in holders]}")
+        elif table.lookup_event(ev) != holders[0]:
+            out.append(f"lookup_event({ev}) = {table.lookup_event(ev)}, but it lies in {holders[0]}")
+        if len(out) > 20:
+            break
+    return out
+
+
+def check_quiet(sim: SimCluster) -> list[str]:
+    """Rule 5."""
+    out = list(sim.unsettled())
+    for i, core in sim.cores.items():
+        if core._reforward:
+            out.append(f"node {i} still reforwards {sorted(str(c) for c in core._reforward)}")
+        if core._admin_waits:
+            out.append(f"node {i} has operator commands waiting on sessions {sorted(core._admin_waits)}")
+        for key in ("events_unroutable", "subscriptions_unroutable"):
+            if core.stats.get(key):
+                out.append(f"node {i}: {key} = {core.stats[key]}")
+        if not core.ready:
+            out.append(f"node {i} never became ready")
+    return out
