@@ -210,7 +210,7 @@ class BalancingMixin:
     def _request_next(self: NodeCore, now: float, out: list[Action]) -> None:
         while self._candidates:
             cand = self._candidates.pop(0)
-            if cand.node not in self.peers:
+            if cand.node not in self.peers or cand.node in self.unreachable:
                 continue
             self._update_seq += 1
             mig = OutgoingMigration(self._update_seq, cand.node, (), started=now, timeout=self.timeout)

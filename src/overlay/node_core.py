@@ -127,6 +127,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         self.now = 0.0  # the `now` of the message being handled
         self.capture: CaptureBuffer | None = None  # set by the shell when capturing (SPEC §13)
         self.timeout = config.cluster.peer_timeout
+        self.unreachable: set[int] = set()  # peers the shell reports down past the timeout
         self._init_balancing()
         self._init_ordering()  # SPEC §10: overlay.node_ordering
         self._init_groups()  # SPEC §11: overlay.node_groups
@@ -555,6 +556,8 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
             if mig.expired(now):
                 if mig.state in (OutState.REQUESTED, OutState.TRANSFERRING):
                     self._abort_outgoing(mig, f"no answer from node {mig.receiver} within {mig.timeout}s", out)
+                elif mig.state is OutState.MOVING and mig.receiver in self.unreachable:
+                    self._rollback_moving(mig, f"no answer from node {mig.receiver}: unreachable", out)
                 else:
                     mig.deadline = now + mig.timeout
                     log.warning("node %d: session %d still waiting in %s", self.id, mig.session, mig.state.value)

@@ -162,7 +162,39 @@ class MigrationMixin:
         self: NodeCore, mig: OutgoingMigration, chid: ChannelId, sign: pm.ReforwardSign, msg: pm.Subscription | pm.UnSubscription | pm.Event, out: list[Action]
     ) -> None:
         self.stats["reforwards"] += 1
+        if mig.state is OutState.MOVING:
+            mig.log.append((chid, msg))
         out.append(ToPeer(mig.receiver, pm.Reforward(chid, (pm.ReforwardItem(sign, msg),), mig.session)))
+
+    def _rollback_moving(self: NodeCore, mig: OutgoingMigration, reason: str, out: list[Action]) -> None:
+        """Migration rule 5 past <2>: the receiver is gone; take the channels back."""
+        for c in mig.channels:
+            if self._reforward.get(c) is mig:
+                del self._reforward[c]
+        log_items, mig.log = mig.log, []
+        mig.abort(reason)
+        self._abort_outgoing(mig, reason, out)
+        for _chid, msg in log_items:  # the channels are still ours: apply in order
+            if isinstance(msg, pm.Event):
+                self._on_event(msg, out)
+            elif isinstance(msg, pm.Subscription):
+                self._on_subscription(msg, out)
+            else:
+                self._on_unsubscription(msg, out)
+        self.stats["rollbacks_after_2"] += 1
+        self.stats["reforwards_reapplied"] += len(log_items)
+
+    def peer_unreachable(self: NodeCore, node: int, now: float) -> list[Action]:
+        """The shell lost its link to ``node`` for longer than the peer timeout."""
+        self.unreachable.add(node)
+        out: list[Action] = []
+        for mig in list(self.outgoing.values()):
+            if mig.receiver == node and mig.state is OutState.MOVING:
+                self._rollback_moving(mig, f"no answer from node {node}: unreachable for {mig.timeout}s", out)
+        return out
+
+    def peer_reachable(self: NodeCore, node: int) -> None:
+        self.unreachable.discard(node)
 
     # -- migration: receiver side -------------------------------------------------------------
 

@@ -28,10 +28,15 @@ Theory of operation (SPEC §8.1 steps 3–9 and §8.2):
    session: both travel on the high-priority queue of the same link, which is
    FIFO, so arrival order is send order; a Reforward before the move is a
    protocol error.
-5. Rollback (ABORTED before <2>): the moving-out node never changed its
+5. Rollback (ABORTED before <3>): the moving-out node never changed its
    tables, so rollback is dropping the session; a receiver that added channels
    for it removes them again on ``abort``.  The receiver times out on its own
-   only before ChannelTransfer.
+   only before ChannelTransfer.  Past <2> the sender rolls back only when the
+   receiver is *unreachable* (its link down longer than the timeout, as the
+   shell reports) — a slow receiver is waited for — and then re-applies here,
+   in order, everything it had reforwarded (``log``): nothing is lost; events
+   the receiver matched before it died may be notified twice (at-least-once
+   in that failure).
 6. An illegal (state, message) pair raises ``RemoteProtocolError`` and
    changes nothing.
 """
@@ -106,6 +111,9 @@ class OutgoingMigration:
         # here too, and only subscriptions are reforwarded after <2>.
         self.replicate = False
         self.candidate: Any = None  # the receiver's scores, for the balancing log
+        # What was reforwarded while MOVING, in order: re-applied here if the
+        # receiver is lost before <3> (rule 5).
+        self.log: list[tuple[ChannelId, pm.Subscription | pm.UnSubscription | pm.Event]] = []
         # splitInfos: parent -> children, for the splits this session committed.
         self.split_infos: dict[ChannelId, tuple[ChannelId, ...]] = {}
         self.started = started

@@ -107,6 +107,8 @@ class PeerLink:
         self.queue: TwoLevelQueue[bytes] = TwoLevelQueue(node.config.cluster.peer_queue)
         self.connected = asyncio.Event()
         self.connects = 0
+        self.down_since: float | None = time.time()  # None while connected
+        self.reported_down = False
 
     def send(self, msg: pm.PeerMessage) -> bool:
         return self.queue.put_nowait(encode_frame(msg, self.node.max_frame), pm.is_high(msg))
@@ -118,21 +120,29 @@ class PeerLink:
                 reader, writer = await asyncio.open_connection(self.peer.host, self.peer.port)
             except OSError as exc:
                 log.debug("node %d: peer %d unreachable (%s); retry in %.2fs", self.node.id, self.peer.id, exc, backoff)
+                self.node._execute(self.node.core.peer_link(self.peer.id, False, time.time()))  # key homes (node_ordering)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
             backoff = BACKOFF_MIN
             self.connects += 1
+            self.down_since = None
+            if self.reported_down:
+                self.reported_down = False
+                self.node.core.peer_reachable(self.peer.id)
             try:
                 writer.write(PEER_MAGIC + encode_frame(self.node.core.hello()))
                 self.connected.set()
+                self.node._execute(self.node.core.peer_link(self.peer.id, True, time.time()))
                 log.info("node %d: link to peer %d up", self.node.id, self.peer.id)
                 await self._pump(reader, writer)
             except OSError as exc:
                 log.warning("node %d: link to peer %d lost: %s", self.node.id, self.peer.id, exc)
             finally:
                 self.connected.clear()
+                self.down_since = time.time()
                 writer.close()
+                self.node._execute(self.node.core.peer_link(self.peer.id, False, time.time()))
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         q = self.queue
@@ -244,9 +254,18 @@ class Node:
             await asyncio.sleep(0.01)
 
     async def _ticker(self) -> None:
+        limit = self.config.cluster.peer_timeout
         while True:
             await asyncio.sleep(TICK_SECONDS)
-            self._execute(self.core.tick(time.time()))
+            now = time.time()
+            for link in self.links.values():
+                # A peer down longer than the timeout is reported once per outage
+                # (migration rule 5: a sender past <2> then takes its channels back).
+                if link.down_since is not None and not link.reported_down and now - link.down_since > limit and link.connects:
+                    link.reported_down = True
+                    log.warning("node %d: peer %d unreachable for %.1fs", self.id, link.peer.id, now - link.down_since)
+                    self._execute(self.core.peer_unreachable(link.peer.id, now))
+            self._execute(self.core.tick(now))
 
     # -- dispatch (rule 3) ------------------------------------------------------------
 
@@ -279,6 +298,9 @@ class Node:
                     continue
                 if acts:
                     self._execute(acts)
+            acts = core.end_batch()  # notes collected over the batch (node_ordering rule 8)
+            if acts:
+                self._execute(acts)
 
     def _execute(self, acts: list) -> None:
         for act in acts:
