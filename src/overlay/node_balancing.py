@@ -306,7 +306,7 @@ class BalancingMixin:
 
     def _split_local(self: NodeCore, ch: Channel, cut: Cut, now: float, out: list[Action], admin: tuple[int, int] | None = None) -> list[Channel]:
         low_id, high_id = self.local.new_id(), self.local.new_id()
-        children = divide(ch, [(low_id, cut.low), (high_id, cut.high)])
+        children = divide(ch, [(low_id, cut.low), (high_id, cut.high)], consume=True)
         # The children inherit the parent's last slice, split by the cut, so the
         # scheduler can rank them before their own first slice ends.
         _inherit_slice(ch, children, cut)

@@ -96,8 +96,14 @@ def _before_or_at(v: object, last: object) -> bool:
     return v <= last  # type: ignore[operator]
 
 
-def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]]) -> list[Channel]:
-    """Rule 5."""
+def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]], *, consume: bool = False) -> list[Channel]:
+    """Rule 5.
+
+    With ``consume`` the parent is being discarded: the child that keeps the
+    most subscriptions adopts the parent's index (an index does not depend on
+    the space) and only drops what left, so a split of a hot channel rebuilds
+    the smaller side only — the node stalls for less while traffic flows.
+    """
     if len(parts) < 2:
         raise LocalProtocolError("a split needs at least two children")
     schema = parent.schema
@@ -109,9 +115,17 @@ def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]]) -> li
     changed = [
         (child, [c for c, p in zip(child.space.constraints, parent.space.constraints) if c != p]) for child in children
     ]
+    members: list[list[Subscription]] = [[] for _ in children]
     for sub in parent:
-        for child, constraints in changed:
+        for k, (_child, constraints) in enumerate(changed):
             if all(_overlaps(c, sub, schema) for c in constraints):
+                members[k].append(sub)
+    adopt = max(range(len(children)), key=lambda k: len(members[k])) if consume else -1
+    for k, child in enumerate(children):
+        if k == adopt:
+            child.adopt_index(parent, {s.id for s in members[k]})
+        else:
+            for sub in members[k]:
                 child.add(sub)
     return children
 

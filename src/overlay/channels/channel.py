@@ -173,6 +173,17 @@ class Channel:
                 self._da_count[name] += 1
         return True
 
+    def adopt_index(self, parent: Channel, keep: set[str]) -> None:
+        """Take over ``parent``'s index (the parent must be discarded after) and
+        drop the subscriptions not in ``keep``: O(dropped), not O(kept)."""
+        self.index = parent.index
+        self._da_count = dict(parent._da_count)
+        parent.index = SubscriptionIndex(parent.schema)  # the parent no longer shares it
+        parent._da_count = {n: 0 for n in parent._da_count}
+        for sub in list(self.index):
+            if sub.id not in keep:
+                self.remove(sub.id)
+
     def remove(self, sub_id: str) -> Subscription | None:
         sub = self.index.remove(sub_id)
         if sub is not None:
