@@ -50,6 +50,7 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(BIN)/python bench/matching.py
 	$(BIN)/python bench/throughput.py
+	$(BIN)/python bench/agent.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis

@@ -3,8 +3,8 @@
     overlay node --config F --id N [--capture DIR]   run one node until SIGINT/SIGTERM
     overlay cluster up F [--duration S] [--capture DIR] [--traffic]
                                              every node of F as subprocesses
-    overlay pub --config F [--node N] [EVENT ...]   (events from stdin if none)
-    overlay sub --config F [--node N] EXPR [--count K] [--seconds S]
+    overlay pub --config F [--node N] [--key K [--rank R]] [EVENT ...]   (events from stdin if none)
+    overlay sub --config F [--node N] EXPR [--group G [--weight W]] [--count K] [--seconds S]
     overlay status --config F                the cluster at a glance
     overlay channel split --config F CH --attr A (--at V | --values a,b)
     overlay channel place --config F CH --node N
@@ -28,7 +28,7 @@ from typing import Any, Final
 import aiohttp
 
 from overlay.capture import with_capture_dir
-from overlay.client import Client
+from overlay.client import AgentClient, Client, load_agent_settings
 from overlay.config import ClusterConfig, NodeConfig, load_config
 from overlay.errors import OverlayError
 
@@ -178,10 +178,14 @@ async def _pub(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     events = args.events or [line.strip() for line in sys.stdin if line.strip()]
     failed = 0
-    async with Client(_addresses(cfg, args.node), client_id="overlay-pub") as c:
-        for text in events:
+    # The routing agent (SPEC §12) over every node, or the one --node names.
+    agent = AgentClient(_addresses(cfg, args.node), client_id="overlay-pub", settings=load_agent_settings(args.config))
+    async with agent as c:
+        for i, text in enumerate(events):
+            # --rank R is the first event's; the next ones follow it (R+1, R+2, …).
+            rank = args.rank + i if args.rank else 0
             try:
-                event_id = await c.publish(text)
+                event_id = await c.publish(text, key=args.key, rank=rank)
                 print(json.dumps({"event_id": event_id, "event": text}), flush=True)
             except OverlayError as exc:
                 failed += 1
@@ -190,14 +194,20 @@ async def _pub(args: argparse.Namespace) -> int:
 
 
 def cmd_pub(args: argparse.Namespace) -> int:
+    if args.rank and not args.key:
+        print("error: --rank needs --key (ranks order the events of one key)", file=sys.stderr)
+        return 2
     return _run(_pub(args))
 
 
 async def _sub(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
-    async with Client(_addresses(cfg, args.node), client_id="overlay-sub") as c:
-        sub = await c.subscribe(args.expression)
-        print(json.dumps({"subscribed": args.expression, "node": c.node_id}), file=sys.stderr, flush=True)
+    # Held on two access nodes (one for a group) and moved when one is lost (SPEC §12).
+    agent = AgentClient(_addresses(cfg, args.node), client_id="overlay-sub", settings=load_agent_settings(args.config))
+    async with agent as c:
+        sub = await c.subscribe(args.expression, group=args.group, weight=args.weight)
+        homes = sorted(cfg.nodes[i].id if args.node is None else args.node for i in sub.homes)
+        print(json.dumps({"subscribed": args.expression, "nodes": homes, "group": args.group}), file=sys.stderr, flush=True)
         n = 0
 
         async def consume() -> None:
@@ -378,6 +388,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # -- parser ---------------------------------------------------------------------------
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="overlay", description="content-based pub/sub overlay")
     p.add_argument("--log-level", default="info", help="debug, info, warning, error")
@@ -399,14 +429,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     pb = sub.add_parser("pub", help="publish events (arguments, or one per stdin line)")
     pb.add_argument("--config", required=True)
-    pb.add_argument("--node", type=int, default=None)
+    pb.add_argument("--node", type=int, default=None, help="only this access node (default: the routing agent picks)")
+    pb.add_argument("--key", default="", help="sequence key: events with one key arrive in order (SPEC §10)")
+    pb.add_argument("--rank", type=_positive_int, default=0, help="explicit rank of the first event (needs --key)")
     pb.add_argument("events", nargs="*")
     pb.set_defaults(func=cmd_pub)
 
     sb = sub.add_parser("sub", help="subscribe and print notifications as JSON lines")
     sb.add_argument("--config", required=True)
-    sb.add_argument("--node", type=int, default=None)
+    sb.add_argument("--node", type=int, default=None, help="only this access node (default: any two, with failover)")
     sb.add_argument("expression")
+    sb.add_argument("--group", default="", help="join this subscriber group: one instance gets each event (SPEC §11)")
+    sb.add_argument("--weight", type=_positive_float, default=1.0, help="static weight Ws within the group")
     sb.add_argument("--count", type=int, default=0, help="stop after this many notifications")
     sb.add_argument("--seconds", type=float, default=None, help="stop after this many seconds")
     sb.set_defaults(func=cmd_sub)

@@ -16,14 +16,22 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from overlay.channels.schema import Schema
-from overlay.errors import ConfigError
+from overlay.errors import ConfigError, OverlayError
 
-__all__ = ["ClusterConfig", "ClusterSettings", "NodeConfig", "BandwidthLink", "load_config"]
+__all__ = [
+    "ClusterConfig",
+    "ClusterSettings",
+    "NodeConfig",
+    "BandwidthLink",
+    "SequencerSettings",
+    "GroupSettings",
+    "load_config",
+]
 
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 Positive = Annotated[float, msgspec.Meta(gt=0)]
@@ -74,12 +82,34 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     admin_token: str = ""
 
 
+class SequencerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[sequencer]``: ordered delivery per key (SPEC §10, ``overlay.seq``)."""
+
+    policy: Literal["drop", "skip"] = "skip"  # on a held event's expiry: drop it, or skip the gap
+    hold_ttl: Positive = 5.0  # seconds an out-of-order event waits for the missing rank
+    processing_ttl: Positive = 10.0  # seconds a released event may wait for its acks
+    key_ttl: Positive = 300.0  # an idle key's context is forgotten after this
+    max_keys: Annotated[int, msgspec.Meta(ge=1)] = 100_000
+    max_held: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+
+
+class GroupSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[groups]``: subscriber groups (SPEC §11, ``overlay.channels.groups``)."""
+
+    fault_period: Positive = 5.0  # an instance that failed a delivery is skipped this long
+    ack_timeout: Positive = 2.0  # no client ack within this: the delivery failed
+    throttle_lf: Unit = 0.9  # every instance above this LF: low-priority events are dropped
+    low_priority: str = ""  # a subscription expression naming the low-priority events; "" = none
+
+
 class ClusterConfig(msgspec.Struct, frozen=True):
     cluster: ClusterSettings
     nodes: tuple[NodeConfig, ...]
     bandwidth: Bandwidth
     schema: Schema
     path: str = ""
+    sequencer: SequencerSettings = msgspec.field(default_factory=SequencerSettings)
+    groups: GroupSettings = msgspec.field(default_factory=GroupSettings)
 
     def node(self, node_id: int) -> NodeConfig:
         for n in self.nodes:
@@ -109,6 +139,8 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
         settings = msgspec.convert(doc.get("cluster", {}), ClusterSettings)
         nodes = msgspec.convert(doc.get("nodes", []), tuple[NodeConfig, ...])
         bandwidth = msgspec.convert(doc.get("bandwidth", {}), Bandwidth)
+        sequencer = msgspec.convert(doc.get("sequencer", {}), SequencerSettings)
+        groups = msgspec.convert(doc.get("groups", {}), GroupSettings)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     if not nodes:
@@ -124,7 +156,14 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
     if "schema" not in doc:
         raise ConfigError(f"{path}: no [schema] table")
     schema = Schema.from_dict(doc["schema"])
-    return ClusterConfig(settings, nodes, bandwidth, schema, path)
+    if groups.low_priority:
+        from overlay.channels.expressions import parse_subscription  # the schema is needed first
+
+        try:
+            parse_subscription(groups.low_priority, schema)
+        except OverlayError as exc:
+            raise ConfigError(f"{path}: [groups] low_priority: {exc}") from exc
+    return ClusterConfig(settings, nodes, bandwidth, schema, path, sequencer=sequencer, groups=groups)
 
 
 def load_config(path: str | Path) -> ClusterConfig:

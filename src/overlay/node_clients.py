@@ -172,7 +172,7 @@ class ClientsMixin:
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.NO_ROUTE, "no channel holds this event")))
             return
         if msg.key or msg.rank:  # ordered delivery: through the key's home (node_ordering)
-            self._publish_keyed(sess, msg, values, now, out)
+            self._publish_keyed(sess, msg, values, now, out, chid)
             return
         self._event_seq += 1
         event_id = f"{self.id}-{self._event_seq}"

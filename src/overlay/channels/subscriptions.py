@@ -24,6 +24,9 @@ class Subscription(msgspec.Struct, frozen=True):
     filter: Filter
     subscriber: str = ""
     access_node: int = 0
+    # Subscriber groups (SPEC §11): "" = not in a group; weight is the static Ws.
+    group: str = ""
+    weight: float = 1.0
 
 
 class Event(msgspec.Struct, frozen=True):

@@ -9,9 +9,19 @@ Theory of operation:
    and the measurement leaving the window a rank-one *downdate* — never a refit
    from scratch.  Times are taken relative to the node's first sample so the
    normal equations stay well conditioned.
-2. A node's link cost is the prediction at ``now`` (never below zero).  A
+2. A node's link cost is the prediction at ``now``, kept within the range of
+   the latencies in its window: a straight line fitted to samples taken over
+   a few milliseconds (a node that was used in a burst, then avoided) has a
+   slope that means nothing an hour later, and must not extrapolate an idle
+   node's cost towards infinity (never chosen again) or below its best.  A
    node with fewer than two samples predicts the mean of what it has (0 when
    it has none, so every node gets tried).
+2b. A caller with several publishes in flight at once passes ``pending``
+   (requests sent to each node and not yet answered): between nodes of equal
+   cost the one with fewer pending wins.  Without it every concurrent publish
+   would pick the same unmeasured node at the start (all cost 0).  Only a
+   tie-break: scaling the cost by the pending count sends traffic to a slow
+   node whenever a fast one has a brief spike and a few requests queued.
 3. ``Choke(delay)`` feeds ``(now, delay)`` into that node's estimator; the
    caller re-chooses, and if the same node is still best it waits the delay.
 4. No ack within ``mean + 3σ`` of the node's recent latencies (at least
@@ -24,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 from typing import Final
 
 __all__ = ["RlsEstimator", "RoutingAgent", "FAILURE_FACTOR"]
@@ -87,7 +97,9 @@ class RlsEstimator:
         value = self._x[0] * (t - self._t0) + self._x[1]
         if not math.isfinite(value):
             return max(0.0, sum(m for _, m in self._window) / n)
-        return max(0.0, value)
+        low = min(m for _, m in self._window)
+        high = max(m for _, m in self._window)
+        return max(0.0, low, min(value, high))
 
     def mean_std(self) -> tuple[float, float]:
         ms = [m for _, m in self._window]
@@ -111,10 +123,13 @@ class RoutingAgent:
     def cost(self, node: Hashable, now: float) -> float:
         return self.estimators[node].predict(now)
 
-    def choose(self, now: float, exclude: Iterable[Hashable] = ()) -> Hashable:
+    def choose(self, now: float, exclude: Iterable[Hashable] = (), pending: Mapping[Hashable, int] | None = None) -> Hashable:
+        """Rules 2 and 2b: the cheapest node not in ``exclude`` (all of them if that leaves none)."""
         skip = set(exclude)
         pool = [n for n in self.estimators if n not in skip] or list(self.estimators)
-        return min(pool, key=lambda n: (self.cost(n, now), len(self.estimators[n])))
+        if not pending:
+            return min(pool, key=lambda n: (self.cost(n, now), len(self.estimators[n])))
+        return min(pool, key=lambda n: (self.cost(n, now), pending.get(n, 0), len(self.estimators[n])))
 
     def on_ack(self, node: Hashable, latency: float, now: float) -> None:
         self.estimators[node].add(now, latency)

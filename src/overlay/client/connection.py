@@ -12,7 +12,13 @@ Rules this module keeps (SPEC §4, §12; STYLE habits 6–8):
    reconnects (to the same or the next node, with backoff) and re-subscribes
    every open subscription before any new request goes out.
 4. A ``Subscription`` is an async iterator with a bounded queue.  Taking a
-   notification from it acknowledges it to the node.  When the queue is full
+   notification from it acknowledges it to the node, and every ``Ack``
+   carries the subscriber's load factor (SPEC §11, ``overlay.client.load_factor``)
+   computed here from real use: the queue's fill against its capacity, and
+   the processing time of each notification — from the moment it was handed
+   to the application until the application asks for the next one, or calls
+   ``Subscription.done()`` if it finishes earlier (time spent waiting on an
+   empty queue is not processing).  When the queue is full
    further notifications are dropped and counted (``dropped``) — the reader
    never blocks on one slow consumer.  ``drain()`` lets queued notifications
    be consumed then unsubscribes; ``close()`` unsubscribes and drops them.
@@ -43,7 +49,8 @@ from typing import Any, Final
 import msgspec
 
 from overlay.channels.schema import Value
-from overlay.errors import ConnectionLost, NotReady, RemoteProtocolError, RequestError
+from overlay.client.load_factor import LoadFactor, LoadFactorConfig
+from overlay.errors import ConnectionLost, LocalProtocolError, NotReady, RemoteProtocolError, RequestError
 from overlay.messages import client as cm
 from overlay.messages.codec import DEFAULT_MAX_FRAME_SIZE, client_reader, encode_frame
 
@@ -62,6 +69,20 @@ RECONNECT_MAX: Final = 2.0
 # below the node's choke threshold (8,000 by default) so a lone publisher is
 # paced by PubAcks rather than by Chokes.
 PUBLISH_WINDOW: Final = 1_000
+# The protocol's bound on a sequence key (messages.client.Publish): checked
+# here, as a frame over it would be a protocol error that closes the session.
+MAX_KEY: Final = 256
+# The id ``ping()`` unsubscribes: no subscription has it (a NUL is no one's
+# choice of name), so the node answers unknown_subscription and changes nothing.
+PING_SUB_ID: Final = "\x00ping"
+
+
+def check_order(key: str, rank: int) -> None:
+    """Refuse what the node's decoder would treat as a protocol error."""
+    if len(key) > MAX_KEY:
+        raise LocalProtocolError(f"a sequence key has at most {MAX_KEY} characters, got {len(key)}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise LocalProtocolError(f"a rank is a positive integer (0: let the key's home assign one), got {rank!r}")
 
 
 class Notification(msgspec.Struct, frozen=True):
@@ -77,16 +98,37 @@ class Notification(msgspec.Struct, frozen=True):
 class Subscription:
     """Rule 4. Use as ``async for note in sub`` or ``async with``."""
 
-    def __init__(self, client: Client, sub_id: str, expression: str, maxsize: int) -> None:
+    def __init__(
+        self,
+        client: Client,
+        sub_id: str,
+        expression: str,
+        maxsize: int,
+        *,
+        group: str = "",
+        weight: float = 1.0,
+        load: LoadFactorConfig | None = None,
+    ) -> None:
         self.client = client
         self.sub_id = sub_id
         self.expression = expression
+        self.group = group
+        self.weight = weight
+        self.maxsize = maxsize
         self.queue: asyncio.Queue[Notification | None] = asyncio.Queue(maxsize)
         self.dropped = 0
         self.received = 0
         self.closed = False
+        self.load = LoadFactor(load)
+        self._handed_at: float | None = None  # monotonic time the last note went to the application
+        # Set by an owner that routes this subscription's notifications itself
+        # (``overlay.client.routing``): called instead of queueing.
+        self.sink: Any = None
 
     def _deliver(self, note: Notification) -> None:
+        if self.sink is not None:
+            self.sink(self, note)
+            return
         try:
             self.queue.put_nowait(note)
             self.received += 1
@@ -99,11 +141,28 @@ class Subscription:
     async def __anext__(self) -> Notification:
         if self.closed and self.queue.empty():
             raise StopAsyncIteration
+        self.done()
         note = await self.queue.get()
         if note is None:
             raise StopAsyncIteration
-        self.client._ack(note.event_id)
+        self.client._ack(note.event_id, self.load_factor())
+        self._handed_at = time.monotonic()
         return note
+
+    def done(self) -> None:
+        """The application finished the last notification handed to it (rule 4).
+
+        Optional: asking for the next notification implies it.  Calling it
+        when nothing is being processed does nothing.
+        """
+        if self._handed_at is not None:
+            now = time.monotonic()
+            self.load.processed(now - self._handed_at, now)
+            self._handed_at = None
+
+    def load_factor(self) -> float:
+        """The current LF (SPEC §11) from the queue's fill and recent processing times."""
+        return self.load.update(self.queue.qsize(), self.maxsize, time.monotonic())
 
     async def next(self, timeout: float | None = None) -> Notification:
         return await asyncio.wait_for(self.__anext__(), timeout)
@@ -174,6 +233,13 @@ class Client:
         self._choked_until = 0.0  # loop time before which no new pipelined publish goes out
         self._conn_count = 0  # connections opened so far
         self.publish_errors = 0
+        # Called with this client each time its connection is lost (before any
+        # reconnect): the routing agent moves subscriptions away from it.
+        self.on_lost: list[Any] = []
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set() and not self._closing
 
     # -- connection ----------------------------------------------------------------
 
@@ -238,6 +304,8 @@ class Client:
             if self._closing:
                 return
             self._connected.clear()
+            for cb in list(self.on_lost):
+                cb(self)
             for t in self._conn_tasks:
                 t.cancel()
             for fut in self._waiting.values():
@@ -250,7 +318,7 @@ class Client:
             await self._open()
             for sub in list(self.subscriptions.values()):
                 if not sub.closed:
-                    await self._request_retrying(lambda seq, s=sub: cm.Subscribe(seq, s.sub_id, s.expression))
+                    await self._request_retrying(lambda seq, s=sub: cm.Subscribe(seq, s.sub_id, s.expression, s.group, s.weight))
             for msg in list(self._inflight.values()):  # rule 5: nothing pipelined is lost
                 self._send(msg)
 
@@ -354,9 +422,9 @@ class Client:
 
         asyncio.get_running_loop().call_later(delay, resend)
 
-    def _ack(self, event_id: str) -> None:
+    def _ack(self, event_id: str, lf: float = 0.0) -> None:
         if self._connected.is_set():
-            self._send(cm.Ack(event_id))
+            self._send(cm.Ack(event_id, lf))
 
     # -- requests (rule 2) -----------------------------------------------------------------
 
@@ -396,12 +464,39 @@ class Client:
                 raise RequestError(reply.code, reply.message, reply.position)
             return reply
 
-    async def publish(self, event: str | dict[str, Value], *, timeout: float = REQUEST_TIMEOUT) -> str:
-        """Publish an event (an eventExp text or an ``{attr: value}`` map); returns its id."""
+    async def publish(
+        self, event: str | dict[str, Value], *, key: str = "", rank: int = 0, timeout: float = REQUEST_TIMEOUT
+    ) -> str:
+        """Publish an event (an eventExp text or an ``{attr: value}`` map); returns its id.
+
+        ``key`` (and optionally ``rank``) ask for ordered delivery (SPEC §10).
+        """
+        check_order(key, rank)
         now = time.time()
-        reply = await self._request_retrying(lambda seq: cm.Publish(seq, event, now), timeout)
+        reply = await self._request_retrying(lambda seq: cm.Publish(seq, event, now, key, rank), timeout)
         assert isinstance(reply, cm.PubAck)
         return reply.event_id
+
+    async def publish_once(
+        self, event: str | dict[str, Value], *, key: str = "", rank: int = 0, timeout: float = REQUEST_TIMEOUT
+    ) -> cm.PubAck | cm.Choke:
+        """One attempt, for a caller that handles Choke itself (the routing agent).
+
+        Returns the PubAck or the Choke; raises ``RequestError`` (``NotReady``
+        for not_ready) for a rejection, ``ConnectionLost`` if the connection
+        goes, ``TimeoutError`` after ``timeout``.
+        """
+        check_order(key, rank)
+        if not self._connected.is_set():
+            raise ConnectionLost("not connected to the access node")
+        now = time.time()
+        reply = await self._request(lambda seq: cm.Publish(seq, event, now, key, rank), timeout)
+        if isinstance(reply, cm.Error):
+            if reply.code == cm.ErrorCode.NOT_READY:
+                raise NotReady(reply.message)
+            raise RequestError(reply.code, reply.message, reply.position)
+        assert isinstance(reply, (cm.PubAck, cm.Choke))
+        return reply
 
     async def publish_windowed(self, event: str | dict[str, Value], *, window: int = PUBLISH_WINDOW) -> None:
         """Publish without waiting for this event's PubAck (rule 5).
@@ -449,16 +544,31 @@ class Client:
         return len(self._inflight)
 
     async def subscribe(
-        self, expression: str, *, sub_id: str | None = None, queue_size: int = DEFAULT_QUEUE, timeout: float = REQUEST_TIMEOUT
+        self,
+        expression: str,
+        *,
+        sub_id: str | None = None,
+        queue_size: int = DEFAULT_QUEUE,
+        group: str = "",
+        weight: float = 1.0,
+        load: LoadFactorConfig | None = None,
+        sink: Any = None,
+        timeout: float = REQUEST_TIMEOUT,
     ) -> Subscription:
-        """Subscribe; returns once every channel holding it has applied it."""
+        """Subscribe; returns once every channel holding it has applied it.
+
+        ``group``/``weight`` join a subscriber group (SPEC §11); ``load`` tunes
+        the load factor reported on acks; ``sink`` (for ``overlay.client.routing``)
+        receives the notifications instead of the subscription's queue.
+        """
         sid = sub_id or f"s{next(self._sub_seq)}"
         if sid in self.subscriptions and not self.subscriptions[sid].closed:
             raise RequestError(cm.ErrorCode.DUPLICATE_SUBSCRIPTION, f"subscription {sid!r} is already open")
-        sub = Subscription(self, sid, expression, queue_size)
+        sub = Subscription(self, sid, expression, queue_size, group=group, weight=weight, load=load)
+        sub.sink = sink
         self.subscriptions[sid] = sub
         try:
-            await self._request_retrying(lambda seq: cm.Subscribe(seq, sid, expression), timeout)
+            await self._request_retrying(lambda seq: cm.Subscribe(seq, sid, expression, group, weight), timeout)
         except BaseException:
             self.subscriptions.pop(sid, None)
             raise
@@ -470,6 +580,13 @@ class Client:
             raise RequestError(cm.ErrorCode.UNKNOWN_SUBSCRIPTION, f"no subscription {sub_id!r}")
         sub.closed = True
         await self._request_retrying(lambda seq: cm.Unsubscribe(seq, sub_id), timeout)
+
+    async def ping(self, timeout: float = REQUEST_TIMEOUT) -> None:
+        """One round trip through the node's inbox and dispatcher, as cheap as a
+        publish and changing nothing (the routing agent's probe, SPEC §12)."""
+        reply = await self._request(lambda seq: cm.Unsubscribe(seq, PING_SUB_ID), timeout)
+        if not (isinstance(reply, cm.Error) and reply.code == cm.ErrorCode.UNKNOWN_SUBSCRIPTION):
+            log.debug("%s: ping answered with %r", self.client_id, reply)
 
     async def admin(self, command: str, *, timeout: float = REQUEST_TIMEOUT, **args: Any) -> Any:
         reply = await self._request_retrying(lambda seq: cm.Admin(seq, command, args), timeout)

@@ -52,6 +52,12 @@ class ErrorCode:
     SLOW_CONSUMER = "slow_consumer"
     NO_ROUTE = "no_route"
     ADMIN = "admin_error"
+    # Ordered delivery (SPEC §10) and subscriber groups (SPEC §11).
+    BAD_RANK = "bad_rank"  # a rank without a key, or a key the sequencer refuses
+    DUPLICATE_RANK = "duplicate_rank"  # the rank was already released, is in flight, or is held
+    SEQUENCER_FULL = "sequencer_full"  # too many keys, or too many held events for the key
+    BAD_GROUP = "bad_group"  # a weight that is not a positive finite number
+    UNDELIVERABLE = "undeliverable"  # no instance of a group could take the event
 
 
 class ClientMessage(msgspec.Struct, frozen=True, tag=True, array_like=True):

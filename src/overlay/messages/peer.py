@@ -14,6 +14,7 @@ from typing import Annotated, Final
 import msgspec
 
 from overlay.channels.channel import ChannelId
+from overlay.channels.groups import GroupState
 from overlay.channels.predicates import Filter
 from overlay.channels.routing_table import RouteEntry
 from overlay.channels.schema import Value
@@ -106,6 +107,8 @@ class ChannelSubscriptions(msgspec.Struct, frozen=True, array_like=True):
 
     ch_id: ChannelId
     subscriptions: tuple[StoredSubscription, ...]
+    # The channel's group dispatch state (SPEC §11): shares continue after the move.
+    groups: tuple[GroupState, ...] = ()
 
 
 # -- membership and errors ------------------------------------------------------
@@ -148,9 +151,11 @@ class Subscription(PeerMessage, frozen=True):
     dispatch_sign: DispatchSign
     ch_id: ChannelId | None = None
     hops: int = 0
+    group: Ident = ""  # subscriber group (SPEC §11); "" = none
+    weight: float = 1.0  # the instance's static weight Ws in its group
 
     def stored(self) -> StoredSubscription:
-        return StoredSubscription(self.sub_id, self.sub_exp, self.subscriber, self.access_node)
+        return StoredSubscription(self.sub_id, self.sub_exp, self.subscriber, self.access_node, self.group, self.weight)
 
 
 class UnSubscription(PeerMessage, frozen=True):
@@ -202,12 +207,27 @@ class Notification(PeerMessage, frozen=True):
 
 
 class NotificationAck(PeerMessage, frozen=True):
-    """Access node → owner: the notification reached the subscribers' clients."""
+    """The outcome of a tracked delivery (ordered events, group instances).
+
+    ``code`` says which leg it is (``overlay.node_groups``, ``overlay.node_ordering``):
+
+    * ``""`` — access node → owner: the notification reached the clients of
+      ``sub_ids`` (or failed / timed out: ``failed``), with their ``lf``;
+    * ``"complete"`` — owner → the key's home: every matched subscriber of the
+      ordered event acknowledged (or none matched), release the next rank;
+    * ``"sequenced"`` — home → access node: the keyed event was accepted by the
+      home's sequencer (the access node answers its publisher with PubAck);
+      a refusal carries the client error code (``duplicate_rank`` …) and ``failed``;
+    * ``"undeliverable"`` — owner → access node: no instance of group
+      ``detail`` could take the event; the publisher is told.
+    """
 
     event_id: Ident
     sub_ids: tuple[Ident, ...]
     lf: float = 0.0  # the subscriber's load factor from its ack (SPEC §11)
     failed: bool = False  # the delivery failed or timed out (fault surveillance)
+    code: Ident = ""
+    detail: str = ""
 
 
 # -- 6: monitoring ---------------------------------------------------------------------

@@ -158,7 +158,8 @@ class AdminServer:
             self._sock.close()
 
     def add_action(self, path: str, handler: Handler, method: str = "POST") -> None:
-        """Register a route that changes the cluster: token-checked (rule 4)."""
+        """Register a route that changes the cluster: token-checked (rule 4).
+        Call it before the node runs: aiohttp freezes the routes at start."""
         self.app.router.add_route(method, path, handler)
 
     # -- middlewares (rules 3, 4) -----------------------------------------------------

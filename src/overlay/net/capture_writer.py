@@ -6,9 +6,10 @@ Rules:
    left there by an earlier run is renamed ``….ndjson.old`` (never
    overwritten), so ``overlay replay`` of the directory sees one run.
 2. The header is the first line; then every ``FLUSH_SECONDS`` the writer takes
-   the buffer's pending records and appends them with one
-   ``encode_lines`` + ``write`` in a worker thread, so the dispatcher never
-   waits on the disk.  One batch is written at a time (a lock), so the final
+   the buffer's pending chunks (already encoded by the buffer, in the loop,
+   a thousand records at a time) and writes them in a worker thread, so the
+   dispatcher never waits on the disk — and the thread only does I/O, which
+   releases the GIL.  One batch is written at a time (a lock), so the final
    ``close()`` cannot interleave with a batch still in its thread.
 3. ``close()`` (the node's clean shutdown) writes what is left and the ``end``
    record, then closes the file.  A node killed without shutdown leaves a
@@ -51,7 +52,6 @@ class CaptureWriter:
         self.run_name = run or self.dir.name
         self.buffer = CaptureBuffer(node_id)
         self.written = 0
-        self._enc = msgspec.json.Encoder()
         self._lock = threading.Lock()
         self._fh: Any = None
 
@@ -62,34 +62,37 @@ class CaptureWriter:
             log.warning("node %d: capture %s exists; moved to %s", self.node_id, self.path, old.name)
             os.replace(self.path, old)
         self._fh = open(self.path, "wb", buffering=FILE_BUFFER)
-        self._write([header_for(self.config, self.node_id, self.run_name, now)])
+        self._write([msgspec.json.encode(header_for(self.config, self.node_id, self.run_name, now)) + b"\n"], 1)
         log.info("node %d: capturing to %s", self.node_id, self.path)
 
-    def _write(self, batch: list[Any]) -> None:
+    def _write(self, chunks: list[bytes], records: int) -> None:
         with self._lock:
             if self._fh is None:
                 return
-            self._fh.write(self._enc.encode_lines(batch))
+            self._fh.writelines(chunks)
             self._fh.flush()
-            self.written += len(batch)
+            self.written += records
 
     async def run(self) -> None:
         """Rule 2; cancelled by the node's TaskGroup at shutdown."""
+        buf = self.buffer
         while True:
             await asyncio.sleep(FLUSH_SECONDS)
-            batch = self.buffer.take()
-            if batch:
-                await asyncio.to_thread(self._write, batch)
+            records = buf.pending
+            if records:
+                await asyncio.to_thread(self._write, buf.take(), records)
 
     def close(self, now: float) -> None:
         """Rule 3."""
         if self._fh is None:
             return
         buf = self.buffer
-        batch = buf.take()
+        records = buf.pending
+        chunks = buf.take()
         buf.n += 1
-        batch.append(End(self.node_id, buf.n, now, self.written + len(batch) + 1, buf.dropped))
-        self._write(batch)
+        end = End(self.node_id, buf.n, now, self.written + records + 1, buf.dropped)
+        chunks.append(msgspec.json.encode(end) + b"\n")
+        self._write(chunks, records + 1)
         with self._lock:
             self._fh.close()
             self._fh = None

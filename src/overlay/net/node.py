@@ -425,6 +425,9 @@ class Node:
                     item = ("client", sid, msg)
                     if not put_nowait(item, False):  # full: wait for room (rule 3)
                         await self.inbox.put(item, False)
+                acts = self.core.end_batch()  # acks client_ack batched (node_ordering rule 8)
+                if acts:
+                    self._execute(acts)
         except RemoteProtocolError as exc:
             self.core.stats["rejected_client_protocol"] += 1
             log.info("node %d: client session %d sent a bad frame: %s", self.id, sid, exc)

@@ -1,0 +1,536 @@
+"""A client over several access nodes: latency routing for publishes (SPEC §12)
+and subscriptions that survive the loss of an access node.
+
+``AgentClient`` holds one ``Client`` connection per known access node and
+keeps these rules:
+
+1. **Routing.**  Each publish goes to the connected node with the lowest
+   predicted ack latency (``overlay.client.agent.RoutingAgent``: sliding-window
+   RLS over the last ``window`` PubAck latencies of each node); between equal
+   costs, the one with fewer publishes waiting (agent rule 2b).  Every PubAck
+   feeds its latency in.  Latencies are read on ``time.perf_counter`` (the
+   loop's clock may tick in milliseconds, e.g. uvloop's: too coarse for
+   loopback latencies).
+2. **Choke.**  A node answering Choke(delay) has ``(now, delay)`` fed into its
+   estimator; the agent re-chooses, and if the same node is still the best it
+   waits the delay first.  The publish is sent again either way: nothing is
+   dropped.
+3. **Timeout.**  No PubAck within ``mean + 3σ`` of the node's recent latencies
+   (bounded by ``min_timeout``/``max_timeout``) is a failure: a large latency
+   is fed in (the node is avoided until its estimate recovers) and the publish
+   is sent again to another node.  The first node may have accepted it all
+   the same, so **a publish that timed out is delivered at least once**, not
+   exactly once: the two copies get different event ids (each access node
+   names its events), so subscribers cannot tell them apart — only a
+   publisher-chosen event id in ``Publish`` would make the re-send
+   idempotent, and the protocol has none yet.  ``resent`` counts these.
+4. **Probing.**  An avoided node gets no publishes, hence no new samples, so
+   a connected node without a sample for ``probe_interval`` s is pinged
+   (``Client.ping``: an Unsubscribe of an id no subscription has, which waits
+   in the node's inbox and dispatcher like a publish and costs as little) and
+   the latency fed in.  This is how a node that recovered — or
+   one that only looked slow because of one spike (a pause hits every
+   request in flight, so one spike is often several samples) — wins traffic
+   back.
+5. **Failover of subscriptions — redundant homes, de-duplicated at the
+   client.**  A subscription is held on ``redundancy`` access nodes at once
+   (default 2), under the same ``sub_id``; each matching event is matched
+   once on its channel's owner and sent to both homes; the client hands each
+   event id to the application once (a bounded LRU of the last ``dedup`` ids)
+   and acks the second copy at once.  ``subscribe`` returns when every home
+   acknowledged, so every event published after it returns is on its way
+   through each home.  When a home's connection is lost the subscription is
+   taken off that node's client (no re-subscribe there) and placed on
+   another connected node, and events keep flowing through the surviving
+   home meanwhile: **exactly once across the loss of one access node**, with
+   no window — the notifications the dead node held in its queues are also
+   on their way through the other home.
+
+   What this does not cover, honestly: both homes lost before a new one is
+   placed (events matched in between are lost, as with ``redundancy = 1``,
+   where the window runs from the node's death until the re-subscription is
+   applied); the loss of a *channel owner* (channels are not replicated
+   against crashes — SPEC has no channel failover); a copy arriving after its
+   id left the LRU (the two homes more than ``dedup`` events apart) would be
+   delivered twice.  The cost is one extra notification per event per extra
+   home.  A **group** subscription is held on one home only: two homes would
+   be two instances of the group; on the loss of its home it re-subscribes
+   elsewhere, and the events in the window are the node side's to re-route
+   (SPEC §11 fault surveillance).
+
+   Why not keep unacknowledged notifications at the sender and resume: the
+   sender of a notification is the channel's owner, so that design needs
+   per-subscription retention on every owner, an end-to-end ack path and a
+   resume request that finds the retained notifications again after
+   migrations and splits moved the channel — all node-side state, on the
+   paths the ordering and group work is changing.  Redundant homes need no
+   node-side change at all and have no loss window for a single failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+import tomllib
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from overlay.channels.schema import Value
+from overlay.client.agent import RoutingAgent
+from overlay.client.connection import (
+    DEFAULT_QUEUE,
+    NOT_READY_RETRY,
+    REQUEST_TIMEOUT,
+    Client,
+    Notification,
+    Subscription,
+)
+from overlay.client.load_factor import LoadFactor, LoadFactorConfig
+from overlay.errors import ConfigError, ConnectionLost, NotReady, RequestError
+from overlay.messages import client as cm
+from overlay.messages.codec import DEFAULT_MAX_FRAME_SIZE
+
+__all__ = ["AgentClient", "AgentSettings", "FailoverSubscription", "load_agent_settings"]
+
+log = logging.getLogger("overlay.client")
+
+# How often a sleeping supervisor re-checks for subscriptions short of homes
+# (a node coming back is noticed by polling its client's state).
+REPLACE_POLL: Final = 0.2
+
+
+class AgentSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The ``[agent]`` table of the cluster TOML (defaults in the README)."""
+
+    window: Annotated[int, msgspec.Meta(ge=2, le=10_000)] = 16  # l: ack latencies per node in the RLS fit
+    min_timeout: Annotated[float, msgspec.Meta(gt=0)] = 0.05  # s: floor of mean + 3σ
+    max_timeout: Annotated[float, msgspec.Meta(gt=0)] = 5.0  # s: the timeout before 3 samples, and its ceiling
+    probe_interval: Annotated[float, msgspec.Meta(ge=0)] = 0.25  # s without a sample before a probe; 0: off
+    redundancy: Annotated[int, msgspec.Meta(ge=1, le=16)] = 2  # homes per (non-group) subscription
+    dedup: Annotated[int, msgspec.Meta(ge=1)] = 65_536  # event ids remembered per subscription
+
+
+def load_agent_settings(path: str | Path) -> AgentSettings:
+    """The ``[agent]`` table of a cluster config (nodes ignore it)."""
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+        return msgspec.convert(doc.get("agent", {}), AgentSettings)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: [agent]: {exc}") from exc
+
+
+class FailoverSubscription:
+    """One subscription held on one or more access nodes (rule 5).
+
+    Invariant: an event id is queued for the application at most once while
+    it is in the LRU ``_seen``; every copy received is acknowledged to the
+    node it came through.  ``async for``/``async with``, ``drain()`` and
+    ``close()`` as for ``Subscription``; the load factor on each Ack is
+    computed from this object's queue and processing times.
+    """
+
+    def __init__(
+        self,
+        owner: AgentClient,
+        sub_id: str,
+        expression: str,
+        *,
+        group: str,
+        weight: float,
+        queue_size: int,
+        redundancy: int,
+        dedup: int,
+        load: LoadFactorConfig | None,
+    ) -> None:
+        self.owner = owner
+        self.sub_id = sub_id
+        self.expression = expression
+        self.group = group
+        self.weight = weight
+        self.redundancy = 1 if group else redundancy
+        self.maxsize = queue_size
+        self.queue: asyncio.Queue[tuple[Notification, Client] | None] = asyncio.Queue(queue_size)
+        self.homes: dict[int, Subscription] = {}  # node index -> its per-connection subscription
+        self.load = LoadFactor(load)
+        self.closed = False
+        self.received = 0  # distinct events queued
+        self.duplicates = 0  # copies recognised and acked without delivery
+        self.dropped = 0  # queue full (the other home's copy may still get in)
+        self.failovers = 0  # homes lost
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self._dedup = dedup
+        self._handed_at: float | None = None
+
+    def _sink(self, part: Subscription, note: Notification) -> None:
+        if self.closed:
+            part.client._ack(note.event_id, 0.0)
+            return
+        seen = self._seen
+        if note.event_id in seen:
+            self.duplicates += 1
+            seen.move_to_end(note.event_id)
+            part.client._ack(note.event_id, self.load_factor())
+            return
+        try:
+            self.queue.put_nowait((note, part.client))
+        except asyncio.QueueFull:
+            self.dropped += 1  # not remembered: another home's copy may take its place
+            return
+        self.received += 1
+        seen[note.event_id] = None
+        if len(seen) > self._dedup:
+            seen.popitem(last=False)
+
+    def __aiter__(self) -> FailoverSubscription:
+        return self
+
+    async def __anext__(self) -> Notification:
+        self.done()
+        if self.closed and self.queue.empty():
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if item is None:
+            raise StopAsyncIteration
+        note, client = item
+        client._ack(note.event_id, self.load_factor())
+        self._handed_at = time.monotonic()
+        return note
+
+    async def next(self, timeout: float | None = None) -> Notification:
+        return await asyncio.wait_for(self.__anext__(), timeout)
+
+    def done(self) -> None:
+        """The application finished the last notification (see ``Subscription.done``)."""
+        if self._handed_at is not None:
+            now = time.monotonic()
+            self.load.processed(now - self._handed_at, now)
+            self._handed_at = None
+
+    def load_factor(self) -> float:
+        return self.load.update(self.queue.qsize(), self.maxsize, time.monotonic())
+
+    async def _unsubscribe_all(self) -> None:
+        self.owner._subs.pop(self.sub_id, None)
+        homes, self.homes = self.homes, {}
+        for i, part in homes.items():
+            with contextlib.suppress(ConnectionLost, RequestError, TimeoutError, OSError):
+                await self.owner.clients[i].unsubscribe(part.sub_id, timeout=2.0)
+
+    async def drain(self) -> None:
+        """Unsubscribe everywhere, then let queued notifications be consumed."""
+        if not self.closed:
+            self.closed = True
+            await self._unsubscribe_all()
+            if not self.queue.full():
+                self.queue.put_nowait(None)
+
+    async def close(self) -> None:
+        """Unsubscribe everywhere and drop what is queued."""
+        if not self.closed:
+            self.closed = True
+            while not self.queue.empty():
+                self.queue.get_nowait()
+            await self._unsubscribe_all()
+            self.queue.put_nowait(None)
+
+    async def __aenter__(self) -> FailoverSubscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class AgentClient:
+    """Connections to several access nodes, used by the routing agent (rules 1–5).
+
+    Invariant: a ``FailoverSubscription`` is in ``clients[i].subscriptions``
+    exactly for the node indices ``i`` in its ``homes``.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[tuple[str, int]],
+        *,
+        client_id: str | None = None,
+        settings: AgentSettings | None = None,
+        max_frame: int = DEFAULT_MAX_FRAME_SIZE,
+    ) -> None:
+        if not addresses:
+            raise ValueError("an agent client needs at least one access node address")
+        self.settings = settings or AgentSettings()
+        self.client_id = client_id or f"agent-{os.getpid()}-{id(self):x}"
+        self.addresses = list(addresses)
+        # One single-address Client per node: each reconnects to its own node only.
+        self.clients = [
+            Client([a], client_id=f"{self.client_id}/{i}", max_frame=max_frame) for i, a in enumerate(self.addresses)
+        ]
+        s = self.settings
+        self.agent = RoutingAgent(range(len(self.clients)), window=s.window, min_timeout=s.min_timeout, max_timeout=s.max_timeout)
+        self.chokes = 0
+        self.timeouts = 0
+        self.resent = 0
+        self.probes = 0
+        self.published: list[int] = [0] * len(self.clients)  # PubAcks per node
+        self._pending: dict[int, int] = {i: 0 for i in range(len(self.clients))}  # publishes awaiting an answer
+        self._subs: dict[str, FailoverSubscription] = {}
+        self._sub_seq = 0
+        self._sampled: list[float] = [0.0] * len(self.clients)  # perf_counter of each node's last sample
+        self._replace = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        for i, c in enumerate(self.clients):
+            c.on_lost.append(lambda c, i=i: self._lost(i))
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def connect(self, timeout: float = 10.0) -> AgentClient:
+        """Connect to every node; returns once at least one is up (the others keep trying)."""
+        loop = asyncio.get_running_loop()
+        pending = {loop.create_task(c.connect(timeout)): i for i, c in enumerate(self.clients)}
+        up = asyncio.Event()
+
+        async def connect_one(task: asyncio.Task[Client], i: int) -> None:
+            while not self._closing:
+                try:
+                    await task
+                    up.set()
+                    return
+                except (TimeoutError, OSError) as exc:
+                    log.info("%s: node %s not reachable yet: %s", self.client_id, self.addresses[i], exc)
+                task = loop.create_task(self.clients[i].connect(timeout))
+
+        for task, i in pending.items():
+            self._tasks.append(loop.create_task(connect_one(task, i)))
+        await asyncio.wait_for(up.wait(), timeout)
+        self._tasks.append(loop.create_task(self._supervise()))
+        if self.settings.probe_interval > 0:
+            self._tasks.append(loop.create_task(self._probe()))
+        return self
+
+    async def __aenter__(self) -> AgentClient:
+        return await self.connect()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        self._closing = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for sub in list(self._subs.values()):
+            sub.closed = True
+            if not sub.queue.full():
+                sub.queue.put_nowait(None)
+        for c in self.clients:
+            with contextlib.suppress(Exception):
+                await c.close()
+
+    @property
+    def connected(self) -> list[int]:
+        return [i for i, c in enumerate(self.clients) if c.connected]
+
+    # -- publishing (rules 1–3) --------------------------------------------------------
+
+    async def publish(
+        self, event: str | dict[str, Value], *, key: str = "", rank: int = 0, timeout: float = REQUEST_TIMEOUT
+    ) -> str:
+        """Publish through the node with the lowest predicted latency; returns the event id.
+
+        Raises ``RequestError`` if the event is rejected, ``TimeoutError`` if no
+        node acknowledged it within ``timeout``.
+        """
+        clock = time.perf_counter
+        deadline = clock() + timeout
+        agent = self.agent
+        pending = self._pending
+        failed: set[int] = set()  # nodes that timed out on this publish
+        while True:
+            now = clock()
+            if now >= deadline:
+                raise TimeoutError("no access node acknowledged the publish in time")
+            up = self.connected
+            if not up:
+                await asyncio.sleep(NOT_READY_RETRY)
+                continue
+            skip = failed.union(i for i in range(len(self.clients)) if i not in up)
+            if len(skip) >= len(self.clients):
+                failed.clear()  # every live node failed once: try them again
+                skip = {i for i in range(len(self.clients)) if i not in up}
+            node = agent.choose(now, exclude=skip, pending=pending)
+            wait = min(agent.timeout(node), deadline - now)
+            pending[node] += 1
+            try:
+                reply = await self.clients[node].publish_once(event, key=key, rank=rank, timeout=wait)
+            except (TimeoutError, ConnectionLost):
+                self.timeouts += 1
+                self.resent += 1
+                agent.on_timeout(node, clock())
+                failed.add(node)
+                continue
+            except NotReady:
+                await asyncio.sleep(NOT_READY_RETRY)
+                continue
+            finally:
+                pending[node] -= 1
+            t1 = clock()
+            self._sampled[node] = t1
+            if isinstance(reply, cm.Choke):
+                self.chokes += 1
+                agent.on_choke(node, reply.delay, t1)
+                if agent.choose(t1, exclude=skip) == node:
+                    await asyncio.sleep(reply.delay)
+                continue
+            agent.on_ack(node, t1 - now, t1)
+            self.published[node] += 1
+            return reply.event_id
+
+    async def _probe(self) -> None:
+        """Rule 4."""
+        clock = time.perf_counter
+        interval = self.settings.probe_interval
+
+        async def probe(i: int) -> None:
+            t0 = clock()
+            try:
+                await self.clients[i].ping(timeout=self.agent.timeout(i))
+            except (TimeoutError, ConnectionLost):
+                self.agent.on_timeout(i, clock())
+                self._sampled[i] = clock()
+                return
+            t1 = clock()
+            self._sampled[i] = t1
+            self.probes += 1
+            self.agent.on_ack(i, t1 - t0, t1)
+
+        while True:
+            await asyncio.sleep(interval / 2)
+            now = clock()
+            idle = [i for i in self.connected if now - self._sampled[i] >= interval]
+            # At once: one node that does not answer must not hold back the others' probes.
+            await asyncio.gather(*(probe(i) for i in idle))
+
+    # -- subscriptions (rule 5) --------------------------------------------------------
+
+    async def subscribe(
+        self,
+        expression: str,
+        *,
+        sub_id: str | None = None,
+        group: str = "",
+        weight: float = 1.0,
+        queue_size: int = DEFAULT_QUEUE,
+        redundancy: int | None = None,
+        load: LoadFactorConfig | None = None,
+        timeout: float = REQUEST_TIMEOUT,
+    ) -> FailoverSubscription:
+        """Subscribe on ``redundancy`` access nodes (1 for a group); returns once each applied it."""
+        if sub_id is None:
+            self._sub_seq += 1
+            sub_id = f"f{self._sub_seq}"
+        if sub_id in self._subs:
+            raise RequestError(cm.ErrorCode.DUPLICATE_SUBSCRIPTION, f"subscription {sub_id!r} is already open")
+        fs = FailoverSubscription(
+            self,
+            sub_id,
+            expression,
+            group=group,
+            weight=weight,
+            queue_size=queue_size,
+            redundancy=redundancy or self.settings.redundancy,
+            dedup=self.settings.dedup,
+            load=load,
+        )
+        self._subs[sub_id] = fs
+        try:
+            await asyncio.wait_for(self._place(fs), timeout)
+            if not fs.homes:
+                raise ConnectionLost("no access node could take the subscription")
+        except BaseException:
+            await fs.close()
+            raise
+        return fs
+
+    async def _place(self, fs: FailoverSubscription) -> None:
+        """Give ``fs`` homes on connected nodes up to its redundancy, cheapest first."""
+        now = time.perf_counter()
+        tried: set[int] = set()
+        while len(fs.homes) < fs.redundancy and not fs.closed and not self._closing:
+            free = [i for i in self.connected if i not in fs.homes and i not in tried]
+            if not free:
+                return
+            i = min(free, key=lambda n: self.agent.cost(n, now))
+            tried.add(i)
+            try:
+                part = await self.clients[i].subscribe(
+                    fs.expression,
+                    sub_id=fs.sub_id,
+                    group=fs.group,
+                    weight=fs.weight,
+                    queue_size=1,  # unused: the sink takes every notification
+                    sink=fs._sink,
+                    timeout=self.settings.max_timeout,
+                )
+            except (ConnectionLost, TimeoutError, NotReady) as exc:
+                log.info("%s: cannot place %s on node %s: %s", self.client_id, fs.sub_id, self.addresses[i], exc)
+                continue
+            if fs.closed:
+                with contextlib.suppress(ConnectionLost, RequestError, TimeoutError):
+                    await self.clients[i].unsubscribe(fs.sub_id, timeout=2.0)
+                return
+            if not self.clients[i].connected:
+                # Lost while we waited: _lost did not see it as a home, so take
+                # it off that client here (it must not re-subscribe it).
+                self.clients[i].subscriptions.pop(fs.sub_id, None)
+                continue
+            fs.homes[i] = part
+
+    def _lost(self, i: int) -> None:
+        """Client ``i`` lost its node: take subscriptions off it (before it can
+        re-subscribe them on reconnect) and have them placed elsewhere."""
+        client = self.clients[i]
+        for fs in self._subs.values():
+            if fs.homes.pop(i, None) is not None:
+                fs.failovers += 1
+                client.subscriptions.pop(fs.sub_id, None)
+                log.info("%s: subscription %s lost its home %s", self.client_id, fs.sub_id, self.addresses[i])
+        self._replace.set()
+
+    async def _supervise(self) -> None:
+        """Place subscriptions short of homes, when a home is lost or a node comes back."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._replace.wait(), REPLACE_POLL)
+            self._replace.clear()
+            for fs in list(self._subs.values()):
+                if len(fs.homes) < fs.redundancy and not fs.closed:
+                    try:
+                        await self._place(fs)
+                    except Exception:  # e.g. refused now; keep serving the others
+                        log.exception("%s: re-placing subscription %s failed", self.client_id, fs.sub_id)
+
+    def stats(self) -> dict[str, Any]:
+        now = time.perf_counter()
+        return {
+            "published": list(self.published),
+            "chokes": self.chokes,
+            "timeouts": self.timeouts,
+            "resent": self.resent,
+            "probes": self.probes,
+            "cost": [self.agent.cost(i, now) for i in range(len(self.clients))],
+            "connected": self.connected,
+        }

@@ -1,0 +1,361 @@
+"""overlay.net.admin: the admin HTTP endpoint of real nodes on loopback.
+
+Every endpoint (``/healthz``, ``/status``, ``/routing``, ``/balancing``,
+``/metrics``, ``/cluster``, ``/events``, the page and its files), the JSON
+errors (404, 405, 400, 401), the token on cluster-changing routes, the
+Prometheus exposition parsed back with ``prometheus_client.parser``, health
+before and after the cluster is ready, the server-sent event stream, the
+whole-cluster view with a node down, and ``overlay status`` reading it all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+from admincluster import AdminCluster, Traffic, until
+from overlay.cli import format_status, node_statuses
+from overlay.errors import OverlayError
+from overlay.net.admin import TOKEN_ENV
+
+pytestmark = pytest.mark.timeout(60)
+
+BALANCING = {"slice_seconds": 0.4, "probability": 1.0}
+
+
+async def fetch(url: str, method: str = "GET", **kw: Any) -> tuple[int, Any, str]:
+    """``(status, body as JSON or text, content type)``."""
+    async with aiohttp.ClientSession() as http:
+        async with http.request(method, url, **kw) as resp:
+            text = await resp.text()
+            body = json.loads(text) if resp.content_type == "application/json" and method != "HEAD" else text
+            return resp.status, body, resp.content_type
+
+
+async def get_json(url: str) -> Any:
+    status, body, kind = await fetch(url)
+    assert status == 200 and kind == "application/json", (url, status, body)
+    return body
+
+
+# -- health -------------------------------------------------------------------------------------
+
+
+async def test_healthz_is_503_with_the_reason_until_ready_then_200() -> None:
+    async with AdminCluster(3, only=(1,), wait_ready=False) as cl:
+        status, body, _ = await fetch(cl.url(1) + "/healthz")
+        assert status == 503 and body["ready"] is False
+        assert "routing table from the initializer (node 0)" in body["why"]
+        # (Links count as up here: the idle nodes' sockets are bound and listening.)
+        assert sorted(body["links_up"] + body["links_down"]) == [0, 2]
+
+        cl.start(0)  # the initializer: node 2 is still missing
+        await cl.nodes[0].started.wait()
+        await until(lambda: cl.nodes[1].core.ready, 10, "node 1 has the table")
+        status, body, _ = await fetch(cl.url(0) + "/healthz")
+        assert status == 503 and body["why"] == "waiting for ReplyRoutingTableInit from nodes [2]"
+        assert (await fetch(cl.url(1) + "/healthz"))[0] == 200
+
+        cl.start(2)
+        await until(lambda: cl.nodes[0].core.ready, 10, "the initializer ready")
+        status, body, _ = await fetch(cl.url(0) + "/healthz")
+        assert status == 200 and body == {"node": 0, "ready": True, "why": "ready", "state": body["state"], "links_up": [1, 2], "links_down": []}
+        head = await fetch(cl.url(2) + "/healthz", "HEAD")
+        assert head[0] == 200
+
+        cl.nodes[2].stop()
+        assert cl.nodes[2].admin.health() == (False, "the node is stopping")
+
+
+# -- status, routing, balancing ------------------------------------------------------------------
+
+
+async def test_status_routing_and_balancing_show_a_migration_with_every_score() -> None:
+    async with AdminCluster(3, **BALANCING) as cl:
+        traffic = await Traffic(cl, rate=1500).start()
+        try:
+            await until(lambda: cl.stat("migrations") > 0, 30, "a natural migration")
+        finally:
+            await traffic.stop()
+
+        for i in cl.nodes:
+            st = await get_json(cl.url(i) + "/status")
+            assert st["node"] == i and st["ready"] is True
+            for key in ("state", "d", "dc", "mean_dc", "spread", "spread_ratio", "capacity", "slice_seconds", "peers", "stats"):
+                assert key in st, key
+            assert set(st["links"]) == {str(p) for p in cl.nodes if p != i}
+            for link in st["links"].values():
+                assert set(link) == {"connected", "high", "normal", "connects"} and link["connected"]
+            assert set(st["inbox"]) == {"high", "normal"}
+            assert {"connections", "high", "normal", "max"} <= set(st["clients"])
+            for ch in st["channels"]:
+                assert {"id", "space", "load", "last_load", "subscriptions", "replicas"} <= set(ch)
+            assert st["admin_port"] == cl.nodes[i].admin_port
+
+        # Once quiet, every node's routingTable is the same, and owners hold their channels.
+        async def routings() -> list[Any]:
+            return [(await get_json(cl.url(i) + "/routing"))["channels"] for i in cl.nodes]
+
+        deadline = time.monotonic() + 10
+        tables = await routings()
+        while any(t != tables[0] for t in tables) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            tables = await routings()
+        assert all(t == tables[0] for t in tables), "routing tables never agreed"
+        routing = await get_json(cl.url(0) + "/routing")
+        assert [d["name"] for d in routing["da"]] == ["price", "sym"]
+        assert len(routing["channels"]) > 1 and any(c["owners"] != [0] for c in routing["channels"])
+        for ch in routing["channels"]:
+            assert ch["constraints"][0]["attr"] == "price" and ch["constraints"][0]["kind"] == "range"
+            for owner in ch["owners"]:
+                held = await get_json(cl.url(owner) + "/status")
+                assert ch["id"] in {c["id"] for c in held["channels"]}
+
+        last = await get_json(cl.url(0) + "/balancing?n=3")
+        assert last["node"] == 0 and last["count"] == len(last["entries"]) <= 3
+        assert [e["time"] for e in last["entries"]] == sorted(e["time"] for e in last["entries"])
+        entries = [e for i in cl.nodes for e in (await get_json(cl.url(i) + "/balancing?n=2000&kinds=decision,migration"))["entries"]]
+        assert {e["kind"] for e in entries} == {"decision", "migration"}
+        receivers = [e for e in entries if e.get("phase") == "receivers" and e["candidates"]]
+        assert receivers and all({"node", "rank1", "f2", "f3"} <= set(c) for e in receivers for c in e["candidates"])
+        channels = [e for e in entries if e.get("phase") == "channels" and e["channels"]]
+        assert channels and all({"id", "rank2", "f1", "f3", "f4"} <= set(c) for e in channels for c in e["channels"])
+        moves = [e for e in entries if e["kind"] == "migration"]
+        assert moves and all({"channels", "receiver", "subscriptions", "bytes"} <= set(e) for e in moves)
+
+        for bad in ("n=abc", "n=0", "since=yesterday"):
+            status, body, kind = await fetch(cl.url(0) + "/balancing?" + bad)
+            assert status == 400 and kind == "application/json" and body["status"] == 400, bad
+
+
+# -- errors, files, auth ----------------------------------------------------------------------
+
+
+async def test_unknown_paths_and_methods_answer_json_errors_and_the_page_is_served() -> None:
+    async with AdminCluster(1) as cl:
+        for path in ("/nope", "/status/extra", "/static/nope.js", "/static/..%2Fcli.py", "/static/index.html"):
+            status, body, kind = await fetch(cl.url(0) + path)
+            assert status == 404 and kind == "application/json", path
+            assert body["status"] == 404 and "no such path" in body["error"]
+        status, body, kind = await fetch(cl.url(0) + "/status", "POST")
+        assert status == 405 and kind == "application/json" and body["error"] == "POST not allowed on /status"
+
+        status, page, kind = await fetch(cl.url(0) + "/")
+        assert status == 200 and kind == "text/html" and "/static/app.js" in page and "<canvas" in page
+        for name, want in (("app.js", "text/javascript"), ("style.css", "text/css")):
+            status, _, kind = await fetch(cl.url(0) + "/static/" + name)
+            assert (status, kind) == (200, want)
+        status, _, kind = await fetch(cl.url(0) + "/favicon.ico")
+        assert (status, kind) == (200, "image/svg+xml")
+
+
+async def _drill(request: web.Request) -> web.Response:
+    return web.json_response({"done": True})
+
+
+async def test_the_admin_token_guards_routes_that_change_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    cl = AdminCluster(1, admin_token="s3cret")
+    cl.nodes[0].admin.add_action("/drill", _drill)
+    async with cl:
+        url = cl.url(0) + "/drill"
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}, {"Authorization": "Basic s3cret"}):
+            status, body, kind = await fetch(url, "POST", headers=headers)
+            assert status == 401 and kind == "application/json" and "Bearer" in body["error"], headers
+        status, body, _ = await fetch(url, "POST", headers={"Authorization": "Bearer s3cret"})
+        assert (status, body) == (200, {"done": True})
+        assert (await fetch(cl.url(0) + "/status"))[0] == 200  # reading needs no token
+
+    monkeypatch.setenv(TOKEN_ENV, "from-env")  # the environment wins over the file
+    cl = AdminCluster(1, admin_token="s3cret")
+    cl.nodes[0].admin.add_action("/drill", _drill)
+    async with cl:
+        assert (await fetch(cl.url(0) + "/drill", "POST", headers={"Authorization": "Bearer s3cret"}))[0] == 401
+        assert (await fetch(cl.url(0) + "/drill", "POST", headers={"Authorization": "Bearer from-env"}))[0] == 200
+
+    monkeypatch.delenv(TOKEN_ENV)
+    cl = AdminCluster(1)  # no token configured: no auth
+    cl.nodes[0].admin.add_action("/drill", _drill)
+    async with cl:
+        assert (await fetch(cl.url(0) + "/drill", "POST"))[0] == 200
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+FAMILIES = {
+    "overlay_ready": "gauge",
+    "overlay_state": "gauge",
+    "overlay_load_d": "gauge",
+    "overlay_load_dc": "gauge",
+    "overlay_mean_dc": "gauge",
+    "overlay_spread": "gauge",
+    "overlay_spread_ratio": "gauge",
+    "overlay_capacity": "gauge",
+    "overlay_slice_seconds": "gauge",
+    "overlay_channels": "gauge",
+    "overlay_peer_dc": "gauge",
+    "overlay_link_queue_depth": "gauge",
+    "overlay_link_connected": "gauge",
+    "overlay_inbox_depth": "gauge",
+    "overlay_client_queue_depth": "gauge",
+    "overlay_events_in": "counter",
+    "overlay_events_matched": "counter",
+    "overlay_events_notified": "counter",
+    "overlay_notifies_sent": "counter",
+    "overlay_migrations": "counter",
+    "overlay_replications": "counter",
+    "overlay_splits": "counter",
+    "overlay_merges": "counter",
+    "overlay_migrations_aborted": "counter",
+    "overlay_migration_bytes": "counter",
+    "overlay_subscriptions_moved": "counter",
+    "overlay_reforwards": "counter",
+    "overlay_rejected": "counter",
+    "overlay_dropped": "counter",
+    "overlay_node_events": "counter",
+    "overlay_tested_subscriptions": "histogram",
+    "overlay_publish_notify_latency_seconds": "histogram",
+}
+
+
+def _samples(families: dict[str, Any], name: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for s in families[name].samples}
+
+
+async def test_metrics_parse_and_hold_every_family() -> None:
+    async with AdminCluster(3, **BALANCING) as cl:
+        traffic = await Traffic(cl, rate=1500).start()
+        pub = await cl.client(0, "bad-publisher")
+        for bad in ({"price": 5000.0, "sym": "A"}, {"sym": "A"}):
+            with pytest.raises(OverlayError):
+                await pub.publish(bad)
+        try:
+            await until(lambda: cl.stat("migrations") > 0, 30, "a natural migration")
+        finally:
+            await traffic.stop()
+        await asyncio.sleep(0.2)  # the last notifications land
+
+        status, text, kind = await fetch(cl.url(0) + "/metrics")
+        assert status == 200 and kind == "text/plain"
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        for name, typ in FAMILIES.items():
+            assert name in families, f"{name} missing from /metrics"
+            assert families[name].type == typ, (name, families[name].type)
+
+        core = cl.nodes[0].core
+        assert _samples(families, "overlay_events_in")[("overlay_events_in_total", (("node", "0"),))] == core.stats["events_in"] > 0
+        state = {dict(k[1])["state"]: v for k, v in _samples(families, "overlay_state").items()}
+        assert state[core.monitor.state.value] == 1.0 and sum(state.values()) == 1.0
+        depth = _samples(families, "overlay_link_queue_depth")
+        assert {(dict(k[1])["peer"], dict(k[1])["priority"]) for k in depth} == {(p, q) for p in "12" for q in ("high", "normal")}
+        rejected = {dict(k[1])["reason"]: v for k, v in _samples(families, "overlay_rejected").items()}
+        assert rejected.get("bad_event") == 2
+        total_migrations = 0.0
+        for i in cl.nodes:
+            fams = {f.name: f for f in text_string_to_metric_families((await fetch(cl.url(i) + "/metrics"))[1])}
+            total_migrations += _samples(fams, "overlay_migrations")[("overlay_migrations_total", (("node", str(i)),))]
+        assert total_migrations == cl.stat("migrations") > 0
+
+        # Histograms: every matched event counted once, with its tested subscriptions.
+        tested = _samples(families, "overlay_tested_subscriptions")
+        node0 = (("node", "0"),)
+        assert tested[("overlay_tested_subscriptions_count", node0)] == core.stats["events_matched"]
+        assert tested[("overlay_tested_subscriptions_sum", node0)] > 0
+        buckets = sorted((float(dict(k[1])["le"]), v) for k, v in tested.items() if k[0].endswith("_bucket"))
+        assert buckets[-1] == (float("inf"), core.stats["events_matched"])
+        assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:]))
+        latency = _samples(families, "overlay_publish_notify_latency_seconds")
+        assert latency[("overlay_publish_notify_latency_seconds_count", node0)] > 0
+        assert 0 < latency[("overlay_publish_notify_latency_seconds_sum", node0)] / latency[("overlay_publish_notify_latency_seconds_count", node0)] < 5
+
+
+# -- the cluster view and its event stream ------------------------------------------------------
+
+
+async def _read_events(resp: aiohttp.ClientResponse, n: int) -> list[dict[str, Any]]:
+    """The first ``n`` ``cluster`` events of a server-sent event stream."""
+    out: list[dict[str, Any]] = []
+    event = None
+    saw_retry = False
+    while len(out) < n:
+        line = (await asyncio.wait_for(resp.content.readline(), 10)).decode().rstrip("\n")
+        if line.startswith("retry:"):
+            saw_retry = True
+        elif line.startswith("event:"):
+            event = line.split(":", 1)[1].strip()
+        elif line.startswith("data:") and event == "cluster":
+            out.append(json.loads(line.split(":", 1)[1]))
+    assert saw_retry
+    return out
+
+
+async def test_event_stream_yields_cluster_updates_and_ends_when_the_node_stops() -> None:
+    async with AdminCluster(3, **BALANCING) as cl:
+        traffic = await Traffic(cl, rate=600).start()
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.get(cl.url(2) + "/events?interval=0.2") as resp:
+                    assert resp.status == 200 and resp.content_type == "text/event-stream"
+                    first, *_, last = await _read_events(resp, 8)
+                    assert [n["node"] for n in first["nodes"]] == [0, 1, 2]
+                    assert all(n["reachable"] for n in first["nodes"]) and first["served_by"] == 2
+                    assert last["time"] > first["time"]
+                    assert last["totals"]["events_in"] > first["totals"]["events_in"]
+                    assert first["placement"] and first["da"][0]["name"] == "price"
+                    # The stream is still open: stopping the node must end it, promptly.
+                    await traffic.stop()
+                    started = time.monotonic()
+                    await cl.stop_node(2)
+                    assert time.monotonic() - started < 5
+                    rest = await asyncio.wait_for(resp.content.read(), 5)
+                    assert resp.content.at_eof(), rest[-200:]
+        finally:
+            await traffic.stop()
+
+
+async def test_cluster_view_shows_a_node_that_is_down_from_its_last_liem() -> None:
+    async with AdminCluster(3, slice_seconds=0.3, balancing=False) as cl:
+        await until(lambda: len(cl.nodes[0].core.monitor.live()) == 2, 10, "LIEMs from both peers")
+        view = await get_json(cl.url(0) + "/cluster")
+        assert [(n["node"], n["reachable"]) for n in view["nodes"]] == [(0, True), (1, True), (2, True)]
+        assert view["placement"][0]["owners"] == [0] and view["history"]
+
+        await cl.stop_node(2)
+        await asyncio.sleep(0.6)  # past the view's cache
+        view = await get_json(cl.url(0) + "/cluster")
+        down = next(n for n in view["nodes"] if n["node"] == 2)
+        assert down["reachable"] is False and "did not answer" in down["why"]
+        assert down["state"] in ("UNDERLOADED", "STABLE", "OVERLOADED", "BUSY", "UNKNOWN")
+        assert next(n for n in view["nodes"] if n["node"] == 1)["reachable"] is True
+
+
+# -- overlay status --------------------------------------------------------------------------------
+
+
+async def test_overlay_status_prints_a_table_from_the_admin_endpoints() -> None:
+    async with AdminCluster(3, slice_seconds=0.3, balancing=False) as cl:
+        await until(lambda: all(n.core.last_report is not None for n in cl.nodes.values()), 10, "a slice on every node")
+        answers = await node_statuses(cl.config)
+        assert all(st is not None for st, _ in answers)
+        table = format_status(cl.config, [st for st, _ in answers], [why for _, why in answers])
+        lines = table.splitlines()
+        assert lines[0].split()[:3] == ["node", "admin", "state"] and "S/dc̄" in lines[0]
+        for i in cl.nodes:
+            row = next(l for l in lines if l.split()[0] == str(i))
+            assert f"http://127.0.0.1:{cl.nodes[i].admin_port}" in row
+            assert cl.nodes[i].core.monitor.state.value in row
+        assert "cluster 'local': 3/3 nodes answer, 1 channels" in table
+
+        await cl.stop_node(1)
+        answers = await node_statuses(cl.config)
+        table = format_status(cl.config, [st for st, _ in answers], [why for _, why in answers])
+        row = next(l for l in table.splitlines() if l.split()[0] == "1")
+        assert "down: nothing listens on http://127.0.0.1:" in row
+        assert "2/3 nodes answer" in table
