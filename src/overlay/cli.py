@@ -1,6 +1,8 @@
 """The ``overlay`` command line (SPEC §14).
 
     overlay node --config F --id N [--capture DIR]   run one node until SIGINT/SIGTERM
+    overlay node join --config F --id N      run node N (in F) joining a running cluster that does not list it
+    overlay node drain N --config F [--token T]   move every channel off node N; waits, prints a summary
     overlay cluster up F [--duration S] [--capture DIR] [--traffic]
                                              every node of F as subprocesses
     overlay pub --config F [--node N] [--key K [--rank R]] [EVENT ...]   (events from stdin if none)
@@ -73,6 +75,12 @@ async def _node_main(cfg: ClusterConfig, node_id: int) -> None:
 
 
 def cmd_node(args: argparse.Namespace) -> int:
+    if args.action == "drain":
+        from overlay.membership_cli import cmd_drain
+
+        return cmd_drain(args)
+    if args.id is None:
+        raise OverlayError("overlay node: --id N is required (the node to run)")
     cfg = load_config(args.config)
     cfg.node(args.id)
     if args.capture:
@@ -413,9 +421,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-level", default="info", help="debug, info, warning, error")
     sub = p.add_subparsers(dest="command", required=True)
 
-    n = sub.add_parser("node", help="run one node")
+    n = sub.add_parser("node", help="run one node; `node join` (a new node), `node drain N` (empty node N)")
+    n.add_argument("action", nargs="?", choices=["join", "drain"], help="join: run --id N joining a running cluster; drain N")
+    n.add_argument("target", nargs="?", type=int, help="drain: the node to drain")
     n.add_argument("--config", required=True)
-    n.add_argument("--id", type=int, required=True)
+    n.add_argument("--id", type=int, default=None)
+    n.add_argument("--token", default=None, help="drain: admin token (default: $OVERLAY_ADMIN_TOKEN, then the config's)")
+    n.add_argument("--timeout", type=float, default=300.0, help="drain: seconds to wait for it to finish")
     n.add_argument("--capture", metavar="DIR", help="write this node's capture to DIR (overrides cluster.capture_dir)")
     n.set_defaults(func=cmd_node)
 

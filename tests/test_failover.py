@@ -1,0 +1,425 @@
+"""overlay.client.routing.AgentClient against real nodes on loopback (SPEC §12).
+
+* the routing agent avoids a node made slow (its replies to clients delayed);
+* it honours Choke: a node whose inbox is past ``choke_threshold`` (its
+  dispatcher held, its inbox filled) chokes every publish; the agent moves
+  away, and with no other node waits the delays out — nothing is dropped;
+* no PubAck within mean + 3σ: a failure, the publish goes to another node
+  (at least once: the first node's copy arrives too, under its own id);
+* a publisher's access node is lost mid-stream: every publish still acked;
+* a subscriber's access node is stopped or crashes mid-stream: the
+  subscription fails over and every event published after the SubAck
+  reaches the application exactly once (identities counted);
+* the subscriber's load factor rides on its acks; a group has one home;
+* the command line: ``pub --key --rank``, ``sub --group --weight``, ``[agent]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from overlay.client import AgentClient, AgentSettings, Client
+from overlay.config import ClusterConfig, NodeConfig, load_config
+from overlay.errors import LocalProtocolError, RequestError
+from overlay.messages import client as cm
+from overlay.net.node import Node
+
+pytestmark = pytest.mark.timeout(60)
+
+_LOADED = load_config(Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml")
+CHOKE_AT = 20
+BASE = msgspec.structs.replace(
+    _LOADED, cluster=msgspec.structs.replace(_LOADED.cluster, balancing=False, choke_threshold=CHOKE_AT)
+)
+WAIT = 10.0
+
+
+async def wait_until(cond: Callable[[], bool], timeout: float = WAIT, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+class Cluster:
+    """``n`` nodes of one config as tasks of the test's loop; node 0 owns EC."""
+
+    def __init__(self, n: int) -> None:
+        self.socks: dict[int, socket.socket] = {}
+        for i in range(n):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", 0))
+            s.listen(128)
+            self.socks[i] = s
+        nodes = tuple(NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, 1.0) for i, s in self.socks.items())
+        self.config: ClusterConfig = BASE.with_nodes(nodes)
+        self.nodes = {i: Node(self.config, i, sock=self.socks[i]) for i in range(n)}
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.closers: list[Client | AgentClient] = []
+
+    def addr(self, i: int) -> tuple[str, int]:
+        return ("127.0.0.1", self.socks[i].getsockname()[1])
+
+    async def start(self) -> Cluster:
+        for i, node in self.nodes.items():
+            self.tasks[i] = asyncio.create_task(node.run(), name=f"node-{i}")
+        await asyncio.wait_for(asyncio.gather(*(n.started.wait() for n in self.nodes.values())), WAIT)
+        await wait_until(lambda: all(n.core.ready for n in self.nodes.values()), what="cluster ready")
+        return self
+
+    async def agent(self, *nodes: int, **settings: object) -> AgentClient:
+        a = AgentClient([self.addr(i) for i in nodes], settings=AgentSettings(**settings))  # type: ignore[arg-type]
+        self.closers.append(a)
+        await a.connect()
+        await wait_until(lambda: len(a.connected) == len(nodes), what="agent connected everywhere")
+        return a
+
+    async def client(self, node: int) -> Client:
+        c = await Client([self.addr(node)]).connect()
+        self.closers.append(c)
+        return c
+
+    async def stop(self) -> None:
+        for c in self.closers:
+            with contextlib.suppress(Exception):
+                await c.close()
+        for n in self.nodes.values():
+            n.stop()
+        await asyncio.wait_for(asyncio.gather(*self.tasks.values(), return_exceptions=True), WAIT)
+        for s in self.socks.values():
+            s.close()
+
+
+@contextlib.asynccontextmanager
+async def running(n: int):
+    c = await Cluster(n).start()
+    try:
+        yield c
+    finally:
+        await c.stop()
+
+
+def slow_down(node: Node, delay: float) -> None:
+    """Every reply of ``node`` to its clients leaves ``delay`` s late (the
+    loop is shared by every node of the test, so no blocking sleep)."""
+    send = node._send_client
+    loop = asyncio.get_running_loop()
+    node._send_client = lambda sid, msg: loop.call_later(delay, send, sid, msg)  # type: ignore[method-assign]
+
+
+async def hold_dispatcher(node: Node) -> asyncio.Event:
+    """Stop ``node``'s dispatcher at its next wake-up and fill the normal
+    level of its inbox to the choke threshold; set the returned event to let
+    it go on (the filler items are harmless: closes of unknown sessions)."""
+    gate = asyncio.Event()
+    inbox = node.inbox
+    wait = inbox.wait
+
+    async def held() -> None:
+        await gate.wait()
+        del inbox.wait  # type: ignore[attr-defined]
+        await wait()
+
+    inbox.wait = held  # type: ignore[method-assign]
+    # The dispatcher may be inside the real wait(): wake it with one filler so
+    # that its next wait is the held one.
+    inbox.put_force(("closed", -1, None), False)
+    await wait_until(lambda: not len(inbox), what="dispatcher to take the filler")
+    await asyncio.sleep(0.01)
+    for _ in range(CHOKE_AT):
+        inbox.put_force(("closed", -1, None), False)
+    return gate
+
+
+async def test_agent_avoids_a_slow_node() -> None:
+    async with running(3) as cluster:
+        slow_down(cluster.nodes[1], 0.03)
+        agent = await cluster.agent(0, 1, 2, probe_interval=0)
+        ids = [await agent.publish({"price": float(i), "sym": "AB"}) for i in range(300)]
+        assert len(set(ids)) == 300
+        per_node = agent.published
+        assert sum(per_node) == 300
+        # A handful to learn the slow node's cost, then it is avoided.
+        assert per_node[1] <= 10, per_node
+        assert agent.timeouts == 0
+        now = time.perf_counter()
+        assert agent.agent.cost(1, now) > 10 * min(agent.agent.cost(0, now), agent.agent.cost(2, now))
+
+
+async def test_probing_brings_a_recovered_node_back() -> None:
+    async with running(2) as cluster:
+        node = cluster.nodes[0]
+        send = node._send_client
+        slow_down(node, 0.03)
+        agent = await cluster.agent(0, 1, probe_interval=0.05)
+        for i in range(40):
+            await agent.publish({"price": float(i), "sym": "AB"})
+        before = agent.published[0]
+        assert before <= 5
+        node._send_client = send  # type: ignore[method-assign]  # it recovers ...
+        slow_down(cluster.nodes[1], 0.01)  # ... and the other one slows down
+        await wait_until(lambda: agent.probes >= 40, what="probes")
+        for i in range(200):
+            await agent.publish({"price": float(i), "sym": "AB"})
+        assert agent.published[0] > before + 20, agent.published
+
+
+async def test_agent_moves_away_from_a_choking_node() -> None:
+    async with running(3) as cluster:
+        sub_client = await cluster.client(0)
+        sub = await sub_client.subscribe('sym = "CH"')
+        # Index 0 is the choking node 1.  Probing on: should node 2 look slow for
+        # a moment (one spike on a loaded machine), a probe clears it, where
+        # the choked node's estimate stays at the Choke delay.
+        agent = await cluster.agent(1, 2, probe_interval=0.05)
+        gate = await hold_dispatcher(cluster.nodes[1])  # after the Hello: the dispatcher answers it
+        ids = [await agent.publish({"price": float(i), "sym": "CH"}) for i in range(50)]
+        assert agent.chokes >= 1
+        assert agent.published == [0, 50]  # nothing got through node 1, nothing lost
+        got = {(await sub.next(WAIT)).event_id for _ in range(50)}
+        assert got == set(ids)
+        gate.set()
+
+
+async def test_agent_waits_out_choke_when_no_other_node() -> None:
+    async with running(2) as cluster:
+        sub_client = await cluster.client(0)
+        sub = await sub_client.subscribe('sym = "CH"')
+        agent = await cluster.agent(1, probe_interval=0)
+        gate = await hold_dispatcher(cluster.nodes[1])
+        publishing = [asyncio.ensure_future(agent.publish({"price": float(i), "sym": "CH"})) for i in range(5)]
+        await wait_until(lambda: agent.chokes >= 10, what="repeated chokes")
+        assert not any(p.done() for p in publishing)  # waiting the delays out, not failing
+        gate.set()
+        ids = await asyncio.gather(*publishing)
+        assert len(set(ids)) == 5 and agent.timeouts == 0
+        got = {(await sub.next(WAIT)).event_id for _ in range(5)}
+        assert got == set(ids)
+        # The chokes were fed into the estimator as latencies.
+        assert len(agent.agent.estimators[0]) >= 10
+
+
+async def test_no_ack_in_time_is_a_failure_and_the_publish_goes_elsewhere() -> None:
+    async with running(3) as cluster:
+        sub_client = await cluster.client(0)
+        sub = await sub_client.subscribe('sym = "TO"')
+        agent = await cluster.agent(1, 2, probe_interval=0, min_timeout=0.05, max_timeout=0.2)
+        # Node 2 is a little slower, so the agent prefers node 1 ...
+        slow_down(cluster.nodes[2], 0.005)
+        for i in range(6):
+            await agent.publish({"price": float(i), "sym": "WARM"})
+        assert agent.agent.choose(time.perf_counter()) == 0
+        # ... then node 1 goes on accepting events but its PubAcks get lost.
+        node = cluster.nodes[1]
+        send = node._send_client
+        node._send_client = lambda sid, msg: None if isinstance(msg, cm.PubAck) else send(sid, msg)  # type: ignore[method-assign]
+        ids = [await agent.publish({"price": float(i), "sym": "TO"}, timeout=5) for i in range(20)]
+        assert agent.timeouts >= 1 and agent.resent == agent.timeouts
+        assert agent.agent.failures[0] >= 1
+        assert all(i.startswith("2-") for i in ids)  # every acknowledged publish came back from node 2
+        # At least once: node 1 accepted the timed-out publishes too, under its own event ids.
+        got = [(await sub.next(WAIT)).event_id for _ in range(20 + agent.timeouts)]
+        assert set(ids) <= set(got)
+        assert sum(g.startswith("1-") for g in got) == agent.timeouts
+
+
+async def test_publisher_survives_the_loss_of_its_access_node() -> None:
+    async with running(3) as cluster:
+        sub_client = await cluster.client(0)
+        sub = await sub_client.subscribe('sym = "PF"')
+        agent = await cluster.agent(1, 2, probe_interval=0)
+        ids: list[str] = []
+
+        async def publish() -> None:
+            for i in range(300):
+                ids.append(await agent.publish({"price": float(i), "sym": "PF"}, timeout=WAIT))
+
+        task = asyncio.ensure_future(publish())
+        await wait_until(lambda: len(ids) >= 100, what="a third published")
+        # Stopped, not crashed: a crash can lose an event node 1 acknowledged
+        # but had not yet forwarded to the channel's owner (README: limits).
+        cluster.nodes[1].stop()
+        await asyncio.wait_for(task, WAIT * 2)
+        assert len(set(ids)) == 300
+        assert agent.connected == [1]
+        # Every acknowledged publish arrives; one lost with node 1 after it was
+        # accepted but before its PubAck may arrive twice (at least once).
+        got = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                got.append((await sub.next(1.0)).event_id)
+        assert set(ids) <= set(got)
+        assert len(got) <= 300 + agent.resent
+
+
+async def test_bad_group_weight_is_refused() -> None:
+    async with running(2) as cluster:
+        subscriber = await cluster.agent(0, 1, probe_interval=0)
+        with pytest.raises(RequestError):
+            await subscriber.subscribe('sym = "W"', group="g", weight=0.0)
+        assert not subscriber._subs
+
+
+@pytest.mark.parametrize(("key", "rank"), [("k", -1), ("x" * 257, 1), ("k", 1.5)])
+async def test_bad_key_or_rank_is_refused_before_it_is_sent(key: str, rank: int) -> None:
+    async with running(2) as cluster:
+        agent = await cluster.agent(0, 1, probe_interval=0)
+        with pytest.raises(LocalProtocolError):
+            await agent.publish({"price": 1.0, "sym": "B"}, key=key, rank=rank)
+        assert agent.connected == [0, 1]  # no session was closed for it
+        assert (await agent.publish({"price": 1.0, "sym": "B"}, key="k", rank=1)).count("-") == 1
+
+
+@pytest.mark.parametrize("how", ["stop", "crash"])
+async def test_subscriber_fails_over_exactly_once(how: str) -> None:
+    async with running(4) as cluster:  # node 0 owns every channel; 1-3 are access nodes
+        subscriber = await cluster.agent(1, 2, 3, probe_interval=0)
+        sub = await subscriber.subscribe('sym = "FO"')
+        homes = sorted(sub.homes)
+        assert len(homes) == 2
+        victim = homes[0] + 1  # node id = index + 1
+        publisher = await cluster.client(0)
+        published: list[str] = []
+        total = 600
+
+        async def publish() -> None:
+            for i in range(total):
+                published.append(await publisher.publish({"price": float(i % 1000), "sym": "FO", "qty": i}))
+                if i % 20 == 0:
+                    await asyncio.sleep(0.002)
+
+        received: list[str] = []
+
+        async def consume() -> None:
+            async for note in sub:
+                received.append(note.event_id)
+                if len(received) == total:
+                    return
+
+        pub_task = asyncio.ensure_future(publish())
+        con_task = asyncio.ensure_future(consume())
+        await wait_until(lambda: len(published) >= total // 3, what="a third published")
+        if how == "stop":
+            cluster.nodes[victim].stop()
+        else:
+            cluster.tasks[victim].cancel()
+        await asyncio.wait_for(pub_task, WAIT * 2)
+        await asyncio.wait_for(con_task, WAIT * 2)
+        await asyncio.sleep(0.2)  # a late duplicate would show up here
+        while not sub.queue.empty():
+            item = sub.queue.get_nowait()
+            assert item is not None
+            received.append(item[0].event_id)
+        assert len(received) == len(set(received)) == total  # exactly once
+        assert set(received) == set(published)
+        assert sub.failovers == 1
+        assert sub.duplicates > 0  # both homes delivered: the client de-duplicated
+        await wait_until(lambda: len(sub.homes) == 2, what="a new second home")
+        assert victim - 1 not in sub.homes
+        # The new home delivers too.
+        eid = await publisher.publish({"price": 1.0, "sym": "FO"})
+        assert (await sub.next(WAIT)).event_id == eid
+
+
+async def test_group_subscription_has_one_home_and_reports_load() -> None:
+    async with running(2) as cluster:
+        subscriber = await cluster.agent(0, 1, probe_interval=0)
+        sub = await subscriber.subscribe('sym = "GR"', group="workers", weight=2.0, queue_size=10)
+        assert len(sub.homes) == 1
+        (home,) = sub.homes
+        part = sub.homes[home]
+        assert (part.group, part.weight) == ("workers", 2.0)
+        acks: list[cm.Ack] = []
+        conn = subscriber.clients[home]
+        send = conn._send
+
+        def spy(msg: cm.ClientMessage) -> None:
+            if isinstance(msg, cm.Ack):
+                acks.append(msg)
+            send(msg)
+
+        conn._send = spy  # type: ignore[method-assign]
+        publisher = await cluster.client(0)
+        for i in range(8):
+            await publisher.publish({"price": float(i), "sym": "GR"})
+        await wait_until(lambda: sub.queue.qsize() == 8, what="8 queued")
+        for _ in range(8):
+            await sub.next(WAIT)
+            await asyncio.sleep(0.03)  # 30 ms of "processing" each
+        sub.done()
+        await wait_until(lambda: len(acks) >= 8, what="acks")
+        # The first ack saw 7 of 10 still queued: LF = Wq·LFq = 0.5 · 0.7 / 0.8.
+        assert acks[0].lf == pytest.approx(0.5 * 0.7 / 0.8)
+        # Later acks carry the processing time: (30 ms − 5 ms) / 50 ms · Wet ≈ 0.25.
+        assert acks[-1].lf > 0.1
+        assert all(0.0 <= a.lf <= 1.0 for a in acks)
+
+
+# -- the command line (overlay pub --key/--rank, overlay sub --group/--weight) ------------
+
+
+def cluster_toml(cluster: Cluster, tmp_path: Path, extra: str = "") -> Path:
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml").read_text()
+    for i in range(len(cluster.nodes)):
+        text = re.sub(rf"port = 710{i}\n", f"port = {cluster.addr(i)[1]}\n", text)
+    text = re.sub(r"admin_port = \d+", "admin_port = 0", text)
+    path = tmp_path / "cluster.toml"
+    path.write_text(text + extra)
+    return path
+
+
+async def test_cli_pub_with_key_and_rank_and_sub_with_group(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from overlay import cli
+
+    async with running(3) as cluster:
+        cfg = cluster_toml(cluster, tmp_path, "\n[agent]\nwindow = 8\nprobe_interval = 0\n")
+        sub_args = cli.build_parser().parse_args(
+            ["sub", "--config", str(cfg), 'sym = "CLI"', "--group", "g1", "--weight", "2", "--count", "2", "--seconds", "20"]
+        )
+        subscriber = asyncio.ensure_future(cli._sub(sub_args))
+        await wait_until(lambda: cluster.nodes[0].core.stats["subscriptions_in"] >= 1, what="the CLI subscription")
+        await asyncio.sleep(0.2)  # its SubAck
+        pub_args = cli.build_parser().parse_args(
+            ["pub", "--config", str(cfg), "--key", "k1", "--rank", "1", '{price: 1.5, sym: "CLI"}', '{price: 2.5, sym: "CLI"}']
+        )
+        assert (pub_args.key, pub_args.rank) == ("k1", 1)
+        assert await cli._pub(pub_args) == 0
+        assert await asyncio.wait_for(subscriber, WAIT) == 0
+        out = capsys.readouterr()
+        assert '"group": "g1"' in out.err
+        assert out.out.count('"event_id"') == 4  # two published, two received
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["pub", "--config", "x", "--rank", "0"],
+        ["pub", "--config", "x", "--rank", "-3"],
+        ["sub", "--config", "x", "e", "--weight", "0"],
+        ["sub", "--config", "x", "e", "--weight", "nan"],
+    ],
+)
+def test_cli_refuses_bad_rank_and_weight(argv: list[str]) -> None:
+    from overlay import cli
+
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(argv)
+
+
+def test_cli_rank_needs_a_key(capsys: pytest.CaptureFixture[str]) -> None:
+    from overlay import cli
+
+    assert cli.main(["pub", "--config", "x", "--rank", "2", "e"]) == 2
+    assert "--rank needs --key" in capsys.readouterr().err
