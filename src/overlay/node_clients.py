@@ -263,6 +263,8 @@ class ClientsMixin:
                         raise LocalProtocolError(self._not_owner(chid))
                     _, acts = self.start_migration([chid], receiver, now, forced=True, admin=(sess.id, msg.seq))
                     out.extend(acts)
+                case "drain":  # answered when the localTable is empty (node_membership)
+                    out.extend(self.drain(now, admin=(sess.id, msg.seq)))
                 case "journal":
                     # The balancing journal from entry `since` on, at most `limit` entries
                     # (a reply must fit in one frame; page with since += len(reply)).
@@ -272,7 +274,7 @@ class ClientsMixin:
                     page = list(itertools.islice(self.journal, since, since + min(limit, JOURNAL_PAGE)))
                     out.append(ToClient(sess.id, cm.AdminReply(msg.seq, page)))
                 case _:
-                    raise LocalProtocolError(f"unknown admin command {msg.command!r} (status, split, place, journal)")
+                    raise LocalProtocolError(f"unknown admin command {msg.command!r} (status, split, place, drain, journal)")
         except (OverlayError, KeyError, ValueError, TypeError) as exc:
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.ADMIN, str(exc))))
 

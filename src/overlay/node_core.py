@@ -64,6 +64,7 @@ from overlay.messages import peer as pm
 from overlay.node_balancing import BalancingMixin
 from overlay.node_clients import ClientsMixin, _Pending, _Session
 from overlay.node_groups import GroupsMixin
+from overlay.node_membership import MembershipMixin
 from overlay.node_migration import MigrationMixin
 from overlay.node_ordering import OrderingMixin
 
@@ -89,7 +90,7 @@ class _TableUpdate:
         self.admin = admin
 
 
-class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, GroupsMixin):
+class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, GroupsMixin, MembershipMixin):
     """One node's state and protocol logic (module rules 1–6).
 
     Invariant: a channel is in ``local`` iff the routing table names this node
@@ -165,7 +166,8 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
             log.info("node %d: ready (%d channels in routing table)", self.id, len(self.routing))
 
     def hello(self) -> pm.PeerHello:
-        return pm.PeerHello(self.id, self.config.cluster.name, self.has_table)
+        me = self.me  # the address lets a node that does not know us add us (node_membership rule 5)
+        return pm.PeerHello(self.id, self.config.cluster.name, self.has_table, me.host, me.port, me.admin_port, me.capacity)
 
     def peer_hello(self, node: int, msg: pm.PeerHello, now: float) -> list[Action]:
         """A peer (re)connected to us; a peer without a table gets ours."""
@@ -173,9 +175,10 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
             raise RemoteProtocolError(
                 f"node {node} belongs to cluster {msg.cluster!r}, not {self.config.cluster.name!r}"
             )
+        joined = self._member_hello(node, msg)  # an unknown node joins (node_membership rule 5)
         if self.is_initializer and self.has_table and not msg.has_routing_table:
-            return [ToPeer(node, self._table_init())]
-        return []
+            return [*joined, ToPeer(node, self._table_init())]
+        return joined
 
     # == peers ===================================================================
 
@@ -552,6 +555,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         self._slice_tick(now, out)
         self._ordering_tick(now, out)
         self._groups_tick(now, out)
+        self._drain_tick(now, out)  # node_membership rule 1
         for mig in list(self.outgoing.values()):
             if mig.expired(now):
                 if mig.state in (OutState.REQUESTED, OutState.TRANSFERRING):

@@ -9,7 +9,8 @@ Rules this module keeps:
    ``blake2b(node, key)``.  *Live* is this node's view: every node of the
    config except the peers whose link the shell reported down
    (``peer_link``) — a link loss is seen at once (EOF), long before LIEMs go
-   stale.  Every access node computes the home itself; no directory.
+   stale — plus nodes that joined the membership (``peers``).  Every access
+   node computes the home itself; no directory.
 2. **Access node.** A Publish with a ``key`` becomes an Event with
    ``dispatch_sign = EVENT_NEW`` sent to the home (or sequenced here when this
    node is the home).  A ``rank`` without a key is refused (``bad_rank``).
@@ -108,6 +109,7 @@ class OrderingMixin:
         self._seq_waiting: dict[str, tuple[int, int, pm.Event]] = {}  # access: event id -> (session, seq, event)
         self._recent_pubs: dict[str, tuple[int, int]] = {}  # access: event id -> (session, seq)
         self._home_cache: dict[str, int] = {}
+        self._home_peers: list[int] = list(self.peers)
         # Rule 8: "sequenced" and "complete" notes per (node, code), sent by end_batch().
         self._batch: dict[tuple[int, str], list[str]] = {}
         self._rel_queue: deque[Release] = deque()
@@ -117,9 +119,13 @@ class OrderingMixin:
     # -- homes (rule 1) -------------------------------------------------------------------
 
     def live_nodes(self: NodeCore) -> list[int]:
-        return [n for n in self.config.node_ids if n == self.id or (n in self.peers and n not in self._down)]
+        """This node and its peers (as membership changes them), minus links down."""
+        return sorted({self.id, *self.peers} - self._down)
 
     def home_of(self: NodeCore, key: str) -> int:
+        if self._home_peers != self.peers:  # a node joined or left the membership
+            self._home_peers = list(self.peers)
+            self._home_cache.clear()
         home = self._home_cache.get(key)
         if home is None:
             if len(self._home_cache) >= HOME_CACHE:

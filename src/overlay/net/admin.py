@@ -524,6 +524,17 @@ _COUNTERS: Final = (
     ("overlay_subscriptions_moved", "Subscriptions moved by migrations and replications.", "subscriptions_moved"),
     ("overlay_chokes", "Publishes answered with Choke (SPEC §12).", "chokes"),
     ("overlay_peer_queue_overflow", "Peer frames queued past a full link queue (backpressure, not dropped).", "peer_queue_overflow"),
+    # Ordered delivery (SPEC §10, overlay.node_ordering) and groups (SPEC §11, overlay.node_groups).
+    ("overlay_ordered_released", "Keyed events released by this node's sequencer (it is their key's home).", "ordered_released"),
+    ("overlay_ordered_completed", "Released keyed events delivered everywhere they matched.", "ordered_completed"),
+    ("overlay_seq_gaps_skipped", "Missing ranks given up on by expiry (policy skip), per gap.", "seq_gaps_skipped"),
+    ("overlay_seq_expired_dropped", "Held keyed events dropped by expiry (policy drop).", "seq_expired_dropped"),
+    ("overlay_seq_processing_timeouts", "Released keyed events whose acks never all came (the key moved on).", "seq_processing_timeouts"),
+    ("overlay_group_dispatched", "Events dispatched to one instance of a subscriber group.", "group_dispatched"),
+    ("overlay_group_redispatched", "Group events moved to another instance after a failed delivery.", "group_redispatched"),
+    ("overlay_group_throttled", "Low-priority group events dropped: every instance above the throttle LF.", "group_throttled"),
+    ("overlay_group_undeliverable", "Group events no instance could take (the publisher is told).", "group_undeliverable"),
+    ("overlay_delivery_ack_timeouts", "Tracked notifications whose client did not ack within ack_timeout.", "delivery_ack_timeouts"),
 )
 _DROPS: Final = (
     ("slow_consumer", "slow_consumer_drops"),
