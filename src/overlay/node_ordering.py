@@ -180,6 +180,8 @@ class OrderingMixin:
         self.stats["events_in"] += 1
         self.stats["ordered_in"] += 1
         self._remember_publish(event_id, sess.id, msg.seq)
+        if self.capture is not None:  # SPEC §13; the home assigns the rank when none is given
+            self.capture.publish(event_id, chid, values, msg.key, msg.rank or None)
         ev = pm.Event(
             event_id, values, self.id, pm.DispatchSign.EVENT_NEW, chid, msg.publish_time or now,
             key=msg.key, rank=msg.rank, home=self.home_of(msg.key),

@@ -7,7 +7,7 @@ Rules:
    overwritten), so ``overlay replay`` of the directory sees one run.
 2. The header is the first line; then every ``FLUSH_SECONDS`` the writer takes
    the buffer's pending chunks (already encoded by the buffer, in the loop,
-   a thousand records at a time) and writes them in a worker thread, so the
+   a few hundred records at a time) and writes them in a worker thread, so the
    dispatcher never waits on the disk — and the thread only does I/O, which
    releases the GIL.  One batch is written at a time (a lock), so the final
    ``close()`` cannot interleave with a batch still in its thread.

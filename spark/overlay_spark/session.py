@@ -1,0 +1,147 @@
+"""The SparkSession of a replay, and the progress line shown while Spark works."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import tempfile
+import threading
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Final, TextIO
+
+from pyspark.sql import SparkSession
+
+__all__ = ["make_session", "ship_code", "Progress"]
+
+# Shuffle partitions: AQE coalesces small ones, so this is an upper bound that
+# keeps both cores busy on a laptop and scales on a cluster (--partitions).
+DEFAULT_PARTITIONS: Final = 8
+# Seconds between two progress lines while a stage runs.
+PROGRESS_EVERY: Final = 2.0
+
+
+def make_session(master: str | None = None, *, partitions: int = DEFAULT_PARTITIONS, quick_jvm: bool = False,
+                 driver_memory: str = "4g") -> SparkSession:
+    """A session for the replay; an existing one (tests, spark-submit) is reused.
+
+    ``quick_jvm`` stops the JIT at C1: a JVM that starts in half the time and
+    runs a little slower, right for the small captures of the tests.
+    """
+    # Python workers run this interpreter, which has ``overlay`` installed: the
+    # filter parser the re-matching uses on executors (SPEC §2.2).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    if not master or master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # loopback only, and no warning about it
+    b = SparkSession.builder.appName("overlay-replay")
+    if master:
+        b = b.master(master)
+    elif not SparkSession.getActiveSession():
+        b = b.master(os.environ.get("OVERLAY_SPARK_MASTER", "local[*]"))
+    b = (
+        b.config("spark.sql.shuffle.partitions", str(partitions))
+        .config("spark.sql.adaptive.enabled", "true")
+        # The expressions below are written for SQL's null-on-error semantics.
+        .config("spark.sql.ansi.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", driver_memory)
+        .config("spark.sql.autoBroadcastJoinThreshold", str(64 << 20))
+        # No pandas/pyarrow here: plain pickled UDF rows, and no warning about it.
+        .config("spark.sql.execution.pythonUDF.arrow.enabled", "false")
+    )
+    if quick_jvm:
+        b = b.config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
+    if not master or master.startswith("local"):
+        b = b.config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.conf.set("spark.sql.ansi.enabled", "false")
+    spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
+    spark.conf.set("spark.sql.execution.pythonUDF.arrow.enabled", "false")
+    # The CLI logs at INFO; py4j's and matplotlib's chatter is not progress.
+    for name in ("py4j", "py4j.clientserver", "matplotlib", "matplotlib.font_manager"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return spark
+
+
+def ship_code(spark: SparkSession) -> None:
+    """Python workers import ``overlay_spark`` (the module of the filter-parsing
+    UDF), and on a remote cluster ``overlay`` too (the parser itself; its
+    dependencies msgspec and sortedcontainers must be installed there): ship
+    them as zips, once per SparkContext."""
+    sc = spark.sparkContext
+    if getattr(sc, "_overlay_shipped", False):
+        return
+    packages = [Path(__file__).resolve().parent]
+    if not sc.master.startswith("local"):
+        import overlay
+
+        packages.append(Path(overlay.__file__).resolve().parent)
+    tmp = Path(tempfile.mkdtemp(prefix="overlay-replay-"))
+    for pkg in packages:
+        zpath = tmp / f"{pkg.name}.zip"
+        with zipfile.ZipFile(zpath, "w") as z:
+            for f in pkg.rglob("*.py"):
+                z.write(f, Path(pkg.name) / f.relative_to(pkg))
+        sc.addPyFile(str(zpath))
+    sc._overlay_shipped = True  # type: ignore[attr-defined]
+
+
+class Progress:
+    """Step lines (``[3/9] re-matching …``) and, while a step runs, the stages
+    Spark is working on with their task counts, every ``PROGRESS_EVERY`` s."""
+
+    def __init__(self, spark: SparkSession, steps: int, *, out: TextIO | None = sys.stderr) -> None:
+        self.sc = spark.sparkContext
+        self.steps = steps
+        self.n = 0
+        self.out = out
+        self.t0 = time.monotonic()
+        self._step_t = self.t0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _print(self, text: str) -> None:
+        if self.out is not None:
+            print(text, file=self.out, flush=True)
+
+    def step(self, what: str) -> None:
+        now = time.monotonic()
+        if self.n:
+            self._print(f"      done in {now - self._step_t:.1f}s")
+        self.n += 1
+        self._step_t = now
+        self.sc.setJobDescription(what)
+        self._print(f"[{self.n}/{self.steps}] {what} (t+{now - self.t0:.0f}s)")
+
+    def __enter__(self) -> Progress:
+        if self.out is not None:
+            self._thread = threading.Thread(target=self._watch, name="replay-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.n:
+            self._print(f"      done in {time.monotonic() - self._step_t:.1f}s; total {time.monotonic() - self.t0:.1f}s")
+
+    def _watch(self) -> None:
+        tracker = self.sc.statusTracker()
+        last = ""
+        while not self._stop.wait(PROGRESS_EVERY):
+            try:
+                parts = []
+                for sid in tracker.getActiveStageIds():
+                    info = tracker.getStageInfo(sid)
+                    if info is not None:
+                        parts.append(f"stage {sid}: {info.numCompletedTasks}/{info.numTasks} tasks")
+            except Exception:  # the context is stopping; progress is best effort
+                return
+            line = "      … " + ", ".join(parts) if parts else ""
+            if line and line != last:
+                self._print(line)
+            last = line
