@@ -181,7 +181,14 @@ def test_defaults_fill_fields_an_older_peer_did_not_send():
 
 
 def test_a_newer_peers_extra_trailing_field_is_ignored():
-    body = msgspec.msgpack.encode(["PeerHello", 1, "local", True, "a field from the future"])
+    # Every field this version knows, then one from a future version.
+    known = msgspec.msgpack.decode(msgspec.msgpack.encode(pm.PeerHello(1, "local", True)))
+    body = msgspec.msgpack.encode([*known, "a field from the future"])
+    assert peer_reader().feed(frame(body)) == [pm.PeerHello(1, "local", True)]
+
+
+def test_an_older_peers_hello_without_trailing_fields_decodes_with_defaults():
+    body = msgspec.msgpack.encode(["PeerHello", 1, "local", True])
     assert peer_reader().feed(frame(body)) == [pm.PeerHello(1, "local", True)]
 
 

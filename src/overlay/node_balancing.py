@@ -156,6 +156,10 @@ class BalancingMixin:
             state=report.state.value, channels={str(c.id): c.last.load for c in self.local},
             slice_seconds=report.slice_seconds, elapsed=round(elapsed, 4), d_slice=sum(loads.values()),
         )
+        if self.capture is not None:  # the sequencer's counters, so the replay can account for expiries (SPEC §10)
+            seq = {k[4:]: v for k, v in self.stats.items() if k.startswith("seq_")}
+            if seq:
+                self.capture.journal({"kind": "sequencer", "node": self.id, "time": round(now, 4), "slice": report.slice_no, **seq})
 
     def _send_liem(self: NodeCore, report: Any, out: list[Action]) -> None:
         liem = pm.LIEM(self.id, report.state.value, report.d, report.dc, self.me.capacity, report.slice_no)
@@ -174,7 +178,7 @@ class BalancingMixin:
             self._send_liem(report, out)
         if report.state is not before:
             self.record("state", closed, old=before.value, new=report.state.value, mean=report.mean)
-        if not self.balancing_enabled:
+        if not self.balancing_enabled or self.draining:  # draining: no merges, no scheduling
             return
         self._idle_merges(now, out)
         if report.schedule and not self.monitor.busy and not any(m.active for m in self.outgoing.values()):
@@ -224,6 +228,8 @@ class BalancingMixin:
 
     def _accepts(self: NodeCore, msg: pm.RequestLoadBalance) -> tuple[bool, str]:
         """Rule 2, receiver side."""
+        if self.draining:  # node_membership rule 1: nothing moves onto a draining node
+            return False, f"node {self.id} is draining"
         if msg.forced:
             return True, ""
         if not self.balancing_enabled:

@@ -167,7 +167,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
 
     def hello(self) -> pm.PeerHello:
         me = self.me  # the address lets a node that does not know us add us (node_membership rule 5)
-        return pm.PeerHello(self.id, self.config.cluster.name, self.has_table, me.host, me.port, me.admin_port, me.capacity)
+        return pm.PeerHello(self.id, self.config.cluster.name, self.has_table, me.host, me.port, me.admin_port, me.capacity, self.left)
 
     def peer_hello(self, node: int, msg: pm.PeerHello, now: float) -> list[Action]:
         """A peer (re)connected to us; a peer without a table gets ours."""
@@ -264,7 +264,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         matched, _tested = ch.match(msg.event_exp, msg.access_node)
         self.tested_hist.observe(_tested)
         if self.capture is not None:
-            self.capture.event(msg.event_id, msg.access_node, ch.id, _tested, matched, self.monitor.slice_no)
+            self.capture.event(msg.event_id, msg.access_node, ch.id, _tested, matched, self.monitor.slice_no, msg.key or None, msg.rank or None)
         stats = self.stats
         stats["events_matched"] += 1
         if msg.key or (matched and any(s.group for s in matched)):
@@ -585,6 +585,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
             "load": self.local.load,
             "capacity": self.me.capacity,
             "state": self.monitor.state.value,
+            "draining": self.draining,  # node_membership: refuses channels, moving its own off
             "slice": self.monitor.slice_no,
             "slice_seconds": self.monitor.slice_seconds,
             "d": self.monitor.d,

@@ -58,6 +58,7 @@ class ErrorCode:
     SEQUENCER_FULL = "sequencer_full"  # too many keys, or too many held events for the key
     BAD_GROUP = "bad_group"  # a weight that is not a positive finite number
     UNDELIVERABLE = "undeliverable"  # no instance of a group could take the event
+    DRAINING = "draining"  # the access node drained and leaves: reconnect to another node (fatal)
 
 
 class ClientMessage(msgspec.Struct, frozen=True, tag=True, array_like=True):

@@ -120,6 +120,15 @@ class PeerHello(PeerMessage, frozen=True):
     node_id: NodeId
     cluster: Ident
     has_routing_table: bool = False
+    # The caller's address, so a node that does not know it can add it (a node
+    # joining a running cluster, overlay.node_membership rule 5).  Optional
+    # and trailing: an old peer's hello still decodes.
+    host: str = ""
+    port: int = 0
+    admin_port: int = 0
+    capacity: float = 0.0
+    # The caller drained and is leaving: drop it from the peers (node_membership rule 6).
+    leaving: bool = False
 
 
 class PeerError(PeerMessage, frozen=True):

@@ -485,6 +485,7 @@ def _node_summary(st: dict[str, Any], admin: str | None) -> dict[str, Any]:
         "ready": st.get("ready"),
         "health": st.get("health"),
         "state": st.get("state"),
+        "draining": bool(st.get("draining")),  # node_membership: shown as a badge on the page
         "d": st.get("d"),
         "dc": st.get("dc"),
         "capacity": st.get("capacity"),

@@ -42,6 +42,8 @@ from overlay.messages.codec import client_reader, encode_frame, peer_reader
 from overlay.net.admin import AdminServer
 from overlay.net.queues import TwoLevelQueue
 from overlay.net.capture_writer import CaptureWriter
+from overlay.net import membership
+from overlay.node_membership import AddPeer
 from overlay.node_core import CloseClient, NodeCore, ToClient, ToPeer
 
 __all__ = ["Node", "PEER_MAGIC", "CLIENT_MAGIC"]
@@ -198,6 +200,7 @@ class Node:
         self.admin = AdminServer(self)
         self._admin_sock = admin_sock
         self.admin_port = self.me.admin_port
+        membership.install(self)  # POST /drain (overlay.net.membership)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -312,6 +315,8 @@ class Node:
                 w = self.clients.get(act.session)
                 if w is not None:
                     w.close()
+            elif type(act) is AddPeer:  # a node joined: link to it first (overlay.net.membership)
+                membership.add_peer(self, act)
 
     def _send_peer(self, node: int, msg: pm.PeerMessage) -> None:
         link = self.links.get(node)

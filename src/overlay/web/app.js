@@ -100,7 +100,7 @@ function renderNodes(s) {
     row.classList.toggle("unreachable", !n.reachable);
     const badge = row.querySelector(".badge");
     badge.className = "badge " + stateClass(state);
-    badge.textContent = state;
+    badge.textContent = n.draining ? `${state} · DRAINING` : state;
     const fill = row.querySelector(".fill");
     fill.className = "fill " + stateClass(state);
     fill.style.width = (100 * Math.min(1, (n.dc || 0) / top)).toFixed(2) + "%";
