@@ -65,6 +65,7 @@ from overlay.node_balancing import BalancingMixin
 from overlay.node_clients import ClientsMixin, _Pending, _Session
 from overlay.node_groups import GroupsMixin
 from overlay.node_membership import MembershipMixin
+from overlay.node_status import StatusMixin
 from overlay.node_migration import MigrationMixin
 from overlay.node_ordering import OrderingMixin
 
@@ -90,7 +91,7 @@ class _TableUpdate:
         self.admin = admin
 
 
-class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, GroupsMixin, MembershipMixin):
+class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, GroupsMixin, MembershipMixin, StatusMixin):
     """One node's state and protocol logic (module rules 1–6).
 
     Invariant: a channel is in ``local`` iff the routing table names this node
@@ -576,35 +577,6 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
                 del self.incoming[key]
                 log.warning("node %d: incoming session %s timed out; rolled back", self.id, key)
         return out
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "node": self.id,
-            "ready": self.ready,
-            "initializer": self.is_initializer,
-            "load": self.local.load,
-            "capacity": self.me.capacity,
-            "state": self.monitor.state.value,
-            "draining": self.draining,  # node_membership: refuses channels, moving its own off
-            "slice": self.monitor.slice_no,
-            "slice_seconds": self.monitor.slice_seconds,
-            "d": self.monitor.d,
-            "dc": self.monitor.dc,
-            "mean_dc": self.monitor.mean,
-            "spread": self.last_report.spread if self.last_report else None,
-            "peers": {str(p.node): {"state": p.state.value, "dc": p.dc, "d": p.d} for p in self.monitor.live()},
-            "channels": [
-                {**ch.summary(), "replicas": list(self.routing[ch.id].owners) if ch.id in self.routing else [self.id]}
-                for ch in self.local
-            ],
-            "routing": [
-                {"id": str(c), "space": e.space.text(self.schema), "owners": list(e.owners)}
-                for c, e in sorted(self.routing.items())
-            ],
-            "sessions": len(self.sessions),
-            "stats": dict(self.stats),
-        }
-
 
 def _pick(owners: tuple[int, ...], key: str) -> int:
     """A replica for an event (SPEC §8.3): random-looking but stable per event."""
