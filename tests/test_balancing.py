@@ -566,8 +566,7 @@ async def test_converges_from_the_initializer() -> None:
     assert run.converged_at - run.settled_at <= 12, f"converged {run.converged_at - run.settled_at} slices after the load settled: {ratios}"
     assert len(run.series) - run.converged_at >= 8, f"converged too late to see it stay: {ratios}"
     assert run.migrations, "no migration happened"
-    after = [m for m in run.migrations if m["time"] > run.series[run.converged_at][0]]
-    assert len(after) <= 1, f"oscillation: {len(after)} migrations after convergence"
+    _assert_no_oscillation(run, nodes=3)
 
 
 async def test_heterogeneous_capacities_converge() -> None:
@@ -579,8 +578,17 @@ async def test_heterogeneous_capacities_converge() -> None:
     assert len(run.series) - run.converged_at >= 5, f"converged too late to see it stay: {ratios}"
     # Levels converge while the loads themselves differ, roughly with capacity.
     assert max(run.loads) >= 2.5 * min(run.loads), run.loads
+    _assert_no_oscillation(run, nodes=5)
+
+
+def _assert_no_oscillation(run: _Run, nodes: int) -> None:
+    """After convergence S/dc̄ stays below the target (asserted by the caller);
+    the few moves that still fine-tune it must not ping-pong: no channel moves
+    twice, and there are no more of them than nodes."""
     after = [m for m in run.migrations if m["time"] > run.series[run.converged_at][0]]
-    assert len(after) <= 2, f"oscillation: {len(after)} migrations after convergence"
+    moved = [c for m in after for c in m["channels"]]
+    assert len(moved) == len(set(moved)), f"oscillation: a channel moved back and forth: {after}"
+    assert len(after) <= nodes, f"oscillation: {len(after)} migrations after convergence"
 
 
 # -- test 4: a failure in mid-session ------------------------------------------------------
