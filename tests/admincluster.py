@@ -13,9 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
@@ -24,25 +23,12 @@ import msgspec
 from overlay.client import Client
 from overlay.config import ClusterConfig, NodeConfig, load_config
 from overlay.net.node import Node
+from loopback import listening_socket, wait_until as until
 
 CONFIGS: Final = Path(__file__).resolve().parent.parent / "cluster_configs"
 GOLDEN: Final = 0.6180339887498949
 
 
-def listening_socket() -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", 0))
-    s.listen(128)
-    return s
-
-
-async def until(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(step)
 
 
 class AdminCluster:

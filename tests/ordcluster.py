@@ -24,28 +24,20 @@ from overlay.config import ClusterConfig, GroupSettings, NodeConfig, SequencerSe
 from overlay.messages import client as cm
 from overlay.messages.codec import client_reader, encode_frame
 from overlay.net.node import CLIENT_MAGIC, Node
+from loopback import listening_socket, wait_until as until
 
 _LOADED = load_config(Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml")
 BASE = msgspec.structs.replace(_LOADED, cluster=msgspec.structs.replace(_LOADED.cluster, balancing=False))
 WAIT = 10.0
 
 
-async def until(cond: Callable[[], bool], timeout: float = WAIT, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 class OrdCluster:
     def __init__(self, n: int = 3, *, sequencer: dict | None = None, groups: dict | None = None, **cluster: Any) -> None:
         self.socks: dict[int, socket.socket] = {}
         for i in range(n):
-            s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", 0))
-            s.listen(128)
+            s = listening_socket()
             self.socks[i] = s
         nodes = tuple(NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, 1.0) for i, s in self.socks.items())
         cfg = BASE.with_nodes(nodes)

@@ -54,6 +54,7 @@ from overlay.errors import RequestError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.net.node import Node
+from loopback import listening_socket, wait_until as until
 
 CONFIGS: Final = Path(__file__).resolve().parent.parent / "cluster_configs"
 SPREAD_TARGET: Final = 0.10
@@ -81,9 +82,7 @@ class Cluster:
         self.socks: list[socket.socket] = []
         nodes = []
         for n, cap in zip(cfg.nodes, caps):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            s.listen(128)
+            s = listening_socket()
             self.socks.append(s)
             nodes.append(NodeConfig(n.id, "127.0.0.1", s.getsockname()[1], 0, cap))
         self.config = cfg.with_nodes(tuple(nodes))
@@ -179,12 +178,6 @@ def ratio(dcs: list[float]) -> float:
     return (sum((d - mean) ** 2 for d in dcs) / n) ** 0.5 / mean
 
 
-async def until(cond: Callable[[], bool], timeout: float, what: str, step: float = 0.02) -> None:
-    deadline = time.time() + timeout
-    while not cond():
-        if time.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(step)
 
 
 # -- traffic -------------------------------------------------------------------------------

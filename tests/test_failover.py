@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -31,6 +30,7 @@ from overlay.config import ClusterConfig, NodeConfig, load_config
 from overlay.errors import LocalProtocolError, RequestError
 from overlay.messages import client as cm
 from overlay.net.node import Node
+from loopback import listening_socket, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,12 +42,6 @@ BASE = msgspec.structs.replace(
 WAIT = 10.0
 
 
-async def wait_until(cond: Callable[[], bool], timeout: float = WAIT, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 class Cluster:
@@ -56,10 +50,7 @@ class Cluster:
     def __init__(self, n: int) -> None:
         self.socks: dict[int, socket.socket] = {}
         for i in range(n):
-            s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", 0))
-            s.listen(128)
+            s = listening_socket()
             self.socks[i] = s
         nodes = tuple(NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, 1.0) for i, s in self.socks.items())
         self.config: ClusterConfig = BASE.with_nodes(nodes)

@@ -13,8 +13,7 @@ import contextlib
 import random
 import socket
 import struct
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -28,6 +27,7 @@ from overlay.messages import peer as pm
 from overlay.messages.codec import HEADER, client_reader, encode_frame, peer_reader
 from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC, Node, _Writer
 from overlay.node_core import ToPeer
+from loopback import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -39,13 +39,6 @@ EC = ChannelId(0, 0)
 WAIT = 10.0
 
 
-async def wait_until(cond: Callable[[], bool], timeout: float = WAIT, what: str = "condition") -> None:
-    """Await a condition on the nodes' state (polled: it has no event of its own)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 def bound_socket(listen: bool = True, sndbuf: int | None = None) -> socket.socket:
