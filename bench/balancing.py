@@ -46,6 +46,7 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -453,6 +454,7 @@ def main() -> int:
     ap.add_argument("--only", choices=("on", "off"), help="run one mode only")
     ap.add_argument("--journal", type=Path, help="write the balancing-on run's journals (JSON) here")
     ap.add_argument("--profile", type=Path, help="py-spy every node of the balancing-on run into this directory")
+    ap.add_argument("--logs", type=Path, help="copy the nodes' logs into this directory")
     args = ap.parse_args()
     with contextlib.suppress(OSError):
         os.nice(BENCH_NICE)
@@ -468,6 +470,10 @@ def main() -> int:
         on = runner(run_mode(True, args, workdir)) if args.only != "off" else Run(True, 0.0)
         off = runner(run_mode(False, args, workdir)) if args.only != "on" else Run(False, 0.0)
         print(f"(both runs in {time.monotonic() - t0:.0f} s; node logs were in {workdir})")
+        if args.logs:
+            args.logs.mkdir(parents=True, exist_ok=True)
+            for log in workdir.rglob("*.log"):
+                shutil.copy(log, args.logs / f"{log.parent.name}-{log.name}")
         if args.journal:
             args.journal.write_text(json.dumps({"start": on.start, "journal": on.journal, "latency": on.latency}))
         return 0 if report(on, off) else 1

@@ -541,6 +541,12 @@ def test_admin_split_divides_subscriptions_and_updates_every_table():
     assert w.stored(HIGH) == {g["all"], g["top"]}
     assert w.cores[0].routing.lookup_event({"price": 500.0, "sym": "A"}) == LOW
     assert w.cores[2].routing.lookup_event({"price": 500.01, "sym": "A"}) == HIGH
+    # The smaller child's share is indexed in the background (Channel rule 5).
+    core = w.cores[0]
+    assert core.index_wanted and sum(ch.unindexed for ch in core.local) > 0
+    assert core.index_pending(1) == sum(ch.unindexed for ch in core.local)
+    assert core.index_pending(10_000) == 0 and not core.index_wanted
+    assert w.stored(LOW) == {g["low"], g["all"]} and w.stored(HIGH) == {g["all"], g["top"]}
 
 
 def test_admin_split_by_string_values():
@@ -633,6 +639,9 @@ def test_admin_place_emits_the_exact_migration_sequence():
     assert net.owner_of(HIGH) == [2] and net.owner_of(LOW) == [0]
     assert w.stored(HIGH) == {gid}
     assert net.routing_tables_equal()
+    # The receiver stored the moved subscriptions at once and indexes them later.
+    assert w.cores[2].index_wanted and w.cores[2].local[HIGH].unindexed == 1
+    assert w.cores[2].index_pending(16) == 0 and w.stored(HIGH) == {gid}
     assert w.cores[0].outgoing[session].state is OutState.DONE
     assert w.cores[2].incoming == {}
     # Traffic now goes straight to the new owner.

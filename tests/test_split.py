@@ -386,13 +386,21 @@ def test_divide_partitions_the_parent_and_keeps_every_subscription_where_it_matc
     for k, f in enumerate(fs):
         if space.belongs(f, SMALL):  # the channel invariant: only subscriptions of its space
             parent.add(Subscription(f"s{k}", f))
-    low, high = divide(parent, [(ChannelId(0, 1), cut.low), (ChannelId(0, 2), cut.high)])
+    # consume: the larger child adopts the parent's index, the other indexes
+    # its share in the background (Channel rule 5) — same membership.
+    consume = data.draw(st.booleans(), label="consume")
+    members = list(parent)
+    low, high = divide(parent, [(ChannelId(0, 1), cut.low), (ChannelId(0, 2), cut.high)], consume=consume)
     ids = lambda c: {s.id for s in c}  # noqa: E731
     # Each subscription goes to every child it belongs to, and to at least one.
-    for sub in parent:
+    for sub in members:
         assert (sub.id in ids(low)) == cut.low.belongs(sub.filter, SMALL)
         assert (sub.id in ids(high)) == cut.high.belongs(sub.filter, SMALL)
-    assert ids(low) | ids(high) == ids(parent)
+        assert (sub.id in low) == (sub.id in ids(low)) and (sub.id in high) == (sub.id in ids(high))
+    assert ids(low) | ids(high) == {s.id for s in members}
+    assert len(low) == len(ids(low)) and len(high) == len(ids(high))
+    if consume:
+        assert len(parent) == 0
     # Every event of the parent is in exactly one child, which holds every
     # subscription the event matches: no notification is lost by the split.
     pools = {n: _pool(space, n) for n in SMALL.da}
@@ -401,10 +409,18 @@ def test_divide_partitions_the_parent_and_keeps_every_subscription_where_it_matc
         label="events of the parent",
     )
     anywhere = data.draw(st.lists(events(SMALL), max_size=10), label="any events")
-    for e in inside + anywhere:
-        homes = [c for c in (low, high) if c.space.contains(e)]
-        assert len(homes) == (1 if space.contains(e) else 0)
-        if homes:
-            for sub in parent:
-                if brute_matches(sub.filter, e):
-                    assert sub.id in ids(homes[0])
+    for drained in (False, True):
+        if drained:  # the background work done: nothing pending or stale is left
+            for c in (low, high):
+                while c.index_step(2):
+                    pass
+                assert c.unindexed == 0
+        for e in inside + anywhere:
+            homes = [c for c in (low, high) if c.space.contains(e)]
+            assert len(homes) == (1 if space.contains(e) else 0)
+            if homes:
+                want = {sub.id for sub in members if brute_matches(sub.filter, e) and sub.id in ids(homes[0])}
+                for sub in members:
+                    if brute_matches(sub.filter, e):
+                        assert sub.id in ids(homes[0])
+                assert {s.id for s in homes[0].match(e, 0)[0]} == want

@@ -67,7 +67,7 @@ def _addresses(cfg: ClusterConfig, node: int | None) -> list[tuple[str, int]]:
 async def _node_main(cfg: ClusterConfig, node_id: int) -> None:
     from overlay.net.node import Node
 
-    node = Node(cfg, node_id)
+    node = Node(cfg, node_id, freeze_gc=True)  # its own process (net.node: gc.freeze)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, node.stop)

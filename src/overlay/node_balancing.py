@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from overlay.actions import Action, ToPeer
 from overlay.balance.migration import OutgoingMigration
-from overlay.balance.merge import mergeable_pairs, merge_pair
+from overlay.balance.merge import merge_consuming, mergeable_pairs
 from overlay.balance.monitor import Monitor, NodeState
 from overlay.balance.scheduler import ChannelLoad, Weights, choose_channels, rank_receivers
 from overlay.balance.split import Cut, choose_cut, divide
@@ -104,6 +104,27 @@ class BalancingMixin:
         self._cold: dict[ChannelId, int] = {}
         self._candidates: list[Any] = []
         self.last_report: Any = None
+        # Set when a split, merge or SubscriptionMove left subscriptions to index
+        # (Channel rule 5); the shell then runs index_pending between batches.
+        self.index_wanted = False
+
+    def index_pending(self: NodeCore, limit: int) -> int:
+        """Index up to ``limit`` pending (or drop stale) subscriptions over the
+        local channels; how many are left.  The shell calls it in small steps
+        between message batches, so no event waits behind a whole rebuild."""
+        left = 0
+        for ch in self.local:
+            work = ch.unindexed
+            if not work:
+                continue
+            if limit > 0:
+                rest = ch.index_step(limit)
+                limit -= work - rest
+                work = rest
+            left += work
+        if not left:
+            self.index_wanted = False
+        return left
 
     def record(self: NodeCore, kind: str, now: float, **fields: Any) -> None:
         entry = {"kind": kind, "node": self.id, "time": round(now, 4), "slice": self.monitor.slice_no, **fields}
@@ -324,6 +345,7 @@ class BalancingMixin:
         self.local.remove(ch.id)
         for c in children:
             self.local.add(c)
+        self.index_wanted = True
         entries = [(c.id, RouteEntry(c.space, (self.id,))) for c in children]
         self.routing.apply([ch.id], entries)
         self.stats["splits"] += 1
@@ -351,10 +373,11 @@ class BalancingMixin:
             self._merge_local(a, b, space, now, out)
 
     def _merge_local(self: NodeCore, a: Channel, b: Channel, space: Any, now: float, out: list[Action]) -> Channel:
-        merged = merge_pair(a, b, self.local.new_id(), space)
+        merged = merge_consuming(a, b, self.local.new_id(), space)
         self.local.remove(a.id)
         self.local.remove(b.id)
         self.local.add(merged)
+        self.index_wanted = True
         self._cold.pop(a.id, None)
         self._cold.pop(b.id, None)
         entry = RouteEntry(merged.space, (self.id,))
@@ -384,15 +407,21 @@ def _inherit_slice(parent: Channel, children: list[Channel], cut: Cut) -> None:
         src = getattr(parent, which)
         for child in children:
             getattr(child, which).priority = src.priority
-        for rec in src.records():
-            values = dict(zip(src.priority, rec.point))
-            for child in children:
-                if child.space.contains(values):
-                    st = getattr(child, which)
-                    st.load += rec.cost
-                    st.events += rec.count
-                    st._records[rec.point] = [rec.cost, rec.count]
+        # The children differ on the cut attribute only: test that value alone.
+        pos = src.priority.index(cut.attr)
+        sides = [(c.space.constraint(cut.attr), getattr(c, which), []) for c in children]
+        recs = src._records
+        for point in recs:  # keys then lookups: C-level, unlike SortedDict.items()
+            cost, count = recs[point]
+            v = point[pos]
+            for constraint, st, items in sides:
+                if constraint.contains_value(v):
+                    st.load += cost
+                    st.events += count
+                    items.append((point, [cost, count]))
                     break
+        for _constraint, st, items in sides:
+            st._records.update(items)
         # Access counts split in proportion to events (the records do not keep them).
         total = src.events or 1
         for child in children:

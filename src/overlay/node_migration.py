@@ -259,9 +259,10 @@ class MigrationMixin:
         mig = self._incoming(src, msg.session, "SubscriptionMove")
         mig.on(msg, now)
         for cs in msg.ch_sub_set:
-            ch = self.local[cs.ch_id]
-            for sub in cs.subscriptions:
-                ch.add(sub)
+            # Stored at once, indexed in the background (Channel rule 5): indexing
+            # thousands here would hold up every event behind this message.
+            self.local[cs.ch_id].add_deferred(cs.subscriptions)
+            self.index_wanted = True
             self._restore_groups(cs)  # the group dispatch state (node_groups)
         out.append(ToPeer(src, pm.ReplySubscriptionMove(msg.session)))
 

@@ -415,6 +415,9 @@ class SimCluster:
         self.seed = seed
         self.params = params or SimParams.for_seed(seed)
         self.rng = random.Random(seed)
+        # Background indexing (Channel rule 5) in random steps, from its own
+        # stream so the message schedule of a seed stays what it was.
+        self.index_rng = random.Random(f"index:{seed}")
         self.now = 0.0
         self.step_no = 0
         self.slice = config.cluster.slice_seconds
@@ -656,6 +659,9 @@ class SimCluster:
             self._send(dst, src, pm.PeerError("protocol_error", str(exc)))
             return
         self._execute(dst, acts)
+        core = self.cores[dst]
+        if core.index_wanted and self.index_rng.random() < 0.5:
+            core.index_pending(self.index_rng.randint(1, 6))
 
     def _execute(self, node: int, acts: list[Action]) -> None:
         for act in acts:

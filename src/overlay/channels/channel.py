@@ -15,17 +15,30 @@ Rules this module keeps (SPEC §2.3, §5, §8.3):
    slice load stays exact and memory stays bounded.
 4. For each string DA whose constraint is type 2, the channel remembers values
    seen (the spec's ``valSet2``), bounded by ``MAX_SEEN``.
+5. Bulk changes are indexed in the background.  Indexing a subscription costs
+   tens of microseconds, so a split or an arriving SubscriptionMove of
+   thousands would stall the node's loop for as long, and every event behind
+   it with it.  ``add_deferred`` stores subscriptions at once as *pending*:
+   they are members (counted, iterated, moved, matched) and every event tests
+   each of them exactly, linearly (counted in the cost like any candidate)
+   until ``index_step`` has moved them into the index a few at a time.  A
+   child that adopts its parent's index marks the subscriptions it does not
+   keep *stale*: no longer members, dropped from the index by ``index_step``;
+   until then they may be candidates (and counted) but are never returned — a
+   stale subscription does not overlap the channel, so no event of the
+   channel matches it anyway.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final
 
 import msgspec
 from sortedcontainers import SortedDict
 
 from overlay.channels.matcher import DEFAULT_BUCKETS, MatchResult, SubscriptionIndex
+from overlay.channels.predicates import compile_filter
 from overlay.channels.schema import Kind, Schema, Value
 from overlay.channels.space import EventSpace, ExceptConstraint
 from overlay.channels.subscriptions import Subscription
@@ -89,7 +102,9 @@ class SliceStats:
 
     def records(self) -> list[EventRecord]:
         """The records in DA-priority order (rule 3)."""
-        return [EventRecord(p, r[0], r[1]) for p, r in self._records.items()]
+        recs = self._records
+        # Iterating keys and indexing is C-level; SortedDict.items() is not.
+        return [EventRecord(p, *recs[p]) for p in recs]
 
     def reordered(self, priority: tuple[str, ...], old: tuple[str, ...]) -> None:
         """Re-key the records for a new DA priority order."""
@@ -135,6 +150,10 @@ class Channel:
         self.space = space
         self.schema = schema
         self.index = SubscriptionIndex(schema, nbuckets)
+        # Rule 5: members not indexed yet (with their exact test once compiled),
+        # and indexed non-members waiting to be dropped.
+        self._pending: dict[str, tuple[Subscription, Callable[[Mapping[str, Value]], bool] | None]] = {}
+        self._stale: set[str] = set()
         self._da_count: dict[str, int] = {n: 0 for n in schema.da}
         self.priority = schema.da_priority()
         self.current = SliceStats(self.priority)
@@ -153,48 +172,116 @@ class Channel:
     # -- subscriptions --------------------------------------------------------------
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.index) - len(self._stale) + len(self._pending)
 
     def __contains__(self, sub_id: str) -> bool:
-        return sub_id in self.index
+        if sub_id in self._pending:
+            return True
+        return sub_id in self.index and sub_id not in self._stale
 
     def __iter__(self) -> Iterator[Subscription]:
-        return iter(self.index)
+        stale = self._stale
+        for sub in self.index:
+            if sub.id not in stale:
+                yield sub
+        for sub, _test in list(self._pending.values()):
+            yield sub
 
     def get(self, sub_id: str) -> Subscription | None:
-        return self.index.get(sub_id)
+        entry = self._pending.get(sub_id)
+        if entry is not None:
+            return entry[0]
+        return None if sub_id in self._stale else self.index.get(sub_id)
 
-    def add(self, sub: Subscription) -> bool:
-        """Store ``sub``; False when it was already here (idempotent)."""
-        if not self.index.add(sub):
-            return False
+    def _count(self, sub: Subscription, delta: int) -> None:
         for name in sub.filter.attrs():
             if name in self._da_count:
-                self._da_count[name] += 1
+                self._da_count[name] += delta
+
+    def add(self, sub: Subscription) -> bool:
+        """Store and index ``sub``; False when it was already here (idempotent)."""
+        if sub.id in self._stale:  # back before its drop: still indexed
+            self._stale.discard(sub.id)
+        elif sub.id in self._pending or not self.index.add(sub):
+            return False
+        self._count(sub, +1)
         return True
 
+    def add_deferred(self, subs: Iterable[Subscription]) -> int:
+        """Store ``subs`` now and index them later (rule 5); how many were new."""
+        added = 0
+        pending = self._pending
+        for sub in subs:
+            if sub.id in pending or (sub.id in self.index and sub.id not in self._stale):
+                continue
+            if sub.id in self._stale:
+                self._stale.discard(sub.id)
+            else:
+                pending[sub.id] = (sub, None)
+            self._count(sub, +1)
+            added += 1
+        return added
+
     def adopt_index(self, parent: Channel, keep: set[str]) -> None:
-        """Take over ``parent``'s index (the parent must be discarded after) and
-        drop the subscriptions not in ``keep``: O(dropped), not O(kept)."""
+        """Take over ``parent``'s index (the parent must be discarded after);
+        the subscriptions not in ``keep`` turn stale (rule 5): O(dropped) set
+        inserts now, their removal from the index later."""
         self.index = parent.index
+        self._stale = set(parent._stale)
+        self._pending = {}
         self._da_count = dict(parent._da_count)
+        for sid, entry in parent._pending.items():
+            if sid in keep:
+                self._pending[sid] = entry
+            else:
+                self._count(entry[0], -1)
         parent.index = SubscriptionIndex(parent.schema)  # the parent no longer shares it
+        parent._pending, parent._stale = {}, set()
         parent._da_count = {n: 0 for n in parent._da_count}
-        for sub in list(self.index):
-            if sub.id not in keep:
-                self.remove(sub.id)
+        stale = self._stale
+        for sub in self.index:
+            if sub.id not in keep and sub.id not in stale:
+                stale.add(sub.id)
+                self._count(sub, -1)
 
     def remove(self, sub_id: str) -> Subscription | None:
+        entry = self._pending.pop(sub_id, None)
+        if entry is not None:
+            self._count(entry[0], -1)
+            return entry[0]
+        if sub_id in self._stale:
+            self._stale.discard(sub_id)
+            self.index.remove(sub_id)
+            return None
         sub = self.index.remove(sub_id)
         if sub is not None:
-            for name in sub.filter.attrs():
-                if name in self._da_count:
-                    self._da_count[name] -= 1
+            self._count(sub, -1)
         return sub
+
+    @property
+    def unindexed(self) -> int:
+        """Background work left (rule 5): pending plus stale subscriptions."""
+        return len(self._pending) + len(self._stale)
+
+    def index_step(self, limit: int) -> int:
+        """Drop up to ``limit`` stale subscriptions from the index, then index
+        pending ones up to ``limit`` in all (rule 5); the work left after."""
+        index = self.index
+        stale = self._stale
+        pending = self._pending
+        for _ in range(limit):
+            if stale:
+                index.remove(stale.pop())
+            elif pending:
+                _sid, (sub, _test) = pending.popitem()  # LIFO: O(1), unlike taking the oldest
+                index.add(sub)
+            else:
+                break
+        return len(stale) + len(pending)
 
     def popularity(self) -> dict[str, float]:
         """``pop(attr) = |subs constraining attr| / |subs|`` over the DA (SPEC §8.3)."""
-        n = len(self.index)
+        n = len(self)
         return {a: (c / n if n else 0.0) for a, c in self._da_count.items()}
 
     # -- matching and load ---------------------------------------------------------
@@ -202,6 +289,8 @@ class Channel:
     def match(self, values: Mapping[str, Value], access_node: int) -> MatchResult:
         """Rule 2."""
         result = self.index.match(values)
+        if self._pending or self._stale:
+            result = self._match_unindexed(values, result)
         point = tuple(values[n] for n in self.priority)
         self.current.add(point, result[1], access_node)
         for name in self._type2:
@@ -209,6 +298,20 @@ class Channel:
             if len(seen) < MAX_SEEN:
                 seen.add(values[name])  # type: ignore[arg-type]
         return result
+
+    def _match_unindexed(self, values: Mapping[str, Value], result: MatchResult) -> MatchResult:
+        matched, tested = result
+        if self._stale:
+            stale = self._stale
+            matched = [s for s in matched if s.id not in stale]
+        pending = self._pending
+        for sid, (sub, test) in pending.items():
+            if test is None:
+                test = compile_filter(sub.filter)
+                pending[sid] = (sub, test)  # replacing a value keeps the dict's size: iteration is safe
+            if test(values):
+                matched.append(sub)
+        return matched, tested + len(pending)
 
     @property
     def load(self) -> int:
