@@ -264,17 +264,19 @@ class Channel:
         return len(self._pending) + len(self._stale)
 
     def index_step(self, limit: int) -> int:
-        """Drop up to ``limit`` stale subscriptions from the index, then index
-        pending ones up to ``limit`` in all (rule 5); the work left after."""
+        """Index up to ``limit`` pending subscriptions, then drop stale ones
+        from the index, ``limit`` in all (rule 5); the work left after."""
         index = self.index
         stale = self._stale
         pending = self._pending
+        # Pending first: each one indexed makes every later event cheaper; a
+        # stale one is rarely even a candidate (it lies outside the space).
         for _ in range(limit):
-            if stale:
-                index.remove(stale.pop())
-            elif pending:
+            if pending:
                 _sid, (sub, _test) = pending.popitem()  # LIFO: O(1), unlike taking the oldest
                 index.add(sub)
+            elif stale:
+                index.remove(stale.pop())
             else:
                 break
         return len(stale) + len(pending)
