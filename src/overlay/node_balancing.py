@@ -111,17 +111,27 @@ class BalancingMixin:
     def index_pending(self: NodeCore, limit: int) -> int:
         """Index up to ``limit`` pending (or drop stale) subscriptions over the
         local channels; how many are left.  The shell calls it in small steps
-        between message batches, so no event waits behind a whole rebuild."""
-        left = 0
-        for ch in self.local:
-            work = ch.unindexed
-            if not work:
-                continue
-            if limit > 0:
-                rest = ch.index_step(limit)
-                limit -= work - rest
-                work = rest
-            left += work
+        between message batches, so no event waits behind a whole rebuild.
+
+        Pending subscriptions go first, everywhere: each one indexed makes
+        later events cheaper, while a stale one is rarely even a candidate.  A
+        channel on its way out is left alone: its subscriptions are indexed by
+        its receiver, and doing it here too took the sender's CPU in the very
+        middle of the session (measured)."""
+        leaving = set(self._reforward) | {c for m in self.outgoing.values() if m.active for c in m.channels}
+        channels = [ch for ch in self.local if ch.unindexed]
+        work = [ch for ch in channels if ch.id not in leaving]
+        for ch in work:
+            if limit > 0 and ch.pending:
+                before = ch.pending
+                ch.index_step(limit, drop_stale=False)
+                limit -= before - ch.pending
+        for ch in work:
+            if limit > 0 and ch.stale and not ch.pending:
+                before = ch.stale
+                ch.index_step(limit)
+                limit -= before - ch.stale
+        left = sum(ch.unindexed for ch in channels)  # a leaving one's too: a rollback keeps it here
         if not left:
             self.index_wanted = False
         return left

@@ -263,9 +263,20 @@ class Channel:
         """Background work left (rule 5): pending plus stale subscriptions."""
         return len(self._pending) + len(self._stale)
 
-    def index_step(self, limit: int) -> int:
-        """Index up to ``limit`` pending subscriptions, then drop stale ones
-        from the index, ``limit`` in all (rule 5); the work left after."""
+    @property
+    def pending(self) -> int:
+        """Members not indexed yet (rule 5)."""
+        return len(self._pending)
+
+    @property
+    def stale(self) -> int:
+        """Non-members still in the index (rule 5)."""
+        return len(self._stale)
+
+    def index_step(self, limit: int, *, drop_stale: bool = True) -> int:
+        """Index up to ``limit`` pending subscriptions, then (with
+        ``drop_stale``) drop stale ones from the index, ``limit`` in all
+        (rule 5); the work left after."""
         index = self.index
         stale = self._stale
         pending = self._pending
@@ -275,7 +286,7 @@ class Channel:
             if pending:
                 _sid, (sub, _test) = pending.popitem()  # LIFO: O(1), unlike taking the oldest
                 index.add(sub)
-            elif stale:
+            elif stale and drop_stale:
                 index.remove(stale.pop())
             else:
                 break

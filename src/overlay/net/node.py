@@ -11,8 +11,9 @@ Rules this module keeps (SPEC §1.1, STYLE habits 6 and 7):
    for a peer link, ``OVC1`` for a client.  Each peer sends on its own
    outbound link (one per direction, FIFO) and only reads on inbound ones.
 3. Inbound messages wait in one two-level queue; the single dispatcher takes
-   high-priority ones first and hands each to the core.  Read loops block when
-   it is full (TCP backpressure).  A publish that finds the normal level past
+   high-priority ones first and hands each to the core, in batches, with a
+   loop turn at least every ``DISPATCH_SLICE`` so replies go out during a
+   burst.  Read loops block when it is full (TCP backpressure).  A publish that finds the normal level past
    ``choke_threshold`` is answered with Choke instead (SPEC §12).  A client's
    Ack of a notification only counts it: the read loop hands it to the core
    itself (``NodeCore.client_ack``) instead of queueing it.
@@ -61,7 +62,9 @@ CLIENT_MAGIC: Final = b"OVC1"
 MAX_BATCH: Final = 512
 # Inbound messages the dispatcher takes per wake-up: the loop gets back to the
 # sockets at least this often under a flood.
-DISPATCH_BATCH: Final = 1024
+DISPATCH_BATCH: Final = 64
+# Longest run of dispatching before a loop turn lets the writers send (rule 3).
+DISPATCH_SLICE: Final = 0.001
 # Subscriptions indexed per background step (Channel rule 5): tens of µs each,
 # so a step holds the loop for about a millisecond.
 INDEX_STEP: Final = 16
@@ -300,11 +303,21 @@ class Node:
     async def _dispatch(self) -> None:
         core = self.core
         inbox = self.inbox
+        slice_end = time.perf_counter() + DISPATCH_SLICE
         while True:
-            await inbox.wait()
-            # Take what is queued in one go, high first (queues rule 1).  Nothing
-            # below awaits, so nothing is queued meanwhile: the order is exactly
-            # the one a get() per message would give, without its per-message cost.
+            if not len(inbox):
+                await inbox.wait()
+                slice_end = time.perf_counter() + DISPATCH_SLICE
+            elif time.perf_counter() > slice_end:
+                # Still busy after a slice: one loop turn, so the writer tasks
+                # send what this one produced.  Waiting for an empty inbox
+                # instead held every reply and notification of a burst (a
+                # split's backlog, a move's Reforwards) until its end.
+                await asyncio.sleep(0)
+                slice_end = time.perf_counter() + DISPATCH_SLICE
+            # Take a batch, high first (queues rule 1).  Nothing below awaits, so
+            # nothing is queued meanwhile: the order is exactly the one a get()
+            # per message would give, without its per-message cost.
             for kind, src, msg in inbox.drain(DISPATCH_BATCH):
                 now = time.time()
                 try:
