@@ -173,3 +173,54 @@ def test_quick_bound_declines_what_is_not_a_plain_comparison():
     assert _bound((Predicate("i", Op.NE, (3,)),), INT) is None
     assert _bound((Predicate("i", Op.GT, (True,)),), INT) is None
     assert _bound((Predicate("f", Op.GT, (float("nan"),)),), FLOAT) is None
+
+
+# -- a split child inherits the parent's slice records (node_balancing._inherit_slice) ------------
+
+
+@pytest.mark.parametrize("first", ["x", "y"], ids=["int-first", "float-first"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_children_inherit_exactly_the_records_of_their_space(first, data):
+    from overlay.balance.split import choose_cut, divide
+    from overlay.node_balancing import _inherit_slice
+
+    schema = SMALL
+    parent = Channel(ChannelId(0, 0), EventSpace.whole(schema), schema)
+    # The DA priority decides the record order: make the cut attribute first or not.
+    prio = ("x", "y", "r", "s") if first == "x" else ("y", "x", "r", "s")
+    for which in ("last", "current"):
+        getattr(parent, which).priority = prio
+    parent.priority = prio
+    n = data.draw(st.integers(2, 30))
+    # One value on the first attribute: the cut falls on the second (no bisection).
+    same_first = data.draw(st.booleans())
+    for _ in range(n):
+        point = (
+            (3 if first == "x" else 1.0) if same_first
+            else data.draw(st.integers(0, 12)) if first == "x" else data.draw(st.sampled_from([0.0, 0.5, 1.0, 2.5, 4.0])),
+            data.draw(st.sampled_from([0.0, 1.5, 3.0])) if first == "x" else data.draw(st.integers(0, 12)),
+            1,
+            "a",
+        )
+        for which in ("last", "current"):
+            getattr(parent, which).add(point, data.draw(st.integers(0, 9)), 0)
+    recs = parent.last.records()
+    cut = choose_cut(parent.space, recs, prio, parent.last.load / 2, schema)
+    if cut is None:
+        return
+    want = {
+        which: [(p, tuple(getattr(parent, which)._records[p])) for p in getattr(parent, which)._records]
+        for which in ("last", "current")
+    }
+    children = divide(parent, [(ChannelId(0, 1), cut.low), (ChannelId(0, 2), cut.high)])
+    _inherit_slice(parent, children, cut)
+    for which in ("last", "current"):
+        got = []
+        for child in children:
+            stats = getattr(child, which)
+            mine = [(p, tuple(r)) for p, r in want[which] if child.space.contains(dict(zip(prio, p)))]
+            assert [(p, tuple(stats._records[p])) for p in stats._records] == mine
+            assert stats.load == sum(r[0] for _, r in mine) and stats.events == sum(r[1] for _, r in mine)
+            got += mine
+        assert sorted(got) == sorted(want[which])

@@ -45,6 +45,7 @@ from overlay.balance.scheduler import ChannelLoad, Weights, choose_channels, ran
 from overlay.balance.split import Cut, choose_cut, divide
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.routing_table import RouteEntry
+from overlay.channels.space import RangeConstraint
 from overlay.errors import LocalProtocolError, RemoteProtocolError
 from overlay.messages import peer as pm
 
@@ -418,20 +419,39 @@ def _inherit_slice(parent: Channel, children: list[Channel], cut: Cut) -> None:
         for child in children:
             getattr(child, which).priority = src.priority
         # The children differ on the cut attribute only: test that value alone.
+        # The parent is discarded, so its record lists move over as they are.
         pos = src.priority.index(cut.attr)
-        sides = [(c.space.constraint(cut.attr), getattr(c, which), []) for c in children]
         recs = src._records
-        for point in recs:  # keys then lookups: C-level, unlike SortedDict.items()
-            cost, count = recs[point]
-            v = point[pos]
-            for constraint, st, items in sides:
-                if constraint.contains_value(v):
-                    st.load += cost
-                    st.events += count
-                    items.append((point, [cost, count]))
-                    break
-        for _constraint, st, items in sides:
-            st._records.update(items)
+        low = children[0].space.constraint(cut.attr)
+        if pos == 0 and len(children) == 2 and isinstance(low, RangeConstraint):
+            # Records sort by the cut attribute first: the low child's are a
+            # prefix, found by bisection (a split stalls the node while it runs).
+            keys = recs.keys()
+            hi, hi_open = low.interval.hi, low.interval.hi_open
+            a, b = 0, len(keys)
+            while a < b:
+                mid = (a + b) // 2
+                v = keys[mid][0]
+                if v < hi or (v == hi and not hi_open):
+                    a = mid + 1
+                else:
+                    b = mid
+            parts = [keys[:a], keys[a:]]
+        else:
+            constraints = [c.space.constraint(cut.attr) for c in children]
+            parts = [[] for _ in children]
+            for point in recs:
+                v = point[pos]
+                for k, constraint in enumerate(constraints):
+                    if constraint.contains_value(v):
+                        parts[k].append(point)
+                        break
+        for child, part in zip(children, parts):
+            st = getattr(child, which)
+            values = [recs[point] for point in part]
+            st.load += sum(r[0] for r in values)
+            st.events += sum(r[1] for r in values)
+            st._records.update(zip(part, values))
         # Access counts split in proportion to events (the records do not keep them).
         total = src.events or 1
         for child in children:
