@@ -97,3 +97,17 @@ def test_a_home_whose_link_drops_gets_its_unsequenced_events_re_sent_to_the_new_
     assert [m.seq for m in net.received(0, pub, kind=cm.PubAck)] == [1]
     assert net.cores[new_home].sequencer.context(key) is not None
     assert net.cores[0].stats["ordered_rehomed"] == 1
+
+
+def test_recent_publishes_are_remembered_in_two_generations_at_constant_cost() -> None:
+    from overlay.node_core import NodeCore
+    from overlay.node_ordering import RECENT_PUBLISHES
+
+    core = NodeCore(CONFIG, 0)
+    n = RECENT_PUBLISHES
+    for i in range(3 * n + 5):
+        core._remember_publish(f"0-{i}", 1, i)
+    last = 3 * n + 4
+    assert all(core._recent_publish(f"0-{i}") == (1, i) for i in range(last - n + 1, last + 1))  # at least the last n
+    assert core._recent_publish("0-0") is None  # and not forever
+    assert len(core._recent_pubs) + len(core._recent_pubs_old) <= 2 * n

@@ -10,6 +10,7 @@ from overlay.seq import (
     DuplicateRank,
     ExpiryPolicy,
     InvalidRank,
+    Release,
     SeqStatus,
     Sequencer,
     SequencerConfig,
@@ -18,6 +19,11 @@ from overlay.seq import (
 
 
 def ranks(releases):
+    """Ranks released: by one arrival or completion (a Release or None), or by expire (a list)."""
+    if releases is None:
+        return []
+    if isinstance(releases, Release):
+        return [releases.rank]
     return [r.rank for r in releases]
 
 
@@ -25,20 +31,20 @@ def test_in_order_arrivals_release_one_at_a_time():
     s = Sequencer()
     assert ranks(s.arrive("k", 1, "e1", 0.0)) == [1]
     assert s.context("k") == (SeqStatus.PROCESSING, 1, 0)
-    assert s.arrive("k", 2, "e2", 0.0) == []  # one in flight at a time
+    assert s.arrive("k", 2, "e2", 0.0) is None  # one in flight at a time
     assert s.context("k") == (SeqStatus.PROCESSING, 1, 1)
     assert ranks(s.complete("k", 1, 0.1)) == [2]
-    assert s.complete("k", 2, 0.2) == []
+    assert s.complete("k", 2, 0.2) is None
     assert s.context("k") == (SeqStatus.WAITING, 3, 0)
 
 
 def test_out_of_order_ranks_are_held_until_the_gap_fills():
     s = Sequencer()
-    assert s.arrive("k", 3, "e3", 0.0) == []
-    assert s.arrive("k", 2, "e2", 0.0) == []
+    assert s.arrive("k", 3, "e3", 0.0) is None
+    assert s.arrive("k", 2, "e2", 0.0) is None
     assert s.context("k") == (SeqStatus.PENDING, 1, 2)
     out = s.arrive("k", 1, "e1", 0.0)
-    assert [(r.rank, r.event) for r in out] == [(1, "e1")]
+    assert (out.rank, out.event) == (1, "e1")
     assert ranks(s.complete("k", 1, 0.0)) == [2]
     assert ranks(s.complete("k", 2, 0.0)) == [3]
 
@@ -52,7 +58,7 @@ def test_keys_proceed_in_parallel():
 def test_assigned_ranks_follow_arrival_order():
     s = Sequencer()
     assert ranks(s.arrive("k", None, "x", 0)) == [1]
-    assert s.arrive("k", None, "y", 0) == []
+    assert s.arrive("k", None, "y", 0) is None
     assert ranks(s.complete("k", 1, 0)) == [2]
 
 
@@ -135,6 +141,36 @@ def test_idle_keys_are_forgotten():
     assert s.context("k") is None and s.counters["keys_expired"] == 1
 
 
+def test_a_release_after_an_idle_spell_times_out_at_its_own_deadline():
+    # Rule 7: the idle key's timer is at key_ttl; the release must bring it earlier.
+    s = Sequencer(SequencerConfig(processing_ttl=2.0, key_ttl=100.0))
+    s.arrive("k", None, "e1", 0.0)
+    s.complete("k", 1, 1.0)  # idle until 101
+    s.arrive("k", None, "e2", 50.0)  # in flight until 52
+    s.arrive("k", None, "e3", 50.0)
+    assert s.expire(51.9) == []
+    assert ranks(s.expire(52.0)) == [3]
+    assert s.counters["processing_timeouts"] == 1
+
+
+def test_the_timer_heap_holds_about_one_entry_per_key_not_one_per_event():
+    # Rule 7: a busy key costs no heap entry per event.
+    s = Sequencer(SequencerConfig(hold_ttl=5.0, processing_ttl=10.0, key_ttl=300.0))
+    keys = [f"k{i}" for i in range(50)]
+    now = 0.0
+    for _ in range(200):
+        now += 0.01
+        for k in keys:
+            s.arrive(k, None, k, now)
+            s.arrive(k, None, k, now)
+        for k in keys:
+            while s.context(k)[0] is SeqStatus.PROCESSING:
+                s.complete(k, s.context(k)[1], now)
+        s.expire(now)
+    assert len(s._timers) <= 2 * len(keys)
+    assert s.counters["released"] == 2 * 200 * len(keys)
+
+
 # -- properties ------------------------------------------------------------------------------
 
 ops = st.lists(
@@ -158,7 +194,7 @@ def test_any_interleaving_keeps_order_and_accounts_for_every_event(steps, policy
     seen_events: set[object] = set()
 
     def take(out):
-        for r in out:
+        for r in [out] if isinstance(out, Release) else out or []:
             assert r.event not in seen_events, "released twice"
             seen_events.add(r.event)
             assert r.key not in in_flight, "two events of one key in flight"
@@ -168,6 +204,10 @@ def test_any_interleaving_keeps_order_and_accounts_for_every_event(steps, policy
             prev.append(r.rank)
 
     for n, (op, key, arg) in enumerate(steps):
+        for ctx in s._keys.values():  # what makes an assigned rank fresh (class invariant)
+            assert all(ctx.seq <= r <= ctx.last_assigned for r in ctx.held)
+            assert ctx.in_flight is None or ctx.in_flight <= ctx.last_assigned
+            assert ctx.seq <= ctx.last_assigned + 1
         if op == "arrive":
             try:
                 take(s.arrive(key, arg, (key, n), now))

@@ -48,6 +48,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
 from overlay.actions import Action, ToClient, ToPeer
@@ -67,6 +68,11 @@ __all__ = ["GroupsMixin"]
 
 log = logging.getLogger("overlay.node")
 
+# The group state of a delivery without groups: read-only and shared, so one
+# ordered event allocates three dicts fewer (every allocation counts towards
+# the next collection) and a write to it raises instead of leaking.
+_NO_GROUPS: Final[Any] = MappingProxyType({})
+
 UNDELIVERABLE: Final = "undeliverable"
 # How often (seconds) dispatchers of channels no longer here and group ids of
 # subscriptions gone are pruned: housekeeping, not correctness.
@@ -78,14 +84,17 @@ class _Delivery:
 
     __slots__ = ("ev", "ch", "waiting", "gsub", "cands", "tried", "deadline")
 
-    def __init__(self, ev: pm.Event, ch: ChannelId) -> None:
+    def __init__(self, ev: pm.Event, ch: ChannelId, *, groups: bool = True) -> None:
         self.deadline = 0.0
         self.ev = ev
         self.ch = ch
         self.waiting: dict[str, int] = {}  # sub id -> its access node, awaiting an ack
-        self.gsub: dict[str, str] = {}  # chosen instance -> its group
-        self.cands: dict[str, list[Subscription]] = {}  # group -> matching instances
-        self.tried: dict[str, set[str]] = {}  # group -> instances tried
+        if groups:
+            self.gsub: dict[str, str] = {}  # chosen instance -> its group
+            self.cands: dict[str, list[Subscription]] = {}  # group -> matching instances
+            self.tried: dict[str, set[str]] = {}  # group -> instances tried
+        else:  # a keyed event that matched no group, the common ordered case
+            self.gsub = self.cands = self.tried = _NO_GROUPS
 
 
 class GroupsMixin:
@@ -100,6 +109,8 @@ class GroupsMixin:
         self._group_of: dict[str, str] = {}  # access: global sub id -> group
         self._awaiting: dict[tuple[int, str], tuple[int, tuple[str, ...], float]] = {}  # access: (session, event) -> (owner, sub ids, deadline)
         self._await_order: deque[tuple[float, tuple[int, str]]] = deque()
+        self._ack_wait = g.ack_timeout  # access node: how long a tracked Notify waits for its Ack
+        self._owner_wait = 2 * g.ack_timeout  # owner: how long it waits for the access node (rule 4)
         self._next_prune = 0.0
 
     # -- subscribe (access node) -----------------------------------------------------------
@@ -133,6 +144,13 @@ class GroupsMixin:
     def _deliver_tracked(self: NodeCore, ch: Channel, msg: pm.Event, matched: Sequence[Subscription], out: list[Action]) -> bool:
         """Rules 1, 2, 5, 6. False: nothing to track, the caller notifies as usual."""
         keyed = bool(msg.key)
+        if keyed:
+            for s in matched:
+                if s.group:
+                    break
+            else:  # an ordered event without groups, the common case
+                self._deliver_keyed(ch, msg, matched, out)
+                return True
         groups: dict[str, list[Subscription]] = {}
         targets: list[Subscription] = []
         for s in matched:
@@ -172,13 +190,41 @@ class GroupsMixin:
         self._send_notifications(msg, ch.id, targets, out)
         if d.waiting:
             self._deliveries[msg.event_id] = d
-            d.deadline = now + 2 * self.config.groups.ack_timeout
+            d.deadline = now + self._owner_wait
             self._delivery_order.append((d.deadline, msg.event_id))
         else:
             self._delivery_done(d, out)
         return True
 
+    def _deliver_keyed(self: NodeCore, ch: Channel, msg: pm.Event, matched: Sequence[Subscription], out: list[Action]) -> None:
+        """Rules 1, 6 for a keyed event that matched no group: every match is tracked."""
+        d = _Delivery(msg, ch.id, groups=False)
+        if len(matched) == 1 and matched[0].access_node != self.id:  # the common case, inline
+            s = matched[0]
+            node = d.waiting[s.id] = s.access_node
+            out.append(ToPeer(node, pm.Notification(msg.event_id, msg.event_exp, (s.id,), ch.id, msg.publish_time, msg.key, msg.rank, msg.home)))
+            self.stats["notifications_out"] += 1
+        else:
+            waiting = d.waiting
+            for s in matched:
+                waiting[s.id] = s.access_node
+            if not waiting:
+                self._delivery_done(d, out)
+                return
+            self._send_notifications(msg, ch.id, matched, out)
+        self._deliveries[msg.event_id] = d
+        d.deadline = deadline = self.now + self._owner_wait
+        self._delivery_order.append((deadline, msg.event_id))
+
     def _send_notifications(self: NodeCore, msg: pm.Event, chid: ChannelId, targets: Sequence[Subscription], out: list[Action]) -> None:
+        if len(targets) == 1:  # the common case, without the grouping
+            s = targets[0]
+            if s.access_node == self.id:
+                self._access_notify(msg.event_id, msg.event_exp, (s.id,), msg.publish_time, self.id, msg.key, msg.rank, out)
+            else:
+                out.append(ToPeer(s.access_node, pm.Notification(msg.event_id, msg.event_exp, (s.id,), chid, msg.publish_time, msg.key, msg.rank, msg.home)))
+            self.stats["notifications_out"] += 1
+            return
         by_node: dict[int, list[str]] = {}
         for s in targets:
             by_node.setdefault(s.access_node, []).append(s.id)
@@ -204,6 +250,9 @@ class GroupsMixin:
         self: NodeCore, event_id: str, event: dict[str, Any], sub_ids: Sequence[str], publish_time: float,
         owner: int, key: str, rank: int, out: list[Action],
     ) -> None:
+        if key and len(sub_ids) == 1:
+            self._access_notify_one(event_id, event, sub_ids, publish_time, owner, key, rank, out)
+            return
         group_of = self._group_of
         tracked = set(sub_ids) if key else {g for g in sub_ids if g in group_of}
         if not tracked:
@@ -227,7 +276,7 @@ class GroupsMixin:
             local.append(o[1])
             if gid in tracked:
                 gids.append(gid)
-        deadline = self.now + self.config.groups.ack_timeout
+        deadline = self.now + self._ack_wait
         for sid, (local, gids) in by_session.items():
             out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local), publish_time, key, rank)))
             if gids:
@@ -237,6 +286,31 @@ class GroupsMixin:
         self.stats["notifies_out"] += len(by_session)
         if orphans:
             self._ack_to_owner(owner, pm.NotificationAck(event_id, tuple(orphans), failed=True), out)
+
+    def _access_notify_one(
+        self: NodeCore, event_id: str, event: dict[str, Any], sub_ids: Sequence[str], publish_time: float,
+        owner: int, key: str, rank: int, out: list[Action],
+    ) -> None:
+        """``_access_notify`` for the common keyed case: one subscription."""
+        now = self.now
+        latency = now - publish_time
+        self.latency_hist.observe(latency if latency > 0 else 0.0)
+        gid = sub_ids[0]
+        gids = sub_ids if type(sub_ids) is tuple else (gid,)
+        if self.capture is not None:
+            self.capture.deliver(event_id, gids, self._sub_owner)
+        o = self._sub_owner.get(gid)
+        if o is None:
+            self.stats["notifications_orphaned"] += 1
+            self._ack_to_owner(owner, pm.NotificationAck(event_id, gids, failed=True), out)
+            return
+        sid, local_id = o
+        out.append(ToClient(sid, cm.Notify(event_id, event, (local_id,), publish_time, key, rank)))
+        deadline = now + self._ack_wait
+        k = (sid, event_id)
+        self._awaiting[k] = (owner, gids, deadline)
+        self._await_order.append((deadline, k))
+        self.stats["notifies_out"] += 1
 
     def _ack_to_owner(self: NodeCore, owner: int, ack: pm.NotificationAck, out: list[Action]) -> None:
         if owner == self.id:
@@ -249,17 +323,18 @@ class GroupsMixin:
         ``handle_client`` (it changes state and may emit messages).  A plain
         subscriber's ack for a remote owner is only batched (rule 8 of
         ``node_ordering``): it is taken here, without the inbox."""
-        if not self._awaiting:
+        awaiting = self._awaiting
+        if not awaiting:
             return False
-        a = self._awaiting.get((sid, event_id))
+        k = (sid, event_id)
+        a = awaiting.get(k)
         if a is None:
             return False
         owner, gids, _ = a
-        if owner == self.id or any(g in self._group_of for g in gids):
+        if owner == self.id or (self._group_of and any(g in self._group_of for g in gids)):
             return True
-        del self._awaiting[(sid, event_id)]
-        for g in gids:
-            self._batched(owner, ACKED, event_id, g)
+        del awaiting[k]
+        self._batched_acks(owner, event_id, gids)
         return False
 
     def _client_acked(self: NodeCore, sid: int, msg: cm.Ack, out: list[Action]) -> None:
@@ -268,8 +343,7 @@ class GroupsMixin:
             return
         owner, gids, _ = a
         if owner != self.id and not any(g in self._group_of for g in gids):
-            for g in gids:  # no LF to carry: batched (node_ordering rule 8)
-                self._batched(owner, ACKED, msg.event_id, g)
+            self._batched_acks(owner, msg.event_id, gids)  # no LF to carry: batched (node_ordering rule 8)
             return
         lf = msg.lf if isinstance(msg.lf, (int, float)) and math.isfinite(msg.lf) else 0.0
         self._ack_to_owner(owner, pm.NotificationAck(msg.event_id, gids, lf=min(1.0, max(0.0, lf))), out)
@@ -286,7 +360,7 @@ class GroupsMixin:
     def _on_returned(self: NodeCore, msg: pm.NotificationAck, out: list[Action]) -> None:
         """Rule 4 at the publisher's access node."""
         self.stats["returned_to_sender"] += 1
-        pub = self._recent_pubs.get(msg.event_id)
+        pub = self._recent_publish(msg.event_id)
         if pub is None or pub[0] not in self.sessions:
             self.stats["returned_publisher_gone"] += 1
             log.warning("node %d: event %s undeliverable to group %r; its publisher is gone", self.id, msg.event_id, msg.detail)
@@ -313,6 +387,24 @@ class GroupsMixin:
         else:
             self.stats["notification_acks_unknown"] += 1
 
+    def _deliveries_acked(self: NodeCore, pairs: Sequence[str], out: list[Action]) -> None:
+        """A batched ``acked`` note: ``(event id, sub id)`` pairs of plain subscribers
+        that got their event (node_ordering rule 8)."""
+        deliveries = self._deliveries
+        it = iter(pairs)
+        for event_id, gid in zip(it, it):  # a stray odd id is ignored
+            d = deliveries.get(event_id)
+            if d is None:
+                self.stats["delivery_acks_stale"] += 1
+                continue
+            if d.gsub and gid in d.gsub:  # a group instance after all: its LF and faults (rule 4)
+                self._on_delivery_ack(pm.NotificationAck(event_id, (gid,)), out)
+                continue
+            waiting = d.waiting
+            waiting.pop(gid, None)
+            if not waiting:
+                self._delivery_done(d, out)
+
     def _on_delivery_ack(self: NodeCore, msg: pm.NotificationAck, out: list[Action]) -> None:
         d = self._deliveries.get(msg.event_id)
         if d is None:
@@ -324,7 +416,7 @@ class GroupsMixin:
             node = d.waiting.pop(gid, None)
             if node is None:
                 continue
-            g = d.gsub.pop(gid, None)
+            g = d.gsub.pop(gid, None) if d.gsub else None
             if g is None:
                 if msg.failed:
                     self.stats["ordered_delivery_failed"] += 1
@@ -353,20 +445,21 @@ class GroupsMixin:
             retry.append(s)
         if retry:
             self._send_notifications(d.ev, d.ch, retry, out)
-            d.deadline = now + 2 * self.config.groups.ack_timeout
+            d.deadline = now + self._owner_wait
             self._delivery_order.append((d.deadline, msg.event_id))
         if not d.waiting:
             self._delivery_done(d, out)
 
     def _delivery_done(self: NodeCore, d: _Delivery, out: list[Action]) -> None:
-        self._deliveries.pop(d.ev.event_id, None)
         ev = d.ev
+        self._deliveries.pop(ev.event_id, None)
         if not ev.key:
             return
-        if ev.home == self.id or ev.home < 0:
+        home = ev.home
+        if home == self.id or home < 0:
             self._on_complete_ack(ev.event_id, out)
         else:
-            self._batched(ev.home, COMPLETE, ev.event_id)  # sent by end_batch (node_ordering rule 8)
+            self._batched(home, COMPLETE, ev.event_id)  # sent by end_batch (node_ordering rule 8)
 
     def _peer_down_deliveries(self: NodeCore, node: int, now: float, out: list[Action]) -> None:
         """A subscribers' access node went down: what it owed us failed (rule 4)."""

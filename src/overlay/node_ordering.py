@@ -75,10 +75,18 @@ log = logging.getLogger("overlay.node")
 
 # Publishes whose (session, seq) an access node remembers, to tell a publisher
 # about an event returned later (undeliverable): far more than are in flight.
+# Kept as two generations of this many (the newer fills, then replaces the
+# older), so forgetting costs O(1) per publish: evicting one dict's oldest
+# entry per publish made each ``next(iter(d))`` skip every slot deleted since
+# the dict's last resize, some 20 µs a publish once the bound was reached.
 RECENT_PUBLISHES: Final = 65_536
 
 # Keys whose home an access node caches (cleared whenever the live set changes).
 HOME_CACHE: Final = 100_000
+
+_EVENT_NEW: Final = pm.DispatchSign.EVENT_NEW
+_EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
+_replace: Final = msgspec.structs.replace
 
 SEQUENCED: Final = "sequenced"
 ACKED: Final = "acked"
@@ -108,10 +116,13 @@ class OrderingMixin:
         self._released: dict[str, tuple[str, int]] = {}  # home: event id -> (key, rank) in flight
         self._seq_waiting: dict[str, tuple[int, int, pm.Event]] = {}  # access: event id -> (session, seq, event)
         self._recent_pubs: dict[str, tuple[int, int]] = {}  # access: event id -> (session, seq)
+        self._recent_pubs_old: dict[str, tuple[int, int]] = {}  # the generation before
         self._home_cache: dict[str, int] = {}
         self._home_peers: list[int] = list(self.peers)
-        # Rule 8: "sequenced" and "complete" notes per (node, code), sent by end_batch().
-        self._batch: dict[tuple[int, str], list[str]] = {}
+        # Rule 8: the notes of the current batch per code, then per destination
+        # node (nested dicts: no key tuple to build per note); end_batch() sends them.
+        self._notes: dict[str, dict[int, list[str]]] = {SEQUENCED: {}, ACKED: {}, COMPLETE: {}}
+        self._noted = False
         self._rel_queue: deque[Release] = deque()
         self._releasing = False
         self._seq_timeouts_seen = 0
@@ -165,8 +176,14 @@ class OrderingMixin:
     def _remember_publish(self: NodeCore, event_id: str, sid: int, seq: int) -> None:
         recent = self._recent_pubs
         recent[event_id] = (sid, seq)
-        if len(recent) > RECENT_PUBLISHES:
-            del recent[next(iter(recent))]
+        if len(recent) >= RECENT_PUBLISHES:
+            self._recent_pubs_old = recent
+            self._recent_pubs = {}
+
+    def _recent_publish(self: NodeCore, event_id: str) -> tuple[int, int] | None:
+        """``(session, seq)`` of one of the last ``RECENT_PUBLISHES`` (at least) publishes here."""
+        pub = self._recent_pubs.get(event_id)
+        return pub if pub is not None else self._recent_pubs_old.get(event_id)
 
     def _publish_keyed(
         self: NodeCore, sess: _Session, msg: cm.Publish, values: dict, now: float, out: list[Action], chid: ChannelId | None = None
@@ -177,17 +194,22 @@ class OrderingMixin:
             return
         self._event_seq += 1
         event_id = f"{self.id}-{self._event_seq}"
-        self.stats["events_in"] += 1
-        self.stats["ordered_in"] += 1
-        self._remember_publish(event_id, sess.id, msg.seq)
+        stats = self.stats
+        stats["events_in"] += 1
+        stats["ordered_in"] += 1
+        sid, seq, key = sess.id, msg.seq, msg.key
+        self._remember_publish(event_id, sid, seq)
         if self.capture is not None:  # SPEC §13; the home assigns the rank when none is given
-            self.capture.publish(event_id, chid, values, msg.key, msg.rank or None)
-        ev = pm.Event(
-            event_id, values, self.id, pm.DispatchSign.EVENT_NEW, chid, msg.publish_time or now,
-            key=msg.key, rank=msg.rank, home=self.home_of(msg.key),
-        )
-        self._seq_waiting[event_id] = (sess.id, msg.seq, ev)
-        self._to_home(ev, out)
+            self.capture.publish(event_id, chid, values, key, msg.rank or None)
+        home = self._home_cache.get(key) if self._home_peers == self.peers else None
+        if home is None:
+            home = self.home_of(key)
+        ev = pm.Event(event_id, values, self.id, _EVENT_NEW, chid, msg.publish_time or now, 0, key, msg.rank, home)
+        self._seq_waiting[event_id] = (sid, seq, ev)
+        if home == self.id:
+            self._sequence(ev, out)
+        else:
+            out.append(ToPeer(home, ev))
 
     def _to_home(self: NodeCore, ev: pm.Event, out: list[Action]) -> None:
         if ev.home == self.id:
@@ -196,98 +218,124 @@ class OrderingMixin:
             out.append(ToPeer(ev.home, ev))
 
     def _on_verdict(self: NodeCore, msg: pm.NotificationAck, out: list[Action]) -> None:
+        if not msg.failed:
+            self._sequenced(msg.event_id, out)
+            return
         waiting = self._seq_waiting.pop(msg.event_id, None)
-        if waiting is None:
-            return
-        sid, seq, _ = waiting
-        if sid not in self.sessions:
-            return
-        if msg.failed:
-            out.append(ToClient(sid, cm.Error(seq, msg.code, msg.detail)))
-        else:
-            out.append(ToClient(sid, cm.PubAck(seq, msg.event_id)))
+        if waiting is not None and waiting[0] in self.sessions:
+            out.append(ToClient(waiting[0], cm.Error(waiting[1], msg.code, msg.detail)))
+
+    def _sequenced(self: NodeCore, event_id: str, out: list[Action]) -> None:
+        """The home's sequencer holds the event: the publisher's PubAck."""
+        waiting = self._seq_waiting.pop(event_id, None)
+        if waiting is not None and waiting[0] in self.sessions:
+            out.append(ToClient(waiting[0], cm.PubAck(waiting[1], event_id)))
 
     # -- home (rules 3–5) -------------------------------------------------------------------
 
     def _sequence(self: NodeCore, ev: pm.Event, out: list[Action]) -> None:
-        code, text = SEQUENCED, ""
-        releases: list[Release] = []
         try:
-            releases = self.sequencer.arrive(ev.key, ev.rank or None, ev, self.now)
+            release = self.sequencer.arrive(ev.key, ev.rank or None, ev, self.now)
         except DuplicateRank as exc:
-            code, text = cm.ErrorCode.DUPLICATE_RANK, str(exc)
+            self._refuse(ev, cm.ErrorCode.DUPLICATE_RANK, str(exc), out)
+            return
         except InvalidRank as exc:
-            code, text = cm.ErrorCode.BAD_RANK, str(exc)
+            self._refuse(ev, cm.ErrorCode.BAD_RANK, str(exc), out)
+            return
         except SequencerFull as exc:
-            code, text = cm.ErrorCode.SEQUENCER_FULL, str(exc)
-        if code != SEQUENCED:
-            self.stats["ordered_rejected"] += 1
-        verdict = pm.NotificationAck(ev.event_id, (), failed=code != SEQUENCED, code=code, detail=text)
+            self._refuse(ev, cm.ErrorCode.SEQUENCER_FULL, str(exc), out)
+            return
+        if ev.access_node == self.id:
+            self._sequenced(ev.event_id, out)
+        else:
+            self._batched(ev.access_node, SEQUENCED, ev.event_id)
+        if release is not None:
+            self._release(release, out)
+
+    def _refuse(self: NodeCore, ev: pm.Event, code: str, text: str, out: list[Action]) -> None:
+        """Rule 2: a refusal goes to the access node at once, not batched."""
+        self.stats["ordered_rejected"] += 1
+        verdict = pm.NotificationAck(ev.event_id, (), failed=True, code=code, detail=text)
         if ev.access_node == self.id:
             self._on_verdict(verdict, out)
-        elif code == SEQUENCED:
-            self._batched(ev.access_node, SEQUENCED, ev.event_id)
         else:
             out.append(ToPeer(ev.access_node, verdict))
-        self._release_all(releases, out)
 
     # -- batching (rule 8) -------------------------------------------------------------------
 
-    def _batched(self: NodeCore, node: int, code: str, *items: str) -> None:
-        ids = self._batch.get((node, code))
+    def _batched(self: NodeCore, node: int, code: str, item: str) -> None:
+        self._noted = True
+        to = self._notes[code]
+        ids = to.get(node)
         if ids is None:
-            self._batch[(node, code)] = list(items)
+            to[node] = [item]
         else:
-            ids.extend(items)
+            ids.append(item)
+
+    def _batched_acks(self: NodeCore, owner: int, event_id: str, sub_ids: tuple[str, ...]) -> None:
+        """Plain subscribers' acks of a keyed event: ``(event id, sub id)`` pairs."""
+        self._noted = True
+        to = self._notes[ACKED]
+        ids = to.get(owner)
+        if ids is None:
+            ids = to[owner] = []
+        for g in sub_ids:
+            ids.append(event_id)
+            ids.append(g)
 
     def end_batch(self: NodeCore) -> list[Action]:
         """The shell calls this after each batch of messages it handed the core
         (and ``tick`` does too): one ``sequenced`` / ``complete`` note per
         destination for the whole batch, ``event_id = ""`` and the ids in ``sub_ids``."""
-        if not self._batch:
+        if not self._noted:
             return []
-        out: list[Action] = [
-            ToPeer(node, pm.NotificationAck("", tuple(ids), code=code)) for (node, code), ids in self._batch.items()
-        ]
-        self._batch.clear()
+        self._noted = False
+        out: list[Action] = []
+        for code, to in self._notes.items():
+            if to:
+                out.extend(ToPeer(node, pm.NotificationAck("", tuple(ids), code=code)) for node, ids in to.items())
+                to.clear()
         return out
 
     def _on_batched(self: NodeCore, msg: pm.NotificationAck, out: list[Action]) -> None:
+        ids = msg.sub_ids
         if msg.code == ACKED:  # (event id, sub id) pairs: plain subscribers' acks (node_groups rule 3)
-            ids = msg.sub_ids
-            for i in range(0, len(ids) - 1, 2):
-                self._on_delivery_ack(pm.NotificationAck(ids[i], (ids[i + 1],)), out)
+            self._deliveries_acked(ids, out)
         elif msg.code == COMPLETE:
-            for eid in msg.sub_ids:
-                self._on_complete_ack(eid, out)
-        else:
-            for eid in msg.sub_ids:
-                self._on_verdict(pm.NotificationAck(eid, (), code=SEQUENCED), out)
+            complete = self._on_complete_ack
+            for eid in ids:
+                complete(eid, out)
+        else:  # sequenced: the publishers' PubAcks
+            waiting, sessions = self._seq_waiting, self.sessions
+            for eid in ids:
+                w = waiting.pop(eid, None)
+                if w is not None and w[0] in sessions:
+                    out.append(ToClient(w[0], cm.PubAck(w[1], eid)))
 
-    def _release_all(self: NodeCore, releases: list[Release], out: list[Action]) -> None:
-        """Rule 3: route released events, one after the other, without recursion
-        (a local completion releases the next rank from inside the loop)."""
-        self._rel_queue.extend(releases)
+    def _release(self: NodeCore, release: Release, out: list[Action]) -> None:
+        """Rule 3: route a released event; those it releases in turn (a local
+        completion releases the next rank) wait in a queue, so nothing recurses."""
+        queue = self._rel_queue
+        queue.append(release)
         if self._releasing:
             return
         self._releasing = True
         try:
-            while self._rel_queue:
-                r = self._rel_queue.popleft()
+            while queue:
+                r = queue.popleft()
                 ev: pm.Event = r.event
                 # A channel id names one space for life: the access node's lookup
                 # holds while the channel exists (a split or merge replaces the id).
-                chid = ev.ch_id if ev.ch_id is not None and ev.ch_id in self.routing else self.routing.lookup_event(ev.event_exp)
+                chid = ev.ch_id
+                if chid is None or chid not in self.routing:
+                    chid = self.routing.lookup_event(ev.event_exp)
                 self._released[ev.event_id] = (r.key, r.rank)
                 self.stats["ordered_released"] += 1
                 if chid is None:  # checked at publish; the table changed meanwhile
                     self.stats["events_unroutable"] += 1
                     self._on_complete_ack(ev.event_id, out)
                     continue
-                fwd = msgspec.structs.replace(
-                    ev, ch_id=chid, dispatch_sign=pm.DispatchSign.EVENT_DISPATCHED, rank=r.rank, home=self.id
-                )
-                self._dispatch_event(fwd, out)
+                self._dispatch_event(_replace(ev, ch_id=chid, dispatch_sign=_EVENT_DISPATCHED, rank=r.rank, home=self.id), out)
         finally:
             self._releasing = False
 
@@ -298,7 +346,9 @@ class OrderingMixin:
             self.stats["ordered_stale_completions"] += 1
             return
         self.stats["ordered_completed"] += 1
-        self._release_all(self.sequencer.complete(kr[0], kr[1], self.now), out)
+        nxt = self.sequencer.complete(kr[0], kr[1], self.now)
+        if nxt is not None:
+            self._release(nxt, out)
 
     def _ordering_tick(self: NodeCore, now: float, out: list[Action]) -> None:
         """Rule 5."""
@@ -306,7 +356,8 @@ class OrderingMixin:
         out.extend(self.end_batch())
         seq = self.sequencer
         if seq.next_deadline() is not None and seq.next_deadline() <= now:  # type: ignore[operator]
-            self._release_all(seq.expire(now), out)
+            for r in seq.expire(now):
+                self._release(r, out)
         counters = seq.counters
         if counters:
             stats = self.stats

@@ -4,8 +4,10 @@ Theory of operation:
 
 1. Every sequence key has a context: a status, the **sequence rank** (the rank
    of the next event to release), the last rank assigned, and an **overflow
-   store** of held events ordered by rank (``SortedDict``).  Contexts are
-   created on first use.
+   store** of held events by rank.  A plain dict is enough: a completion asks
+   for exactly the next rank (a lookup); only expiry, which is rare, needs
+   more (the lowest held rank for a skip, every held event for a drop).
+   Contexts are created on first use.
 2. Status table (the per-key mutex is the PROCESSING status: at most one event
    of a key is in flight)::
 
@@ -35,21 +37,28 @@ Theory of operation:
 5. Memory is bounded: at most ``max_keys`` contexts and ``max_held`` held
    events per key; past either bound an arrival is refused with
    ``SequencerFull`` and counted.
-6. The class never reads a clock: every call takes ``now``.  A deadline is
-   always computed as ``start + ttl`` and compared ``deadline <= now`` — the
-   same float both where a timer is set and where it is checked, so a timer
-   never fires without its condition holding.
+6. The class never reads a clock: every call takes ``now``.  A key's deadline
+   is one function of its state (``_deadline``: in flight → released at +
+   ``processing_ttl``; held → oldest arrival + ``hold_ttl``; idle → last
+   touched + ``key_ttl``), the same float where a timer is set and where the
+   expiry is decided, so an expiry never happens without its condition holding.
+7. Timers are lazy: a key has at most one live entry in the timer heap
+   (``_Context.timer``), never later than its deadline.  A state change arms a
+   new entry only when it brings the deadline earlier (a release after an idle
+   spell); otherwise the entry already there fires first, and firing
+   re-evaluates the key and re-arms it at its real deadline.  So the heap
+   holds about one entry per key, not one per event, and a busy key costs no
+   heap work per event.
 """
 
 from __future__ import annotations
 
 import enum
-import heapq
 from collections import Counter
+from heapq import heappop, heappush
 from typing import Any, Final
 
 import msgspec
-from sortedcontainers import SortedDict
 
 from overlay.errors import OverlayError
 
@@ -113,27 +122,48 @@ class Release(msgspec.Struct, frozen=True):
     event: Any
 
 
+_WAITING: Final = SeqStatus.WAITING
+_PROCESSING: Final = SeqStatus.PROCESSING
+_PENDING: Final = SeqStatus.PENDING
+
+
 class _Context:
-    __slots__ = ("status", "seq", "last_assigned", "held", "in_flight", "touched")
+    """One key (rule 1).  ``held`` and ``arrived`` hold the same ranks;
+    ``in_flight`` is the rank being delivered (``released_at`` its
+    release time) or None; ``timer`` is the deadline of the key's live entry
+    in the timer heap (rule 7)."""
+
+    __slots__ = ("status", "seq", "last_assigned", "held", "arrived", "in_flight", "released_at", "touched", "timer")
 
     def __init__(self, now: float) -> None:
-        self.status = SeqStatus.WAITING
+        self.status = _WAITING
         self.seq = 1
         self.last_assigned = 0
-        self.held: SortedDict = SortedDict()  # rank -> (event, arrived)
-        self.in_flight: tuple[int, float] | None = None  # (rank, released at)
+        self.held: dict[int, Any] = {}  # rank -> event
+        self.arrived: dict[int, float] = {}  # rank -> arrival time
+        self.in_flight: int | None = None
+        self.released_at = 0.0
         self.touched = now
+        self.timer: float | None = None
+
+    def take(self, rank: int) -> Any:
+        """Remove the held ``rank`` and return its event."""
+        del self.arrived[rank]
+        return self.held.pop(rank)
 
 
 class Sequencer:
-    """Rules 1–6. Invariants: a key has at most one event in flight; releases of
+    """Rules 1–7. Invariants: a key has at most one event in flight; releases of
     a key are in strictly increasing rank; every held event leaves the store
-    by release or by a counted expiry."""
+    by release or by a counted expiry; every context has one live timer entry
+    no later than its deadline; every rank held, in flight or released is at
+    most ``last_assigned``, and every held one at least ``seq`` (so ``seq <=
+    last_assigned + 1``, and ``last_assigned + 1`` is always a fresh rank)."""
 
     def __init__(self, config: SequencerConfig | None = None) -> None:
         self.config = config or SequencerConfig()
         self._keys: dict[str, _Context] = {}
-        self._timers: list[tuple[float, str]] = []  # (deadline, key), lazily checked
+        self._timers: list[tuple[float, str]] = []  # (deadline, key); rule 7
         self.counters: Counter[str] = Counter()
 
     def __len__(self) -> int:
@@ -150,7 +180,9 @@ class Sequencer:
 
     # -- arrivals (rules 2, 3, 5) --------------------------------------------------------
 
-    def arrive(self, key: str, rank: int | None, event: Any, now: float) -> list[Release]:
+    def arrive(self, key: str, rank: int | None, event: Any, now: float) -> Release | None:
+        """The event ``rank`` of ``key`` (None: the next one, rule 3) arrived: it is
+        released at once or held.  At most one event is released per arrival."""
         if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH:
             self.counters["rejected_bad_key"] += 1
             raise InvalidRank(f"a sequence key must be 1 to {MAX_KEY_LENGTH} characters")
@@ -163,105 +195,129 @@ class Sequencer:
                 self.counters["rejected_full"] += 1
                 raise SequencerFull(f"{len(self._keys)} sequence keys in use (limit {self.config.max_keys})")
             ctx = self._keys[key] = _Context(now)
-        if rank is None:
-            rank = max(ctx.last_assigned, ctx.seq - 1) + 1
-            while rank in ctx.held or (ctx.in_flight is not None and ctx.in_flight[0] == rank):
-                rank += 1
-        if rank < ctx.seq or rank in ctx.held or (ctx.in_flight is not None and ctx.in_flight[0] == rank):
+        held = ctx.held
+        if rank is None:  # rule 3: a fresh rank, past every one held, in flight or released
+            rank = ctx.last_assigned + 1
+        elif rank < ctx.seq or rank in held or rank == ctx.in_flight:
             self.counters["rejected_duplicate"] += 1
             raise DuplicateRank(key, rank, ctx.seq)
         ctx.last_assigned = max(ctx.last_assigned, rank)
         ctx.touched = now
-        if ctx.status is not SeqStatus.PROCESSING and rank == ctx.seq:
-            return [self._release(key, ctx, rank, event, now)]
-        if len(ctx.held) >= self.config.max_held:
+        status = ctx.status
+        if status is not _PROCESSING and rank == ctx.seq:
+            return self._release(key, ctx, rank, event, now)
+        if len(held) >= self.config.max_held:
             self.counters["rejected_full"] += 1
-            raise SequencerFull(f"key {key!r} holds {len(ctx.held)} events (limit {self.config.max_held})")
-        ctx.held[rank] = (event, now)
+            raise SequencerFull(f"key {key!r} holds {len(held)} events (limit {self.config.max_held})")
+        held[rank] = event
+        ctx.arrived[rank] = now
         self.counters["held"] += 1
-        if ctx.status is SeqStatus.WAITING:
-            ctx.status = SeqStatus.PENDING
-        heapq.heappush(self._timers, (now + self.config.hold_ttl, key))
-        return []
+        if status is not _PROCESSING:  # stuck on a gap: the hold deadline (rules 4, 6)
+            ctx.status = _PENDING
+            self._arm(key, ctx, now + self.config.hold_ttl)
+        return None
 
     def _release(self, key: str, ctx: _Context, rank: int, event: Any, now: float) -> Release:
-        ctx.status = SeqStatus.PROCESSING
-        ctx.in_flight = (rank, now)
+        ctx.status = _PROCESSING
+        ctx.in_flight = rank
+        ctx.released_at = now
         self.counters["released"] += 1
-        heapq.heappush(self._timers, (now + self.config.processing_ttl, key))
+        deadline = now + self.config.processing_ttl
+        timer = ctx.timer
+        if timer is None or deadline < timer:  # _arm, inline: once per event
+            ctx.timer = deadline
+            heappush(self._timers, (deadline, key))
         return Release(key, rank, event)
 
     # -- completion (rule 2) ------------------------------------------------------------------
 
-    def complete(self, key: str, rank: int, now: float) -> list[Release]:
-        """The released event ``rank`` of ``key`` was delivered everywhere."""
+    def complete(self, key: str, rank: int, now: float) -> Release | None:
+        """The released event ``rank`` of ``key`` was delivered everywhere: the
+        next rank, if held, is released (the only one a completion can release)."""
         ctx = self._keys.get(key)
-        if ctx is None or ctx.in_flight is None or ctx.in_flight[0] != rank:
+        if ctx is None or ctx.in_flight != rank:
             self.counters["stale_completions"] += 1
-            return []
+            return None
         self.counters["completed"] += 1
         return self._advance(key, ctx, now)
 
-    def _advance(self, key: str, ctx: _Context, now: float) -> list[Release]:
-        assert ctx.in_flight is not None
-        ctx.seq = ctx.in_flight[0] + 1
+    def _advance(self, key: str, ctx: _Context, now: float) -> Release | None:
+        """The in-flight event is done (delivered or timed out): release the next rank if held."""
+        nxt = ctx.seq = ctx.in_flight + 1  # type: ignore[operator]  # callers check in_flight
         ctx.in_flight = None
         ctx.touched = now
-        if ctx.held and ctx.held.keys()[0] == ctx.seq:
-            event, _ = ctx.held.pop(ctx.seq)
-            return [self._release(key, ctx, ctx.seq, event, now)]
-        ctx.status = SeqStatus.PENDING if ctx.held else SeqStatus.WAITING
-        if ctx.held:  # stuck on a gap: the oldest held event's expiry decides
-            oldest = min(arrived for _, arrived in ctx.held.values())
-            heapq.heappush(self._timers, (max(now, oldest + self.config.hold_ttl), key))
-        else:
-            heapq.heappush(self._timers, (now + self.config.key_ttl, key))
-        return []
+        if nxt in ctx.held:
+            del ctx.arrived[nxt]
+            return self._release(key, ctx, nxt, ctx.held.pop(nxt), now)
+        ctx.status = _PENDING if ctx.held else _WAITING
+        self._arm(key, ctx, self._deadline(ctx))  # stuck on a gap, or idle
+        return None
 
-    # -- expiry (rule 4) --------------------------------------------------------------------------
+    # -- timers and expiry (rules 4, 6, 7) ------------------------------------------------------
+
+    def _deadline(self, ctx: _Context) -> float:
+        """Rule 6: when this key's state next needs the expiry's attention."""
+        cfg = self.config
+        if ctx.in_flight is not None:
+            return ctx.released_at + cfg.processing_ttl
+        if ctx.held:  # stuck on a gap: the oldest held event's expiry decides
+            return min(ctx.arrived.values()) + cfg.hold_ttl
+        return ctx.touched + cfg.key_ttl
+
+    def _arm(self, key: str, ctx: _Context, deadline: float) -> None:
+        """Rule 7: a new heap entry only when it brings the key's timer earlier."""
+        timer = ctx.timer
+        if timer is None or deadline < timer:
+            ctx.timer = deadline
+            heappush(self._timers, (deadline, key))
 
     def expire(self, now: float) -> list[Release]:
         """Apply every expiry due at ``now``; returns events released by skips."""
         out: list[Release] = []
         timers = self._timers
+        keys = self._keys
         while timers and timers[0][0] <= now:
-            _, key = heapq.heappop(timers)
-            ctx = self._keys.get(key)
-            if ctx is not None:
-                out.extend(self._expire_key(key, ctx, now))
+            deadline, key = heappop(timers)
+            ctx = keys.get(key)
+            if ctx is None or ctx.timer != deadline:
+                continue  # not the key's live entry: superseded (rule 7)
+            ctx.timer = None
+            r = self._expire_key(key, ctx, now)
+            if r is not None:
+                out.append(r)
+            if key in keys:
+                self._arm(key, ctx, self._deadline(ctx))
         return out
 
-    def _expire_key(self, key: str, ctx: _Context, now: float) -> list[Release]:
+    def _expire_key(self, key: str, ctx: _Context, now: float) -> Release | None:
         cfg = self.config
-        if ctx.in_flight is not None and ctx.in_flight[1] + cfg.processing_ttl <= now:
-            self.counters["processing_timeouts"] += 1
-            return self._advance(key, ctx, now)
-        if ctx.in_flight is None and ctx.held:
-            oldest = min(arrived for _, arrived in ctx.held.values())
-            if oldest + cfg.hold_ttl <= now:
-                if cfg.policy is ExpiryPolicy.SKIP:
-                    first = ctx.held.keys()[0]
-                    self.counters["gaps_skipped"] += 1
-                    self.counters["ranks_skipped"] += first - ctx.seq
-                    ctx.seq = first
-                    event, _ = ctx.held.pop(first)
-                    return [self._release(key, ctx, first, event, now)]
-                expired = [r for r, (_, arrived) in ctx.held.items() if arrived + cfg.hold_ttl <= now]
-                for r in expired:
-                    del ctx.held[r]
-                self.counters["expired_dropped"] += len(expired)
-                if not ctx.held:
-                    ctx.status = SeqStatus.WAITING
-                    heapq.heappush(self._timers, (now + cfg.key_ttl, key))
-                else:
-                    heapq.heappush(self._timers, (min(a for _, a in ctx.held.values()) + cfg.hold_ttl, key))
-                return []
-            heapq.heappush(self._timers, (oldest + cfg.hold_ttl, key))
-            return []
-        if ctx.in_flight is None and not ctx.held and ctx.touched + cfg.key_ttl <= now:
+        if ctx.in_flight is not None:
+            if ctx.released_at + cfg.processing_ttl <= now:
+                self.counters["processing_timeouts"] += 1
+                return self._advance(key, ctx, now)
+            return None
+        if ctx.held:
+            oldest = min(ctx.arrived.values())
+            if oldest + cfg.hold_ttl > now:
+                return None
+            if cfg.policy is ExpiryPolicy.SKIP:
+                first = min(ctx.held)
+                self.counters["gaps_skipped"] += 1
+                self.counters["ranks_skipped"] += first - ctx.seq
+                ctx.seq = first
+                return self._release(key, ctx, first, ctx.take(first), now)
+            expired = [r for r, arrived in ctx.arrived.items() if arrived + cfg.hold_ttl <= now]
+            for r in expired:
+                del ctx.held[r]
+                del ctx.arrived[r]
+            self.counters["expired_dropped"] += len(expired)
+            if not ctx.held:
+                ctx.status = _WAITING
+            return None
+        if ctx.touched + cfg.key_ttl <= now:
             del self._keys[key]
             self.counters["keys_expired"] += 1
-        return []
+        return None
 
     def next_deadline(self) -> float | None:
         return self._timers[0][0] if self._timers else None
