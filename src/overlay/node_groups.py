@@ -105,10 +105,15 @@ class GroupsMixin:
         self._dispatchers: dict[tuple[ChannelId, str], GroupDispatcher] = {}
         self._low_filter = parse_subscription(g.low_priority, self.schema) if g.low_priority else None
         self._deliveries: dict[str, _Delivery] = {}  # owner: event id -> tracked delivery
-        self._delivery_order: deque[tuple[float, str]] = deque()  # owner deadlines, in order
+        # Deadlines in the order they come (now + a fixed wait), each with its key in
+        # a parallel deque: no (deadline, key) tuple to allocate per event, and
+        # every allocation counts towards the cyclic GC's next collection.
+        self._delivery_at: deque[float] = deque()  # owner: deadlines ...
+        self._delivery_ids: deque[str] = deque()  # ... of these event ids
         self._group_of: dict[str, str] = {}  # access: global sub id -> group
         self._awaiting: dict[tuple[int, str], tuple[int, tuple[str, ...], float]] = {}  # access: (session, event) -> (owner, sub ids, deadline)
-        self._await_order: deque[tuple[float, tuple[int, str]]] = deque()
+        self._await_at: deque[float] = deque()  # access: deadlines ...
+        self._await_keys: deque[tuple[int, str]] = deque()  # ... of these (session, event) waits
         self._ack_wait = g.ack_timeout  # access node: how long a tracked Notify waits for its Ack
         self._owner_wait = 2 * g.ack_timeout  # owner: how long it waits for the access node (rule 4)
         self._next_prune = 0.0
@@ -191,7 +196,8 @@ class GroupsMixin:
         if d.waiting:
             self._deliveries[msg.event_id] = d
             d.deadline = now + self._owner_wait
-            self._delivery_order.append((d.deadline, msg.event_id))
+            self._delivery_at.append(d.deadline)
+            self._delivery_ids.append(msg.event_id)
         else:
             self._delivery_done(d, out)
         return True
@@ -214,7 +220,8 @@ class GroupsMixin:
             self._send_notifications(msg, ch.id, matched, out)
         self._deliveries[msg.event_id] = d
         d.deadline = deadline = self.now + self._owner_wait
-        self._delivery_order.append((deadline, msg.event_id))
+        self._delivery_at.append(deadline)
+        self._delivery_ids.append(msg.event_id)
 
     def _send_notifications(self: NodeCore, msg: pm.Event, chid: ChannelId, targets: Sequence[Subscription], out: list[Action]) -> None:
         if len(targets) == 1:  # the common case, without the grouping
@@ -282,7 +289,8 @@ class GroupsMixin:
             if gids:
                 k = (sid, event_id)
                 self._awaiting[k] = (owner, tuple(gids), deadline)
-                self._await_order.append((deadline, k))
+                self._await_at.append(deadline)
+                self._await_keys.append(k)
         self.stats["notifies_out"] += len(by_session)
         if orphans:
             self._ack_to_owner(owner, pm.NotificationAck(event_id, tuple(orphans), failed=True), out)
@@ -309,7 +317,8 @@ class GroupsMixin:
         deadline = now + self._ack_wait
         k = (sid, event_id)
         self._awaiting[k] = (owner, gids, deadline)
-        self._await_order.append((deadline, k))
+        self._await_at.append(deadline)
+        self._await_keys.append(k)
         self.stats["notifies_out"] += 1
 
     def _ack_to_owner(self: NodeCore, owner: int, ack: pm.NotificationAck, out: list[Action]) -> None:
@@ -446,7 +455,8 @@ class GroupsMixin:
         if retry:
             self._send_notifications(d.ev, d.ch, retry, out)
             d.deadline = now + self._owner_wait
-            self._delivery_order.append((d.deadline, msg.event_id))
+            self._delivery_at.append(d.deadline)
+            self._delivery_ids.append(msg.event_id)
         if not d.waiting:
             self._delivery_done(d, out)
 
@@ -471,17 +481,17 @@ class GroupsMixin:
     # -- time (rules 3, 4) ----------------------------------------------------------------------
 
     def _groups_tick(self: NodeCore, now: float, out: list[Action]) -> None:
-        order = self._await_order
-        while order and order[0][0] <= now:
-            deadline, k = order.popleft()
+        at, keys = self._await_at, self._await_keys
+        while at and at[0] <= now:
+            deadline, k = at.popleft(), keys.popleft()
             a = self._awaiting.get(k)
             if a is not None and a[2] == deadline:
                 del self._awaiting[k]
                 self.stats["delivery_ack_timeouts"] += 1
                 self._ack_to_owner(a[0], pm.NotificationAck(k[1], a[1], failed=True), out)
-        dorder = self._delivery_order
-        while dorder and dorder[0][0] <= now:
-            deadline, eid = dorder.popleft()
+        at, ids = self._delivery_at, self._delivery_ids
+        while at and at[0] <= now:
+            deadline, eid = at.popleft(), ids.popleft()
             d = self._deliveries.get(eid)
             if d is not None and d.waiting and d.deadline == deadline:
                 self.stats["delivery_owner_timeouts"] += 1
