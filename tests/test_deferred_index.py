@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import SMALL, brute_matches, events, filters
 
-from overlay.balance.merge import merge_consuming
+from overlay.balance.merge import merge_pair
 from overlay.balance.split import _bound, _bound_overlaps
 from overlay.channels import Attribute, EventSpace, Kind, Op, Predicate, parse_subscription
 from overlay.channels.channel import Channel, ChannelId
@@ -114,7 +114,7 @@ def test_an_adopted_index_drops_what_the_child_does_not_keep(fs, deferred, keep,
     assert len(child.index) == len(model)  # every stale one left the index
 
 
-def test_merge_consuming_keeps_every_subscription_of_both_parts():
+def test_a_consuming_merge_keeps_every_subscription_of_both_parts():
     schema = SMALL
     a = Channel(ChannelId(0, 0), EventSpace.whole(schema), schema)
     b = Channel(ChannelId(0, 1), EventSpace.whole(schema), schema)
@@ -122,7 +122,7 @@ def test_merge_consuming_keeps_every_subscription_of_both_parts():
     s2 = Subscription("s2", parse_subscription("x < 9", schema))
     s3 = Subscription("s3", parse_subscription("y > 1.5", schema))
     a.add(s1), a.add(s2), b.add(s2), b.add(s3)
-    merged = merge_consuming(a, b, ChannelId(0, 2), EventSpace.whole(schema))
+    merged = merge_pair(a, b, ChannelId(0, 2), EventSpace.whole(schema), consume=True)
     assert {s.id for s in merged} == {"s1", "s2", "s3"} and len(merged) == 3
     assert merged.unindexed == 1  # the smaller part's one new subscription, indexed later
     e = {"x": 4, "y": 2.0, "r": 1, "s": "a", "n": 0, "t": "a"}

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from overlay.actions import Action, ToPeer
 from overlay.balance.migration import OutgoingMigration
-from overlay.balance.merge import merge_consuming, mergeable_pairs
+from overlay.balance.merge import merge_pair, mergeable_pairs
 from overlay.balance.monitor import Monitor, NodeState
 from overlay.balance.scheduler import ChannelLoad, Weights, choose_channels, rank_receivers
 from overlay.balance.split import Cut, choose_cut, divide
@@ -384,7 +384,7 @@ class BalancingMixin:
             self._merge_local(a, b, space, now, out)
 
     def _merge_local(self: NodeCore, a: Channel, b: Channel, space: Any, now: float, out: list[Action]) -> Channel:
-        merged = merge_consuming(a, b, self.local.new_id(), space)
+        merged = merge_pair(a, b, self.local.new_id(), space, consume=True)
         self.local.remove(a.id)
         self.local.remove(b.id)
         self.local.add(merged)

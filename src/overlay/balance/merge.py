@@ -18,7 +18,7 @@ from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.schema import Schema
 from overlay.channels.space import EventSpace
 
-__all__ = ["sort_channels", "mergeable_pairs", "merge_pair", "merge_consuming", "merged_space"]
+__all__ = ["sort_channels", "mergeable_pairs", "merge_pair", "merged_space"]
 
 
 def sort_channels(channels: Sequence[Channel]) -> list[Channel]:
@@ -40,22 +40,19 @@ def mergeable_pairs(channels: Sequence[Channel], schema: Schema) -> list[tuple[C
     return out
 
 
-def merge_pair(a: Channel, b: Channel, new_id: ChannelId, space: EventSpace) -> Channel:
-    """Rule 2."""
+def merge_pair(a: Channel, b: Channel, new_id: ChannelId, space: EventSpace, *, consume: bool = False) -> Channel:
+    """Rule 2.  With ``consume`` the parts are discarded after, as in
+    ``split.divide``: the merged channel adopts the larger part's index and
+    indexes the other's subscriptions in the background (``Channel`` rule 5),
+    so the node does not stall on a merge."""
     merged = Channel(new_id, space, a.schema)
+    if consume:
+        big, small = (a, b) if len(a) >= len(b) else (b, a)
+        merged.adopt_index(big, {s.id for s in big})
+        merged.add_deferred(list(small))
+        return merged
     for sub in a:
         merged.add(sub)
     for sub in b:
         merged.add(sub)
-    return merged
-
-
-def merge_consuming(a: Channel, b: Channel, new_id: ChannelId, space: EventSpace) -> Channel:
-    """Rule 2 for parts that are discarded after: the merged channel adopts the
-    larger part's index and indexes the other's subscriptions in the
-    background (``Channel`` rule 5), so the node does not stall on a merge."""
-    big, small = (a, b) if len(a) >= len(b) else (b, a)
-    merged = Channel(new_id, space, a.schema)
-    merged.adopt_index(big, {s.id for s in big})
-    merged.add_deferred(list(small))
     return merged

@@ -123,28 +123,10 @@ def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]], *, co
         (child, [c for c, p in zip(child.space.constraints, parent.space.constraints) if c != p]) for child in children
     ]
     members: list[list[Subscription]] = [[] for _ in children]
-    cut_attrs = {c.attr for _child, cs in changed for c in cs}
-    ranges = [cs[0].interval for _child, cs in changed if len(cs) == 1 and isinstance(cs[0], RangeConstraint)]
-    if len(cut_attrs) == 1 and len(ranges) == len(children):
-        # One ordered attribute cut (every numeric split): each subscription's
-        # bound on it is worked out once and compared with each child's interval.
-        (name,) = cut_attrs
-        attr = schema.attributes[name]
-        for sub in parent:
-            preds = sub.filter.on(name)
-            bound = _bound(preds, attr)
-            for k, iv in enumerate(ranges):
-                if bound is None:
-                    hit = _overlaps(changed[k][1][0], sub, schema)
-                else:
-                    hit = _bound_overlaps(bound, iv, attr.kind.discrete)
-                if hit:
-                    members[k].append(sub)
-    else:
-        for sub in parent:
-            for k, (_child, constraints) in enumerate(changed):
-                if all(_overlaps(c, sub, schema) for c in constraints):
-                    members[k].append(sub)
+    for sub in parent:
+        for k, (_child, constraints) in enumerate(changed):
+            if all(_overlaps(c, sub, schema) for c in constraints):
+                members[k].append(sub)
     adopt = max(range(len(children)), key=lambda k: len(members[k])) if consume else -1
     for k, child in enumerate(children):
         if k == adopt:

@@ -13,10 +13,11 @@ Rules this module keeps (SPEC §1.1, STYLE habits 6 and 7):
 3. Inbound messages wait in one two-level queue; the single dispatcher takes
    high-priority ones first and hands each to the core, in batches, with a
    loop turn at least every ``DISPATCH_SLICE`` so replies go out during a
-   burst.  Read loops block when it is full (TCP backpressure).  A publish that finds the normal level past
-   ``choke_threshold`` is answered with Choke instead (SPEC §12).  A client's
-   Ack of a notification only counts it: the read loop hands it to the core
-   itself (``NodeCore.client_ack``) instead of queueing it.
+   burst.  Read loops block when it is full (TCP backpressure).  A publish
+   that finds the normal level past ``choke_threshold`` is answered with
+   Choke instead (SPEC §12).  A client's Ack of a notification only counts
+   it: the read loop hands it to the core itself (``NodeCore.client_ack``)
+   instead of queueing it.
 4. Each connection has one writer task, fed by bounded high/normal queues,
    writing batches with ``writelines`` then ``drain``.
 5. A client's Notify that finds its queue full is dropped and counted as a
