@@ -55,6 +55,16 @@ def _plt() -> Any:
     return plt
 
 
+def _finish(plt: Any, fig: Any, ax: Any, path: Path, title: str) -> None:
+    """Title, grid and legend (outside, right), then write the PNG and free the figure."""
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _mark_migrations(ax: Any, migrations: Iterable[dict[str, Any]], *, label: bool) -> None:
     first = True
     for m in migrations:
@@ -83,12 +93,7 @@ def plot_spread(path: Path, actual: Sequence[dict[str, Any]], counter: Sequence[
     ax.set_xlabel("seconds since the run started")
     ax.set_ylabel("S / dc̄")
     ax.set_ylim(bottom=0)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, ax, path, title)
 
 
 def plot_loads(path: Path, per_node: Sequence[dict[str, Any]], nodes: Sequence[int],
@@ -107,12 +112,7 @@ def plot_loads(path: Path, per_node: Sequence[dict[str, Any]], nodes: Sequence[i
     _mark_migrations(ax, migrations, label=True)
     ax.set_xlabel("seconds since the run started")
     ax.set_ylabel("load d per second (subscriptions tested)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, ax, path, title)
 
 
 def _table(rows: Sequence[dict[str, Any]], cols: Sequence[str], limit: int | None = None) -> list[str]:
