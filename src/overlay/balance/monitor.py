@@ -16,7 +16,15 @@ Theory of operation:
    ``u_nodes``/``o_nodes`` hold the live peers lighter/heavier than this node;
    a peer is in at most one of them.
 4. An OVERLOADED node starts scheduling with probability ``p`` (the random
-   source is injected, so the simulator is deterministic).
+   source is injected, so the simulator is deterministic).  The draws are
+   systematic, not independent: a credit starts at a random phase in [0, 1)
+   and grows by ``p`` at each draw; a draw schedules when the credit reaches
+   1 (and pays 1).  Every draw still schedules with probability exactly
+   ``p`` (the phase is uniform), and nodes' phases are independent, so they
+   stay out of step as ``p`` intends; but a node overloaded for ``k`` slices
+   schedules ``⌊k·p⌋`` or ``⌈k·p⌉`` times, never waiting more than ``⌈1/p⌉``
+   slices — independent draws left the hot node idle for 3–4 slices in a row
+   one run in eight (p = ½), which is what slowed convergence.
 5. Anti-jitter: when scheduling ran ``JITTER_RUNS`` times in a row, each
    within ``JITTER_GAP`` slices of the previous, ``T`` grows to 150 % of the
    configured slice; after ``CALM_SLICES`` slices without scheduling it
@@ -103,6 +111,7 @@ class Monitor:
         self.mean: float | None = None
         self.loads: dict[int, PeerLoad] = {}
         self._runs: list[int] = []
+        self._credit: float | None = None  # rule 4: drawn at the first draw, from ``rng``
 
     # -- LIEMs (rule 3) ------------------------------------------------------------------
 
@@ -158,7 +167,7 @@ class Monitor:
             self.state = self.classify(self.dc, self.mean)
             if self.state is NodeState.STABLE:
                 self.state = self._pair_state(live)
-        schedule = decide and self.state is NodeState.OVERLOADED and bool(live) and self.rng.random() < self.probability
+        schedule = decide and self.state is NodeState.OVERLOADED and bool(live) and self._draw()
         if schedule:
             self._runs.append(self.slice_no)
             del self._runs[:-JITTER_RUNS]  # rule 5 reads only the last runs; keep memory bounded
@@ -167,6 +176,16 @@ class Monitor:
         n = len(levels)
         spread = (sum((v - self.mean) ** 2 for v in levels) / n) ** 0.5
         return SliceReport(self.slice_no, d, self.dc, self.mean, self.state, schedule, self.slice_seconds, spread)
+
+    def _draw(self) -> bool:
+        """Rule 4: one systematic draw with probability ``p``."""
+        if self._credit is None:
+            self._credit = self.rng.random()
+        self._credit += self.probability
+        if self._credit >= 1.0:
+            self._credit -= 1.0
+            return True
+        return False
 
     def classify(self, dc: float, mean: float) -> NodeState:
         dd = self.delta * mean
