@@ -13,7 +13,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from strategies import SMALL, brute_matches, events, filters, partition, samples
 
-from overlay.balance.split import Cut, choose_cut, divide
+from overlay.balance.split import Cut, choose_cut, cut_slice, divide
 from overlay.channels import (
     Attribute,
     Channel,
@@ -424,3 +424,49 @@ def test_divide_partitions_the_parent_and_keeps_every_subscription_where_it_matc
                     if brute_matches(sub.filter, e):
                         assert sub.id in ids(homes[0])
                 assert {s.id for s in homes[0].match(e, 0)[0]} == want
+
+
+# -- the fast cut against the plain reading of rules 1–4 --------------------------------------------
+
+
+def reference_cut(records, delta):
+    """Rules 1–2 as first written: group every record, scan the groups.
+    ``(attribute position, last value of the prefix, its load)`` or None."""
+    pos = next((i for i in range(len(records[0].point)) if len({r.point[i] for r in records}) > 1), None)
+    if len(records) < 2 or pos is None:
+        return None
+    bounds, total = [], 0
+    for r in records:
+        v = r.point[pos]
+        total += r.cost
+        if bounds and bounds[-1][0] == v:
+            bounds[-1] = (v, total)
+        else:
+            bounds.append((v, total))
+    bounds.pop()
+    k = next((i for i, (_, cum) in enumerate(bounds) if cum >= delta), len(bounds) - 1)
+    if k > 0 and abs(bounds[k - 1][1] - delta) < abs(bounds[k][1] - delta):
+        k -= 1
+    return pos, bounds[k][0], bounds[k][1]
+
+
+@given(
+    recs=st.lists(
+        st.tuples(st.tuples(st.integers(0, 6), st.integers(50, 53)), st.integers(0, 9)), min_size=1, max_size=40
+    ),
+    delta=st.floats(0, 120),
+)
+@PROPS
+def test_cut_agrees_with_the_plain_reading_of_the_rules(recs, delta):
+    stats = stats_of(recs)
+    records = stats.records()
+    want = reference_cut(records, delta)
+    cut = choose_cut(EventSpace.whole(EXAMPLE), records, ("a", "b"), delta, EXAMPLE)
+    if want is None:
+        assert cut is None
+        return
+    pos, value, low_load = want
+    attr = ("a", "b")[pos]
+    assert cut is not None and cut.attr == attr and cut.low_load == low_load
+    assert cut.low.constraint(attr) == rng(attr, EXAMPLE.attributes[attr].min, value)
+    assert cut_slice(EventSpace.whole(EXAMPLE), stats, delta, EXAMPLE) == cut

@@ -6,8 +6,9 @@ Theory of operation (SPEC §5–§8):
    its slice; the node's load ``d`` is the sum of the closed slices' costs.
    The ``Monitor`` turns it into ``dc``, ``dc̄`` and a state, and the node sends
    its LIEM to every peer on the high-priority queue.
-2. An OVERLOADED node that the monitor lets schedule (probability p) becomes
-   BUSY, ranks receivers with rank1 and asks the best with
+2. An OVERLOADED node that the monitor lets schedule (probability p) waits
+   a random part of ``START_SPREAD`` of a slice, then (still OVERLOADED and
+   free) becomes BUSY, ranks receivers with rank1 and asks the best with
    RequestLoadBalance; a refusal moves on to the next candidate, an empty
    list returns the node to its previous state.  A receiver accepts only
    when UNDERLOADED and not BUSY, and becomes BUSY.
@@ -35,6 +36,7 @@ import math
 import random
 import zlib
 from collections import deque
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Final
 
 from overlay.actions import Action, ToPeer
@@ -42,7 +44,7 @@ from overlay.balance.migration import OutgoingMigration
 from overlay.balance.merge import merge_pair, mergeable_pairs
 from overlay.balance.monitor import Monitor, NodeState
 from overlay.balance.scheduler import ChannelLoad, Weights, choose_channels, rank_receivers
-from overlay.balance.split import Cut, choose_cut, divide
+from overlay.balance.split import Cut, cut_slice, divide
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.routing_table import RouteEntry
 from overlay.channels.space import RangeConstraint
@@ -63,6 +65,12 @@ MERGE_SLICES: Final = 5
 # Longest wait, in slices, for the peers' LIEMs of a slice before deciding
 # without them: slices close together to a tick, so they come within ms.
 DECIDE_GRACE: Final = 0.25
+# Slices close together on every node, so every node that schedules would
+# start its session in the same few milliseconds: on shared cores their
+# splits, moves and table updates then contend, and events published just
+# then waited for all of them (measured: p99 during migrations 4-5x steady).
+# Each start waits a random fraction of this share of a slice instead.
+START_SPREAD: Final = 0.1
 # A cut-off part that brings the moved load within this fraction of φ is
 # taken as cut; any load in (0, 2φ) lowers S (SPEC §7), closer is better.
 SPLIT_ACCEPT: Final = 0.5
@@ -101,6 +109,7 @@ class BalancingMixin:
         self._now = 0.0  # the last tick's clock: when a LIEM came, to a tick
         self._liem_at: dict[int, float] = {}
         self._decide: tuple[float, float, NodeState] | None = None  # (closed at, decide by, state before)
+        self._start_at: float | None = None  # when a drawn session starts (rule 2)
         self.journal: deque[dict[str, Any]] = deque(maxlen=JOURNAL_SIZE)
         self._cold: dict[ChannelId, int] = {}
         self._candidates: list[Any] = []
@@ -155,6 +164,10 @@ class BalancingMixin:
             fresh = all(self._liem_at.get(p.node, 0.0) >= closed - self.monitor.slice_seconds / 2 for p in self.monitor.live())
             if fresh or now >= by:
                 self._end_decision(now, out)
+        if self._start_at is not None and now >= self._start_at:
+            self._start_at = None
+            if self._may_schedule():
+                self._start_balancing(now, out)
         if self.next_slice_at is None:
             self.next_slice_at = _slice_boundary(now, self.monitor.slice_seconds)
             self._slice_started = now
@@ -213,8 +226,17 @@ class BalancingMixin:
         if not self.balancing_enabled or self.draining:  # draining: no merges, no scheduling
             return
         self._idle_merges(now, out)
-        if report.schedule and not self.monitor.busy and not any(m.active for m in self.outgoing.values()):
-            self._start_balancing(now, out)
+        if report.schedule and self._may_schedule():
+            self._start_at = now + self.rng.uniform(0, START_SPREAD * self.monitor.slice_seconds)
+
+    def _may_schedule(self: NodeCore) -> bool:
+        return (
+            self.balancing_enabled
+            and not self.draining
+            and self.monitor.state is NodeState.OVERLOADED
+            and not self.monitor.busy
+            and not any(m.active for m in self.outgoing.values())
+        )
 
     def _on_liem(self: NodeCore, src: int, msg: pm.LIEM) -> None:
         self._liem_at[msg.broker_id] = self._now
@@ -322,7 +344,7 @@ class BalancingMixin:
             ch = self.local[choice.split]
             # Cut off the same share of the last slice's records as of the load ranked.
             share = choice.split_load / max(1, next(s.load for s in choice.scores if s.ch_id == ch.id))
-            cut = choose_cut(ch.space, ch.last.records(), ch.last.priority, share * ch.last.load, self.schema)
+            cut = cut_slice(ch.space, ch.last, share * ch.last.load, self.schema)
             if cut is None:
                 mig.channels = (ch.id,)
                 mig.replicate = True
@@ -407,6 +429,9 @@ def _slice_boundary(now: float, length: float) -> float:
     return end + length if end - now < length / 2 else end
 
 
+_COST, _COUNT = itemgetter(0), itemgetter(1)  # of a record's [cost, count]
+
+
 def _inherit_slice(parent: Channel, children: list[Channel], cut: Cut) -> None:
     """Give each child the parent's records that fall in its space: the last
     slice's, so the scheduler can rank the children before their own first
@@ -448,9 +473,9 @@ def _inherit_slice(parent: Channel, children: list[Channel], cut: Cut) -> None:
                         break
         for child, part in zip(children, parts):
             st = getattr(child, which)
-            values = [recs[point] for point in part]
-            st.load += sum(r[0] for r in values)
-            st.events += sum(r[1] for r in values)
+            values = list(map(recs.__getitem__, part))
+            st.load += sum(map(_COST, values))
+            st.events += sum(map(_COUNT, values))
             st._records.update(zip(part, values))
         # Access counts split in proportion to events (the records do not keep them).
         total = src.events or 1

@@ -30,20 +30,22 @@ Rules this module keeps:
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Final
 
 import msgspec
 
-from overlay.channels.channel import Channel, ChannelId, EventRecord
+from overlay.channels.channel import Channel, ChannelId, EventRecord, SliceStats
 from overlay.channels.intervals import Interval
 from overlay.channels.predicates import Op, Predicate, conjunction
-from overlay.channels.schema import Attribute, Kind, Schema
+from overlay.channels.schema import Attribute, Kind, Schema, Value
 from overlay.channels.space import Constraint, EventSpace, RangeConstraint
 from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
 
-__all__ = ["Cut", "choose_cut", "divide"]
+__all__ = ["Cut", "choose_cut", "cut_slice", "divide"]
 
 
 class Cut(msgspec.Struct, frozen=True):
@@ -64,43 +66,71 @@ def choose_cut(
     schema: Schema,
 ) -> Cut | None:
     """Rules 1–4. ``records`` must be sorted by ``priority``."""
-    if len(records) < 2:
+    return _choose(space, [r.point for r in records], [r.cost for r in records], priority, delta_ld, schema)
+
+
+def cut_slice(space: EventSpace, stats: SliceStats, delta_ld: float, schema: Schema) -> Cut | None:
+    """``choose_cut`` on a slice's records as they are stored: no record
+    objects built (the split of a hot channel runs while its node waits)."""
+    points, costs = stats.points_costs()
+    return _choose(space, points, costs, stats.priority, delta_ld, schema)
+
+
+def _choose(
+    space: EventSpace,
+    points: Sequence[tuple[Value, ...]],
+    costs: Sequence[int],
+    priority: Sequence[str],
+    delta_ld: float,
+    schema: Schema,
+) -> Cut | None:
+    n = len(points)
+    if n < 2:
         return None
-    # Rule 2: the first attribute on which the records differ.
-    pos = next(
-        (i for i in range(len(priority)) if len({r.point[i] for r in records}) > 1),
-        None,
-    )
+    # Rule 2: the first attribute on which the records differ.  Sorted
+    # lexicographically, they differ on the first one iff the ends do.
+    first = points[0]
+    if first[0] != points[-1][0]:
+        pos: int | None = 0
+    else:
+        pos = next((i for i in range(1, len(priority)) if any(p[i] != first[i] for p in points)), None)
     if pos is None:
         return None
     name = priority[pos]
     # Records are lexicographic and constant before `pos`, so sorted by `pos`:
-    # group them by value and pick the boundary closest to ΔLD.
-    bounds: list[tuple[object, int]] = []  # (last value of the group, cost up to it)
-    total = 0
-    for r in records:
-        v = r.point[pos]
-        total += r.cost
-        if bounds and bounds[-1][0] == v:
-            bounds[-1] = (v, total)
-        else:
-            bounds.append((v, total))
-    bounds.pop()  # a cut after the last group cuts nothing off the top
-    k = next((i for i, (_, cum) in enumerate(bounds) if cum >= delta_ld), len(bounds) - 1)
-    if k > 0 and abs(bounds[k - 1][1] - delta_ld) < abs(bounds[k][1] - delta_ld):
-        k -= 1
-    value, low_load = bounds[k]
+    # a cut goes after the last record of a group of equal values on it, at
+    # the group end whose cumulative cost is closest to ΔLD — the first
+    # reaching it, or the one before when that is closer; never after the
+    # last group (that cuts nothing off).
+    cum = list(accumulate(costs))
+    total = cum[-1]
+
+    def group_end(i: int) -> int:
+        v = points[i][pos]
+        while i + 1 < n and points[i + 1][pos] == v:
+            i += 1
+        return i
+
+    def group_start(i: int) -> int:
+        v = points[i][pos]
+        while i > 0 and points[i - 1][pos] == v:
+            i -= 1
+        return i
+
+    end = group_end(min(bisect_left(cum, delta_ld), n - 1))
+    if end == n - 1:  # ΔLD falls in the last group: cut before it
+        end = group_start(n - 1) - 1
+    start = group_start(end)
+    if start > 0 and abs(cum[start - 1] - delta_ld) < abs(cum[end] - delta_ld):
+        end = start - 1
+    value, low_load = points[end][pos], cum[end]
     attr = schema.attributes[name]
     if attr.kind is Kind.STRING:
-        str_set = {r.point[pos] for r in records if _before_or_at(r.point[pos], value)}
+        str_set = {p[pos] for p in points[: end + 1]}
         low, high = space.take_strings(name, str_set)  # type: ignore[arg-type]
     else:
         low, high = space.cut(attr, value)  # type: ignore[arg-type]
     return Cut(name, low, high, low_load, total - low_load)
-
-
-def _before_or_at(v: object, last: object) -> bool:
-    return v <= last  # type: ignore[operator]
 
 
 def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]], *, consume: bool = False) -> list[Channel]:
@@ -123,16 +153,30 @@ def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]], *, co
         (child, [c for c, p in zip(child.space.constraints, parent.space.constraints) if c != p]) for child in children
     ]
     members: list[list[Subscription]] = [[] for _ in children]
-    for sub in parent:
-        for k, (_child, constraints) in enumerate(changed):
-            if all(_overlaps(c, sub, schema) for c in constraints):
-                members[k].append(sub)
+    ranges = _one_range_each(changed)
+    if ranges is not None:
+        # The usual split (a numeric or rfid cut): one attribute, an interval
+        # per child.  A subscription's bound on it is read once, not per child.
+        name, intervals = ranges
+        attr = schema.attributes[name]
+        discrete = attr.kind.discrete
+        for sub in parent:
+            bound = _bound_of(sub.filter.predicates, name, attr)
+            for k, iv in enumerate(intervals):
+                if _bound_overlaps(bound, iv, discrete) if bound is not None else _overlaps(changed[k][1][0], sub, schema):
+                    members[k].append(sub)
+    else:
+        for sub in parent:
+            for k, (_child, constraints) in enumerate(changed):
+                if all(_overlaps(c, sub, schema) for c in constraints):
+                    members[k].append(sub)
     adopt = max(range(len(children)), key=lambda k: len(members[k])) if consume else -1
+    tests = parent.tests_lookup()  # the parent's built tests serve the deferred side
     for k, child in enumerate(children):
         if k == adopt:
             child.adopt_index(parent, {s.id for s in members[k]})
         elif consume:
-            child.add_deferred(members[k])  # indexed in the background (Channel rule 5)
+            child.add_deferred(members[k], tests)  # indexed in the background (Channel rule 5)
         else:
             for sub in members[k]:
                 child.add(sub)
@@ -142,10 +186,23 @@ def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]], *, co
 _BOUND_OPS: Final = frozenset({Op.EQ, Op.LT, Op.LE, Op.GT, Op.GE, Op.IN_RANGE})
 
 
+def _one_range_each(changed: list[tuple[Channel, list[Constraint]]]) -> tuple[str, list[Interval]] | None:
+    """``(attribute, each child's interval)`` when every child differs from
+    the parent by one range on the same attribute; None otherwise."""
+    names = set()
+    intervals = []
+    for _child, constraints in changed:
+        if len(constraints) != 1 or not isinstance(constraints[0], RangeConstraint):
+            return None
+        names.add(constraints[0].attr)
+        intervals.append(constraints[0].interval)
+    return (names.pop(), intervals) if len(names) == 1 else None
+
+
 def _overlaps(c: Constraint, sub: Subscription, schema: Schema) -> bool:
     attr = schema.attributes[c.attr]
     if isinstance(c, RangeConstraint):
-        bound = _bound(sub.filter.on(c.attr), attr)
+        bound = _bound_of(sub.filter.predicates, c.attr, attr)
         if bound is not None:
             return _bound_overlaps(bound, c.interval, attr.kind.discrete)
     return c.overlaps_conj(conjunction(sub.filter.on(c.attr), attr), attr)
@@ -154,13 +211,16 @@ def _overlaps(c: Constraint, sub: Subscription, schema: Schema) -> bool:
 _Bound = tuple[float, bool, float, bool]
 
 
-def _bound(preds: tuple[Predicate, ...], attr: Attribute) -> _Bound | None:
-    """``(lo, lo_open, hi, hi_open)`` the comparisons ``preds`` leave of
-    ``attr``'s domain, or None when one is not a plain numeric comparison:
-    the conjunction's answer for those, in a microsecond instead of tens (a
-    split tests every subscription of a hot channel while its node waits)."""
+def _bound_of(preds: tuple[Predicate, ...], name: str, attr: Attribute) -> _Bound | None:
+    """``(lo, lo_open, hi, hi_open)`` the comparisons of ``preds`` on ``name``
+    leave of ``attr``'s domain, or None when one is not a plain numeric
+    comparison: the conjunction's answer for those, in a microsecond instead
+    of tens (a split tests every subscription of a hot channel while its node
+    waits)."""
     lo, lo_open, hi, hi_open = attr.min, False, attr.max, False
     for p in preds:
+        if p.attr != name:
+            continue
         op = p.op
         if op not in _BOUND_OPS:
             return None

@@ -38,10 +38,12 @@ import msgspec
 from sortedcontainers import SortedDict
 
 from overlay.channels.matcher import DEFAULT_BUCKETS, MatchResult, SubscriptionIndex
-from overlay.channels.predicates import compile_filter
 from overlay.channels.schema import Kind, Schema, Value
 from overlay.channels.space import EventSpace, ExceptConstraint
 from overlay.channels.subscriptions import Subscription
+
+# An exact test of one subscription: ``test(values)`` is whether the event matches.
+Test = Callable[[Mapping[str, Value]], bool]
 
 __all__ = ["ChannelId", "Channel", "SliceStats", "EventRecord", "MAX_RECORDS", "MAX_SEEN"]
 
@@ -106,6 +108,12 @@ class SliceStats:
         # Iterating keys and indexing is C-level; SortedDict.items() is not.
         return [EventRecord(p, *recs[p]) for p in recs]
 
+    def points_costs(self) -> tuple[list[tuple[Value, ...]], list[int]]:
+        """The records' points and costs, in DA-priority order (rule 3)."""
+        recs = self._records
+        points = list(recs.keys())
+        return points, [recs[p][0] for p in points]
+
     def reordered(self, priority: tuple[str, ...], old: tuple[str, ...]) -> None:
         """Re-key the records for a new DA priority order."""
         if priority == old:
@@ -152,7 +160,7 @@ class Channel:
         self.index = SubscriptionIndex(schema, nbuckets)
         # Rule 5: members not indexed yet (with their exact test once compiled),
         # and indexed non-members waiting to be dropped.
-        self._pending: dict[str, tuple[Subscription, Callable[[Mapping[str, Value]], bool] | None]] = {}
+        self._pending: dict[str, tuple[Subscription, Test | None]] = {}
         self._stale: set[str] = set()
         self._da_count: dict[str, int] = {n: 0 for n in schema.da}
         self.priority = schema.da_priority()
@@ -207,8 +215,10 @@ class Channel:
         self._count(sub, +1)
         return True
 
-    def add_deferred(self, subs: Iterable[Subscription]) -> int:
-        """Store ``subs`` now and index them later (rule 5); how many were new."""
+    def add_deferred(self, subs: Iterable[Subscription], tests: Callable[[str], Test | None] | None = None) -> int:
+        """Store ``subs`` now and index them later (rule 5); how many were new.
+        ``tests`` gives an exact test already built for a subscription, if any
+        (``tests_lookup`` of the channel it comes from)."""
         added = 0
         pending = self._pending
         for sub in subs:
@@ -217,10 +227,21 @@ class Channel:
             if sub.id in self._stale:
                 self._stale.discard(sub.id)
             else:
-                pending[sub.id] = (sub, None)
+                pending[sub.id] = (sub, tests(sub.id) if tests is not None else None)
             self._count(sub, +1)
             added += 1
         return added
+
+    def tests_lookup(self) -> Callable[[str], Test | None]:
+        """The exact tests this channel holds now, by subscription id: for
+        ``add_deferred`` elsewhere (they stay valid after an ``adopt_index``)."""
+        index, pending = self.index, self._pending
+
+        def test_of(sub_id: str) -> Test | None:
+            entry = pending.get(sub_id)
+            return entry[1] if entry is not None else index.compiled(sub_id)
+
+        return test_of
 
     def adopt_index(self, parent: Channel, keep: set[str]) -> None:
         """Take over ``parent``'s index (the parent must be discarded after);
@@ -320,7 +341,10 @@ class Channel:
         pending = self._pending
         for sid, (sub, test) in pending.items():
             if test is None:
-                test = compile_filter(sub.filter)
+                # Interpreted, not compiled: compiling every pending filter at
+                # the first event after a split or a move held that event up
+                # (≈ 10 µs each); these are indexed within milliseconds anyway.
+                test = sub.filter.matches
                 pending[sid] = (sub, test)  # replacing a value keeps the dict's size: iteration is safe
             if test(values):
                 matched.append(sub)

@@ -123,6 +123,13 @@ class SubscriptionIndex:
         slot = self._slot_of.get(sub_id)
         return None if slot is None else self._subs[slot]
 
+    def compiled(self, sub_id: str) -> Callable[[Mapping[str, Value]], bool] | None:
+        """The exact test of a subscription held as a closure (rule 4), or None
+        (not here, or tested inline by its bounds)."""
+        slot = self._slot_of.get(sub_id)
+        test = None if slot is None else self._tests[slot]
+        return test if callable(test) else None
+
     def _new_slot(self) -> int:
         if self._free:
             return self._free.pop()
