@@ -14,8 +14,15 @@ from hypothesis import strategies as st
 from strategies import SMALL, brute_matches, events, filters
 
 from overlay.balance.merge import merge_pair
-from overlay.balance.split import _bound_of, _bound_overlaps
-from overlay.channels import Attribute, EventSpace, Kind, Op, Predicate, parse_subscription
+from overlay.channels import (
+    Attribute,
+    EventSpace,
+    Kind,
+    Op,
+    Predicate,
+    parse_subscription,
+)
+from overlay.channels.bounds import bound_of, bound_overlaps
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.intervals import Interval
 from overlay.channels.predicates import conjunction
@@ -132,7 +139,7 @@ def test_a_consuming_merge_keeps_every_subscription_of_both_parts():
     assert {s.id for s in merged.match(e, 0)[0]} == {"s1", "s2", "s3"}
 
 
-# -- the quick numeric overlap of a split (split._bound_of) ---------------------------------------
+# -- the quick numeric overlap of a split (channels.bounds) ---------------------------------------
 
 INT = Attribute("i", Kind.INT, -5, 20)
 FLOAT = Attribute("f", Kind.FLOAT, -5.0, 20.0)
@@ -165,16 +172,16 @@ def test_quick_bound_overlap_agrees_with_the_conjunction(attr, data):
         return
     # A predicate on another attribute is no part of this one's bound.
     mixed = preds + (Predicate("elsewhere", Op.NE, (1,)),)
-    bound = _bound_of(mixed, attr.name, attr)
+    bound = bound_of(mixed, attr.name, attr)
     assert bound is not None
     want = RangeConstraint(attr.name, iv).overlaps_conj(conjunction(preds, attr), attr)
-    assert _bound_overlaps(bound, iv, attr.kind.discrete) == want
+    assert bound_overlaps(bound, iv, attr.kind.discrete) == want
 
 
 def test_quick_bound_declines_what_is_not_a_plain_comparison():
-    assert _bound_of((Predicate("i", Op.NE, (3,)),), "i", INT) is None
-    assert _bound_of((Predicate("i", Op.GT, (True,)),), "i", INT) is None
-    assert _bound_of((Predicate("f", Op.GT, (float("nan"),)),), "f", FLOAT) is None
+    assert bound_of((Predicate("i", Op.NE, (3,)),), "i", INT) is None
+    assert bound_of((Predicate("i", Op.GT, (True,)),), "i", INT) is None
+    assert bound_of((Predicate("f", Op.GT, (float("nan"),)),), "f", FLOAT) is None
 
 
 # -- a split child inherits the parent's slice records (node_balancing._inherit_slice) ------------

@@ -40,10 +40,15 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Final
 
 from overlay.actions import Action, ToPeer
-from overlay.balance.migration import OutgoingMigration
 from overlay.balance.merge import merge_pair, mergeable_pairs
+from overlay.balance.migration import OutgoingMigration
 from overlay.balance.monitor import Monitor, NodeState
-from overlay.balance.scheduler import ChannelLoad, Weights, choose_channels, rank_receivers
+from overlay.balance.scheduler import (
+    ChannelLoad,
+    Weights,
+    choose_channels,
+    rank_receivers,
+)
 from overlay.balance.split import Cut, cut_slice, divide
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.routing_table import RouteEntry

@@ -29,18 +29,17 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-import math
 from bisect import bisect_left
 from collections.abc import Sequence
 from itertools import accumulate
-from typing import Final
 
 import msgspec
 
+from overlay.channels.bounds import bound_of, bound_overlaps
 from overlay.channels.channel import Channel, ChannelId, EventRecord, SliceStats
 from overlay.channels.intervals import Interval
-from overlay.channels.predicates import Op, Predicate, conjunction
-from overlay.channels.schema import Attribute, Kind, Schema, Value
+from overlay.channels.predicates import conjunction
+from overlay.channels.schema import Kind, Schema, Value
 from overlay.channels.space import Constraint, EventSpace, RangeConstraint
 from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
@@ -160,10 +159,11 @@ def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]], *, co
         name, intervals = ranges
         attr = schema.attributes[name]
         discrete = attr.kind.discrete
+        numeric_da = name in parent._numeric_da
         for sub in parent:
-            bound = _bound_of(sub.filter.predicates, name, attr)
+            bound = parent.bound(name, sub) if numeric_da else bound_of(sub.filter.predicates, name, attr)
             for k, iv in enumerate(intervals):
-                if _bound_overlaps(bound, iv, discrete) if bound is not None else _overlaps(changed[k][1][0], sub, schema):
+                if bound_overlaps(bound, iv, discrete) if bound is not None else _overlaps(changed[k][1][0], sub, schema):
                     members[k].append(sub)
     else:
         for sub in parent:
@@ -173,6 +173,7 @@ def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]], *, co
     adopt = max(range(len(children)), key=lambda k: len(members[k])) if consume else -1
     tests = parent.tests_lookup()  # the parent's built tests serve the deferred side
     for k, child in enumerate(children):
+        child.share_bounds(parent)
         if k == adopt:
             child.adopt_index(parent, {s.id for s in members[k]})
         elif consume:
@@ -181,9 +182,6 @@ def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]], *, co
             for sub in members[k]:
                 child.add(sub)
     return children
-
-
-_BOUND_OPS: Final = frozenset({Op.EQ, Op.LT, Op.LE, Op.GT, Op.GE, Op.IN_RANGE})
 
 
 def _one_range_each(changed: list[tuple[Channel, list[Constraint]]]) -> tuple[str, list[Interval]] | None:
@@ -202,56 +200,7 @@ def _one_range_each(changed: list[tuple[Channel, list[Constraint]]]) -> tuple[st
 def _overlaps(c: Constraint, sub: Subscription, schema: Schema) -> bool:
     attr = schema.attributes[c.attr]
     if isinstance(c, RangeConstraint):
-        bound = _bound_of(sub.filter.predicates, c.attr, attr)
+        bound = bound_of(sub.filter.predicates, c.attr, attr)
         if bound is not None:
-            return _bound_overlaps(bound, c.interval, attr.kind.discrete)
+            return bound_overlaps(bound, c.interval, attr.kind.discrete)
     return c.overlaps_conj(conjunction(sub.filter.on(c.attr), attr), attr)
-
-
-_Bound = tuple[float, bool, float, bool]
-
-
-def _bound_of(preds: tuple[Predicate, ...], name: str, attr: Attribute) -> _Bound | None:
-    """``(lo, lo_open, hi, hi_open)`` the comparisons of ``preds`` on ``name``
-    leave of ``attr``'s domain, or None when one is not a plain numeric
-    comparison: the conjunction's answer for those, in a microsecond instead
-    of tens (a split tests every subscription of a hot channel while its node
-    waits)."""
-    lo, lo_open, hi, hi_open = attr.min, False, attr.max, False
-    for p in preds:
-        if p.attr != name:
-            continue
-        op = p.op
-        if op not in _BOUND_OPS:
-            return None
-        args = p.args
-        for a in args:
-            t = type(a)
-            if (t is not int and t is not float) or a != a:
-                return None
-        if op is not Op.LE and op is not Op.LT:  # =, in[], >=, >: a lower end
-            v = args[0]
-            is_open = op is Op.GT
-            if v > lo or (v == lo and is_open):
-                lo, lo_open = v, is_open
-        if op is not Op.GE and op is not Op.GT:  # =, in[], <=, <: an upper end
-            v = args[-1]
-            is_open = op is Op.LT
-            if v < hi or (v == hi and is_open):
-                hi, hi_open = v, is_open
-    return lo, lo_open, hi, hi_open  # type: ignore[return-value]
-
-
-def _bound_overlaps(bound: _Bound, iv: Interval, discrete: bool) -> bool:
-    """Whether ``bound`` and ``iv`` share a value (integers only if ``discrete``)."""
-    lo, lo_open, hi, hi_open = bound
-    # The intersection: the higher low end, the lower high end.
-    if lo < iv.lo or (lo == iv.lo and iv.lo_open):
-        lo, lo_open = iv.lo, iv.lo_open
-    if hi > iv.hi or (hi == iv.hi and iv.hi_open):
-        hi, hi_open = iv.hi, iv.hi_open
-    if discrete:  # open ends step inside to the next integer
-        first = math.floor(lo) + 1 if lo_open else math.ceil(lo)
-        last = math.ceil(hi) - 1 if hi_open else math.floor(hi)
-        return first <= last
-    return lo < hi or (lo == hi and not lo_open and not hi_open)

@@ -27,6 +27,12 @@ Rules this module keeps (SPEC §2.3, §5, §8.3):
    until then they may be candidates (and counted) but are never returned — a
    stale subscription does not overlap the channel, so no event of the
    channel matches it anyway.
+6. When a subscription is indexed, its plain bound on each numeric DA
+   attribute (``channels.bounds``) is kept by id, in a map a split's children
+   share with their parent: a split reads the cut attribute's bounds instead
+   of working them out while its node waits.  A bound is a pure function of
+   the filter, and an id names one filter, so an entry is never wrong, only
+   possibly unused; the map is cleared when unused entries pile up.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from typing import Any, Final
 import msgspec
 from sortedcontainers import SortedDict
 
+from overlay.channels.bounds import Bound, bound_of
 from overlay.channels.matcher import DEFAULT_BUCKETS, MatchResult, SubscriptionIndex
 from overlay.channels.schema import Kind, Schema, Value
 from overlay.channels.space import EventSpace, ExceptConstraint
@@ -163,6 +170,11 @@ class Channel:
         self._pending: dict[str, tuple[Subscription, Test | None]] = {}
         self._stale: set[str] = set()
         self._da_count: dict[str, int] = {n: 0 for n in schema.da}
+        # Each subscription's plain bound on the numeric DA attributes, by id
+        # (rule 6): shared with the channel's split children (an id names one
+        # filter everywhere), so a split reads what indexing already computed.
+        self._numeric_da = tuple(n for n in schema.da if schema.attributes[n].kind is not Kind.STRING)
+        self._bounds: dict[str, dict[str, Bound | None]] = {n: {} for n in self._numeric_da}
         self.priority = schema.da_priority()
         self.current = SliceStats(self.priority)
         self.last: SliceStats = SliceStats(self.priority)
@@ -213,7 +225,30 @@ class Channel:
         elif sub.id in self._pending or not self.index.add(sub):
             return False
         self._count(sub, +1)
+        self._remember_bounds(sub)
         return True
+
+    def _remember_bounds(self, sub: Subscription) -> None:
+        attrs = self.schema.attributes
+        for name in self._numeric_da:
+            known = self._bounds[name]
+            if len(known) > 4 * len(self) + 1024:  # ids gone elsewhere pile up in a shared map
+                known.clear()
+            known[sub.id] = bound_of(sub.filter.predicates, name, attrs[name])
+
+    def bound(self, name: str, sub: Subscription) -> Bound | None:
+        """``sub``'s plain bound on the numeric DA attribute ``name`` (rule 6),
+        from memory when indexing already worked it out."""
+        known = self._bounds[name]
+        try:
+            return known[sub.id]
+        except KeyError:
+            b = known[sub.id] = bound_of(sub.filter.predicates, name, self.schema.attributes[name])
+            return b
+
+    def share_bounds(self, parent: Channel) -> None:
+        """Use ``parent``'s bounds (a split child: the same subscriptions)."""
+        self._bounds = parent._bounds
 
     def add_deferred(self, subs: Iterable[Subscription], tests: Callable[[str], Test | None] | None = None) -> int:
         """Store ``subs`` now and index them later (rule 5); how many were new.
@@ -307,6 +342,7 @@ class Channel:
             if pending:
                 _sid, (sub, _test) = pending.popitem()  # LIFO: O(1), unlike taking the oldest
                 index.add(sub)
+                self._remember_bounds(sub)
             elif stale and drop_stale:
                 index.remove(stale.pop())
             else:
