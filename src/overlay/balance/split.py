@@ -159,9 +159,8 @@ def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]], *, co
         name, intervals = ranges
         attr = schema.attributes[name]
         discrete = attr.kind.discrete
-        numeric_da = name in parent._numeric_da
         for sub in parent:
-            bound = parent.bound(name, sub) if numeric_da else bound_of(sub.filter.predicates, name, attr)
+            bound = parent.bound(name, sub)
             for k, iv in enumerate(intervals):
                 if bound_overlaps(bound, iv, discrete) if bound is not None else _overlaps(changed[k][1][0], sub, schema):
                     members[k].append(sub)

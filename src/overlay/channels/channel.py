@@ -59,6 +59,7 @@ __all__ = ["ChannelId", "Channel", "SliceStats", "EventRecord", "MAX_RECORDS", "
 MAX_RECORDS: Final = 4096
 # Distinct values remembered per type-2 string attribute.
 MAX_SEEN: Final = 4096
+_UNKNOWN: Final = object()
 
 
 class ChannelId(msgspec.Struct, frozen=True, array_like=True, order=True):
@@ -237,14 +238,15 @@ class Channel:
             known[sub.id] = bound_of(sub.filter.predicates, name, attrs[name])
 
     def bound(self, name: str, sub: Subscription) -> Bound | None:
-        """``sub``'s plain bound on the numeric DA attribute ``name`` (rule 6),
-        from memory when indexing already worked it out."""
-        known = self._bounds[name]
-        try:
-            return known[sub.id]
-        except KeyError:
-            b = known[sub.id] = bound_of(sub.filter.predicates, name, self.schema.attributes[name])
-            return b
+        """``sub``'s plain bound on the attribute ``name`` (rule 6), from
+        memory when indexing already worked it out (numeric DA attributes)."""
+        known = self._bounds.get(name)
+        b = known.get(sub.id, _UNKNOWN) if known is not None else _UNKNOWN
+        if b is _UNKNOWN:
+            b = bound_of(sub.filter.predicates, name, self.schema.attributes[name])
+            if known is not None:
+                known[sub.id] = b
+        return b  # type: ignore[return-value]
 
     def share_bounds(self, parent: Channel) -> None:
         """Use ``parent``'s bounds (a split child: the same subscriptions)."""
