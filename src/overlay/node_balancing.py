@@ -14,7 +14,7 @@ Theory of operation (SPEC §5–§8):
    when UNDERLOADED and not BUSY, and becomes BUSY.
 3. On acceptance the node ranks its channels with rank2 and takes the prefix
    closest to φ.  When a channel must be cut first, the cut is chosen from
-   its last slice's records (``split.choose_cut``) and **committed** on this
+   its last slice's records (``split.cut_slice``) and **committed** on this
    node before the transfer — children replace the parent in both tables and
    are announced with UpdateRoutingTable, exactly like any table change — and
    the choice is made again (at most ``MAX_REPLANS`` times).  A session that
