@@ -13,10 +13,13 @@ What it does:
    fixed total rate, with skewed prices: 70 % of events in [0, 200], a
    golden-ratio sequence so the offered load is smooth.  Subscriptions: many
    price ranges carrying a ``venue`` pattern no event matches — the matcher
-   tests them (they are the load, SPEC §5) but nothing is notified — and a
-   few plain price ranges whose notifications are timed and counted.  Every
-   subscription is made before publishing starts, so every matching (event,
-   subscription) pair must arrive exactly once: lost = expected − delivered.
+   tests them (they are the load, SPEC §5) but nothing is notified — and
+   plain price ranges whose notifications are timed and counted: a few
+   random ones, and bands tiling the whole price range so that *every* event
+   is timed and checked (a p99 over the few dozen events of the migration
+   windows would be their maximum).  Every subscription is made before
+   publishing starts, so every matching (event, subscription) pair must
+   arrive exactly once: lost = expected − delivered.
 3. **Measures**, from the nodes' journals (``admin("journal")``) and the
    subscribers: per slice S/dc̄ (dc as the nodes report it, the two-slice
    window they act on, and the last slice alone); the slice at which the
@@ -72,6 +75,7 @@ GOLDEN: Final = 0.6180339887498949
 # Load subscriptions (tested, never notified) and timed ones.
 COST_SUBS: Final = 400
 LIVE_SUBS: Final = 12
+BANDS: Final = 20  # timed subscriptions tiling [0, 1000] on price
 SUB_QUEUE: Final = 1_000_000
 # qty identifies an event: it must stay under the schema's max (100,000).
 MAX_EVENTS: Final = 100_000
@@ -103,7 +107,9 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def write_config(directory: Path, *, balancing: bool, slice_seconds: float | None, probability: float | None) -> Path:
+def write_config(
+    directory: Path, *, balancing: bool, slice_seconds: float | None, probability: float | None, slow_ms: float | None = None
+) -> Path:
     """hetero5.toml with free ports, an ephemeral admin port and the run's settings."""
     text = CONFIG.read_text()
     ports = iter(free_ports(text.count("\nport = ")))
@@ -114,6 +120,8 @@ def write_config(directory: Path, *, balancing: bool, slice_seconds: float | Non
         settings["slice_seconds"] = repr(slice_seconds)
     if probability is not None:
         settings["probability"] = repr(probability)
+    if slow_ms is not None:
+        settings["slow_ms"] = repr(slow_ms)
     for key, value in settings.items():
         text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
         if not n:
@@ -185,6 +193,10 @@ def subscriptions() -> tuple[list[str], list[str]]:
     for _ in range(LIVE_SUBS):
         lo = rng.uniform(0, 950)
         live.append(f"price >= {lo:.1f} and price < {min(1000.0, lo + rng.uniform(10, 60)):.1f}")
+    width = 1000 / BANDS
+    for k in range(BANDS):
+        top = "price <= 1000" if k == BANDS - 1 else f"price < {(k + 1) * width:g}"
+        live.append(f"price >= {k * width:g} and {top}")
     return cost, live
 
 
@@ -206,7 +218,7 @@ class Run:
     lat_steady: list[float] = field(default_factory=list)
     offered: float = 0.0
     start: float = 0.0
-    latency: list[tuple[float, float]] = field(default_factory=list)  # (publish time, publish→notify)
+    latency: list[tuple[float, float, str]] = field(default_factory=list)  # (publish time, publish→notify, event id)
 
     @property
     def slices_to_converge(self) -> int | None:
@@ -238,7 +250,7 @@ async def fetch_journal(admin: Client) -> list[dict[str, Any]]:
 
 
 async def run_mode(balancing: bool, args: argparse.Namespace, workdir: Path) -> Run:
-    path = write_config(workdir, balancing=balancing, slice_seconds=args.slice, probability=args.probability)
+    path = write_config(workdir, balancing=balancing, slice_seconds=args.slice, probability=args.probability, slow_ms=args.slow_ms)
     cfg = load_config(path)
     ids = cfg.node_ids
     addresses = [(n.host, n.port) for n in cfg.nodes]
@@ -256,7 +268,7 @@ async def run_mode(balancing: bool, args: argparse.Namespace, workdir: Path) -> 
         subs = [await Client([a], client_id=f"sub-{i}", reconnect=False).connect() for i, a in zip(ids, addresses)]
         clients += subs
         delivered: collections.Counter[tuple[int, str, int]] = collections.Counter()
-        latency: list[tuple[float, float]] = []  # (publish time, latency)
+        latency: list[tuple[float, float, str]] = []  # (publish time, latency, event id)
 
         def hook(k: int, client: Client) -> None:
             inner = client._on_message
@@ -264,7 +276,7 @@ async def run_mode(balancing: bool, args: argparse.Namespace, workdir: Path) -> 
             def on_message(msg: cm.ClientMessage) -> None:
                 if type(msg) is cm.Notify:
                     now = time.time()
-                    latency.append((msg.publish_time, now - msg.publish_time))
+                    latency.append((msg.publish_time, now - msg.publish_time, msg.event_id))
                     for sid in msg.sub_ids:
                         delivered[(k, sid, msg.event["qty"])] += 1  # type: ignore[index]
                 inner(msg)
@@ -335,7 +347,7 @@ async def run_mode(balancing: bool, args: argparse.Namespace, workdir: Path) -> 
         procs.stop()
 
 
-def analyse(run: Run, cfg: Any, start: float, stop: float, latency: list[tuple[float, float]]) -> None:
+def analyse(run: Run, cfg: Any, start: float, stop: float, latency: list[tuple[float, float, str]]) -> None:
     run.latency = latency
     ids = cfg.node_ids
     caps = {n.id: n.capacity for n in cfg.nodes}
@@ -365,7 +377,7 @@ def analyse(run: Run, cfg: Any, start: float, stop: float, latency: list[tuple[f
     converged = start + run.series[run.converged_at][0] if run.converged_at is not None else stop - (stop - start) / 3
     if not run.balancing:
         converged = start + run.series[run.settled_at][0] if run.settled_at is not None else start
-    for t, lat in latency:
+    for t, lat, _eid in latency:
         if any(a <= t <= b for a, b in windows):
             run.lat_during.append(lat)
         elif t >= converged and not any(a - WINDOW_MARGIN <= t <= b + WINDOW_MARGIN for a, b in windows):
@@ -451,6 +463,7 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=1000.0, help="events/s over all publishers (default 1000)")
     ap.add_argument("--slice", type=float, default=None, help="T in seconds (default: the config's)")
     ap.add_argument("--probability", type=float, default=None, help="scheduling probability p (default: the config's)")
+    ap.add_argument("--slow-ms", type=float, default=None, help="the nodes journal handlers slower than this (default: the config's)")
     ap.add_argument("--only", choices=("on", "off"), help="run one mode only")
     ap.add_argument("--journal", type=Path, help="write the balancing-on run's journals (JSON) here")
     ap.add_argument("--profile", type=Path, help="py-spy every node of the balancing-on run into this directory")

@@ -16,7 +16,11 @@ Delivery model (SPEC §1.1):
   predicate is sent on it): nothing on it is delivered until ``release``.
   That is how a test opens the window between two steps of a migration;
 * a ``RemoteProtocolError`` raised by a core is recorded in ``errors`` and
-  answered with ``PeerError``, as the node's dispatcher does.
+  answered with ``PeerError``, as the node's dispatcher does;
+* a split a migration session waits on (``node_balancing`` rule 3), which the
+  shell works out in background steps, is finished right after the delivery
+  that started it (the simulator interleaves its steps instead); indexing is
+  left to the test (``index_pending``).
 
 Everything that happened is logged: ``trace`` (peer deliveries in order),
 ``to_clients`` and ``closed`` (what the cores told their clients).
@@ -148,7 +152,15 @@ class CoreLink:
             self.send(dst, src, pm.PeerError("protocol_error", str(exc)))
             return (src, dst, msg)
         self.execute(dst, acts)
+        self.finish_split(dst)
         return (src, dst, msg)
+
+    def finish_split(self, node: int) -> None:
+        """Work out the split ``node``'s session waits on, if any, to the end."""
+        core = self.cores[node]
+        while core._split is not None:
+            _more, acts = core.background_step(0, self.now)
+            self.execute(node, acts)
 
     def run(self, max_steps: int = MAX_STEPS) -> int:
         """Deliver until nothing deliverable is left; returns how many were delivered."""

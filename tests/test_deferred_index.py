@@ -184,7 +184,7 @@ def test_quick_bound_declines_what_is_not_a_plain_comparison():
     assert bound_of((Predicate("f", Op.GT, (float("nan"),)),), "f", FLOAT) is None
 
 
-# -- a split child inherits the parent's slice records (node_balancing._inherit_slice) ------------
+# -- a split child inherits the parent's slice records (split_job.divide_records) ------------------
 
 
 @pytest.mark.parametrize("first", ["x", "y"], ids=["int-first", "float-first"])
@@ -192,7 +192,7 @@ def test_quick_bound_declines_what_is_not_a_plain_comparison():
 @given(data=st.data())
 def test_children_inherit_exactly_the_records_of_their_space(first, data):
     from overlay.balance.split import choose_cut, divide
-    from overlay.node_balancing import _inherit_slice
+    from overlay.balance.split_job import divide_records
 
     schema = SMALL
     parent = Channel(ChannelId(0, 0), EventSpace.whole(schema), schema)
@@ -223,7 +223,8 @@ def test_children_inherit_exactly_the_records_of_their_space(first, data):
         for which in ("last", "current")
     }
     children = divide(parent, [(ChannelId(0, 1), cut.low), (ChannelId(0, 2), cut.high)])
-    _inherit_slice(parent, children, cut)
+    for which in ("last", "current"):
+        divide_records(getattr(parent, which), [getattr(c, which) for c in children], [c.space.constraint(cut.attr) for c in children], cut.attr)
     for which in ("last", "current"):
         got = []
         for child in children:

@@ -77,6 +77,9 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     choke_threshold: Annotated[int, msgspec.Meta(ge=1)] = 8_000
     peer_timeout: Positive = 5.0
     capture_dir: str = ""
+    # A handler (a message, a tick, an indexing step) that holds the node's loop
+    # longer than this many ms is journalled as "slow" and logged; 0: off.
+    slow_ms: Annotated[float, msgspec.Meta(ge=0)] = 5.0
     # Bearer token the admin HTTP endpoint asks of requests that change the
     # cluster (e.g. drain); empty: no auth.  OVERLAY_ADMIN_TOKEN overrides it.
     admin_token: str = ""

@@ -13,13 +13,19 @@ Theory of operation (SPEC §5–§8):
    list returns the node to its previous state.  A receiver accepts only
    when UNDERLOADED and not BUSY, and becomes BUSY.
 3. On acceptance the node ranks its channels with rank2 and takes the prefix
-   closest to φ.  When a channel must be cut first, the cut is chosen from
-   its last slice's records (``split.cut_slice``) and **committed** on this
-   node before the transfer — children replace the parent in both tables and
-   are announced with UpdateRoutingTable, exactly like any table change — and
-   the choice is made again (at most ``MAX_REPLANS`` times).  A session that
-   is later refused or rolled back undoes the moves, not the split: the
-   tables stay a valid partition, and idle merges fold cold children back.
+   closest to φ.  When a channel must be cut first, the split is worked out
+   in the background (``balance.split_job``: the cut from its last slice's
+   records, its subscriptions sorted into the children), a bounded step at a
+   time between message batches (``background_step``), while the parent
+   keeps serving; one split at a time, and nothing else may split, merge or
+   move the parent meanwhile.  The split is then **committed** on this node
+   before the transfer — children replace the parent in both tables and are
+   announced with UpdateRoutingTable, exactly like any table change — and the
+   cut-off part joins the transfer, or the choice is made again (at most
+   ``MAX_REPLANS`` times in all).  A session that is later refused or rolled
+   back undoes the moves, not the split: the tables stay a valid partition,
+   and idle merges fold cold children back; one that ends while its split is
+   being worked out cancels it, leaving the parent as it was.
 4. A channel whose slice records all lie on one point cannot be cut; it is
    **replicated** to the receiver instead (§8.3 degenerate case).
 5. Channels whose load stays at or below ``MERGE_THRESHOLD`` for
@@ -36,7 +42,6 @@ import math
 import random
 import zlib
 from collections import deque
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Final
 
 from overlay.actions import Action, ToPeer
@@ -44,15 +49,16 @@ from overlay.balance.merge import merge_pair, mergeable_pairs
 from overlay.balance.migration import OutgoingMigration
 from overlay.balance.monitor import Monitor, NodeState
 from overlay.balance.scheduler import (
+    ChannelChoice,
     ChannelLoad,
     Weights,
     choose_channels,
     rank_receivers,
 )
-from overlay.balance.split import Cut, cut_slice, divide
+from overlay.balance.split import Cut
+from overlay.balance.split_job import SplitJob
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.routing_table import RouteEntry
-from overlay.channels.space import RangeConstraint
 from overlay.errors import LocalProtocolError, RemoteProtocolError
 from overlay.messages import peer as pm
 
@@ -122,6 +128,9 @@ class BalancingMixin:
         # Set when a split, merge or SubscriptionMove left subscriptions to index
         # (Channel rule 5); the shell then runs index_pending between batches.
         self.index_wanted = False
+        # The split a session waits on (rule 3), with that session and its choice.
+        self._split: tuple[SplitJob, OutgoingMigration, ChannelChoice] | None = None
+        self.background_last = ""  # what the last background_step did (for the shell's slow log)
 
     def index_pending(self: NodeCore, limit: int) -> int:
         """Index up to ``limit`` pending (or drop stale) subscriptions over the
@@ -301,7 +310,7 @@ class BalancingMixin:
         return True, ""
 
     def _channel_loads(self: NodeCore) -> list[ChannelLoad]:
-        moving = {c for m in self.outgoing.values() if m.active for c in m.channels} | self._arriving()
+        moving = {c for m in self.outgoing.values() if m.active for c in m.channels} | self._arriving() | {self._splitting()}
         out = []
         for ch in self.local:
             if ch.id in moving or self.routing[ch.id].replicated:
@@ -312,8 +321,10 @@ class BalancingMixin:
             out.append(ChannelLoad(ch.id, round(load), len(ch), access, splittable=True))
         return out
 
-    def _plan_transfer(self: NodeCore, mig: OutgoingMigration, now: float, out: list[Action]) -> bool:
-        """Rule 3: choose (and if needed first split) the channels to move."""
+    def _plan_transfer(self: NodeCore, mig: OutgoingMigration, now: float, out: list[Action]) -> bool | None:
+        """Rule 3: choose the channels to move.  True: ``mig.channels`` are
+        chosen; False: nothing can go (``mig.reason`` says why); None: a split
+        is being worked out, and the plan goes on when it is ready."""
         mon = self.monitor
         peer = next((p for p in mon.live() if p.node == mig.receiver), None)
         if peer is None or mon.mean is None:
@@ -321,7 +332,8 @@ class BalancingMixin:
             return False
         n = len(mon.live()) + 1
         bw_ij = self.config.bw(self.id, mig.receiver)
-        for _ in range(MAX_REPLANS + 1):
+        while mig.replans <= MAX_REPLANS:
+            mig.replans += 1
             loads = self._channel_loads()
             if not loads:
                 mig.reason = "no channel to move"
@@ -349,32 +361,93 @@ class BalancingMixin:
             ch = self.local[choice.split]
             # Cut off the same share of the last slice's records as of the load ranked.
             share = choice.split_load / max(1, next(s.load for s in choice.scores if s.ch_id == ch.id))
-            cut = cut_slice(ch.space, ch.last, share * ch.last.load, self.schema)
-            if cut is None:
-                mig.channels = (ch.id,)
-                mig.replicate = True
-                self.record("replicate", now, channel=str(ch.id), receiver=mig.receiver, load=ch.last.load)
-                return True
-            children = self._split_local(ch, cut, now, out)
-            mig.split_infos[ch.id] = tuple(c.id for c in children)
+            job = SplitJob(ch, (self.local.new_id(), self.local.new_id()), self.schema, delta_ld=share * ch.last.load)
+            self._split = (job, mig, choice)
+            self.index_wanted = True
+            return None
+        mig.reason = "no good cut found"
+        return False
+
+    def background_step(self: NodeCore, limit: int, now: float) -> tuple[bool, list[Action]]:
+        """One bounded piece of background work: a step of the split a session
+        waits on (rule 3), else of indexing (``index_pending(limit)``).
+        Whether work is left, and what to send."""
+        out: list[Action] = []
+        if self._split is None:
+            if self.incoming or any(m.active for m in self.outgoing.values()):
+                # A session in progress: events go an extra hop (Reforward)
+                # just now and the peers are busy with it too; indexing waits
+                # (pending subscriptions are matched exactly meanwhile) and the
+                # next batch after the session wakes it again.
+                self.background_last = "indexing deferred"
+                return False, out
+            self.background_last = "indexing"
+            return self.index_pending(limit) > 0, out
+        job, mig, choice = self._split
+        if not mig.active:  # the session ended meanwhile: the parent stays as it was
+            self.background_last = f"split of {job.parent.id} cancelled"
+            job.cancel()
+            self._split = None
+            self.stats["splits_cancelled"] += 1
+        elif job.done:  # the commit is a step of its own
+            self.background_last = f"split of {job.parent.id} committed"
+            self._split = None
+            self._split_ready(job, mig, choice, now, out)
+        else:
+            self.background_last = f"split of {job.parent.id}, step {job.steps + 1}"
+            job.step()
+        self.index_wanted = True
+        return True, out
+
+    def _splitting(self: NodeCore) -> ChannelId | None:
+        """The channel a split is being worked out for (rule 3)."""
+        return self._split[0].parent.id if self._split is not None else None
+
+    def _split_ready(self: NodeCore, job: SplitJob, mig: OutgoingMigration, choice: ChannelChoice, now: float, out: list[Action]) -> None:
+        """Rule 3: the split a session waited on is worked out; commit it and
+        go on with the plan."""
+        parent = job.parent
+        planned: bool | None
+        if job.replicate:
+            mig.channels = (parent.id,)
+            mig.replicate = True
+            self.record("replicate", now, channel=str(parent.id), receiver=mig.receiver, load=parent.last.load)
+            planned = True
+        else:
+            children = self._commit_split(job, now, out)
+            mig.split_infos[parent.id] = tuple(c.id for c in children)
             # The cut-off part completes the prefix (SPEC §8.1 step 5): take it.
             # Re-ranking instead can put the parent's rest (f1 = 0 like the small
             # part, but heavier) first and cut it again, and again.
             total = choice.moved_load + self._channel_load[children[0].id]
-            if abs(total - choice.phi) <= SPLIT_ACCEPT * choice.phi:
+            movable = {c.ch_id for c in self._channel_loads()}
+            if abs(total - choice.phi) <= SPLIT_ACCEPT * choice.phi and all(c in movable for c in choice.transfer):
                 mig.channels = choice.transfer + (children[0].id,)
-                return True
-        mig.reason = "no good cut found"
-        return False
+                planned = True
+            else:
+                planned = self._plan_transfer(mig, now, out)
+        if planned is None:
+            return
+        if planned:
+            self._send_transfer(mig, out)
+        else:
+            mig.abort(mig.reason or "nothing to move")
+            self._abort_outgoing(mig, mig.reason, out)
 
     # -- splits and merges (rules 3–5) ---------------------------------------------------------
 
     def _split_local(self: NodeCore, ch: Channel, cut: Cut, now: float, out: list[Action], admin: tuple[int, int] | None = None) -> list[Channel]:
-        low_id, high_id = self.local.new_id(), self.local.new_id()
-        children = divide(ch, [(low_id, cut.low), (high_id, cut.high)], consume=True)
-        # The children inherit the parent's last slice, split by the cut, so the
+        """Split ``ch`` at ``cut`` at once (an operator's split: nobody waits on it)."""
+        job = SplitJob(ch, (self.local.new_id(), self.local.new_id()), self.schema, cut=cut)
+        job.run()
+        return self._commit_split(job, now, out, admin)
+
+    def _commit_split(self: NodeCore, job: SplitJob, now: float, out: list[Action], admin: tuple[int, int] | None = None) -> list[Channel]:
+        ch, cut = job.parent, job.cut
+        assert cut is not None
+        # The children get the parent's slices, divided by the cut, so the
         # scheduler can rank them before their own first slice ends.
-        _inherit_slice(ch, children, cut)
+        children = job.commit()
         # Their two-slice load: the parent's, in proportion to the last slice.
         whole = ch.last.load or 1
         parent_load = self._channel_load.pop(ch.id, ch.last.load * self.load_scale)
@@ -387,17 +460,19 @@ class BalancingMixin:
         entries = [(c.id, RouteEntry(c.space, (self.id,))) for c in children]
         self.routing.apply([ch.id], entries)
         self.stats["splits"] += 1
+        self.stats["split_steps"] += job.steps
+        self.stats["split_changes_replayed"] += job.replayed
         self.record(
             "split", now, parent=str(ch.id), attr=cut.attr,
             children=[{"id": str(c.id), "space": c.space.text(self.schema), "subscriptions": len(c)} for c in children],
-            low_load=cut.low_load, high_load=cut.high_load,
+            low_load=cut.low_load, high_load=cut.high_load, steps=job.steps, replayed=job.replayed,
         )
         log.info("node %d: split %s on %s into %s", self.id, ch.id, cut.attr, ", ".join(str(c.id) for c in children))
         self._broadcast_update([ch.id], entries, out, admin=admin)
         return children
 
     def _idle_merges(self: NodeCore, now: float, out: list[Action]) -> None:
-        moving = {c for m in self.outgoing.values() if m.active for c in m.channels} | self._arriving()
+        moving = {c for m in self.outgoing.values() if m.active for c in m.channels} | self._arriving() | {self._splitting()}
         for ch in self.local:
             if ch.last.load <= MERGE_THRESHOLD:
                 self._cold[ch.id] = self._cold.get(ch.id, 0) + 1
@@ -434,57 +509,3 @@ def _slice_boundary(now: float, length: float) -> float:
     return end + length if end - now < length / 2 else end
 
 
-_COST, _COUNT = itemgetter(0), itemgetter(1)  # of a record's [cost, count]
-
-
-def _inherit_slice(parent: Channel, children: list[Channel], cut: Cut) -> None:
-    """Give each child the parent's records that fall in its space: the last
-    slice's, so the scheduler can rank the children before their own first
-    slice ends, and the slice in progress, so the load the parent carried
-    before the cut still counts in this slice."""
-    for child in children:
-        child.priority = parent.priority  # the order the slice in progress keys its records by
-    for which in ("last", "current"):
-        src = getattr(parent, which)
-        for child in children:
-            getattr(child, which).priority = src.priority
-        # The children differ on the cut attribute only: test that value alone.
-        # The parent is discarded, so its record lists move over as they are.
-        pos = src.priority.index(cut.attr)
-        recs = src._records
-        low = children[0].space.constraint(cut.attr)
-        if pos == 0 and len(children) == 2 and isinstance(low, RangeConstraint):
-            # Records sort by the cut attribute first: the low child's are a
-            # prefix, found by bisection (a split stalls the node while it runs).
-            keys = recs.keys()
-            hi, hi_open = low.interval.hi, low.interval.hi_open
-            a, b = 0, len(keys)
-            while a < b:
-                mid = (a + b) // 2
-                v = keys[mid][0]
-                if v < hi or (v == hi and not hi_open):
-                    a = mid + 1
-                else:
-                    b = mid
-            parts = [keys[:a], keys[a:]]
-        else:
-            constraints = [c.space.constraint(cut.attr) for c in children]
-            parts = [[] for _ in children]
-            for point in recs:
-                v = point[pos]
-                for k, constraint in enumerate(constraints):
-                    if constraint.contains_value(v):
-                        parts[k].append(point)
-                        break
-        for child, part in zip(children, parts):
-            st = getattr(child, which)
-            values = list(map(recs.__getitem__, part))
-            st.load += sum(map(_COST, values))
-            st.events += sum(map(_COUNT, values))
-            st._records.update(zip(part, values))
-        # Access counts split in proportion to events (the records do not keep them).
-        total = src.events or 1
-        for child in children:
-            st = getattr(child, which)
-            share = st.events / total
-            st.access = {n: int(round(cnt * share)) for n, cnt in src.access.items()}

@@ -293,6 +293,8 @@ class ClientsMixin:
             raise LocalProtocolError(f"channel {chid} is moving; split it later")
         if chid in self._arriving():
             raise LocalProtocolError(f"channel {chid} is still arriving; split it later")
+        if chid == self._splitting():
+            raise LocalProtocolError(f"channel {chid} is being split already; try again later")
         if self.routing[chid].replicated:  # its other replicas would keep the parent
             raise LocalProtocolError(f"channel {chid} is replicated on nodes {list(self.routing[chid].owners)}; it cannot be split")
         attr_name = msg.args.get("attr")

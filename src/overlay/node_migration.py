@@ -47,6 +47,8 @@ class MigrationMixin:
                 raise LocalProtocolError(f"channel {chid} is already moving")
             if chid in self._arriving():
                 raise LocalProtocolError(f"channel {chid} is still arriving; move it later")
+            if chid == self._splitting():
+                raise LocalProtocolError(f"channel {chid} is being split; move it later")
             if self.routing[chid].replicated:  # its other replicas would keep a channel no table names
                 raise LocalProtocolError(f"channel {chid} is replicated on nodes {list(self.routing[chid].owners)}; it cannot move")
         if receiver == self.id or receiver not in self.peers:
@@ -71,12 +73,14 @@ class MigrationMixin:
         if state is OutState.ABORTED:
             self._abort_outgoing(mig, mig.reason, out)
         elif state is OutState.TRANSFERRING:
-            if not mig.channels and not self._plan_transfer(mig, now, out):
+            planned = self._plan_transfer(mig, now, out) if not mig.channels else True
+            if planned is None:  # a split first, in the background: _split_ready goes on
+                return
+            if not planned:
                 mig.abort(mig.reason or "nothing to move")
                 self._abort_outgoing(mig, mig.reason, out)
                 return
-            specs = tuple(pm.ChannelSpec(c, self.local[c].space) for c in mig.channels)
-            out.append(ToPeer(mig.receiver, pm.ChannelTransfer(specs, mig.session)))
+            self._send_transfer(mig, out)
         elif state is OutState.MOVING:
             # <2>: snapshot the subscriptions, and reforward from now on (migration rule 3).
             sets = []
@@ -104,6 +108,10 @@ class MigrationMixin:
                 updates.append((c, entry))
             self._broadcast_update((), updates, out, session=mig.session)
             mig.updates_sent(self.peers, now)
+
+    def _send_transfer(self: NodeCore, mig: OutgoingMigration, out: list[Action]) -> None:
+        specs = tuple(pm.ChannelSpec(c, self.local[c].space) for c in mig.channels)
+        out.append(ToPeer(mig.receiver, pm.ChannelTransfer(specs, mig.session)))
 
     def _finish_outgoing(self: NodeCore, mig: OutgoingMigration, out: list[Action]) -> None:
         for c in mig.channels:
@@ -145,6 +153,10 @@ class MigrationMixin:
     def _abort_outgoing(self: NodeCore, mig: OutgoingMigration, reason: str, out: list[Action]) -> None:
         if mig.state is not OutState.ABORTED:
             mig.abort(reason)
+        if self._split is not None and self._split[1] is mig:  # its split is not needed now
+            self._split[0].cancel()
+            self._split = None
+            self.stats["splits_cancelled"] += 1
         out.append(ToPeer(mig.receiver, pm.CompleteLoadBalance(mig.session, aborted=True)))
         self.stats["migrations_aborted"] += 1
         log.warning("node %d: session %d to node %d aborted: %s", self.id, mig.session, mig.receiver, reason)

@@ -389,6 +389,9 @@ _STATS: Final = (
     "migrations_aborted",
     "replications",
     "splits",
+    "split_steps",
+    "split_changes_replayed",
+    "splits_cancelled",
     "merges",
     "reforwards",
     "events_rerouted",
@@ -659,9 +662,15 @@ class SimCluster:
             self._send(dst, src, pm.PeerError("protocol_error", str(exc)))
             return
         self._execute(dst, acts)
-        core = self.cores[dst]
+        self._background(dst)
+
+    def _background(self, node: int) -> None:
+        """The shell's background task, sometimes: a step of the split a session
+        waits on, or of indexing (node_balancing rule 3, Channel rule 5)."""
+        core = self.cores[node]
         if core.index_wanted and self.index_rng.random() < 0.5:
-            core.index_pending(self.index_rng.randint(1, 6))
+            _more, acts = core.background_step(self.index_rng.randint(1, 6), self.now)
+            self._execute(node, acts)
 
     def _execute(self, node: int, acts: list[Action]) -> None:
         for act in acts:
@@ -727,6 +736,7 @@ class SimCluster:
             if rng.random() < 0.9:
                 self._hash.update(b"t%d" % i)
                 self._execute(i, self.cores[i].tick(self.now))
+                self._background(i)
             elif faults and rng.random() < 0.2:
                 self.tick_pause_until[i] = self.now + rng.uniform(0.3, 1.2) * self.slice
                 self.faults["tick_pause"] += 1

@@ -111,6 +111,7 @@ class OutgoingMigration:
         # here too, and only subscriptions are reforwarded after <2>.
         self.replicate = False
         self.candidate: Any = None  # the receiver's scores, for the balancing log
+        self.replans = 0  # channel choices made so far (node_balancing rule 3)
         # What was reforwarded while MOVING, in order: re-applied here if the
         # receiver is lost before <3> (rule 5).
         self.log: list[tuple[ChannelId, pm.Subscription | pm.UnSubscription | pm.Event]] = []

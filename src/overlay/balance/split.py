@@ -30,7 +30,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import accumulate
 
 import msgspec
@@ -44,7 +44,7 @@ from overlay.channels.space import Constraint, EventSpace, RangeConstraint
 from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
 
-__all__ = ["Cut", "choose_cut", "cut_slice", "divide"]
+__all__ = ["Cut", "choose_cut", "choose_points", "cut_slice", "divide", "sorter"]
 
 
 class Cut(msgspec.Struct, frozen=True):
@@ -65,17 +65,17 @@ def choose_cut(
     schema: Schema,
 ) -> Cut | None:
     """Rules 1–4. ``records`` must be sorted by ``priority``."""
-    return _choose(space, [r.point for r in records], [r.cost for r in records], priority, delta_ld, schema)
+    return choose_points(space, [r.point for r in records], [r.cost for r in records], priority, delta_ld, schema)
 
 
 def cut_slice(space: EventSpace, stats: SliceStats, delta_ld: float, schema: Schema) -> Cut | None:
     """``choose_cut`` on a slice's records as they are stored: no record
     objects built (the split of a hot channel runs while its node waits)."""
     points, costs = stats.points_costs()
-    return _choose(space, points, costs, stats.priority, delta_ld, schema)
+    return choose_points(space, points, costs, stats.priority, delta_ld, schema)
 
 
-def _choose(
+def choose_points(
     space: EventSpace,
     points: Sequence[tuple[Value, ...]],
     costs: Sequence[int],
@@ -83,6 +83,7 @@ def _choose(
     delta_ld: float,
     schema: Schema,
 ) -> Cut | None:
+    """Rules 1–4 on the records' points (sorted by ``priority``) and costs."""
     n = len(points)
     if n < 2:
         return None
@@ -144,31 +145,13 @@ def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]], *, co
         raise LocalProtocolError("a split needs at least two children")
     schema = parent.schema
     children = [Channel(chid, space, schema) for chid, space in parts]
-    # A stored subscription belongs to the parent, so it overlaps it on every
-    # attribute; a child differs from the parent on the cut attribute(s) only,
-    # and only those are tested — the full test costs a conjunction per
-    # attribute per child, and a split stalls the node for as long as it takes.
-    changed = [
-        (child, [c for c, p in zip(child.space.constraints, parent.space.constraints) if c != p]) for child in children
-    ]
+    belongs = sorter(parent, [space for _chid, space in parts])
     members: list[list[Subscription]] = [[] for _ in children]
-    ranges = _one_range_each(changed)
-    if ranges is not None:
-        # The usual split (a numeric or rfid cut): one attribute, an interval
-        # per child.  A subscription's bound on it is read once, not per child.
-        name, intervals = ranges
-        attr = schema.attributes[name]
-        discrete = attr.kind.discrete
-        for sub in parent:
-            bound = parent.bound(name, sub)
-            for k, iv in enumerate(intervals):
-                if bound_overlaps(bound, iv, discrete) if bound is not None else _overlaps(changed[k][1][0], sub, schema):
-                    members[k].append(sub)
-    else:
-        for sub in parent:
-            for k, (_child, constraints) in enumerate(changed):
-                if all(_overlaps(c, sub, schema) for c in constraints):
-                    members[k].append(sub)
+    for sub in parent:
+        mask = belongs(sub)
+        for k in range(len(children)):
+            if mask >> k & 1:
+                members[k].append(sub)
     adopt = max(range(len(children)), key=lambda k: len(members[k])) if consume else -1
     tests = parent.tests_lookup()  # the parent's built tests serve the deferred side
     for k, child in enumerate(children):
@@ -183,12 +166,50 @@ def divide(parent: Channel, parts: Sequence[tuple[ChannelId, EventSpace]], *, co
     return children
 
 
-def _one_range_each(changed: list[tuple[Channel, list[Constraint]]]) -> tuple[str, list[Interval]] | None:
+def sorter(parent: Channel, spaces: Sequence[EventSpace]) -> Callable[[Subscription], int]:
+    """A test giving, for a subscription of ``parent``, the bit mask of the
+    children (by position in ``spaces``) it belongs to (rule 5)."""
+    schema = parent.schema
+    # A stored subscription belongs to the parent, so it overlaps it on every
+    # attribute; a child differs from the parent on the cut attribute(s) only,
+    # and only those are tested — the full test costs a conjunction per
+    # attribute per child, and a split stalls the node for as long as it takes.
+    changed = [[c for c, p in zip(space.constraints, parent.space.constraints) if c != p] for space in spaces]
+    ranges = _one_range_each(changed)
+    if ranges is not None:
+        # The usual split (a numeric or rfid cut): one attribute, an interval
+        # per child.  A subscription's bound on it is read once, not per child.
+        name, intervals = ranges
+        discrete = schema.attributes[name].kind.discrete
+        bound_in = parent.bound
+        numbered = list(enumerate(intervals))
+
+        def by_range(sub: Subscription) -> int:
+            bound = bound_in(name, sub)
+            mask = 0
+            for k, iv in numbered:
+                if bound_overlaps(bound, iv, discrete) if bound is not None else _overlaps(changed[k][0], sub, schema):
+                    mask |= 1 << k
+            return mask
+
+        return by_range
+
+    def by_constraints(sub: Subscription) -> int:
+        mask = 0
+        for k, constraints in enumerate(changed):
+            if all(_overlaps(c, sub, schema) for c in constraints):
+                mask |= 1 << k
+        return mask
+
+    return by_constraints
+
+
+def _one_range_each(changed: list[list[Constraint]]) -> tuple[str, list[Interval]] | None:
     """``(attribute, each child's interval)`` when every child differs from
     the parent by one range on the same attribute; None otherwise."""
     names = set()
     intervals = []
-    for _child, constraints in changed:
+    for constraints in changed:
         if len(constraints) != 1 or not isinstance(constraints[0], RangeConstraint):
             return None
         names.add(constraints[0].attr)

@@ -33,6 +33,10 @@ Rules this module keeps (SPEC §2.3, §5, §8.3):
    of working them out while its node waits.  A bound is a pure function of
    the filter, and an id names one filter, so an entry is never wrong, only
    possibly unused; the map is cleared when unused entries pile up.
+7. ``watch`` starts a log of membership changes (a subscription added, an id
+   removed), in order, until ``unwatch`` returns it: a split worked out in
+   steps while the channel keeps serving (``balance.split_job``) replays
+   what changed meanwhile.
 """
 
 from __future__ import annotations
@@ -176,6 +180,7 @@ class Channel:
         # filter everywhere), so a split reads what indexing already computed.
         self._numeric_da = tuple(n for n in schema.da if schema.attributes[n].kind is not Kind.STRING)
         self._bounds: dict[str, dict[str, Bound | None]] = {n: {} for n in self._numeric_da}
+        self._changes: list[tuple[bool, Subscription | str]] | None = None  # rule 7
         self.priority = schema.da_priority()
         self.current = SliceStats(self.priority)
         self.last: SliceStats = SliceStats(self.priority)
@@ -227,6 +232,8 @@ class Channel:
             return False
         self._count(sub, +1)
         self._remember_bounds(sub)
+        if self._changes is not None:
+            self._changes.append((True, sub))
         return True
 
     def _remember_bounds(self, sub: Subscription) -> None:
@@ -266,6 +273,8 @@ class Channel:
             else:
                 pending[sub.id] = (sub, tests(sub.id) if tests is not None else None)
             self._count(sub, +1)
+            if self._changes is not None:
+                self._changes.append((True, sub))
             added += 1
         return added
 
@@ -284,37 +293,67 @@ class Channel:
         """Take over ``parent``'s index (the parent must be discarded after);
         the subscriptions not in ``keep`` turn stale (rule 5): O(dropped) set
         inserts now, their removal from the index later."""
+        drop = {sub.id for sub in parent.index if sub.id not in keep}
+        drop.update(sid for sid in parent._pending if sid not in keep)
+        self.adopt_index_dropping(parent, drop)
+
+    def adopt_index_dropping(self, parent: Channel, drop: set[str]) -> None:
+        """``adopt_index`` told what leaves instead of what stays: no pass
+        over the whole index (a split prepared in steps knows it already)."""
         self.index = parent.index
         self._stale = set(parent._stale)
         self._pending = {}
         self._da_count = dict(parent._da_count)
         for sid, entry in parent._pending.items():
-            if sid in keep:
+            if sid not in drop:
                 self._pending[sid] = entry
             else:
                 self._count(entry[0], -1)
         parent.index = SubscriptionIndex(parent.schema)  # the parent no longer shares it
         parent._pending, parent._stale = {}, set()
         parent._da_count = {n: 0 for n in parent._da_count}
-        stale = self._stale
-        for sub in self.index:
-            if sub.id not in keep and sub.id not in stale:
-                stale.add(sub.id)
-                self._count(sub, -1)
+        stale, index = self._stale, self.index
+        for sid in drop:
+            if sid not in stale:
+                sub = index.get(sid)
+                if sub is not None:
+                    stale.add(sid)
+                    self._count(sub, -1)
 
     def remove(self, sub_id: str) -> Subscription | None:
         entry = self._pending.pop(sub_id, None)
         if entry is not None:
-            self._count(entry[0], -1)
-            return entry[0]
-        if sub_id in self._stale:
+            sub: Subscription | None = entry[0]
+        elif sub_id in self._stale:
             self._stale.discard(sub_id)
             self.index.remove(sub_id)
             return None
-        sub = self.index.remove(sub_id)
-        if sub is not None:
-            self._count(sub, -1)
+        else:
+            sub = self.index.remove(sub_id)
+            if sub is None:
+                return None
+        self._count(sub, -1)  # type: ignore[arg-type]
+        if self._changes is not None:
+            self._changes.append((False, sub_id))
         return sub
+
+    def members(self) -> list[Subscription]:
+        """The subscriptions now, as a list (``iter`` is lazy and must not
+        outlive a change)."""
+        stale = self._stale
+        subs = [s for s in self.index._subs if s is not None and s.id not in stale] if stale else [s for s in self.index._subs if s is not None]
+        subs += [entry[0] for entry in self._pending.values()]
+        return subs
+
+    def watch(self) -> None:
+        """Rule 7: log membership changes from now on."""
+        self._changes = []
+
+    def unwatch(self) -> list[tuple[bool, Subscription | str]]:
+        """Rule 7: stop logging; the changes since ``watch``, in order:
+        ``(True, subscription)`` added, ``(False, id)`` removed."""
+        changes, self._changes = self._changes or [], None
+        return changes
 
     @property
     def unindexed(self) -> int:

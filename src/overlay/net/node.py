@@ -26,14 +26,20 @@ Rules this module keeps (SPEC §1.1, STYLE habits 6 and 7):
 6. Read loops sort their exceptions: protocol error → error reply and close;
    ``OSError`` → peer gone; cancellation → re-raise; anything else → log with
    the traceback and close that connection only.
-7. Subscriptions a split, merge or SubscriptionMove left unindexed are
-   indexed by one more task, ``INDEX_STEP`` at a time with ``INDEX_PAUSE``
-   between steps; until then the channel tests them linearly, exactly.
+7. One more task does the core's background work (``background_step``) with
+   ``INDEX_PAUSE`` between steps: the split a migration session waits on, a
+   bounded step at a time, and the subscriptions a split, merge or
+   SubscriptionMove left unindexed, ``INDEX_STEP`` at a time (until then the
+   channel tests them linearly, exactly).
+8. Whatever holds the loop past ``slow_ms`` (one message's handling, a tick,
+   an indexing step) is journalled as ``slow`` with what it was and for how
+   long: every event queued meanwhile waited that long.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import socket
@@ -215,6 +221,8 @@ class Node:
         self._slow: set[int] = set()
         self._stop = asyncio.Event()
         self._index_wake = asyncio.Event()
+        self._slow_s = config.cluster.slow_ms / 1000 or float("inf")
+        self._gc_t0 = 0.0
         self._tg: asyncio.TaskGroup | None = None
         self.started = asyncio.Event()
         self.port = self.me.port
@@ -263,6 +271,7 @@ class Node:
                     # frozen with it.  Not for nodes sharing a process (tests).
                     gc.collect()
                     gc.freeze()
+                    gc.callbacks.append(self._gc_timer)
                 self.started.set()
                 await self._stop.wait()
                 server.close()
@@ -271,6 +280,8 @@ class Node:
         except* _Stop:
             pass
         finally:
+            with contextlib.suppress(ValueError):
+                gc.callbacks.remove(self._gc_timer)
             server.close()
             for w in self.clients.values():
                 w.writer.close()
@@ -299,13 +310,29 @@ class Node:
                     link.reported_down = True
                     log.warning("node %d: peer %d unreachable for %.1fs", self.id, link.peer.id, now - link.down_since)
                     self._execute(self.core.peer_unreachable(link.peer.id, now))
+            t0 = time.perf_counter()
             self._execute(self.core.tick(now))
+            if time.perf_counter() - t0 > self._slow_s:
+                self._held_loop("tick", "node", self.id, now, t0)
+
+    def _gc_timer(self, phase: str, info: dict) -> None:
+        """A collection holds the loop like a handler does (rule 8)."""
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        elif time.perf_counter() - self._gc_t0 > self._slow_s:
+            self._held_loop(f"gc gen {info['generation']}", "node", self.id, time.time(), self._gc_t0)
+
+    def _held_loop(self, what: str, kind: str, src: int, now: float, t0: float) -> None:
+        ms = (time.perf_counter() - t0) * 1000
+        log.info("node %d: %s from %s %d held the loop %.1f ms", self.id, what, kind, src, ms)
+        self.core.record("slow", now, what=what, source=f"{kind} {src}", ms=round(ms, 3))
 
     # -- dispatch (rule 3) ------------------------------------------------------------
 
     async def _dispatch(self) -> None:
         core = self.core
         inbox = self.inbox
+        slow = self._slow_s
         slice_end = time.perf_counter() + DISPATCH_SLICE
         while True:
             if not len(inbox):
@@ -323,6 +350,7 @@ class Node:
             # per message would give, without its per-message cost.
             for kind, src, msg in inbox.drain(DISPATCH_BATCH):
                 now = time.time()
+                t0 = time.perf_counter()
                 try:
                     if kind == "client":
                         acts = core.handle_client(src, msg, now)  # type: ignore[arg-type]
@@ -342,6 +370,8 @@ class Node:
                     continue
                 if acts:
                     self._execute(acts)
+                if time.perf_counter() - t0 > slow:
+                    self._held_loop(type(msg).__name__, kind, src, now, t0)
             acts = core.end_batch()  # notes collected over the batch (node_ordering rule 8)
             if acts:
                 self._execute(acts)
@@ -349,15 +379,24 @@ class Node:
                 self._index_wake.set()
 
     async def _indexer(self) -> None:
-        """Index what splits, merges and SubscriptionMoves left pending, a step
-        at a time between dispatch batches (rule 7, ``Channel`` rule 5)."""
+        """Background work, a step at a time between dispatch batches (rule 7):
+        the split a session waits on (``node_balancing`` rule 3), then what
+        splits, merges and SubscriptionMoves left to index (``Channel`` rule 5)."""
         core = self.core
         while True:
             await self._index_wake.wait()
             self._index_wake.clear()
-            while core.index_pending(INDEX_STEP):
+            while True:
+                t0 = time.perf_counter()
+                more, acts = core.background_step(INDEX_STEP, time.time())
+                if acts:
+                    self._execute(acts)
+                if time.perf_counter() - t0 > self._slow_s:
+                    self._held_loop(core.background_last, "node", self.id, time.time(), t0)
+                if not more:
+                    break
                 # A pause, not just a loop turn: a split or a move leaves tens of
-                # ms of indexing, and done at once it takes a core the node's
+                # ms of work, and done at once it takes a core the node's
                 # peers need just then (they balance too); events meanwhile are
                 # matched exactly, a little slower.
                 await asyncio.sleep(INDEX_PAUSE)
