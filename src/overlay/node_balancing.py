@@ -310,7 +310,7 @@ class BalancingMixin:
         return True, ""
 
     def _channel_loads(self: NodeCore) -> list[ChannelLoad]:
-        moving = {c for m in self.outgoing.values() if m.active for c in m.channels} | self._arriving() | {self._splitting()}
+        moving = self._engaged()
         out = []
         for ch in self.local:
             if ch.id in moving or self.routing[ch.id].replicated:
@@ -384,11 +384,8 @@ class BalancingMixin:
             self.background_last = "indexing"
             return self.index_pending(limit) > 0, out
         job, mig, choice = self._split
-        if not mig.active:  # the session ended meanwhile: the parent stays as it was
-            self.background_last = f"split of {job.parent.id} cancelled"
-            job.cancel()
-            self._split = None
-            self.stats["splits_cancelled"] += 1
+        if not mig.active:  # the session ended meanwhile
+            self._cancel_split()
         elif job.done:  # the commit is a step of its own
             self.background_last = f"split of {job.parent.id} committed"
             self._split = None
@@ -402,6 +399,23 @@ class BalancingMixin:
     def _splitting(self: NodeCore) -> ChannelId | None:
         """The channel a split is being worked out for (rule 3)."""
         return self._split[0].parent.id if self._split is not None else None
+
+    def _engaged(self: NodeCore) -> set[ChannelId]:
+        """Channels leaving, arriving or being split: none may be chosen to
+        move, merged or split meanwhile (rules 3, 5)."""
+        out = {c for m in self.outgoing.values() if m.active for c in m.channels} | self._arriving()
+        if self._split is not None:
+            out.add(self._split[0].parent.id)
+        return out
+
+    def _cancel_split(self: NodeCore) -> None:
+        """The session the split was for has ended: the parent stays as it was."""
+        assert self._split is not None
+        job = self._split[0]
+        self.background_last = f"split of {job.parent.id} cancelled"
+        job.cancel()
+        self._split = None
+        self.stats["splits_cancelled"] += 1
 
     def _split_ready(self: NodeCore, job: SplitJob, mig: OutgoingMigration, choice: ChannelChoice, now: float, out: list[Action]) -> None:
         """Rule 3: the split a session waited on is worked out; commit it and
@@ -472,7 +486,7 @@ class BalancingMixin:
         return children
 
     def _idle_merges(self: NodeCore, now: float, out: list[Action]) -> None:
-        moving = {c for m in self.outgoing.values() if m.active for c in m.channels} | self._arriving() | {self._splitting()}
+        moving = self._engaged()
         for ch in self.local:
             if ch.last.load <= MERGE_THRESHOLD:
                 self._cold[ch.id] = self._cold.get(ch.id, 0) + 1

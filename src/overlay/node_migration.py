@@ -153,10 +153,8 @@ class MigrationMixin:
     def _abort_outgoing(self: NodeCore, mig: OutgoingMigration, reason: str, out: list[Action]) -> None:
         if mig.state is not OutState.ABORTED:
             mig.abort(reason)
-        if self._split is not None and self._split[1] is mig:  # its split is not needed now
-            self._split[0].cancel()
-            self._split = None
-            self.stats["splits_cancelled"] += 1
+        if self._split is not None and self._split[1] is mig:
+            self._cancel_split()
         out.append(ToPeer(mig.receiver, pm.CompleteLoadBalance(mig.session, aborted=True)))
         self.stats["migrations_aborted"] += 1
         log.warning("node %d: session %d to node %d aborted: %s", self.id, mig.session, mig.receiver, reason)
