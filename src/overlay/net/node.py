@@ -167,25 +167,41 @@ class PeerLink:
                 self.node._execute(self.node.core.peer_link(self.peer.id, False, time.time()))
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        q = self.queue
-
-        async def watch_close() -> None:
-            # The peer never writes on our outbound link; EOF means it went away.
-            while await reader.read(READ_CHUNK):
-                pass
-
-        watcher = asyncio.ensure_future(watch_close())
+        """Write what is queued until the link fails, and raise what ended it.
+        Its two halves are tasks of this call: whichever ends first ends the
+        other, and both are awaited, so nothing outlives the link — also when
+        the node stops it.  (Not a TaskGroup: Python 3.11's can turn a cancel
+        that meets a child's error into that error alone, and the link would
+        go on reconnecting through the node's stop.)"""
+        name = f"link-{self.node.id}->{self.peer.id}"
+        halves = (
+            asyncio.create_task(self._watch_close(reader), name=f"{name}-watch"),
+            asyncio.create_task(self._write(writer), name=f"{name}-write"),
+        )
         try:
-            while not watcher.done():
-                waiter = asyncio.ensure_future(q.wait())
-                done, _ = await asyncio.wait({waiter, watcher}, return_when=asyncio.FIRST_COMPLETED)
-                if watcher in done:
-                    waiter.cancel()
-                    raise ConnectionResetError("peer closed the link")
-                writer.writelines(q.drain(MAX_BATCH))
-                await writer.drain()
+            done, _ = await asyncio.wait(halves, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            watcher.cancel()
+            for half in halves:
+                half.cancel()
+            await asyncio.wait(halves)
+        for half in done:
+            if not half.cancelled() and (exc := half.exception()) is not None:
+                raise exc
+        raise ConnectionResetError("link ended")  # neither half returns otherwise
+
+    @staticmethod
+    async def _watch_close(reader: asyncio.StreamReader) -> None:
+        # The peer never writes on our outbound link; EOF means it went away.
+        while await reader.read(READ_CHUNK):
+            pass
+        raise ConnectionResetError("peer closed the link")
+
+    async def _write(self, writer: asyncio.StreamWriter) -> None:
+        q = self.queue
+        while True:
+            await q.wait()
+            writer.writelines(q.drain(MAX_BATCH))
+            await writer.drain()
 
 
 class _Stop(Exception):

@@ -1,0 +1,78 @@
+"""overlay.net.node.PeerLink: the outbound link to a peer ends cleanly — when
+the peer goes away (reconnect, nothing left behind) and when the node stops
+it (even when the stop meets the link failing, as 3.11's TaskGroup loses that
+cancel: gh-116720)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from loopback import wait_until
+from test_node import WAIT, Cluster
+
+from overlay.net.node import PEER_MAGIC
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
+
+
+def link_tasks(prefix: str) -> set[str]:
+    return {t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith(prefix) and not t.done()}
+
+
+async def _accepting(cl: Cluster, peer: int, on_connect) -> asyncio.Server:
+    return await asyncio.start_server(on_connect, sock=cl.socks[peer])
+
+
+async def test_a_peer_closing_the_link_is_reconnected_and_the_old_link_leaves_no_task() -> None:
+    cl = Cluster(2, fake=[1])
+    await cl.start(ready=False)
+    try:
+        link = cl.nodes[0].links[1]
+        hellos = 0
+
+        async def close_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal hellos
+            assert await reader.readexactly(4) == PEER_MAGIC
+            hellos += 1
+            if hellos == 1:
+                writer.close()  # gone: the node must notice (EOF) and call again
+                return
+            await reader.read()
+
+        async with await _accepting(cl, 1, close_at_once):
+            await wait_until(lambda: hellos == 2 and link.connected.is_set(), WAIT, "a second connection")
+            # The first connection's halves ended with it; only the live one's remain.
+            assert link_tasks("link-0->1-") == {"link-0->1-watch", "link-0->1-write"}
+            assert link.connects == 2
+    finally:
+        await cl.stop()
+    assert asyncio.all_tasks() == {asyncio.current_task()}, "a task outlived the node"
+
+
+async def test_a_stop_that_meets_the_link_failing_still_stops_the_link() -> None:
+    cl = Cluster(2, fake=[1])
+    await cl.start(ready=False)
+    fail = asyncio.Event()
+    try:
+        link = cl.nodes[0].links[1]
+
+        async def watch_then_fail(reader: asyncio.StreamReader) -> None:
+            await fail.wait()
+            raise ConnectionResetError("peer closed the link")
+
+        link._watch_close = watch_then_fail  # type: ignore[method-assign]
+
+        async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read()
+
+        async with await _accepting(cl, 1, hold):
+            await wait_until(link.connected.is_set, WAIT, "the link up")
+            (task,) = (t for t in asyncio.all_tasks() if t.get_name() == "link-0->1")
+            # In one step: the link fails and the node cancels it (a stop).
+            fail.set()
+            task.cancel()
+            await asyncio.wait_for(asyncio.wait({task}), WAIT)
+            assert task.cancelled(), "the link swallowed its cancel and went on reconnecting"
+    finally:
+        await cl.stop()
