@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from corelink import CoreLink
-from test_node_core import CONFIG
+from coreworld import CONFIG
 
 from overlay.channels.channel import ChannelId
 from overlay.errors import LocalProtocolError

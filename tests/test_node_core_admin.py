@@ -1,0 +1,181 @@
+"""overlay.node_core.NodeCore: operator commands (split, place, status) and
+the exact migration message sequence they start (SPEC §8.1, §13)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from coreworld import EC, HIGH, LOW, SPLIT_500, World
+
+from overlay.balance.migration import OutState
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+
+
+# -- operator commands: split and place ------------------------------------------------------------------
+
+
+def test_admin_split_divides_subscriptions_and_updates_every_table():
+    w = World()
+    net = w.net
+    admin = w.client(0, "ops")
+    sid = w.client(1, "c")
+    w.subscribe(1, sid, "low", "price < 100")
+    w.subscribe(1, sid, "all", 'sym = "AB"')
+    w.subscribe(1, sid, "top", "price > 500")
+    mark = len(net.trace)
+    reply = w.admin(0, admin, "split", **SPLIT_500)
+    assert net.types(mark) == [
+        (0, 1, "UpdateRoutingTable"),
+        (0, 2, "UpdateRoutingTable"),
+        (1, 0, "ReplyUpdateGlobal"),
+        (2, 0, "ReplyUpdateGlobal"),
+    ]
+    update = net.trace[mark][2]
+    assert update.delete_chs == (EC,)
+    assert [i.ch_id for i in update.update_chs] == [LOW, HIGH]
+    assert all(i.entry.owners == (0,) for i in update.update_chs)
+    assert isinstance(reply, cm.AdminReply)
+    assert net.routing_tables_equal()
+    assert sorted(w.cores[0].local.ids()) == [LOW, HIGH]
+    g = {lid: w.gid(1, sid, lid) for lid in ("low", "all", "top")}
+    assert w.stored(LOW) == {g["low"], g["all"]}
+    assert w.stored(HIGH) == {g["all"], g["top"]}
+    assert w.cores[0].routing.lookup_event({"price": 500.0, "sym": "A"}) == LOW
+    assert w.cores[2].routing.lookup_event({"price": 500.01, "sym": "A"}) == HIGH
+    # The smaller child's share is indexed in the background (Channel rule 5).
+    core = w.cores[0]
+    assert core.index_wanted and sum(ch.unindexed for ch in core.local) > 0
+    assert core.index_pending(1) == sum(ch.unindexed for ch in core.local)
+    assert core.index_pending(10_000) == 0 and not core.index_wanted
+    assert w.stored(LOW) == {g["low"], g["all"]} and w.stored(HIGH) == {g["all"], g["top"]}
+
+
+def test_admin_split_by_string_values():
+    w = World()
+    admin = w.client(0, "ops")
+    sid = w.client(2, "c")
+    w.subscribe(2, sid, "ab", 'sym = "AB"')
+    w.subscribe(2, sid, "x", 'sym = "X"')
+    assert isinstance(w.admin(0, admin, "split", channel="0.0", attr="sym", values=["AB", "CD"]), cm.AdminReply)
+    assert w.stored(LOW) == {w.gid(2, sid, "ab")}
+    assert w.stored(HIGH) == {w.gid(2, sid, "x")}
+    assert w.net.routing_tables_equal()
+
+
+@pytest.mark.parametrize(
+    ("node", "command", "args", "fragment"),
+    [
+        (1, "split", SPLIT_500, "owned by node 0"),
+        (0, "split", {"channel": "7.7", "attr": "price", "at": 1.0}, "does not exist"),
+        (0, "split", {"channel": "zero", "attr": "price", "at": 1.0}, "node.seq"),
+        (0, "split", {"channel": "0.0", "attr": "price", "at": 1000.0}, "below its top"),
+        (0, "split", {"channel": "0.0", "attr": "price"}, "numeric 'at'"),
+        (0, "split", {"channel": "0.0", "attr": "nope", "at": 1.0}, "nope"),
+        (0, "place", {"channel": "0.0", "node": 0}, "cannot receive"),
+        (0, "place", {"channel": "0.0", "node": "1"}, "integer 'node'"),
+        (1, "place", {"channel": "0.0", "node": 2}, "owned by node 0"),
+        (0, "reboot", {}, "unknown admin command"),
+    ],
+)
+def test_admin_errors_are_answered_and_change_nothing(node, command, args, fragment):
+    w = World()
+    sid = w.client(node, "ops")
+    before = w.cores[0].routing.entries()
+    reply = w.admin(node, sid, command, **args)
+    assert isinstance(reply, cm.Error) and reply.code == cm.ErrorCode.ADMIN
+    assert fragment in reply.message
+    assert w.net.routing_tables_equal() and w.cores[0].routing.entries() == before
+    assert w.cores[0].local.ids() == [EC]
+
+
+def test_admin_status_reports_channels_and_routing():
+    w = World()
+    sid = w.client(1, "ops")
+    reply = w.admin(1, sid, "status")
+    assert reply.result["node"] == 1 and reply.result["ready"]
+    assert reply.result["channels"] == []
+    assert reply.result["routing"] == [{"id": "0.0", "space": "WES", "owners": [0]}]
+
+
+def test_admin_place_emits_the_exact_migration_sequence():
+    w = World()
+    net = w.net
+    admin = w.client(0, "ops")
+    sid = w.client(1, "c")
+    w.subscribe(1, sid, "s", "price > 600")
+    w.admin(0, admin, "split", **SPLIT_500)
+    gid = w.gid(1, sid, "s")
+    stored = w.cores[0].local[HIGH].get(gid)
+    mark = len(net.trace)
+    reply = w.admin(0, admin, "place", channel="0.2", node=2)
+    assert net.types(mark) == [
+        (0, 2, "RequestLoadBalance"),
+        (2, 0, "ReplyRequestLoadBalance"),
+        (0, 2, "ChannelTransfer"),
+        (2, 0, "ReplyChannelTransfer"),
+        (0, 2, "SubscriptionMove"),
+        (2, 0, "ReplySubscriptionMove"),
+        (0, 1, "UpdateRoutingTable"),
+        (0, 2, "UpdateRoutingTable"),
+        (1, 0, "ReplyUpdateGlobal"),
+        (2, 0, "ReplyUpdateGlobal"),
+        (0, 2, "CompleteLoadBalance"),
+    ]
+    msgs = [m for _, _, m in net.trace[mark:]]
+    session = msgs[0].session
+    assert all(m.session == session for m in msgs)
+    assert msgs[0].forced
+    assert msgs[1].status is pm.ReplySign.REPLY_SUCCESS
+    assert msgs[2].channels == (pm.ChannelSpec(HIGH, w.cores[1].routing[HIGH].space),)
+    assert msgs[3] == pm.ReplyChannelTransfer(pm.ReplySign.REPLY_SUCCESS, (HIGH,), session)
+    assert msgs[4].ch_sub_set == (pm.ChannelSubscriptions(HIGH, (stored,)),)
+    assert msgs[6] == msgs[7]
+    assert msgs[6].delete_chs == () and msgs[6].origin == 0
+    assert [(i.ch_id, i.entry.owners) for i in msgs[6].update_chs] == [(HIGH, (2,))]
+    assert msgs[10] == pm.CompleteLoadBalance(session, aborted=False)
+    assert reply == cm.AdminReply(
+        reply.seq,
+        {"session": session, "channels": ["0.2"], "receiver": 2, "subscriptions_moved": 1, "bytes": reply.result["bytes"]},
+    )
+    assert net.owner_of(HIGH) == [2] and net.owner_of(LOW) == [0]
+    assert w.stored(HIGH) == {gid}
+    assert net.routing_tables_equal()
+    # The receiver stored the moved subscriptions at once and indexes them later.
+    assert w.cores[2].index_wanted and w.cores[2].local[HIGH].unindexed == 1
+    assert w.cores[2].index_pending(16) == 0 and w.stored(HIGH) == {gid}
+    assert w.cores[0].outgoing[session].state is OutState.DONE
+    assert w.cores[2].incoming == {}
+    # Traffic now goes straight to the new owner.
+    mark = len(net.trace)
+    eid = w.publish(1, sid, {"price": 700.0, "sym": "A"})
+    net.run()
+    assert net.types(mark) == [(1, 2, "Event"), (2, 1, "Notification")]
+    assert w.notifies() == Counter({(1, sid, eid, frozenset({"s"})): 1})
+
+
+def test_moving_a_channel_twice_at_once_is_refused():
+    w = World()
+    admin = w.client(0, "ops")
+    w.net.client_send(0, admin, cm.Admin(1, "place", {"channel": "0.0", "node": 1}))
+    w.net.client_send(0, admin, cm.Admin(2, "place", {"channel": "0.0", "node": 2}))
+    second = w.net.received(0, admin)[-1]
+    assert second.code == cm.ErrorCode.ADMIN and "already moving" in second.message
+    w.net.run()
+    assert w.net.owner_of(EC) == [1]
+    assert w.net.routing_tables_equal()
+
+
+def test_refused_request_aborts_and_changes_no_table():
+    w = World()
+    net = w.net
+    # An unforced request (the balancer's) is refused by a node that is not underloaded.
+    mig, acts = w.cores[0].start_migration([EC], 1, 0.0, forced=False)
+    net.execute(0, acts)
+    mark = len(net.trace)
+    net.run()
+    assert net.types(mark) == [(0, 1, "RequestLoadBalance"), (1, 0, "ReplyRequestLoadBalance"), (0, 1, "CompleteLoadBalance")]
+    assert mig.state is OutState.ABORTED and mig.reason == "balancing is off"
+    assert net.owner_of(EC) == [0] and net.routing_tables_equal()
+    assert w.cores[0].stats["migrations_aborted"] == 1
