@@ -62,7 +62,8 @@ from typing import Any, Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from sim.cluster import SimCluster, make_config, random_config  # noqa: E402
+from sim.cluster import SimCluster  # noqa: E402
+from sim.setup import make_config, random_config  # noqa: E402
 
 from overlay.actions import ToPeer  # noqa: E402
 from overlay.messages import client as cm  # noqa: E402

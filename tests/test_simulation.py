@@ -3,7 +3,8 @@ cluster of real node cores, with the invariants of ``sim.invariants``.
 
 Every failure names its seed.  To replay one exactly, with a readable trace::
 
-    from sim.cluster import SimCluster, random_config
+    from sim.cluster import SimCluster
+    from sim.setup import random_config
     sim = SimCluster(random_config(SEED), SEED, keep_trace=True)
     result = sim.run()          # result.describe(); sim.trace
 
@@ -21,7 +22,9 @@ from pathlib import Path
 from typing import Final
 
 import pytest
-from sim.cluster import SimCluster, SimParams, SimResult, make_config, random_config
+from sim.cluster import SimCluster
+from sim.records import SimResult
+from sim.setup import SimParams, make_config, random_config
 
 from overlay.node_core import NodeCore
 
@@ -102,7 +105,7 @@ def test_trace_does_not_depend_on_the_hash_seed() -> None:
     """A failing seed must replay the same in another process (set/dict order)."""
     code = (
         "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from sim.cluster import SimCluster, random_config;"
+        "from sim.cluster import SimCluster; from sim.setup import random_config;"
         "print(SimCluster(random_config(254), 254).run().trace_hash)"
     )
     tests = str(Path(__file__).resolve().parent)

@@ -1,10 +1,13 @@
 """Deterministic simulation of a whole cluster of node cores (SPEC §15).
 
-``cluster.SimCluster`` runs one seeded scenario; ``invariants`` checks what
-must hold after it.  ``tests/test_simulation.py`` runs a few hundred seeds,
+``cluster.SimCluster`` runs one seeded scenario (on ``setup``'s config and
+params, with ``workload``'s subscriptions, remembering ``records``);
+``invariants`` checks what must hold after it.  ``tests/test_simulation.py`` runs a few hundred seeds,
 ``bench/simulation.py`` many more and the 100/1,000-node planning runs.
 """
 
-from .cluster import SimCluster, SimParams, SimResult, make_config, random_config
+from .cluster import SimCluster
+from .records import SimResult
+from .setup import SimParams, make_config, random_config
 
 __all__ = ["SimCluster", "SimParams", "SimResult", "make_config", "random_config"]

@@ -51,316 +51,31 @@ import logging
 import random
 import traceback
 from collections import Counter, deque
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgspec
 
 from overlay.actions import Action, CloseClient, ToClient, ToPeer
-from overlay.channels.predicates import Filter
 from overlay.channels.space import RangeConstraint
-from overlay.config import ClusterConfig, config_from_dict
+from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.messages.codec import HEADER, FrameReader, client_reader, peer_reader
+from overlay.messages.codec import HEADER, client_reader, peer_reader
 from overlay.node_core import NodeCore
 
 from .invariants import check_all
+from .records import EventRec, SimClient, SimResult, SubRec
+from .setup import SimParams
+from .workload import PRICE_MAX, QTY_MAX, SYMS, clamp_price, literal, random_spec
 
-__all__ = [
-    "SimCluster",
-    "SimParams",
-    "SimResult",
-    "SubSpec",
-    "make_config",
-    "random_config",
-    "SYMS",
-]
-
-SYMS: Final = ("A", "AB", "ABC", "B", "BA", "C", "X", "XY")
-PRICE_MAX: Final = 1000.0
-QTY_MAX: Final = 1000
+__all__ = ["SimCluster"]
 # A run that takes more steps than this is looping, not progressing.
 MAX_STEPS: Final = 400_000
 
 # Deterministic: sets and dicts encode sorted, so the trace hash does not
 # depend on PYTHONHASHSEED.  The bytes still go through the real decoder.
 _encoder: Final = msgspec.msgpack.Encoder(order="deterministic")
-
-
-def make_config(
-    n: int,
-    *,
-    capacities: Iterable[float] | None = None,
-    slice_seconds: float = 1.0,
-    probability: float = 0.5,
-    peer_timeout: float = 3.0,
-    bandwidth: dict[tuple[int, int], float] | None = None,
-    balancing: bool = True,
-    name: str = "sim",
-) -> ClusterConfig:
-    """A cluster of ``n`` nodes (ids 0…n−1, initializer 0) over the sim schema:
-    DA ``price`` (float) and ``sym`` (string), plus ``qty`` (int)."""
-    caps = list(capacities) if capacities is not None else [1.0] * n
-    doc = {
-        "cluster": {
-            "name": name,
-            "initializer": 0,
-            "slice_seconds": slice_seconds,
-            "probability": probability,
-            "peer_timeout": peer_timeout,
-            "balancing": balancing,
-        },
-        "nodes": [{"id": i, "capacity": caps[i]} for i in range(n)],
-        "bandwidth": {
-            "default": 100.0,
-            "links": [{"a": a, "b": b, "bw": bw} for (a, b), bw in sorted((bandwidth or {}).items())],
-        },
-        "schema": {
-            "distinguishing": ["price", "sym"],
-            "attributes": [
-                {"name": "price", "type": "float", "min": 0, "max": PRICE_MAX},
-                {"name": "sym", "type": "string", "min": 1, "max": 8},
-                {"name": "qty", "type": "int", "min": 0, "max": QTY_MAX},
-            ],
-        },
-    }
-    return config_from_dict(doc, "<sim>")
-
-
-def random_config(seed: int) -> ClusterConfig:
-    """The cluster a seed runs on: 2–5 nodes, capacities and bandwidths vary."""
-    rng = random.Random(f"config:{seed}")
-    n = rng.choice((2, 3, 3, 4, 4, 5))
-    caps = [rng.choice((1.0, 1.0, 1.0, 2.0, 0.5)) for _ in range(n)]
-    bw = {}
-    for a in range(n):
-        for b in range(a + 1, n):
-            if rng.random() < 0.3:
-                bw[(a, b)] = rng.choice((10.0, 50.0, 200.0))
-    return make_config(
-        n,
-        capacities=caps,
-        probability=rng.choice((0.5, 1.0)),
-        bandwidth=bw,
-    )
-
-
-@dataclass
-class SimParams:
-    """The knobs of one run; ``for_seed`` varies them with the seed."""
-
-    ops: int = 200  # client operations in the active phase
-    initial_subs: int = 12
-    clients_per_node: int = 2
-    subs_only_slices: float = 7.0
-    p_deliver: float = 0.70
-    p_client: float = 0.20  # the rest of a step advances the clock
-    dt_mean: float = 0.05  # seconds per clock advance (× slice_seconds 1.0)
-    jitter: float = 0.01  # per-message delay bound (s)
-    faults: bool = True
-    p_fault: float = 0.03  # per clock advance
-    w_publish: float = 0.62
-    w_subscribe: float = 0.2
-    w_unsubscribe: float = 0.1
-    w_admin: float = 0.05
-    w_close: float = 0.015
-    w_join: float = 0.015
-    hot_point: bool = False  # many identical events: channels must replicate
-    hot_price: bool = False  # many events at one price, varied sym: string cuts
-    max_drain_seconds: float = 120.0
-
-    @classmethod
-    def for_seed(cls, seed: int) -> SimParams:
-        rng = random.Random(f"params:{seed}")
-        return cls(
-            ops=rng.randint(150, 260),
-            initial_subs=rng.randint(4, 20),
-            p_deliver=rng.uniform(0.55, 0.8),
-            jitter=rng.choice((0.0, 0.005, 0.02, 0.2)),
-            faults=rng.random() < 0.7,
-            p_fault=rng.choice((0.01, 0.03, 0.08)),
-            w_admin=rng.choice((0.02, 0.05, 0.1)),
-            hot_point=rng.random() < 0.2,
-            hot_price=rng.random() < 0.2,
-        )
-
-
-# -- the workload: subscriptions with an independent matcher --------------------
-
-
-@dataclass(frozen=True)
-class SubSpec:
-    """A subscription as the simulator generated it: ``(attr, op, arg)`` terms.
-
-    ``matches`` is the simulator's own evaluation, independent of the
-    overlay's predicates, matcher and index."""
-
-    terms: tuple[tuple[str, str, Any], ...]
-
-    def text(self) -> str:
-        parts = []
-        for attr, op, arg in self.terms:
-            if op == "in[]":
-                parts.append(f"{attr} in [{_lit(arg[0])}, {_lit(arg[1])}]")
-            elif op == "in{}":
-                parts.append(f"{attr} in {{{', '.join(_lit(v) for v in sorted(arg))}}}")
-            elif op == "prefix":
-                parts.append(f"{attr} prefix {_lit(arg)}")
-            else:
-                parts.append(f"{attr} {op} {_lit(arg)}")
-        return " and ".join(parts)
-
-    def matches(self, values: dict[str, Any]) -> bool:
-        for attr, op, arg in self.terms:
-            v = values[attr]
-            if op == ">=":
-                ok = v >= arg
-            elif op == ">":
-                ok = v > arg
-            elif op == "<=":
-                ok = v <= arg
-            elif op == "<":
-                ok = v < arg
-            elif op == "=":
-                ok = v == arg
-            elif op == "!=":
-                ok = v != arg
-            elif op == "in[]":
-                ok = arg[0] <= v <= arg[1]
-            elif op == "in{}":
-                ok = v in arg
-            elif op == "prefix":
-                ok = v.startswith(arg)
-            else:  # pragma: no cover
-                raise AssertionError(op)
-            if not ok:
-                return False
-        return True
-
-
-def _lit(v: Any) -> str:
-    if isinstance(v, str):
-        return '"' + v + '"'
-    if isinstance(v, float):
-        return f"{v:.1f}"
-    return str(v)
-
-
-def _price(x: float) -> float:
-    return float(min(max(round(x, 1), 0.0), PRICE_MAX))
-
-
-def random_spec(rng: random.Random) -> SubSpec:
-    terms: list[tuple[str, str, Any]] = []
-    r = rng.random()
-    lo = _price(rng.uniform(0, PRICE_MAX))
-    hi = _price(lo + rng.uniform(1, 300))
-    if r < 0.5:
-        terms += [("price", ">=", lo), ("price", "<", max(hi, lo + 0.1) if hi > lo else PRICE_MAX)]
-    elif r < 0.65:
-        terms.append(("price", "in[]", (lo, hi)))
-    elif r < 0.75:
-        terms.append(("price", rng.choice(("<=", ">", "<", ">=")), lo))
-    elif r < 0.8:
-        terms.append(("price", "=", _price(rng.uniform(0, PRICE_MAX))))
-    s = rng.random()
-    if s < 0.25:
-        terms.append(("sym", "=", rng.choice(SYMS)))
-    elif s < 0.4:
-        terms.append(("sym", "in{}", frozenset(rng.sample(SYMS, rng.randint(1, 3)))))
-    elif s < 0.5:
-        terms.append(("sym", "prefix", rng.choice(("A", "B", "X"))))
-    elif s < 0.55:
-        terms.append(("sym", "!=", rng.choice(SYMS)))
-    if rng.random() < 0.2:
-        terms.append(("qty", "<=", rng.randint(0, QTY_MAX)))
-    if not terms:
-        terms.append(("price", ">=", 0.0))
-    return SubSpec(tuple(terms))
-
-
-# -- what the simulator remembers ----------------------------------------------------
-
-
-@dataclass(eq=False)
-class SubRec:
-    client: SimClient
-    local_id: str
-    spec: SubSpec
-    sent_at: int
-    gid: str | None = None
-    filter: Filter | None = None
-    acked_at: int | None = None
-    failed: bool = False
-    unsub_sent_at: int | None = None
-    unsub_acked_at: int | None = None
-
-    @property
-    def ended_at(self) -> int | None:
-        """When the client stopped wanting notifications (unsubscribe or close)."""
-        ends = [t for t in (self.unsub_sent_at, self.client.closed_at) if t is not None]
-        return min(ends) if ends else None
-
-
-@dataclass(eq=False)
-class EventRec:
-    event_id: str
-    values: dict[str, Any]
-    pub_at: int
-    publisher: str
-
-
-@dataclass(eq=False)
-class SimClient:
-    name: str
-    node: int
-    sid: int
-    reader: FrameReader[cm.ClientMessage]
-    seq: int = 0
-    closed_at: int | None = None
-    subs: dict[str, SubRec] = field(default_factory=dict)
-    pending: dict[int, tuple[str, Any]] = field(default_factory=dict)
-    admin: bool = False
-
-
-@dataclass
-class SimResult:
-    seed: int
-    nodes: int
-    trace_hash: str
-    failures: list[str]
-    steps: int
-    deliveries: int
-    sim_seconds: float
-    events: int
-    notifies: int
-    subscriptions: int
-    stats: Counter[str]
-    faults: Counter[str]
-    admin: Counter[str]
-    races: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    def describe(self) -> str:
-        head = (
-            f"seed {self.seed}: {self.nodes} nodes, {self.steps} steps, {self.deliveries} deliveries, "
-            f"{self.sim_seconds:.1f} s simulated, {self.events} events, {self.notifies} notifies, "
-            f"{self.subscriptions} subscriptions; "
-            + ", ".join(f"{k}={v}" for k, v in sorted(self.stats.items()))
-            + f"; faults {dict(self.faults)}; admin {dict(self.admin)}; unsubscribe races {self.races}; "
-            f"trace {self.trace_hash[:16]}"
-        )
-        if self.failures:
-            shown = self.failures[:25]
-            more = len(self.failures) - len(shown)
-            return head + "\n  " + "\n  ".join(shown) + (f"\n  … and {more} more" if more > 0 else "")
-        return head
 
 
 class _Link:
@@ -460,7 +175,7 @@ class SimCluster:
         self._hot_center = 0.0
         self._hot_width = 100.0
         self._next_shift = 0.0
-        self._hot_point = (_price(self.rng.uniform(0, PRICE_MAX)), self.rng.choice(SYMS))
+        self._hot_point = (clamp_price(self.rng.uniform(0, PRICE_MAX)), self.rng.choice(SYMS))
         self.phase = "init"
 
     # == the scenario =====================================================================
@@ -882,7 +597,7 @@ class SimCluster:
             seq = self._next_seq(c, "pub", (values, self.step_no))
             event: Any = values
             if rng.random() < 0.2:
-                event = "{" + ", ".join(f"{k}: {_lit(v)}" for k, v in values.items()) + "}"
+                event = "{" + ", ".join(f"{k}: {literal(v)}" for k, v in values.items()) + "}"
             self._client_send(c, cm.Publish(seq, event, publish_time=self.now))
         elif kind == "subscribe":
             self._sub_no += 1
@@ -926,7 +641,7 @@ class SimCluster:
                 c = ch.space.constraint("price")
                 assert isinstance(c, RangeConstraint)
                 lo, hi = float(c.interval.lo), float(c.interval.hi)
-                at = _price(rng.uniform(lo, hi))
+                at = clamp_price(rng.uniform(lo, hi))
                 args: dict[str, Any] = {"channel": str(chid), "attr": "price", "at": at}
             else:
                 args = {"channel": str(chid), "attr": "sym", "values": sorted(rng.sample(SYMS, rng.randint(1, 3)))}
@@ -948,8 +663,8 @@ class SimCluster:
             price, sym = self._hot_point[0], rng.choice(SYMS)
         else:
             if rng.random() < 0.6:
-                price = _price(rng.gauss(self._hot_center, self._hot_width))
+                price = clamp_price(rng.gauss(self._hot_center, self._hot_width))
             else:
-                price = _price(rng.uniform(0, PRICE_MAX))
+                price = clamp_price(rng.uniform(0, PRICE_MAX))
             sym = rng.choice(SYMS)
         return {"price": price, "sym": sym, "qty": rng.randint(0, QTY_MAX)}

@@ -212,7 +212,7 @@ def check_ownership(sim: SimCluster) -> list[str]:
 
 def check_partition(sim: SimCluster, samples: int = 200) -> list[str]:
     """Rule 4: the spaces of the table partition the event space."""
-    from .cluster import PRICE_MAX, SYMS
+    from .workload import PRICE_MAX, SYMS
 
     out: list[str] = []
     table = sim.cores[sim.ids[0]].routing
