@@ -3,6 +3,12 @@
 Run as ``.venv/bin/python bench/throughput.py [--quick] [--repeat N] [--only …]
 [--profile]``; ``make bench`` installs the ``bench`` extra first.
 
+This file runs the bench; next to it, ``throughput_overlay.py`` holds the
+overlay side (its nodes, publisher and subscriber processes, null node),
+``throughput_mqtt.py`` the MQTT side (brokers, the paho client and its
+processes, the null broker), and ``throughput_common.py`` what both share
+(constants, ``Target``, the result records, pacing, process and CPU helpers).
+
 What it does:
 
 1. **Systems.**  The overlay with one node and with three (publisher on node
@@ -56,41 +62,23 @@ from __future__ import annotations
 
 import argparse
 import array
-import asyncio
-import atexit
 import contextlib
-import cProfile
 import io
-import multiprocessing as mp
 import os
 import pstats
-import selectors
-import shutil
 import signal
 import socket
-import struct
-import subprocess
 import sys
 import tempfile
 import time
-import tomllib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Final
 
-ROOT: Final = Path(__file__).resolve().parent.parent
-HOST: Final = "127.0.0.1"
-PAYLOAD_BYTES: Final = 100
-TOPIC: Final = "bench/t"
-# MQTT payload: seq and send time, then padding up to PAYLOAD_BYTES.
-MQTT_HEAD: Final = struct.Struct(">qd")
-MQTT_PAD: Final = b"x" * (PAYLOAD_BYTES - MQTT_HEAD.size)
-OVERLAY_PAYLOAD: Final = "x" * PAYLOAD_BYTES
-# The overlay's analogue of one MQTT topic: a distinguishing string attribute
-# with one value, and an equality filter on it.
-OVERLAY_FILTER: Final = f'topic = "{TOPIC}"'
+from throughput_common import CTX, HOST, PAYLOAD_BYTES, STARTUP_TIMEOUT, TOPIC, PubResult, SubResult, Target, cpu_seconds, machine_busy, set_priority
+from throughput_mqtt import _mqtt_pub_main, _mqtt_sub_main, _null_mqtt_broker, amqtt_broker, ensure_mosquitto, ensure_python_deps, mosquitto_broker
+from throughput_overlay import OVERLAY_FILTER, _null_overlay_node, _overlay_pub_main, _overlay_sub_main, overlay_cluster
 
 # Bounds of one throughput run: whichever comes first.
 EVENTS_1TO1: Final = 100_000
@@ -100,23 +88,12 @@ TIME_LIMIT: Final = 10.0
 FIXED_RATE: Final = 5_000
 FIXED_SECONDS: Final = 4.0
 FIXED_WARMUP: Final = 1_000
-# A paced publisher sends what is due, then sleeps at least this long (uvloop's
-# timer resolution is 1 ms; shorter sleeps would spin and steal a core).
-PACE_SLEEP: Final = 0.001
 # After the publisher stops, subscribers get this long without progress
 # before the run ends with what they received.
 DRAIN_GRACE: Final = 2.0
 # Subscribers of a 1→10 run are split over this many processes.
 FANOUT_SUB_PROCS: Final = 2
 FANOUT: Final = (1, 10)
-# The paho client's socket batching (``_paho_class``): flush past this many
-# bytes (~150 messages), read this much at a time.
-MQTT_WRITE_BATCH: Final = 16 * 1024
-MQTT_READ_CHUNK: Final = 256 * 1024
-# Generous per-subscription and per-connection queues so a short burst is not
-# dropped as a slow consumer: the run measures delivery, not the drop policy.
-SUB_QUEUE: Final = 100_000
-STARTUP_TIMEOUT: Final = 20.0
 # The machine may be shared with other work: every process of the bench runs
 # at this priority (inherited) so what it measures is the systems, not the
 # neighbours.  The CPU% column still shows what the others took.
@@ -127,579 +104,23 @@ TARGET_AMQTT: Final = 5.0
 TARGET_MOSQUITTO: Final = 0.5
 TARGET_P99_MS: Final = 5.0
 
-CTX: Final = mp.get_context("fork")
-
-
-# == environment ====================================================================
-
-
-def ensure_python_deps() -> None:
-    """Install the ``bench`` extra of pyproject.toml into this interpreter if missing."""
-    try:
-        import amqtt  # noqa: F401
-        import paho.mqtt  # noqa: F401
-    except ImportError:
-        with open(ROOT / "pyproject.toml", "rb") as fh:
-            reqs = tomllib.load(fh)["project"]["optional-dependencies"]["bench"]
-        print(f"installing bench dependencies: {', '.join(reqs)}", flush=True)
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", *reqs], check=True)
-
-
-def _find_mosquitto() -> str | None:
-    return shutil.which("mosquitto") or next(
-        (p for p in ("/usr/sbin/mosquitto", "/usr/bin/mosquitto") if os.access(p, os.X_OK)), None
-    )
-
-
-def ensure_mosquitto() -> str:
-    """The mosquitto binary, installed from Debian's package when missing."""
-    found = _find_mosquitto()
-    if found:
-        return found
-    if shutil.which("apt-get") is None:
-        raise SystemExit("mosquitto is not installed and apt-get is not available")
-    print("installing mosquitto (apt-get)", flush=True)
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "mosquitto"]
-    if subprocess.run(install, env=env, stdout=subprocess.DEVNULL, check=False).returncode != 0:
-        # A fresh machine has no package lists yet.
-        subprocess.run(["apt-get", "update"], env=env, stdout=subprocess.DEVNULL, check=True)
-        subprocess.run(install, env=env, stdout=subprocess.DEVNULL, check=True)
-    # The package may also start a system-wide broker on 1883; ours uses its own port.
-    found = _find_mosquitto()
-    if not found:
-        raise SystemExit("apt-get installed mosquitto but its binary is not on PATH or in /usr/sbin")
-    return found
-
-
-def set_priority(nice: int) -> str:
-    """Run this process and its children at ``nice``; say what was done.
-
-    With scheduler autogroups (one group per session) a process's nice only
-    orders it inside its group, so the group's nice is set too: the bench's
-    processes then win the CPU from other sessions' work on a shared machine.
-    """
-    done = []
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-        done.append(f"nice {nice}")
-    except OSError as exc:
-        done.append(f"nice {os.getpriority(os.PRIO_PROCESS, 0)} (could not set {nice}: {exc.strerror})")
-    group = Path("/proc/self/autogroup")
-    if group.exists():
-        try:
-            before = group.read_text().split()[-1]  # "/autogroup-N nice K"
-            group.write_text(str(nice))
-            # The group is the whole session's: give it back its nice on exit.
-            atexit.register(lambda: group.write_text(before))
-            done.append(f"scheduler autogroup at nice {nice}")
-        except OSError as exc:
-            done.append(f"scheduler autogroup unchanged ({exc.strerror})")
-    return ", ".join(done)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode} before listening")
-        with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=0.2):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{what} did not listen on {port} within {STARTUP_TIMEOUT}s")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a live process, from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy() -> float:
-    """CPU seconds all cores spent busy since boot (everything but idle and iowait)."""
-    with open("/proc/stat") as fh:
-        ticks = [int(x) for x in fh.readline().split()[1:]]
-    return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-
 
 # == servers ========================================================================
 
 
-@dataclass
-class Target:
-    """Where a run's clients connect, and which processes are the server."""
-
-    kind: str  # "overlay" or "mqtt"
-    pub: tuple[str, int]
-    subs: list[tuple[str, int]]  # one address per subscriber slot, reused round-robin
-    server_pids: list[int]
-
-    def sub_addr(self, i: int) -> tuple[str, int]:
-        return self.subs[i % len(self.subs)]
 
 
-def bench_config(ports: Sequence[int]) -> Any:
-    from overlay.config import config_from_dict
-
-    return config_from_dict(
-        {
-            "cluster": {"name": "bench", "initializer": 0, "balancing": False},
-            "nodes": [{"id": i, "host": HOST, "port": p} for i, p in enumerate(ports)],
-            "schema": {
-                "distinguishing": ["topic"],
-                "attributes": [
-                    {"name": "topic", "type": "string", "min": 1, "max": 64},
-                    {"name": "n", "type": "int", "min": 0, "max": 2**31 - 1},
-                    {"name": "payload", "type": "string", "min": 0, "max": 4 * PAYLOAD_BYTES},
-                ],
-            },
-        },
-        "<bench>",
-    )
 
 
-def _node_main(cfg: Any, node_id: int, sock: socket.socket, ready: Any, profile: str | None) -> None:
-    import logging
-
-    import uvloop
-
-    from overlay.net.node import Node
-
-    # Errors only: stopping a cluster makes every link report its peer gone,
-    # and a drop during a run shows in the table's "lost" column anyway.
-    logging.basicConfig(level=logging.ERROR)
-
-    async def main() -> None:
-        node = Node(cfg, node_id, sock=sock)
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, node.stop)
-        task = asyncio.create_task(node.run())
-        await node.started.wait()
-        ready.set()
-        await task
-
-    if profile is None:
-        uvloop.run(main())
-        return
-    prof = cProfile.Profile()
-    prof.enable()
-    try:
-        uvloop.run(main())
-    finally:
-        prof.disable()
-        prof.dump_stats(profile)
-
-
-@contextlib.contextmanager
-def overlay_cluster(nodes: int, profile_dir: str | None = None) -> Iterator[Target]:
-    socks = []
-    for _ in range(nodes):
-        s = socket.socket()
-        s.bind((HOST, 0))
-        s.listen(1024)
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    cfg = bench_config(ports)
-    procs = []
-    try:
-        for i, s in enumerate(socks):
-            ready = CTX.Event()
-            prof = os.path.join(profile_dir, f"node-{i}.pstats") if profile_dir else None
-            p = CTX.Process(target=_node_main, args=(cfg, i, s, ready, prof), name=f"node-{i}", daemon=True)
-            p.start()
-            procs.append((p, ready))
-            s.close()  # the child holds it
-        for p, ready in procs:
-            if not ready.wait(STARTUP_TIMEOUT):
-                raise RuntimeError(f"{p.name} did not start")
-        addrs = [(HOST, port) for port in ports]
-        if nodes == 1:
-            yield Target("overlay", addrs[0], [addrs[0]], [p.pid for p, _ in procs])
-        else:
-            # Publisher on node 1, the channel on node 0 (the initializer owns
-            # EC), subscribers from node 2 on: every event crosses nodes.
-            subs = [addrs[(2 + i) % nodes] for i in range(nodes)]
-            yield Target("overlay", addrs[1], subs, [p.pid for p, _ in procs])
-    finally:
-        for p, _ in procs:
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGTERM)
-        for p, _ in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-
-
-@contextlib.contextmanager
-def _server(argv: list[str], port: int, what: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Run a broker until the block ends; its output goes to ``log``."""
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            wait_port(port, proc, what)
-            yield proc
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-@contextlib.contextmanager
-def mosquitto_broker() -> Iterator[Target]:
-    binary = ensure_mosquitto()
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="bench-mosquitto-") as tmp:
-        conf = Path(tmp) / "mosquitto.conf"
-        conf.write_text(
-            f"listener {port} {HOST}\n"
-            "allow_anonymous true\n"
-            "persistence false\n"
-            "log_dest none\n"
-            # Small messages go out at once, as asyncio's transports do for ours.
-            "set_tcp_nodelay true\n"
-            # QoS 0 to a connected client is never dropped for queue length.
-            "max_queued_messages 0\n"
-        )
-        with _server([binary, "-c", str(conf)], port, "mosquitto", Path(tmp) / "mosquitto.log") as proc:
-            yield Target("mqtt", (HOST, port), [(HOST, port)], [proc.pid])
-
-
-@contextlib.contextmanager
-def amqtt_broker() -> Iterator[Target]:
-    script = Path(sys.executable).parent / "amqtt"
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="bench-amqtt-") as tmp:
-        conf = Path(tmp) / "amqtt.yaml"
-        # Only the listener and anonymous access: no packet logging, no $SYS.
-        conf.write_text(
-            "listeners:\n"
-            "  default:\n"
-            "    type: tcp\n"
-            f"    bind: {HOST}:{port}\n"
-            "plugins:\n"
-            "  amqtt.plugins.authentication.AnonymousAuthPlugin:\n"
-            "    allow_anonymous: true\n"
-        )
-        with _server([str(script), "-c", str(conf)], port, "amqtt", Path(tmp) / "amqtt.log") as proc:
-            yield Target("mqtt", (HOST, port), [(HOST, port)], [proc.pid])
 
 
 # == clients (each in its own process) ================================================
 
 
-@dataclass
-class PubResult:
-    sent: int
-    t_first: float  # wall clock of the first counted publish
-    t_last: float
-    note: str = ""
 
 
-@dataclass
-class SubResult:
-    received: int
-    t_first: float
-    t_last: float
-    latencies: bytes  # array('d') of seconds, counted messages only
-    note: str = ""
 
 
-def _paced(rate: float | None) -> Callable[[int, float], float]:
-    """How long to sleep before message ``i`` of a run started at ``t0`` (0: send now)."""
-    if rate is None:
-        return lambda i, t0: 0.0
-
-    def wait(i: int, t0: float) -> float:
-        ahead = t0 + i / rate - time.time()
-        return max(ahead, PACE_SLEEP) if ahead > 0 else 0.0
-
-    return wait
-
-
-def overlay_event(i: int) -> dict[str, Any]:
-    return {"topic": TOPIC, "n": i, "payload": OVERLAY_PAYLOAD}
-
-
-def _overlay_pub_main(addr: tuple[str, int], n: int, warmup: int, rate: float | None, limit: float, ready: Any, go: Any, out: Connection) -> None:
-    import uvloop
-
-    from overlay.client import Client
-
-    async def main() -> PubResult:
-        client = await Client([addr]).connect()
-        ready.set()
-        await asyncio.get_running_loop().run_in_executor(None, go.wait)
-        pace = _paced(rate)
-        t0 = time.time()
-        t_first = t0
-        stop_at = t0 + limit
-        sent = 0
-        for i in range(n + warmup):
-            if i == warmup:
-                t_first = time.time()
-            while (d := pace(i, t0)) > 0:
-                await asyncio.sleep(d)
-            await client.publish_windowed(overlay_event(i))
-            sent += 1
-            if not i & 1023 and time.time() > stop_at:
-                break
-        await client.flush(timeout=60)
-        t_last = time.time()
-        note = f"chokes={client.chokes}" if client.chokes else ""
-        await client.close()
-        return PubResult(max(sent - warmup, 0), t_first, t_last, note)
-
-    out.send(uvloop.run(main()))
-
-
-def _overlay_sub_main(addrs: list[tuple[str, int]], warmup: int, ready: Any, stop: Any, progress: Any, out: Connection) -> None:
-    import uvloop
-
-    from overlay.client import Client
-
-    async def main() -> SubResult:
-        clients = [await Client([a]).connect() for a in addrs]
-        subs = [await c.subscribe(OVERLAY_FILTER, queue_size=SUB_QUEUE) for c in clients]
-        lat = array.array("d")
-        state = {"n": 0, "first": 0.0, "last": 0.0}
-        ready.set()
-
-        async def consume(sub: Any) -> None:
-            async for note in sub:
-                if note.event["n"] < warmup:
-                    continue
-                rx = note.received
-                lat.append(rx - note.publish_time)
-                if not state["n"]:
-                    state["first"] = rx
-                state["n"] += 1
-                state["last"] = rx
-                progress.value = state["n"]
-
-        tasks = [asyncio.create_task(consume(s)) for s in subs]
-        while not stop.is_set():
-            await asyncio.sleep(0.02)
-        for t in tasks:
-            t.cancel()
-        dropped = sum(s.dropped for s in subs)
-        for c in clients:
-            await c.close()
-        return SubResult(state["n"], state["first"], state["last"], lat.tobytes(), f"client-dropped={dropped}" if dropped else "")
-
-    out.send(uvloop.run(main()))
-
-
-_PAHO_CLASS: Any = None
-
-
-def _mqtt_client(name: str) -> Any:
-    """A paho-mqtt client whose socket I/O is batched (see ``_paho_class``)."""
-    import paho.mqtt.client as mqtt
-
-    return _paho_class()(mqtt.CallbackAPIVersion.VERSION2, client_id=name, protocol=mqtt.MQTTv311)
-
-
-def _paho_class() -> Any:
-    """paho-mqtt's Client with batched socket I/O.
-
-    paho encodes and parses MQTT itself (that stays as it is) but makes one
-    ``send()`` per packet and three ``recv()`` calls per packet received; at
-    tens of thousands of messages a second those system calls, not the broker,
-    would set the pace.  Here writes go to a buffer flushed by ``flush()`` (or
-    past ``MQTT_WRITE_BATCH`` bytes) and reads are served from one large
-    ``recv()`` — what the overlay's asyncio client does too.
-    """
-    global _PAHO_CLASS
-    if _PAHO_CLASS is not None:
-        return _PAHO_CLASS
-    import paho.mqtt.client as mqtt
-
-    class BatchedClient(mqtt.Client):  # type: ignore[misc]
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self._wbuf = bytearray()
-            self._rbuf = b""
-            self._rpos = 0
-
-        def _sock_send(self, buf: bytes | bytearray) -> int:
-            if self._sock is None:
-                raise ConnectionError("not connected")
-            self._wbuf += buf
-            if len(self._wbuf) >= MQTT_WRITE_BATCH:
-                self.flush()
-            return len(buf)
-
-        def flush(self) -> None:
-            """Write out everything buffered (blocking until the socket takes it)."""
-            sock, buf = self._sock, self._wbuf
-            if not buf:
-                return
-            if sock is None:
-                raise ConnectionError("not connected")
-            done = 0
-            with memoryview(buf) as view:
-                while done < len(buf):
-                    try:
-                        done += sock.send(view[done:])
-                    except BlockingIOError:
-                        _wait_writable(sock)
-            buf.clear()
-
-        def _sock_close(self) -> None:
-            # paho closes right after "sending" DISCONNECT: send it for real first.
-            with contextlib.suppress(OSError):
-                self.flush()
-            super()._sock_close()
-
-        def _sock_recv(self, bufsize: int) -> bytes:
-            if self._rpos >= len(self._rbuf):
-                if self._sock is None:
-                    raise ConnectionError("not connected")
-                self._rbuf = self._sock.recv(MQTT_READ_CHUNK)  # BlockingIOError: paho waits
-                self._rpos = 0
-                if not self._rbuf:
-                    return b""
-            out = self._rbuf[self._rpos : self._rpos + bufsize]
-            self._rpos += len(out)
-            return out
-
-        def buffered(self) -> int:
-            """Bytes received but not yet parsed: select() cannot see them."""
-            return len(self._rbuf) - self._rpos
-
-    _PAHO_CLASS = BatchedClient
-    return BatchedClient
-
-
-def _wait_writable(sock: socket.socket) -> None:
-    with selectors.DefaultSelector() as sel:
-        sel.register(sock, selectors.EVENT_WRITE)
-        sel.select(1.0)
-
-
-def _mqtt_pump(clients: Sequence[Any], timeout: float) -> None:
-    """Read whatever arrived for ``clients``, waiting up to ``timeout``."""
-    with selectors.DefaultSelector() as sel:
-        for c in clients:
-            sel.register(c.socket(), selectors.EVENT_READ, c)
-        for key, _ in sel.select(timeout):
-            _mqtt_read(key.data)
-
-
-def _mqtt_read(c: Any) -> None:
-    c.loop_read()  # one recv(), then one packet per call while bytes are buffered
-    while c.buffered():
-        c.loop_read()
-
-
-def _mqtt_connect(c: Any, port: int) -> None:
-    c.connect(HOST, port, keepalive=60)
-    # paho leaves Nagle on: small QoS 0 writes would wait for the peer's ACK.
-    # asyncio (the overlay client, amqtt) and our Mosquitto config turn it off.
-    c.socket().setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    c.flush()
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while not c.is_connected():
-        if time.monotonic() > deadline:
-            raise RuntimeError("MQTT CONNACK not received")
-        _mqtt_pump([c], 0.05)
-
-
-def _mqtt_pub_main(port: int, n: int, warmup: int, rate: float | None, limit: float, ready: Any, go: Any, out: Connection) -> None:
-    c = _mqtt_client(f"pub-{os.getpid()}")
-    _mqtt_connect(c, port)
-    ready.set()
-    go.wait()
-    pace = _paced(rate)
-    pack = MQTT_HEAD.pack
-    t0 = time.time()
-    t_first = t0
-    stop_at = t0 + limit
-    sent = 0
-    for i in range(n + warmup):
-        if i == warmup:
-            t_first = time.time()
-        if rate is not None and pace(i, t0) > 0:
-            c.flush()  # the burst that was due goes out before we sleep
-            while (d := pace(i, t0)) > 0:
-                time.sleep(d)
-        c.publish(TOPIC, pack(i, time.time()) + MQTT_PAD, qos=0)
-        sent += 1
-        if not i & 1023:
-            _mqtt_pump([c], 0)  # keep-alive and socket housekeeping
-            c.loop_misc()
-            if time.time() > stop_at:
-                break
-    c.flush()
-    t_last = time.time()
-    c.disconnect()
-    out.send(PubResult(max(sent - warmup, 0), t_first, t_last))
-
-
-def _mqtt_sub_main(port: int, k: int, warmup: int, ready: Any, stop: Any, progress: Any, out: Connection) -> None:
-    lat = array.array("d")
-    state = {"n": 0, "first": 0.0, "last": 0.0, "subacks": 0}
-    unpack = MQTT_HEAD.unpack_from
-
-    def on_message(client: Any, userdata: Any, msg: Any) -> None:
-        rx = time.time()
-        seq, sent = unpack(msg.payload)
-        if seq < warmup:
-            return
-        lat.append(rx - sent)
-        if not state["n"]:
-            state["first"] = rx
-        state["n"] += 1
-        state["last"] = rx
-
-    def on_subscribe(*_: Any) -> None:
-        state["subacks"] += 1
-
-    clients = []
-    for j in range(k):
-        c = _mqtt_client(f"sub-{os.getpid()}-{j}")
-        c.on_message = on_message
-        c.on_subscribe = on_subscribe
-        _mqtt_connect(c, port)
-        c.subscribe(TOPIC, qos=0)
-        c.flush()
-        clients.append(c)
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while state["subacks"] < k and time.monotonic() < deadline:
-        _mqtt_pump(clients, 0.01)
-    ready.set()
-    sel = selectors.DefaultSelector()
-    for c in clients:
-        sel.register(c.socket(), selectors.EVENT_READ, c)
-    last_check = time.monotonic()
-    while True:
-        for key, _ in sel.select(0.02):
-            _mqtt_read(key.data)
-        now = time.monotonic()
-        if now - last_check > 0.02:
-            last_check = now
-            progress.value = state["n"]
-            if stop.is_set():
-                break
-            for c in clients:
-                c.loop_misc()
-                c.flush()
-    for c in clients:
-        c.disconnect()
-    out.send(SubResult(state["n"], state["first"], state["last"], lat.tobytes()))
 
 
 # == one run ==========================================================================
@@ -878,101 +299,6 @@ def latency_run(key: str, scale: float) -> Run:
 # == load-generator check =============================================================
 
 
-def _null_overlay_node(sock: socket.socket, mode: str, n: int) -> None:
-    """A stand-in node: ``sink`` answers each Publish with a PubAck and does
-    nothing else; ``firehose`` answers a Subscribe and then sends ``n``
-    pre-encoded Notify frames as fast as the socket takes them."""
-    import uvloop
-
-    from overlay.messages import client as cm
-    from overlay.messages.codec import client_reader, encode_frame
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readexactly(4)
-        writer.write(b"OVC1")
-        frames = client_reader()
-        blast = None
-        while data := await reader.read(256 * 1024):
-            acks = []
-            for msg in frames.feed(data):
-                match msg:
-                    case cm.Hello():
-                        acks.append(encode_frame(cm.Welcome(0, 1, True, "null")))
-                    case cm.Publish():
-                        acks.append(encode_frame(cm.PubAck(msg.seq, "e")))
-                    case cm.Subscribe():
-                        acks.append(encode_frame(cm.SubAck(msg.seq, msg.sub_id, 1)))
-                        blast = msg.sub_id
-            writer.writelines(acks)
-            if blast is not None and mode == "firehose":
-                sub_id, blast = blast, None
-                asyncio.get_running_loop().create_task(firehose(writer, sub_id))
-            await writer.drain()
-
-    async def firehose(writer: asyncio.StreamWriter, sub_id: str) -> None:
-        await asyncio.sleep(0.2)  # let the client report ready first
-        batch = 256
-        for start in range(0, n, batch):
-            now = time.time()
-            writer.writelines(
-                encode_frame(cm.Notify(f"e{i}", overlay_event(i), (sub_id,), now))
-                for i in range(start, min(n, start + batch))
-            )
-            await writer.drain()
-
-    async def main() -> None:
-        server = await asyncio.start_server(serve, sock=sock, limit=256 * 1024)
-        await server.serve_forever()
-
-    uvloop.run(main())
-
-
-def _null_mqtt_broker(sock: socket.socket, mode: str, n: int) -> None:
-    """A stand-in MQTT broker: CONNACK and SUBACK, then either discard
-    everything (``sink``) or send ``n`` pre-encoded QoS 0 PUBLISH packets."""
-    conn, _ = sock.accept()
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    buf = b""
-
-    def packet() -> tuple[int, bytes]:
-        nonlocal buf
-        while True:
-            if len(buf) >= 2:
-                length, mult, pos = 0, 1, 1
-                while pos < len(buf):
-                    b = buf[pos]
-                    length += (b & 127) * mult
-                    mult *= 128
-                    pos += 1
-                    if not b & 128:
-                        if len(buf) >= pos + length:
-                            head, body, buf = buf[0], buf[pos : pos + length], buf[pos + length :]
-                            return head, body
-                        break
-            data = conn.recv(256 * 1024)
-            if not data:
-                raise EOFError
-            buf += data
-
-    with contextlib.suppress(EOFError, OSError):
-        packet()  # CONNECT
-        conn.sendall(b"\x20\x02\x00\x00")
-        if mode == "sink":
-            while conn.recv(1 << 20):
-                pass
-            return
-        _, body = packet()  # SUBSCRIBE: packet id first
-        conn.sendall(b"\x90\x03" + body[:2] + b"\x00")
-        time.sleep(0.2)
-        topic = TOPIC.encode()
-        head = struct.pack(">H", len(topic)) + topic
-        size = len(head) + PAYLOAD_BYTES
-        fixed = bytes([0x30, size]) if size < 128 else bytes([0x30, (size & 127) | 128, size >> 7])
-        for start in range(0, n, 256):
-            now = time.time()
-            conn.sendall(b"".join(fixed + head + MQTT_HEAD.pack(i, now) + MQTT_PAD for i in range(start, min(n, start + 256))))
-        while conn.recv(1 << 20):
-            pass
 
 
 def generator_capacity(kind: str, n: int) -> tuple[float, float]:
