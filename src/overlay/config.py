@@ -70,6 +70,10 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     beta: Unit = 0.2
     gamma: Unit = 0.2
     balancing: bool = True
+    # Below this load (subscriptions tested per slice T) a node is never
+    # OVERLOADED, and a cluster whose every node is below it is idle: all
+    # STABLE, no session (overlay.balance.monitor rule 5).
+    min_load: Annotated[float, msgspec.Meta(ge=0, le=1e15)] = 100.0
     # Limits.
     max_frame_size: Annotated[int, msgspec.Meta(ge=1024, le=64 << 20)] = 1 << 20
     peer_queue: Annotated[int, msgspec.Meta(ge=1)] = 10_000

@@ -102,6 +102,7 @@ class BalancingMixin:
             slice_seconds=cl.slice_seconds,
             probability=cl.probability,
             rng=self.rng,
+            min_load=cl.min_load,
         )
         self.weights = Weights(cl.omega, cl.alpha, cl.beta, cl.gamma, cl.levels)
         self.balancing_enabled = cl.balancing
@@ -202,7 +203,11 @@ class BalancingMixin:
         # the node is behind when the slice closes, and the two-slice window
         # cancels that ±10 % swing, which Δd would otherwise take for load.
         loads = {c: v * self.load_scale for c, v in raw.items()}
-        self._channel_load = {c: (v + self._channel_load.get(c, v)) / 2 for c, v in loads.items()}
+        # The mean of this slice and the last one (not of the last mean: that
+        # decays geometrically, and an idle channel kept a load of 6e-61).
+        # A channel without a last slice here (a split child) counts its share.
+        last = self._slice_load
+        self._channel_load = {c: (v + last.get(c, self._channel_load.get(c, v))) / 2 for c, v in loads.items()}
         self._slice_load = loads
         d = sum(self._channel_load.values())
         before = self.monitor.state

@@ -25,7 +25,12 @@ Theory of operation:
    schedules ``⌊k·p⌋`` or ``⌈k·p⌉`` times, never waiting more than ``⌈1/p⌉``
    slices — independent draws left the hot node idle for 3–4 slices in a row
    one run in eight (p = ½), which is what slowed convergence.
-5. Anti-jitter: when scheduling ran ``JITTER_RUNS`` times in a row, each
+5. Idle: below ``min_load`` (subscriptions tested per configured slice) a
+   node's load is noise, not work.  A node under it is never OVERLOADED
+   (STABLE instead: it starts no session), and when every live node is under
+   it the cluster is idle and every node is STABLE — two events in an hour
+   must not make the node that matched them look overloaded.
+6. Anti-jitter: when scheduling ran ``JITTER_RUNS`` times in a row, each
    within ``JITTER_GAP`` slices of the previous, ``T`` grows to 150 % of the
    configured slice; after ``CALM_SLICES`` slices without scheduling it
    returns to the configured length.
@@ -82,7 +87,7 @@ class SliceReport(msgspec.Struct, frozen=True):
 
 
 class Monitor:
-    """Rules 1–5. Invariant: ``state`` is BUSY iff ``_before_busy`` is not None."""
+    """Rules 1–6. Invariant: ``state`` is BUSY iff ``_before_busy`` is not None."""
 
     def __init__(
         self,
@@ -94,6 +99,7 @@ class Monitor:
         slice_seconds: float,
         probability: float,
         rng: random.Random,
+        min_load: float = 0.0,
     ) -> None:
         self.node_id = node_id
         self.capacity = capacity
@@ -102,6 +108,7 @@ class Monitor:
         self.base_slice = slice_seconds
         self.slice_seconds = slice_seconds
         self.probability = probability
+        self.min_load = min_load
         self.rng = rng
         self.state = NodeState.UNDERLOADED
         self._before_busy: NodeState | None = None
@@ -143,7 +150,7 @@ class Monitor:
             self.peers.remove(node)
         self.loads.pop(node, None)
 
-    # -- slices (rules 1, 4, 5) -----------------------------------------------------------
+    # -- slices (rules 1, 4–6) ------------------------------------------------------------
 
     def end_slice(self, d: float, *, decide: bool = True) -> SliceReport:
         """Close a slice with load ``d``.  With ``decide=False`` only the load and
@@ -155,7 +162,7 @@ class Monitor:
         return self._assess(decide)
 
     def refresh(self) -> SliceReport:
-        """Rules 1, 4 and 5 for the slice last closed, with the LIEMs in now."""
+        """Rules 1, 4, 5 and 6 for the slice last closed, with the LIEMs in now."""
         return self._assess(True)
 
     def _assess(self, decide: bool) -> SliceReport:
@@ -164,13 +171,11 @@ class Monitor:
         levels = [self.dc] + [p.dc for p in live]
         self.mean = sum(levels) / len(levels)
         if self.state is not NodeState.BUSY:
-            self.state = self.classify(self.dc, self.mean)
-            if self.state is NodeState.STABLE:
-                self.state = self._pair_state(live)
+            self.state = self._state(live)
         schedule = decide and self.state is NodeState.OVERLOADED and bool(live) and self._draw()
         if schedule:
             self._runs.append(self.slice_no)
-            del self._runs[:-JITTER_RUNS]  # rule 5 reads only the last runs; keep memory bounded
+            del self._runs[:-JITTER_RUNS]  # rule 6 reads only the last runs; keep memory bounded
         if decide:
             self._stretch()
         n = len(levels)
@@ -186,6 +191,18 @@ class Monitor:
             self._credit -= 1.0
             return True
         return False
+
+    def _state(self, live: list[PeerLoad]) -> NodeState:
+        """Rules 1 and 5."""
+        assert self.mean is not None
+        if max((p.d for p in live), default=0.0) < self.min_load and self.d < self.min_load:
+            return NodeState.STABLE  # an idle cluster
+        state = self.classify(self.dc, self.mean)
+        if state is NodeState.STABLE:
+            state = self._pair_state(live)
+        if state is NodeState.OVERLOADED and self.d < self.min_load:
+            return NodeState.STABLE
+        return state
 
     def classify(self, dc: float, mean: float) -> NodeState:
         dd = self.delta * mean
