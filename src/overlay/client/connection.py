@@ -209,6 +209,7 @@ class Client:
         self.reconnect = reconnect
         self.max_frame = max_frame
         self.node_id: int | None = None
+        self.cluster = ""  # the cluster name the node gave in its Welcome
         self.ready = False
         self.subscriptions: dict[str, Subscription] = {}
         self.chokes = 0
@@ -279,6 +280,7 @@ class Client:
                 if not isinstance(welcome, cm.Welcome):
                     raise RemoteProtocolError(f"expected Welcome, got {type(welcome).__name__}")
                 self.node_id = welcome.node_id
+                self.cluster = welcome.cluster
                 self.ready = welcome.ready
                 self._writer = writer
                 loop = asyncio.get_running_loop()
