@@ -4,7 +4,9 @@ its own schema (``spark/SCHEMA.md``, schema version 1).
 The files are read once: each line's ``kind`` is taken from its first key
 (with a JSON-path fallback), the line is parsed with that kind's schema, and
 the parsed rows are persisted, so every job after this reads memory, not JSON.
-Only the headers (one per node) and per-kind counts reach the driver.
+Only the headers (one per node) and per-kind counts reach the driver.  Which
+kinds are parsed, which are skipped on purpose and what happens to unknown
+ones is ``overlay_spark.kinds``.
 """
 
 from __future__ import annotations
@@ -17,48 +19,11 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from overlay_spark.kinds import KIND_SCHEMAS, KindReport, classify
+
 __all__ = ["SUPPORTED_VERSIONS", "KIND_SCHEMAS", "Capture", "NodeInfo", "CaptureError", "load_capture"]
 
 SUPPORTED_VERSIONS: Final = frozenset({1})
-
-_BASE: Final = "node INT, n LONG, time DOUBLE"
-_JOURNAL: Final = _BASE + ", slice INT"
-
-# One DDL schema per record kind (SCHEMA.md documents each field).  Event
-# values are read as map<string,string>: a JSON number keeps its exact text,
-# and the re-matching casts it by the attribute's kind from the header.
-KIND_SCHEMAS: Final[dict[str, str]] = {
-    "header": _BASE + ", schema_version INT, run STRING, cluster STRING, initializer INT, slice_seconds DOUBLE, "
-    "nodes ARRAY<STRUCT<id: INT, capacity: DOUBLE>>, "
-    "bandwidth STRUCT<default: DOUBLE, links: ARRAY<STRUCT<a: INT, b: INT, bw: DOUBLE>>>, "
-    "schema STRUCT<distinguishing: ARRAY<STRING>, attributes: ARRAY<STRUCT<name: STRING, type: STRING, min: STRING, max: STRING>>>, "
-    "balancing BOOLEAN, delta DOUBLE",
-    "end": _BASE + ", records LONG, dropped LONG",
-    "publish": _BASE + ", event STRING, channel STRING, values MAP<STRING, STRING>, key STRING, rank LONG",
-    "event": _BASE + ", event STRING, access INT, channel STRING, tested LONG, matched ARRAY<STRING>, slice INT, key STRING, rank LONG",
-    "deliver": _BASE + ", event STRING, subs ARRAY<STRING>, orphans ARRAY<STRING>",
-    "drop": _BASE + ", event STRING, session INT, subs ARRAY<STRING>",
-    "subscribe": _BASE + ", sub STRING, local STRING, session INT, subscriber STRING, filter STRING",
-    "subscribed": _BASE + ", sub STRING",
-    "unsubscribe": _BASE + ", sub STRING, reason STRING",
-    "unsubscribed": _BASE + ", sub STRING",
-    "liem": _BASE + ", src INT, state STRING, d DOUBLE, dc DOUBLE, capacity DOUBLE, slice INT",
-    "slice": _JOURNAL + ", d DOUBLE, dc DOUBLE, mean DOUBLE, spread DOUBLE, state STRING, "
-    "channels MAP<STRING, DOUBLE>, slice_seconds DOUBLE, elapsed DOUBLE, d_slice DOUBLE",
-    "state": _JOURNAL + ", old STRING, new STRING",
-    "decision": _JOURNAL + ", phase STRING, session INT, receiver INT, phi DOUBLE, transfer ARRAY<STRING>, "
-    "split STRING, reason STRING, candidates ARRAY<STRUCT<node: INT, rank1: DOUBLE, f2: DOUBLE, f3: DOUBLE>>, "
-    "channels ARRAY<STRUCT<id: STRING, load: DOUBLE, subscriptions: LONG, f1: DOUBLE, f3: DOUBLE, f4: DOUBLE, rank2: DOUBLE>>",
-    "migration": _JOURNAL + ", session INT, receiver INT, channels ARRAY<STRING>, subscriptions LONG, bytes LONG, "
-    "bw DOUBLE, mig_cost DOUBLE, forced BOOLEAN, duration DOUBLE",
-    "replication": _JOURNAL + ", session INT, receiver INT, channels ARRAY<STRING>, subscriptions LONG, bytes LONG, "
-    "bw DOUBLE, mig_cost DOUBLE, forced BOOLEAN, duration DOUBLE",
-    "replicate": _JOURNAL + ", channel STRING, receiver INT, load DOUBLE",
-    "split": _JOURNAL + ", parent STRING, attr STRING, children ARRAY<STRUCT<id: STRING, space: STRING, subscriptions: LONG>>",
-    "merge": _JOURNAL + ", parts ARRAY<STRING>, merged STRING, space STRING, subscriptions LONG",
-    "abort": _JOURNAL + ", session INT, receiver INT, reason STRING",
-    "sequencer": _JOURNAL + ", held LONG, released LONG, expired_dropped LONG, gaps_skipped LONG, ranks_skipped LONG",
-}
 
 
 class CaptureError(Exception):
@@ -87,6 +52,7 @@ class Capture:
     headers: list[dict[str, Any]]
     ends: dict[int, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    kinds: KindReport | None = None
 
     def df(self, kind: str) -> DataFrame:
         return self.parsed.filter(F.col("kind") == kind).select(f"`{kind}`.*")
@@ -152,11 +118,12 @@ def load_capture(spark: SparkSession, run_dir: str) -> Capture:
             notes.append(f"node {nid}: no end record (the node did not shut down cleanly); its last records may be missing")
         elif ends[nid]["dropped"]:
             notes.append(f"node {nid}: the capture dropped {ends[nid]['dropped']} records (writer too slow)")
-    unknown = sorted(k for k in counts if k not in KIND_SCHEMAS)
-    if unknown:
-        notes.append(f"records of unknown kinds ignored: {', '.join(f'{k} ({counts[k]})' for k in unknown)}")
+    kinds = classify(counts)  # kinds rule 2: unknown kinds are warned about, never dropped silently
+    if kinds.warning:
+        notes.append("warning: " + kinds.warning)
+    notes += kinds.notes([n.id for n in nodes])
     return Capture(
         run=first["run"], path=run_dir, parsed=parsed, nodes=nodes, initializer=int(first["initializer"]),
         slice_seconds=float(first["slice_seconds"]), schema=first["schema"], t0=min(h["time"] for h in headers),
-        counts=counts, headers=headers, ends=ends, notes=notes,
+        counts=counts, headers=headers, ends=ends, notes=notes, kinds=kinds,
     )

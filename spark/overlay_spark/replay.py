@@ -66,6 +66,8 @@ def run_replay(
     with Progress(spark, STEPS, out=stream) as prog:
         prog.step(f"reading the capture in {run_dir}")
         cap = load_capture(spark, run_dir)
+        if stream and cap.kinds is not None and cap.kinds.warning:
+            print(f"warning: {cap.kinds.warning}", file=stream, flush=True)
         nodes = [n.id for n in cap.nodes]
         guard = cap.slice_seconds if tail_guard is None else tail_guard
         end_times = [e["time"] for e in cap.ends.values()]
@@ -172,13 +174,13 @@ def run_replay(
             "initializer": cap.initializer, "master": master_url, "elapsed": elapsed, "failed": failed,
             "headline": headline, "checks": checks, "notes": cap.notes, "examples": aud["examples"],
             "migrations": migs, "slices": slices, "costs": costs, "rematch": summary, "pairs": pairs_row,
-            "counts": cap.counts,
+            "counts": cap.counts, "kinds": cap.kinds,
         }
         write_markdown(out_dir / "report.md", report)
         cap.parsed.unpersist()
 
     if stream:
-        _summary(stream, out_dir, headline, checks, failed)
+        _summary(stream, out_dir, headline, checks, failed, cap.notes)
     return ReplayResult(1 if failed else 0, failed, out_dir, headline, checks,
                         {"audit": aud, "rematch": summary, "slices": slices, "migrations": migs, "costs": costs,
                          "windows": windows, "notes": cap.notes})
@@ -229,7 +231,8 @@ def _checks(cap: Any, pc: dict[str, int], ec: dict[str, int], order: dict[str, A
     return checks
 
 
-def _summary(stream: TextIO, out_dir: Path, h: dict[str, Any], checks: list[Any], failed: list[str]) -> None:
+def _summary(stream: TextIO, out_dir: Path, h: dict[str, Any], checks: list[Any], failed: list[str],
+             notes: list[str] | None = None) -> None:
     def f(v: Any) -> str:
         return "–" if v is None else f"{v:.3f}"
 
@@ -240,6 +243,9 @@ def _summary(stream: TextIO, out_dir: Path, h: dict[str, Any], checks: list[Any]
           f"{h['replications']} replications, {h['subscriptions_moved']} subscriptions moved", file=stream)
     for c in checks:
         print(f"  {c.status:<4} {c.name:<20} {c.detail}", file=stream)
+    for note in notes or []:
+        if note.startswith("warning: "):  # records of unknown kinds (overlay_spark.kinds rule 2)
+            print(note, file=stream)
     if failed:
         print(f"FAILED: {', '.join(failed)}", file=stream)
     stream.flush()
@@ -270,8 +276,12 @@ def run_from_args(args: argparse.Namespace) -> int:
     except CaptureError as exc:
         print(f"overlay replay: {exc}", file=sys.stderr)
         return 2
-    if args.quiet and res.failed:
-        print(f"FAILED: {', '.join(res.failed)}", file=sys.stderr)
+    if args.quiet:  # no progress, but warnings and failures are still said
+        for note in res.details["notes"]:
+            if note.startswith("warning: "):
+                print(note, file=sys.stderr)
+        if res.failed:
+            print(f"FAILED: {', '.join(res.failed)}", file=sys.stderr)
     return res.exit_code
 
 

@@ -209,6 +209,8 @@ def write_markdown(path: Path, r: dict[str, Any]) -> None:
     lines += _table([pc], ["rematched", "reported", "delivered", "expected", "open", "missing", "extra",
                            "inactive_matched", "duplicates", "lost", "orphaned", "dropped", "tail_pairs"])
     lines += ["", "## Records", ""]
-    lines += _table([{"kind": k, "records": v} for k, v in sorted(r["counts"].items())], ["kind", "records"])
+    use = r["kinds"].use if r.get("kinds") is not None else (lambda k: "")
+    lines += _table([{"kind": k, "records": v, "replay": use(k)} for k, v in sorted(r["counts"].items())],
+                    ["kind", "records", "replay"])
     lines.append("")
     path.write_text("\n".join(lines))
