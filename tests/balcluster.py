@@ -1,16 +1,16 @@
 """Balancing on real nodes, in this process: ``Cluster`` (nodes on 127.0.0.1,
-ephemeral ports bound before they start, short slices), S/dc̄ from the nodes'
-journals, skewed traffic, and ``Ledger``: what the clients saw, to check
-exactly-once delivery.  Shared by the test_balancing* modules."""
+ephemeral ports bound before they start, short slices) and ``Ledger``: what
+the clients saw, to check exactly-once delivery.  Shared by the
+test_balancing* modules; their skewed traffic is ``sim.workload``'s, and
+S/dc̄ is judged in virtual time (``sim.convergence``)."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import random
 import socket
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Self
@@ -26,14 +26,6 @@ from overlay.messages import client as cm
 from overlay.net.node import Node
 
 CONFIGS: Final = Path(__file__).resolve().parent.parent / "cluster_configs"
-SPREAD_TARGET: Final = 0.10
-# A slice whose cluster-wide load is this far off the steady offered load saw
-# the test process stall (or catch up); S/dc̄ is not judged on it.
-STALL: Final = 0.25
-# Nodes close their slices at the same instants of the clock, each on its
-# next tick (overlay.net.node ticks every 50 ms), give or take loop lag.
-TICK: Final = 0.1
-GOLDEN: Final = 0.6180339887498949
 # Generous: a notification queue must never overflow in these tests.
 QUEUE: Final = 1_000_000
 
@@ -116,77 +108,21 @@ class Cluster:
         )
         return quiet and not self.busy() and all(self.core(i).routing == first for i in ids)
 
-    def spread_series(self, nodes: Iterable[int] | None = None) -> list[tuple[float, float, list[float]]]:
-        """``(time since start, S/dc̄, dc per node)`` at the end of each slice of
-        the initializer, with what every node reported last by then.  Slices
-        close on a common grid, to a tick (``TICK``); a node whose T is
-        stretched (anti-jitter) reports less often, so its last report may be
-        up to one of its slices old."""
-        ids = list(nodes or self.ids)
-        ref = self.config.cluster.initializer
-        per = {i: self.journal("slice", [i]) for i in ids}
-        out = []
-        for e in per[ref]:
-            dcs = []
-            for i in ids:
-                prior = [x for x in per[i] if x["time"] <= e["time"] + TICK]
-                if not prior or e["time"] - prior[-1]["time"] > prior[-1]["slice_seconds"] + TICK:
-                    break
-                dcs.append(prior[-1]["dc"])
-            else:
-                out.append((e["time"] - self.t0, ratio(dcs), dcs))
-        return out
+    async def quiet(self, led: Ledger, timeout: float = 30.0) -> None:
+        """Wait until the nodes are ``settled`` with nothing queued for a client
+        and the clients' deliveries stopped changing: every notification sent
+        is in.  A condition, not a pause: a loaded machine only makes it later."""
+        last = -1
 
+        def done() -> bool:
+            nonlocal last
+            if not (self.settled() and all(not len(w.queue) for n in self.nodes.values() for w in n.clients.values())):
+                last = -1
+                return False
+            seen, last = last, sum(led.delivered.values())
+            return seen == last
 
-def ratio(dcs: list[float]) -> float:
-    """``S / dc̄`` (SPEC §5); 0 when nothing is loaded."""
-    n = len(dcs)
-    mean = sum(dcs) / n
-    if mean <= 0:
-        return 0.0
-    return (sum((d - mean) ** 2 for d in dcs) / n) ** 0.5 / mean
-
-
-
-
-# -- traffic -------------------------------------------------------------------------------
-
-
-def skewed_price(k: int, offset: float = 0.0, hot: tuple[float, float] = (0.0, 200.0)) -> float:
-    """70 % of events in the hot range, 30 % over the whole domain; a
-    golden-ratio sequence, so the load per slice is smooth, not noisy."""
-    u = (offset + k * GOLDEN) % 1.0
-    lo, hi = hot
-    if u < 0.7:
-        return round(lo + (hi - lo) * u / 0.7, 3)
-    return round(1000.0 * (u - 0.7) / 0.3, 3)
-
-
-def range_subscriptions(n: int, seed: int, venue: str | None = None) -> list[str]:
-    """Price ranges; with ``venue``, a pattern no event matches: the matcher
-    still tests them (they are load, SPEC §5) but nothing is notified, which
-    keeps these in-process runs cheap enough to measure steady slices."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        lo = rng.uniform(0, 900)
-        expr = f"price >= {lo:.1f} and price < {min(1000.0, lo + rng.uniform(30, 300)):.1f}"
-        out.append(expr if venue is None else f'{expr} and venue prefix "{venue}"')
-    return out
-
-
-async def publish_at_rate(client: Client, rate: float, seconds: float, make: Callable[[int], dict[str, Any]]) -> int:
-    """Publish ``make(k)`` at a fixed rate (pipelined), then wait for every PubAck."""
-    start = time.time()
-    k = 0
-    while (elapsed := time.time() - start) < seconds:
-        due = int(elapsed * rate)
-        while k < due:
-            await client.publish_windowed(make(k))
-            k += 1
-        await asyncio.sleep(0.005)
-    await client.flush(timeout=30)
-    return k
+        await until(done, timeout, "deliveries to stop", step=0.1)
 
 
 # -- what the clients saw -------------------------------------------------------------------

@@ -24,8 +24,9 @@ import random
 import time
 from typing import Any
 
-from balcluster import QUEUE, Cluster, Ledger, Sub, skewed_price
+from balcluster import QUEUE, Cluster, Ledger, Sub
 from loopback import wait_until as until
+from sim.workload import skewed_price
 
 from overlay.channels import parse_subscription
 from overlay.channels.channel import ChannelId

@@ -1,113 +1,220 @@
-"""Balancing on real nodes: convergence (SPEC §5, §6, §8).
+"""Balancing convergence (SPEC §5, §6, §8): judged in virtual time, shown working over sockets.
 
-* ``test_converges_from_the_initializer`` — S/dc̄ falls below
-  ``SPREAD_TARGET`` within a bounded number of slices and stays there, with
-  few migrations afterwards (no oscillation).
-* ``test_heterogeneous_capacities_converge`` — the same with capacities
-  1, 2, 1, 4, 2: load *levels* converge while loads differ.
+Balancing quality is a property of the protocol's decisions, not of how fast
+this machine is, so it is judged on the deterministic simulator
+(``sim.convergence``: the real ``NodeCore``s, a virtual clock, seeded), where
+a run is exact per seed and a CPU hog changes nothing.  Each seed's run is
+the scenario the real-node tests used to time on the wall clock: all
+channels start on the initializer, T = 0.4 s, p = 1, 1,000 events/s of
+skewed traffic from a publisher on every node, 20 live and 240 load range
+subscriptions.
 
-S/dc̄ is computed from the nodes' journal ``slice`` entries: at the end of
-each slice of the initializer, every node's latest slice entry.
+* ``test_converges_from_the_initializer`` (local, 3 equal nodes) — S/dc̄
+  falls below ``SPREAD_TARGET`` within 12 slices of the first whole slice of
+  traffic and stays there for the rest of the run (at least 8 slices);
+  natural migrations happened; every live subscription got every matching
+  event exactly once.
+* ``test_heterogeneous_capacities_converge`` (hetero5, capacities 1, 2, 1,
+  4, 2, its bandwidths) — the same within 20 slices, staying at least 5, and
+  load *levels* converge while the loads themselves differ, roughly with
+  capacity (max d ≥ 2.5 × min d).
+* ``test_no_oscillation_after_convergence`` — after convergence the moves
+  that still fine-tune S/dc̄ do not ping-pong: no channel goes back to a node
+  it left, and there are no more of them than nodes.
+* ``test_a_seed_replays_exactly`` — the judgement is reproducible.
+
+``test_balancing_works_over_sockets`` keeps what only real nodes show: over
+TCP, with the shell's wall-clock slices and background splits, the
+overloaded initializer moves channels off itself on its own, the receivers
+then carry load, and nothing is lost or doubled.  It waits on those
+conditions (bounded), never on a number of slices: on a loaded machine
+slices close late and traffic is lumpy.  (Until 2026-11 the quality
+assertions above ran here on real nodes, and failed now and then on a busy
+machine; exactly-once across forced and natural moves with churn is
+test_balancing's.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Final
 
-from balcluster import QUEUE, SPREAD_TARGET, STALL, Cluster, publish_at_rate, range_subscriptions, skewed_price
+import msgspec
+import pytest
+from balcluster import QUEUE, Cluster, Ledger, Sub
+from loopback import wait_until as until
+from sim.convergence import SPREAD_TARGET, ConvergenceRun, ConvergenceSim, oscillations
+from sim.workload import range_subscriptions, skewed_price
 
+from overlay.channels import parse_subscription
+from overlay.client import Client
+from overlay.config import ClusterConfig, load_config
 
-# -- tests 2 and 3: convergence ------------------------------------------------------------
-
-
-@dataclass
-class _Run:
-    series: list[tuple[float, float, list[float]]]  # (time, S/dc̄, dc per node) per slice
-    migrations: list[dict[str, Any]]  # natural ones, times relative to the start
-    settled_at: int  # index of the first slice with the offered load steady
-    converged_at: int | None  # index from which S/dc̄ stays below SPREAD_TARGET
-    loads: list[float]  # d per node in the last slice
-
-
-async def _converge(config: str, *, rate: float, seconds: float, slice_seconds: float, capacities: list[float] | None = None) -> _Run:
-    """All channels start on the initializer; skewed traffic at a fixed rate
-    from a publisher on every node, range subscriptions on every node."""
-    async with Cluster(config, capacities, slice_seconds=slice_seconds, probability=1.0) as cl:
-        ids = cl.ids
-        subs = [await cl.client(i, f"sub-{i}") for i in ids]
-        exprs = range_subscriptions(20, seed=7) + range_subscriptions(240, seed=8, venue="zz")
-        await asyncio.gather(*(subs[k % len(subs)].subscribe(e, queue_size=QUEUE) for k, e in enumerate(exprs)))
-        pubs = [await cl.client(i, f"pub-{i}") for i in ids]
-        start = time.time() - cl.t0
-
-        def maker(i: int) -> Callable[[int], dict[str, Any]]:
-            # Each publisher walks its own stretch of the golden-ratio sequence.
-            return lambda k: {"price": skewed_price(k, offset=i / len(ids)), "sym": "A", "qty": k % 100_000, "venue": "x"}
-
-        await asyncio.gather(*(publish_at_rate(p, rate / len(pubs), seconds, maker(i)) for i, p in enumerate(pubs)))
-        stop = time.time() - cl.t0
-        await asyncio.sleep(0.05)
-        # Whole slices of steady traffic only: from the first with traffic on
-        # every publisher to the last that ended before publishing stopped.
-        series = [s for s in cl.spread_series() if start + slice_seconds < s[0] <= stop]
-        caps = [cl.config.node(i).capacity for i in ids]
-        totals = [sum(d * c for d, c in zip(s[2], caps)) for s in series]
-        steady = sorted(totals)[len(totals) // 2]
-        settled_at = next(k for k, t in enumerate(totals) if t >= (1 - STALL) * steady)
-        # A slice whose total load is off the offered one by more than STALL
-        # is this process stalling (every node and client share one loop on
-        # a shared machine), not balancing: it is shown, not judged.
-        judged = [k for k, t in enumerate(totals) if abs(t - steady) <= STALL * steady]
-        converged_at = None
-        for k in reversed(judged):
-            if series[k][1] >= SPREAD_TARGET:
-                break
-            converged_at = k
-        migrations = [
-            m | {"time": m["time"] - cl.t0} for m in cl.journal("migration") + cl.journal("replication") if not m["forced"]
-        ]
-        last = {i: cl.journal("slice", [i])[-1]["d"] for i in ids}
-        for k, (t, r, dcs) in enumerate(series):
-            print(f"{t:6.2f}s  S/dc̄ {r:5.3f}  dc {[round(x) for x in dcs]}" + ("" if k in judged else "  (stall: not judged)"))
-        print(f"settled at slice {settled_at}, converged at {converged_at}; migrations at {[round(m['time'], 2) for m in migrations]}")
-        return _Run(series, migrations, settled_at, converged_at, [last[i] for i in ids])
+CONFIGS: Final = Path(__file__).resolve().parent.parent / "cluster_configs"
+SEEDS: Final = range(6)
+# (config, seeds of virtual time publishing, slices to converge, slices to stay)
+SCENARIOS: Final = {
+    "local.toml": (10.0, 12, 8),
+    "hetero5.toml": (14.0, 20, 5),
+}
+# Seeds on which a small channel, after convergence, comes back to a node it
+# left: a slow cycle 1→3→2→1 (seed 1) and a ping-pong 0→2→0→2 between two
+# equal nodes (seed 20); 2 of the first 60 hetero5 seeds, none of local's.
+# Found by this simulator and handed to balancing; S/dc̄ stays below the target
+# throughout.  Not strict: a change to balancing may well cure them.
+PING_PONG: Final = {
+    ("hetero5.toml", 1): "a small channel cycles 1→3→2→1 after convergence",
+    ("hetero5.toml", 20): "a small channel ping-pongs 0→2→0→2 between two equal nodes",
+}
 
 
-async def test_converges_from_the_initializer() -> None:
-    run = await _converge("local.toml", rate=1_000, seconds=10.0, slice_seconds=0.4)
-    ratios = [round(s[1], 3) for s in run.series]
-    assert run.converged_at is not None, f"S/dc̄ never stayed below {SPREAD_TARGET}: {ratios}"
-    assert run.converged_at - run.settled_at <= 12, f"converged {run.converged_at - run.settled_at} slices after the load settled: {ratios}"
-    assert len(run.series) - run.converged_at >= 8, f"converged too late to see it stay: {ratios}"
-    assert run.migrations, "no migration happened"
-    _assert_no_oscillation(run, nodes=3)
+def _config(name: str) -> ClusterConfig:
+    cfg = load_config(CONFIGS / name)
+    return msgspec.structs.replace(cfg, cluster=msgspec.structs.replace(cfg.cluster, slice_seconds=0.4, probability=1.0))
 
 
-async def test_heterogeneous_capacities_converge() -> None:
-    caps = [1.0, 2.0, 1.0, 4.0, 2.0]  # hetero5's
-    run = await _converge("hetero5.toml", rate=1_000, seconds=14.0, slice_seconds=0.4, capacities=caps)
-    ratios = [round(s[1], 3) for s in run.series]
-    assert run.converged_at is not None, f"S/dc̄ never stayed below {SPREAD_TARGET}: {ratios}"
-    assert run.converged_at - run.settled_at <= 20, f"converged {run.converged_at - run.settled_at} slices after the load settled: {ratios}"
-    assert len(run.series) - run.converged_at >= 5, f"converged too late to see it stay: {ratios}"
+@functools.cache
+def _run(name: str, seed: int) -> ConvergenceRun:
+    """One simulated run, shared by the tests that judge it."""
+    return ConvergenceSim(_config(name), seed).run(SCENARIOS[name][0])
+
+
+def _assert_converges(run: ConvergenceRun, within: int, stays: int) -> None:
+    ratios = [round(r, 3) for r in run.ratios]
+    at = run.converged_at
+    assert at is not None, f"S/dc̄ never stayed below {SPREAD_TARGET}: {ratios}\n{run.describe()}"
+    assert at <= within, f"converged {at} slices after the load settled: {ratios}\n{run.describe()}"
+    assert len(ratios) - at >= stays, f"converged too late to see it stay: {ratios}\n{run.describe()}"
+    assert run.migrations, f"no natural migration\n{run.describe()}"
+    assert not run.lost, f"{len(run.lost)} deliveries wrong, e.g.:\n" + "\n".join(run.lost[:10])
+    assert run.pairs > 1000, run.pairs  # the exactly-once check means something
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_converges_from_the_initializer(seed: int) -> None:
+    _, within, stays = SCENARIOS["local.toml"]
+    _assert_converges(_run("local.toml", seed), within, stays)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_heterogeneous_capacities_converge(seed: int) -> None:
+    _, within, stays = SCENARIOS["hetero5.toml"]
+    run = _run("hetero5.toml", seed)
+    _assert_converges(run, within, stays)
     # Levels converge while the loads themselves differ, roughly with capacity.
     assert max(run.loads) >= 2.5 * min(run.loads), run.loads
-    _assert_no_oscillation(run, nodes=5)
 
 
-def _assert_no_oscillation(run: _Run, nodes: int) -> None:
-    """After convergence S/dc̄ stays below the target (asserted by the caller);
-    the few moves that still fine-tune it must not ping-pong: no channel goes
-    back to a node it left (a hand-on, A→B→C, is fine-tuning), and there are no
-    more of them than nodes."""
-    after = sorted((m for m in run.migrations if m["time"] > run.series[run.converged_at][0]), key=lambda m: m["time"])
-    left: dict[str, set[int]] = {}
-    for m in after:
-        for c in m["channels"]:
-            assert m["receiver"] not in left.get(c, ()), f"oscillation: {c} moved back to node {m['receiver']}: {after}"
-            left.setdefault(c, set()).add(m["node"])
-    assert len(after) <= nodes, f"oscillation: {len(after)} migrations after convergence"
+def _oscillation_cases() -> list[Any]:
+    cases = [(name, seed) for name in SCENARIOS for seed in SEEDS]
+    cases += [key for key in PING_PONG if key not in cases]
+    return [
+        pytest.param(name, seed, marks=pytest.mark.xfail(reason=PING_PONG[(name, seed)], strict=False))
+        if (name, seed) in PING_PONG
+        else pytest.param(name, seed)
+        for name, seed in cases
+    ]
+
+
+@pytest.mark.parametrize(("name", "seed"), _oscillation_cases())
+def test_no_oscillation_after_convergence(name: str, seed: int) -> None:
+    run = _run(name, seed)
+    at = run.converged_at
+    assert at is not None, run.describe()
+    bad = oscillations(run.migrations, after=run.series[at][0], nodes=len(run.loads))
+    assert not bad, "oscillation: " + "; ".join(bad) + "\n" + run.describe()
+
+
+def test_a_seed_replays_exactly() -> None:
+    a = _run("local.toml", 0)
+    b = ConvergenceSim(_config("local.toml"), 0).run(SCENARIOS["local.toml"][0])
+    assert (a.series, a.migrations, a.loads) == (b.series, b.migrations, b.loads)
+    c = ConvergenceSim(_config("local.toml"), 1).run(SCENARIOS["local.toml"][0])
+    assert c.series != a.series  # the seed matters
+
+
+# -- over sockets ---------------------------------------------------------------------------
+
+RATE: Final = 600.0  # events/s in all: the initializer overloads, the test process keeps up
+# Bounds on conditions, not expectations: on a quiet machine the first
+# migration comes within 2 s.
+MOVE_TIMEOUT: Final = 60.0
+QUIET_TIMEOUT: Final = 30.0
+
+
+async def test_balancing_works_over_sockets() -> None:
+    """The initializer, holding every channel, splits and migrates on its own;
+    another node then reports load of its own; every live subscription gets
+    every matching event exactly once.  Balancing quality is judged above, in
+    virtual time."""
+    async with Cluster("local.toml", slice_seconds=0.4, probability=1.0) as cl:
+        ids = cl.ids
+        first = cl.config.cluster.initializer
+        led = Ledger()
+        subscribers: list[Client] = []
+        for k, i in enumerate(ids):
+            c = await cl.client(i, f"sub-{i}")
+            led.hook(k, c, i)
+            subscribers.append(c)
+        live = range_subscriptions(20, seed=7)
+        for k, expr in enumerate(live):
+            ci = k % len(subscribers)
+            s = Sub(ci, f"live{k}", expr, parse_subscription(expr, cl.schema), time.time())
+            led.subs[(ci, s.sub_id)] = s
+            await subscribers[ci].subscribe(expr, sub_id=s.sub_id, queue_size=QUEUE)
+            s.acked = time.time()
+        load = range_subscriptions(240, seed=8, venue="zz")  # tested, never notified
+        await asyncio.gather(*(subscribers[k % len(ids)].subscribe(e, queue_size=QUEUE) for k, e in enumerate(load)))
+
+        publishers = [await cl.client(i, f"pub-{i}") for i in ids]
+        stop = asyncio.Event()
+
+        async def publish(k0: int, c: Client) -> None:
+            """At RATE / n until ``stop``; qty = k·n + k0 names the event."""
+            began, k = time.monotonic(), 0
+            while not stop.is_set():
+                while k < (time.monotonic() - began) * RATE / len(ids) and not stop.is_set():
+                    qty = k * len(ids) + k0
+                    ev = {"price": skewed_price(k, offset=k0 / len(ids)), "sym": "A", "qty": qty, "venue": "x"}
+                    t = time.time()
+                    led.events[qty] = (ev, t, t)
+                    await c.publish_windowed(ev)
+                    k += 1
+                await asyncio.sleep(0.005)
+            await c.flush(timeout=QUIET_TIMEOUT)
+
+        def moved_and_loaded() -> bool:
+            """A natural migration off the initializer, and a slice after it in
+            which another node carried load."""
+            moves = [m for m in cl.journal("migration", [first]) if not m["forced"]]
+            return bool(moves) and any(
+                e["d"] > 0 and e["time"] > moves[0]["time"] for i in ids if i != first for e in cl.journal("slice", [i])
+            )
+
+        tasks = [asyncio.create_task(publish(k0, c)) for k0, c in enumerate(publishers)]
+        try:
+            await until(moved_and_loaded, MOVE_TIMEOUT, "a natural migration, then load on its receiver")
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+
+        due = _due(led)
+        with contextlib.suppress(AssertionError):  # a loss is reported below, with the events
+            await until(lambda: sum(led.delivered.values()) >= due, QUIET_TIMEOUT, f"{due} notifications")
+        await until(cl.settled, QUIET_TIMEOUT, "tables to settle")
+        bad, exact, _ = led.violations()
+        assert not bad, f"{len(bad)} violations, e.g.:\n" + "\n".join(bad[:20])
+        assert exact == due > 100, (exact, due)
+        natural = [m for m in cl.journal("migration") if not m["forced"]]
+        owners = {o for _, e in cl.core(first).routing.items() for o in e.owners}
+        assert natural and owners - {first}, (natural, owners)
+        print(f"{len(led.events)} events, {exact} pairs exactly once; {len(natural)} natural migrations; owners {sorted(owners)}")
+
+
+def _due(led: Ledger) -> int:
+    """Notifications the live subscriptions must get (all SubAck'ed before the first publish)."""
+    return sum(1 for s in led.subs.values() for ev, _, _ in led.events.values() if s.filter.matches(ev))

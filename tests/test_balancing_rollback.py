@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 import pytest
-from balcluster import GOLDEN, QUEUE, Cluster, Ledger, Sub
+from balcluster import QUEUE, Cluster, Ledger, Sub
+from sim.workload import GOLDEN
 
 from overlay.channels import parse_subscription
 from overlay.client import Client
