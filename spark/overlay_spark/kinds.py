@@ -60,12 +60,12 @@ SKIPPED: Final[Mapping[str, str]] = {
                 "what the moves did, not why they were chosen — read them with grep/jq or /balancing",
     "slow": "loop stalls the node timed (what, source, ms): they explain latency, not load or delivery",
     "join": "membership: the replay's node set is the first header's nodes, so a node that joined "
-            "mid-run is left out of S and of the per-window loads (noted in the report)",
+            "mid-run is left out of S and of the per-window loads",
     "leave": "membership: a node that drained and left counts as a node with no load in the windows "
-             "after it left, and slices without its report are not complete (noted in the report)",
+             "after it left, and slices without its report are not complete",
     "rejoin": "a node restarted and found the cluster running: channels it owned were re-created empty, and "
               "its capture file of before the restart was renamed `.old`, which the replay does not read — "
-              "losses of that node's subscriptions around the restart are expected (noted in the report)",
+              "losses of that node's subscriptions around the restart are expected",
 }
 
 # Skipped kinds whose presence changes how the report reads: a note says so.
