@@ -93,10 +93,10 @@ class Cluster:
     def stat(self, key: str) -> int:
         return sum(self.core(i).stats.get(key, 0) for i in self.ids)
 
-    def busy(self) -> bool:
+    def busy(self, nodes: Iterable[int] | None = None) -> bool:
         return any(
             any(m.active for m in self.core(i).outgoing.values()) or self.core(i).incoming or self.core(i)._pending
-            for i in self.ids
+            for i in (nodes or self.ids)
         )
 
     def settled(self, nodes: Iterable[int] | None = None) -> bool:
@@ -106,17 +106,19 @@ class Cluster:
             not len(self.nodes[i].inbox) and all(not len(l.queue) for l in self.nodes[i].links.values() if l.peer.id in ids)
             for i in ids
         )
-        return quiet and not self.busy() and all(self.core(i).routing == first for i in ids)
+        return quiet and not self.busy(ids) and all(self.core(i).routing == first for i in ids)
 
-    async def quiet(self, led: Ledger, timeout: float = 30.0) -> None:
-        """Wait until the nodes are ``settled`` with nothing queued for a client
-        and the clients' deliveries stopped changing: every notification sent
-        is in.  A condition, not a pause: a loaded machine only makes it later."""
+    async def quiet(self, led: Ledger, nodes: Iterable[int] | None = None, timeout: float = 30.0) -> None:
+        """Wait until ``nodes`` (default all) are ``settled`` with nothing
+        queued for a client and the clients' deliveries stopped changing:
+        every notification sent is in.  A condition, not a pause: a loaded
+        machine only makes it come later."""
+        ids = list(nodes or self.ids)
         last = -1
 
         def done() -> bool:
             nonlocal last
-            if not (self.settled() and all(not len(w.queue) for n in self.nodes.values() for w in n.clients.values())):
+            if not (self.settled(ids) and all(not len(w.queue) for i in ids for w in self.nodes[i].clients.values())):
                 last = -1
                 return False
             seen, last = last, sum(led.delivered.values())

@@ -149,11 +149,7 @@ async def test_exactly_once_across_migrations() -> None:
         assert published == EVENTS
 
         # Quiet: every delivery in, no session open, tables settled.
-        last = -1
-        while last != sum(led.delivered.values()):
-            last = sum(led.delivered.values())
-            await asyncio.sleep(0.5)
-        await until(cl.settled, 15, "tables to settle")
+        await cl.quiet(led)
 
         migrations = cl.journal("migration")
         natural = [m for m in migrations if not m["forced"]]
