@@ -9,14 +9,27 @@ Layout::
     [schema]        the content model's schema (overlay.channels.schema)
 
 Everything is checked when loaded; a bad file raises ``ConfigError`` naming
-the offending key.
+the offending key, in this order (``_from_doc``):
+
+1. every table and key is a known one — an unknown name is refused with the
+   closest known one (``[bandwith]``: did you mean ``[bandwidth]``?), since a
+   misspelt key would otherwise silently leave its default in force;
+2. every number is finite (TOML allows ``inf`` and ``nan``, which no setting
+   means), and each setting lies within its bounds (the types below: a bound
+   stops a typo such as ``capacity = 1e308`` before it skews every score);
+3. node ids are unique, and no two listening sockets of the file share a
+   host and port (a node's ``port`` and ``admin_port`` count; port 0, an
+   ephemeral port, never clashes).
 """
 
 from __future__ import annotations
 
+import difflib
+import math
 import tomllib
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -33,9 +46,26 @@ __all__ = [
     "load_config",
 ]
 
+# Upper bounds of the settings.  None of them is a limit of the algorithms: each is
+# orders of magnitude past any sensible value, so that what exceeds it is a
+# typo (a unit mix-up, a missing decimal point) caught at load, not a cluster
+# that silently never acts.
+# Capacities are relative: past a million to one, the weaker node gets no work.
+MAX_CAPACITY: Final = 1e6
+# Bandwidths are relative too (SPEC §7, mig_cost): the same reasoning, wider.
+MAX_BANDWIDTH: Final = 1e9
+# Durations in seconds (slices, timeouts, TTLs): a week is longer than any run.
+MAX_SECONDS: Final = 7 * 24 * 3600.0
+# Queue lengths and sequencer sizes, in frames or entries held in memory.
+MAX_ENTRIES: Final = 100_000_000
+# slow_ms: a handler holding the loop a minute is a hung node, not a slow one.
+MAX_SLOW_MS: Final = 60_000.0
+
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
-Positive = Annotated[float, msgspec.Meta(gt=0)]
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=MAX_SECONDS)]
+Entries = Annotated[int, msgspec.Meta(ge=1, le=MAX_ENTRIES)]
 Unit = Annotated[float, msgspec.Meta(ge=0, le=1)]
+RelativeBandwidth = Annotated[float, msgspec.Meta(gt=0, le=MAX_BANDWIDTH)]
 
 
 class NodeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -43,17 +73,17 @@ class NodeConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     host: str = "127.0.0.1"
     port: Port = 0
     admin_port: Port = 0
-    capacity: Positive = 1.0
+    capacity: Annotated[float, msgspec.Meta(gt=0, le=MAX_CAPACITY)] = 1.0
 
 
 class BandwidthLink(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     a: int
     b: int
-    bw: Positive
+    bw: RelativeBandwidth
 
 
 class Bandwidth(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    default: Positive = 100.0
+    default: RelativeBandwidth = 100.0
     links: tuple[BandwidthLink, ...] = ()
 
 
@@ -61,7 +91,7 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str = "overlay"
     initializer: int = 0
     # Load model and balancing (SPEC §5–§7).
-    slice_seconds: Positive = 2.0
+    slice_seconds: Seconds = 2.0
     delta: Annotated[float, msgspec.Meta(gt=0, lt=1)] = 0.1
     levels: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 10
     probability: Unit = 0.5
@@ -76,14 +106,14 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     min_load: Annotated[float, msgspec.Meta(ge=0, le=1e15)] = 100.0
     # Limits.
     max_frame_size: Annotated[int, msgspec.Meta(ge=1024, le=64 << 20)] = 1 << 20
-    peer_queue: Annotated[int, msgspec.Meta(ge=1)] = 10_000
-    client_queue: Annotated[int, msgspec.Meta(ge=1)] = 10_000
-    choke_threshold: Annotated[int, msgspec.Meta(ge=1)] = 8_000
-    peer_timeout: Positive = 5.0
+    peer_queue: Entries = 10_000
+    client_queue: Entries = 10_000
+    choke_threshold: Entries = 8_000
+    peer_timeout: Seconds = 5.0
     capture_dir: str = ""
     # A handler (a message, a tick, an indexing step) that holds the node's loop
     # longer than this many ms is journalled as "slow" and logged; 0: off.
-    slow_ms: Annotated[float, msgspec.Meta(ge=0)] = 5.0
+    slow_ms: Annotated[float, msgspec.Meta(ge=0, le=MAX_SLOW_MS)] = 5.0
     # Bearer token the admin HTTP endpoint asks of requests that change the
     # cluster (e.g. drain); empty: no auth.  OVERLAY_ADMIN_TOKEN overrides it.
     admin_token: str = ""
@@ -93,18 +123,18 @@ class SequencerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     """``[sequencer]``: ordered delivery per key (SPEC §10, ``overlay.seq``)."""
 
     policy: Literal["drop", "skip"] = "skip"  # on a held event's expiry: drop it, or skip the gap
-    hold_ttl: Positive = 5.0  # seconds an out-of-order event waits for the missing rank
-    processing_ttl: Positive = 10.0  # seconds a released event may wait for its acks
-    key_ttl: Positive = 300.0  # an idle key's context is forgotten after this
-    max_keys: Annotated[int, msgspec.Meta(ge=1)] = 100_000
-    max_held: Annotated[int, msgspec.Meta(ge=1)] = 10_000
+    hold_ttl: Seconds = 5.0  # seconds an out-of-order event waits for the missing rank
+    processing_ttl: Seconds = 10.0  # seconds a released event may wait for its acks
+    key_ttl: Seconds = 300.0  # an idle key's context is forgotten after this
+    max_keys: Entries = 100_000
+    max_held: Entries = 10_000
 
 
 class GroupSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """``[groups]``: subscriber groups (SPEC §11, ``overlay.channels.groups``)."""
 
-    fault_period: Positive = 5.0  # an instance that failed a delivery is skipped this long
-    ack_timeout: Positive = 2.0  # no client ack within this: the delivery failed
+    fault_period: Seconds = 5.0  # an instance that failed a delivery is skipped this long
+    ack_timeout: Seconds = 2.0  # no client ack within this: the delivery failed
     throttle_lf: Unit = 0.9  # every instance above this LF: low-priority events are dropped
     low_priority: str = ""  # a subscription expression naming the low-priority events; "" = none
 
@@ -141,20 +171,151 @@ class ClusterConfig(msgspec.Struct, frozen=True):
         return msgspec.structs.replace(self, nodes=nodes)
 
 
+# The keys of the tables that are not a Struct of this module.
+SCHEMA_KEYS: Final = ("distinguishing", "attributes")
+ATTRIBUTE_KEYS: Final = ("name", "type", "min", "max")
+# Hosts that listen on every address of the machine: their ports clash with
+# the same port on any host.
+WILDCARD_HOSTS: Final = frozenset({"", "0.0.0.0", "::"})
+
+
+def _fields(struct: type[msgspec.Struct]) -> tuple[str, ...]:
+    return tuple(f.name for f in msgspec.structs.fields(struct))
+
+
+def _agent_keys() -> tuple[str, ...]:
+    # Imported here: the client library reads [agent]; nodes never need it.
+    from overlay.client.routing import AgentSettings
+
+    return _fields(AgentSettings)
+
+
+def _unknown(kind: str, name: str, where: str, known: tuple[str, ...]) -> ConfigError:
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}"
+    return ConfigError(f"unknown {kind} {name!r}{' in ' + where if where else ''}; {hint}")
+
+
+def _check_keys(table: object, where: str, known: tuple[str, ...]) -> None:
+    """Rule 1 for one table (``where`` names it in messages)."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where} must be a table")
+    for key in table:
+        if key not in known:
+            raise _unknown("key", key, where, known)
+
+
+def _check_names(doc: Mapping[str, Any]) -> None:
+    """Rule 1: every table and key of the file is one this module knows."""
+    tables: dict[str, tuple[str, ...]] = {
+        "cluster": _fields(ClusterSettings),
+        "bandwidth": _fields(Bandwidth),
+        "sequencer": _fields(SequencerSettings),
+        "groups": _fields(GroupSettings),
+        "schema": SCHEMA_KEYS,
+        "nodes": _fields(NodeConfig),
+        "agent": (),  # filled in below, only when present
+    }
+    for name in doc:
+        if name not in tables:
+            raise _unknown("table", name, "", tuple(tables))
+    for name, known in tables.items():
+        if name not in doc or name == "nodes":
+            continue
+        _check_keys(doc[name], f"[{name}]", _agent_keys() if name == "agent" else known)
+    nodes = doc.get("nodes", [])
+    if not isinstance(nodes, list):
+        raise ConfigError("nodes must be an array of tables: [[nodes]]")
+    for i, node in enumerate(nodes):
+        _check_keys(node, _node_where(i, node), tables["nodes"])
+    links = doc.get("bandwidth", {}).get("links", [])
+    for i, link in enumerate(links if isinstance(links, list) else []):
+        _check_keys(link, f"[bandwidth] links #{i + 1}", _fields(BandwidthLink))
+    attrs = doc.get("schema", {}).get("attributes", [])
+    for i, attr in enumerate(attrs if isinstance(attrs, list) else []):
+        if isinstance(attr, Mapping):  # Schema.from_dict explains other shapes
+            _check_keys(attr, f"[schema] attributes #{i + 1}", ATTRIBUTE_KEYS)
+
+
+def _node_where(index: int, raw: object) -> str:
+    """``[[nodes]] #2 (id 1)``: the entry's place in the file, and its id when it has one."""
+    node_id = raw.get("id") if isinstance(raw, Mapping) else None
+    return f"[[nodes]] #{index + 1}" + (f" (id {node_id})" if isinstance(node_id, int) else "")
+
+
+def _numbers(value: object, where: str) -> Iterator[tuple[str, float]]:
+    """Every float in a TOML value, with where it is (``[cluster] peer_timeout``,
+    ``[bandwidth] links #1 bw``)."""
+    if isinstance(value, float):
+        yield where, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _numbers(item, f"{where} {key}" if where else f"[{key}]")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _numbers(item, f"{where} #{i + 1}")
+
+
+def _check_finite(doc: Mapping[str, Any]) -> None:
+    """Rule 2, first half: TOML's ``inf`` and ``nan`` mean nothing here."""
+    for where, x in _numbers(doc, ""):
+        if not math.isfinite(x):
+            raise ConfigError(f"{where} = {x} is not a finite number")
+
+
+def _convert(raw: object, kind: Any, where: str) -> Any:
+    """Rule 2, second half: msgspec checks types and bounds; its message names
+    the key as ``$.key``, which becomes ``[table] key``."""
+    try:
+        return msgspec.convert(raw, kind)
+    except msgspec.ValidationError as exc:
+        text, _, at = str(exc).partition(" - at `$")
+        key = at.rstrip("`").lstrip(".")
+        raise ConfigError(f"{where}{' ' + key if key else ''}: {text}") from exc
+
+
+def _listeners(nodes: tuple[NodeConfig, ...]) -> Iterator[tuple[str, int, str]]:
+    for n in nodes:
+        yield n.host, n.port, f"node {n.id}'s port"
+        yield n.host, n.admin_port, f"node {n.id}'s admin_port"
+
+
+def _check_ports(nodes: tuple[NodeConfig, ...]) -> None:
+    """Rule 3: two listening sockets of one file on one host:port cannot both bind."""
+    seen: dict[int, list[tuple[str, str]]] = {}
+    for host, port, what in _listeners(nodes):
+        if port == 0:  # ephemeral: the system picks a free one
+            continue
+        for other_host, other in seen.get(port, []):
+            if host == other_host or host in WILDCARD_HOSTS or other_host in WILDCARD_HOSTS:
+                raise ConfigError(f"{what} {host}:{port} is {other} too: two sockets cannot listen on one port")
+        seen.setdefault(port, []).append((host, what))
+
+
 def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
     try:
-        settings = msgspec.convert(doc.get("cluster", {}), ClusterSettings)
-        nodes = msgspec.convert(doc.get("nodes", []), tuple[NodeConfig, ...])
-        bandwidth = msgspec.convert(doc.get("bandwidth", {}), Bandwidth)
-        sequencer = msgspec.convert(doc.get("sequencer", {}), SequencerSettings)
-        groups = msgspec.convert(doc.get("groups", {}), GroupSettings)
-    except msgspec.ValidationError as exc:
+        _check_names(doc)
+        _check_finite(doc)
+        settings = _convert(doc.get("cluster", {}), ClusterSettings, "[cluster]")
+        nodes = tuple(_convert(raw, NodeConfig, _node_where(i, raw)) for i, raw in enumerate(doc.get("nodes", [])))
+        bandwidth = _convert(doc.get("bandwidth", {}), Bandwidth, "[bandwidth]")
+        sequencer = _convert(doc.get("sequencer", {}), SequencerSettings, "[sequencer]")
+        groups = _convert(doc.get("groups", {}), GroupSettings, "[groups]")
+        if "agent" in doc:  # read by clients; checked here so a typo fails for nodes too
+            from overlay.client.routing import AgentSettings
+
+            _convert(doc["agent"], AgentSettings, "[agent]")
+    except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     if not nodes:
         raise ConfigError(f"{path}: no [[nodes]] declared")
     ids = [n.id for n in nodes]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"{path}: node ids repeat: {ids}")
+    try:
+        _check_ports(nodes)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
     if settings.initializer not in ids:
         raise ConfigError(f"{path}: initializer {settings.initializer} is not a declared node")
     for link in bandwidth.links:
@@ -177,8 +338,10 @@ def load_config(path: str | Path) -> ClusterConfig:
     try:
         with open(path, "rb") as fh:
             doc = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
     except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
     return _from_doc(doc, str(path))

@@ -1,0 +1,76 @@
+"""overlay.config: a cluster file is checked when loaded (its rules 1–3).
+
+Each case is ``local.toml`` with one mistake; the error must name the key (or
+table) and, for a misspelt name, the closest known one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from overlay.config import load_config
+from overlay.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(30)
+
+CONFIGS = Path(__file__).resolve().parent.parent / "cluster_configs"
+LOCAL = (CONFIGS / "local.toml").read_text()
+
+
+def load_text(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    load_config(path)
+
+
+@pytest.mark.parametrize("path", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_the_shipped_configs_load(path: Path) -> None:
+    assert load_config(path).nodes
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        # Rule 1: unknown names, with the closest known one.
+        ("[bandwidth]", "[bandwith]", "unknown table 'bandwith'; did you mean 'bandwidth'?"),
+        ("slice_seconds", "slice_secnds", "unknown key 'slice_secnds' in [cluster]; did you mean 'slice_seconds'?"),
+        ("capacity = 1.0", "capacty = 1.0", "unknown key 'capacty' in [[nodes]] #1 (id 0); did you mean 'capacity'?"),
+        ('type = "float"', 'typ = "float"', "unknown key 'typ' in [schema] attributes #1; did you mean 'type'?"),
+        ("[cluster]", "[agent]\nwindw = 4\n\n[cluster]", "unknown key 'windw' in [agent]; did you mean 'window'?"),
+        ("[cluster]", "[sequencer]\nhold_tl = 1\n\n[cluster]", "did you mean 'hold_ttl'?"),
+        ("[cluster]", "[zzz]\n\n[cluster]", "unknown table 'zzz'; known: cluster"),
+        # Rule 2: not finite, or past a bound: the key is named.
+        ("probability = 0.5", "probability = 0.5\npeer_timeout = inf", "[cluster] peer_timeout = inf is not a finite number"),
+        ("slice_seconds = 2.0", "slice_seconds = nan", "[cluster] slice_seconds = nan is not a finite number"),
+        ("max = 1000 }", "max = -inf }", "[schema] attributes #1 max = -inf is not a finite number"),
+        ("capacity = 1.0", "capacity = 1e308", "[[nodes]] #1 (id 0) capacity: Expected `float` <= 1000000.0"),
+        ("default = 100.0", "default = 1e300", "[bandwidth] default"),
+        ("slice_seconds = 2.0", "slice_seconds = 1e9", "[cluster] slice_seconds"),
+        ("probability = 0.5", "probability = 0.5\npeer_queue = 1000000000000", "[cluster] peer_queue"),
+        ("[cluster]", "[agent]\nwindow = 1\n\n[cluster]", "[agent] window: Expected `int` >= 2"),
+        # Rule 3: two sockets on one host:port.
+        ("port = 7101", "port = 7100", "node 1's port 127.0.0.1:7100 is node 0's port too"),
+        ("admin_port = 8102", "admin_port = 7101", "node 2's admin_port 127.0.0.1:7101 is node 1's port too"),
+        ("admin_port = 8101", "admin_port = 7101", "node 1's admin_port 127.0.0.1:7101 is node 1's port too"),
+        ('host = "127.0.0.1"\nport = 7101', 'host = "0.0.0.0"\nport = 7100', "node 1's port 0.0.0.0:7100 is node 0's port too"),
+    ],
+)
+def test_a_mistake_is_named(tmp_path: Path, old: str, new: str, message: str) -> None:
+    assert old in LOCAL
+    with pytest.raises(ConfigError) as err:
+        load_text(tmp_path, LOCAL.replace(old, new, 1))
+    assert message in str(err.value)
+    assert str(err.value).startswith(str(tmp_path / "c.toml"))
+
+
+def test_ports_on_other_hosts_or_ephemeral_do_not_clash(tmp_path: Path) -> None:
+    text = LOCAL.replace('host = "127.0.0.1"\nport = 7101', 'host = "127.0.0.2"\nport = 7100', 1)
+    text = text.replace("admin_port = 8100", "admin_port = 0").replace("admin_port = 8101", "admin_port = 0")
+    load_text(tmp_path, text)
+
+
+def test_a_missing_file_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"config file .*nope.toml does not exist"):
+        load_config(tmp_path / "nope.toml")
