@@ -2,30 +2,63 @@
 
 Publishers send events whose ``price`` is hot around one region of the event
 space (70 % of events in the lowest tenth); subscribers on every node hold a
-mix of narrow and wide subscriptions.  Every second the terminal shows events
-published and delivered, each node's balancing state, load level ``dc`` and
-channel count, and the spread ``S/dc̄`` that balancing drives down as the
-overloaded initializer splits and moves channels to the others.
-Bounded by ``seconds`` and by ``MAX_EVENTS``; Ctrl-C stops everything cleanly.
+mix of narrow and wide subscriptions.  After a one-line legend, every second
+the terminal shows events published and per-subscription deliveries, each
+node's balancing state, load level ``dc`` and channel count, and the spread
+``S/dc̄`` that balancing drives down as the overloaded initializer splits and
+moves channels to the others.  Every line fits in ``LINE_WIDTH`` columns.
+
+What "deliveries" counts: one per (event, subscription) pair that reached its
+subscriber.  The node's ``notifies_out`` (the admin page's "notified") counts
+Notify *frames*: one per client session per event, listing every subscription
+of that session the event matched — with 40 subscriptions per client, the
+demo's number is the larger one.
+
+Bounded by ``seconds`` and by ``MAX_EVENTS``; Ctrl-C stops everything cleanly;
+a node that dies ends the demo with its exit status and last lines of log
+(``overlay.cli.LocalCluster``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-import signal
 import time
+import unicodedata
+from collections.abc import Sequence
 from typing import Any, Final
 
-from overlay.cli import LocalCluster, _statuses, admin_url
-from overlay.client import Client, Subscription
+from overlay.cli import (
+    CLOSE_TIMEOUT,
+    LocalCluster,
+    _statuses,
+    check_ports_free,
+    finish_within,
+    ready_lines,
+    traffic_failed,
+)
+from overlay.client import Client, Notification, Subscription
+from overlay.config import ClusterConfig
 
-__all__ = ["run_demo"]
+__all__ = ["run_demo", "LEGEND"]
 
 MAX_EVENTS: Final = 500_000
 PUBLISHERS: Final = 2
 SUBSCRIBERS_PER_NODE: Final = 40
 SYMBOLS: Final = ("AAPL", "MSFT", "GOOG", "AMZN", "NVDA", "META", "TSLA", "IBM")
+# A terminal's width that every printed line fits in (a split window, a CI log).
+LINE_WIDTH: Final = 100
+# S/dc̄ at which the spread bar is full: √(n−1) with everything on one node is
+# 1.41 for three nodes, so the bar starts full and empties as balancing works.
+BAR_FULL: Final = 1.5
+BAR_WIDTH: Final = 12
+# Columns of one node in a line: " 0▲  123k 12" (id, state, dc, channels).
+NODE_CELL: Final = 12
+# A node's balancing state as one character (SPEC §5).
+STATE_MARK: Final = {"OVERLOADED": "▲", "STABLE": "=", "UNDERLOADED": "▼", "BUSY": "◆"}
+LEGEND: Final = (
+    "    t pub/s del/s | node+state (▲over =stable ▼under ◆busy) dc ch | del: per-subscription deliveries"
+)
 
 
 def demo_event(rng: random.Random) -> dict[str, Any]:
@@ -48,6 +81,12 @@ def demo_subscriptions(rng: random.Random, n: int) -> list[str]:
     return out
 
 
+def deliveries(note: Notification) -> int:
+    """Per-subscription deliveries in one notification: the client hands a
+    notification to one of its subscriptions, listing every one it matched."""
+    return len(note.sub_ids)
+
+
 async def _publisher(client: Client, seed: int, stop: asyncio.Event, counter: list[int]) -> None:
     rng = random.Random(seed)
     while not stop.is_set() and counter[0] < MAX_EVENTS:
@@ -56,35 +95,26 @@ async def _publisher(client: Client, seed: int, stop: asyncio.Event, counter: li
 
 
 async def _consumer(sub: Subscription, counter: list[int]) -> None:
-    async for _ in sub:
-        counter[0] += 1
+    async for note in sub:
+        counter[0] += deliveries(note)
 
 
-async def run_demo(config_path: str, seconds: float, log_level: str = "warning") -> int:
-    cluster = LocalCluster(config_path, "warning" if log_level == "info" else log_level)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    print(f"starting {len(cluster.cfg.nodes)} nodes from {config_path} …", flush=True)
-    await cluster.start()
-    cfg = cluster.cfg
-    print("cluster ready: " + ", ".join(f"node {n.id} {n.host}:{n.port}" for n in cfg.nodes), flush=True)
-    for n in cfg.nodes:  # the live page: every node serves the whole cluster
-        if n.admin_port:
-            print(f"  node {n.id} admin: {admin_url(n.host, n.admin_port)}/", flush=True)
+async def _close_all(clients: Sequence[Client]) -> None:
+    await asyncio.gather(*(finish_within(c.close(), CLOSE_TIMEOUT, f"closing {c.client_id}") for c in clients))
+
+
+async def _drive(cfg: ClusterConfig, seconds: float, published: list[int], delivered: list[int]) -> None:
+    """Subscribe, publish, and print a line a second until ``seconds`` are over."""
     rng = random.Random(7)
+    stop = asyncio.Event()
     clients: list[Client] = []
-    published = [0]
-    delivered = [0]
     try:
         async with asyncio.TaskGroup() as tg:
             for n in cfg.nodes:
                 c = await Client([(n.host, n.port)], client_id=f"demo-sub-{n.id}").connect()
                 clients.append(c)
                 for expr in demo_subscriptions(rng, SUBSCRIBERS_PER_NODE):
-                    sub = await c.subscribe(expr)
-                    tg.create_task(_consumer(sub, delivered))
+                    tg.create_task(_consumer(await c.subscribe(expr), delivered))
             publishers = []
             for i in range(PUBLISHERS):
                 n = cfg.nodes[i % len(cfg.nodes)]
@@ -93,50 +123,92 @@ async def run_demo(config_path: str, seconds: float, log_level: str = "warning")
                 publishers.append(tg.create_task(_publisher(c, i, stop, published)))
             print(f"{SUBSCRIBERS_PER_NODE * len(cfg.nodes)} subscriptions, {PUBLISHERS} publishers; "
                   f"{seconds:.0f}s or {MAX_EVENTS} events, Ctrl-C to stop\n", flush=True)
+            print(LEGEND, flush=True)
             start = time.monotonic()
             last = (start, 0, 0)
-            while not stop.is_set() and time.monotonic() - start < seconds and published[0] < MAX_EVENTS:
-                try:
-                    await asyncio.wait_for(stop.wait(), 1.0)
-                except asyncio.TimeoutError:
-                    pass
+            while time.monotonic() - start < seconds and published[0] < MAX_EVENTS:
+                await asyncio.sleep(1.0)
                 now = time.monotonic()
                 statuses = await _statuses(cfg)
                 dt = now - last[0]
-                print(_line(now - start, (published[0] - last[1]) / dt, (delivered[0] - last[2]) / dt, statuses), flush=True)
+                print(_line(now - start, (published[0] - last[1]) / dt, (delivered[0] - last[2]) / dt, statuses),
+                      flush=True)
                 last = (now, published[0], delivered[0])
             stop.set()
             # Publishers finish their publish in flight, then the connections close,
             # which ends the consumers' iteration.
             await asyncio.gather(*publishers)
-            for c in clients:
-                await c.close()
+            await _close_all(clients)
+            clients.clear()
+    except ExceptionGroup as group:  # a publish that timed out, a refused subscription
+        raise traffic_failed(group) from None
     finally:
-        print(f"\npublished {published[0]} events, {delivered[0]} notifications delivered; stopping …", flush=True)
+        await _close_all(clients)  # after Ctrl-C or a failure: bounded, errors ignored
+
+
+async def run_demo(config_path: str, seconds: float, log_level: str = "warning") -> int:
+    cluster = LocalCluster(config_path, "warning" if log_level == "info" else log_level)
+    check_ports_free(cluster.cfg.nodes)  # before saying we start (LocalCluster.start checks again)
+    print(f"starting {len(cluster.cfg.nodes)} nodes from {config_path} …", flush=True)
+    await cluster.start()
+    print("cluster ready; the live page is at each node's admin URL:", flush=True)
+    print("\n".join(ready_lines(cluster)), flush=True)
+    published = [0]
+    delivered = [0]
+    try:
+        await cluster.supervise(_drive(cluster.cfg, seconds, published, delivered))
+    finally:
+        print(f"\npublished {published[0]} events, {delivered[0]} per-subscription deliveries; stopping …", flush=True)
         await cluster.stop()
     return 0
 
 
+def _si(x: float) -> str:
+    """A count in at most 5 characters: 999, 9.9k, 999k, 9.9M, 999M, 9.9G."""
+    for div, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= div:
+            v = x / div
+            return f"{v:.1f}{suffix}" if v < 10 else f"{v:.0f}{suffix}"
+    return f"{x:.0f}"
+
+
+def _columns(text: str) -> int:
+    """Terminal columns of ``text``: combining marks (the bar of dc̄) take none."""
+    return sum(1 for ch in text if not unicodedata.combining(ch))
+
+
 def _line(t: float, pub_rate: float, del_rate: float, statuses: list[dict[str, Any] | None]) -> str:
-    """One line a second: traffic, then each node's state, load level and channels,
-    then the spread S/dc̄ of the load levels (what balancing lowers)."""
-    parts = [f"t={t:5.1f}s pub {pub_rate:6.0f}/s notify {del_rate:6.0f}/s |"]
+    """One line a second (see ``LEGEND``): traffic, then each node's state, load
+    level and channels, then the spread S/dc̄ of the load levels (what balancing
+    lowers) and the moves so far; the bar only where the width allows.  Up to
+    five nodes with one-digit ids, it fits in ``LINE_WIDTH`` columns."""
+    parts = [f"{t:>4.0f}s {_si(pub_rate):>5} {_si(del_rate):>5} |"]
     levels = []
     moves = 0
     for st in statuses:
         if st is None:
-            parts.append(" down |")
+            parts.append(f" {'down':<{NODE_CELL - 1}}")
             continue
         levels.append(st["dc"])
         moves += st["stats"].get("migrations", 0) + st["stats"].get("replications", 0)
-        parts.append(f" n{st['node']} {st['state'][:5]:<5} dc {st['dc']:8.0f} ch {len(st['channels']):2d} |")
-    if levels and sum(levels) > 0:
-        mean = sum(levels) / len(levels)
-        spread = (sum((v - mean) ** 2 for v in levels) / len(levels)) ** 0.5
-        parts.append(f" S/dc̄ {spread / mean:5.2f} {_bar(spread / mean)} moves {moves}")
-    return "".join(parts)
+        mark = STATE_MARK.get(st["state"], "?")
+        parts.append(f" {st['node']}{mark} {_si(st['dc']):>5} {len(st['channels']):>2}")
+    line = "".join(parts)
+    tail = f" moves {moves}"
+    if not (levels and sum(levels) > 0):
+        return line + " |" + tail
+    mean = sum(levels) / len(levels)
+    ratio = (sum((v - mean) ** 2 for v in levels) / len(levels)) ** 0.5 / mean
+    spread = f" S/dc̄ {ratio:4.2f}"
+    if _columns(line + " |" + spread + tail) <= LINE_WIDTH:  # the separator, where it fits
+        line += " |"
+    line += spread
+    room = LINE_WIDTH - _columns(line + tail) - 1
+    if room >= 4:  # a bar narrower than that shows nothing
+        line += " " + _bar(ratio, min(BAR_WIDTH, room))
+    return line + tail
 
 
-def _bar(x: float, width: int = 12) -> str:
-    filled = min(width, int(round(x / 1.5 * width)))
+def _bar(x: float, width: int = BAR_WIDTH) -> str:
+    filled = min(width, int(round(x / BAR_FULL * width)))
     return "█" * filled + "·" * (width - filled)

@@ -3,22 +3,30 @@
 Node N is asked on its admin endpoint (``POST /drain``, bearer token) when
 the config gives it an admin port, else with the client protocol's Admin
 command ``drain``; both wait for the drain to end and print the summary.
-An unknown node is refused here; the node itself refuses a drain of the
-last node of the cluster or of a node already draining.
+An unknown node is refused here (exit 2); the node itself refuses a drain
+of the last node of the cluster or of a node already draining (exit 1).
+Ctrl-C ends the wait (``overlay.cli`` rule 2); the drain goes on on the node.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 from typing import Any
 
 import aiohttp
 
+from overlay.cli import (
+    CLOSE_TIMEOUT,
+    CONNECT_TIMEOUT,
+    CommandFailed,
+    UsageError,
+    config_node,
+    finish_within,
+    run_command,
+)
 from overlay.client import Client
 from overlay.config import NodeConfig, load_config
-from overlay.errors import OverlayError
 
 __all__ = ["cmd_drain", "drain_node", "format_drain"]
 
@@ -30,7 +38,8 @@ def _connect_host(host: str) -> str:
 
 
 async def drain_node(n: NodeConfig, token: str, timeout: float) -> dict[str, Any]:
-    """Drain node ``n``; the summary, or ``OverlayError`` with the node's reason."""
+    """Drain node ``n``; the summary, or ``CommandFailed`` (``RequestError``
+    over the client protocol) with the node's reason."""
     if n.admin_port:
         url = f"http://{_connect_host(n.host)}:{n.admin_port}/drain"
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -41,16 +50,25 @@ async def drain_node(n: NodeConfig, token: str, timeout: float) -> dict[str, Any
             ):
                 body = await resp.json(content_type=None)
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
-            raise OverlayError(f"node {n.id}: {url} did not answer ({type(exc).__name__} {exc})".strip()) from None
+            raise CommandFailed(f"node {n.id}: {url} did not answer ({type(exc).__name__} {exc})".strip()) from None
+        if resp.status in (401, 403):  # the command line's --token (or the environment's) is wrong
+            raise UsageError(f"node {n.id} refused the token (HTTP {resp.status}): {body.get('error', body)}")
         if resp.status != 200:
-            raise OverlayError(f"node {n.id} refused the drain (HTTP {resp.status}): {body.get('error', body)}")
+            raise CommandFailed(f"node {n.id} refused the drain (HTTP {resp.status}): {body.get('error', body)}")
         return body
+    c = Client([(n.host, n.port)], client_id="overlay-drain", reconnect=False)
     try:
-        async with Client([(n.host, n.port)], client_id="overlay-drain", reconnect=False) as c:
+        try:
+            await c.connect(timeout=min(timeout, CONNECT_TIMEOUT))
+        except (TimeoutError, OSError):
+            raise CommandFailed(f"node {n.id} at {n.host}:{n.port} does not answer") from None
+        try:
             result: dict[str, Any] = await c.admin("drain", timeout=timeout)
-            return result
-    except OSError as exc:
-        raise OverlayError(f"node {n.id} at {n.host}:{n.port} does not answer ({exc})") from None
+        except TimeoutError:
+            raise CommandFailed(f"node {n.id} did not finish draining within {timeout:g}s") from None
+        return result
+    finally:
+        await finish_within(c.close(), CLOSE_TIMEOUT, "closing the connection")
 
 
 def format_drain(s: dict[str, Any]) -> str:
@@ -61,14 +79,15 @@ def format_drain(s: dict[str, Any]) -> str:
     )
 
 
+async def _drain(n: NodeConfig, token: str, timeout: float) -> int:
+    print(format_drain(await drain_node(n, token, timeout)), flush=True)
+    return 0
+
+
 def cmd_drain(args: argparse.Namespace) -> int:
     if args.target is None:
-        raise OverlayError("overlay node drain: which node? e.g. `overlay node drain 1 --config F`")
+        raise UsageError("which node? e.g. `overlay node drain 1 --config F`")
     cfg = load_config(args.config)
-    n = next((x for x in cfg.nodes if x.id == args.target), None)
-    if n is None:
-        raise OverlayError(f"unknown node {args.target}: {args.config} lists nodes {cfg.node_ids}")
+    n = config_node(cfg, args.target, "drain")
     token = args.token or os.environ.get(TOKEN_ENV) or cfg.cluster.admin_token
-    summary = asyncio.run(drain_node(n, token, args.timeout))
-    print(format_drain(summary), flush=True)
-    return 0
+    return run_command(_drain(n, token, args.timeout))
