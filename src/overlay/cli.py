@@ -257,6 +257,13 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split("\n"))
 
 
+def _first_cause(exc: BaseException) -> BaseException:
+    """A TaskGroup's error says only how many tasks failed: its first member says what happened."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
 def config_node(cfg: ClusterConfig, node_id: int, flag: str = "--node") -> NodeConfig:
     for n in cfg.nodes:
         if n.id == node_id:
@@ -632,9 +639,7 @@ def traffic_failed(group: BaseExceptionGroup[Any]) -> CommandFailed:
     """The first error of a traffic generator's TaskGroup, as one line (the
     group's own text only counts its members)."""
     log.debug("traffic failed", exc_info=group)
-    first: BaseException = group
-    while isinstance(first, BaseExceptionGroup):
-        first = first.exceptions[0]
+    first = _first_cause(group)
     return CommandFailed(f"the traffic stopped: {type(first).__name__}: {_one_line(first)}")
 
 
@@ -1044,7 +1049,10 @@ examples:
   overlay node --config cluster_configs/local.toml --id 0
   overlay node join --config grown.toml --id 3      (node 3 joins the running nodes of grown.toml)
   overlay node drain 1 --config cluster_configs/local.toml
-  overlay node --config F --id 0 --capture runs/x   (record what the node handles, for replay)""",
+  overlay node --config F --id 0 --capture runs/x   (record what the node handles, for replay)
+
+Ctrl-C or SIGTERM stops the node cleanly (exit 0); a second one at once.  `node drain`
+waits for the drain: Ctrl-C ends the wait within 2 s (exit 130; 143 for SIGTERM).""",
     "cluster": """\
 examples:
   overlay cluster up cluster_configs/local.toml                 (until Ctrl-C)
@@ -1052,7 +1060,8 @@ examples:
   overlay replay runs/x
 
 Starts nothing when a configured port is taken (it names the process holding
-it); stops every node and exits 1 when one of them dies.""",
+it); stops every node and exits 1 when one of them dies.  Ctrl-C or SIGTERM
+stops every node cleanly (exit 0); a second Ctrl-C kills them.""",
     "pub": """\
 examples:
   overlay pub --config cluster_configs/local.toml '{price: 42.5, sym: "IBM", qty: 10}'
@@ -1060,30 +1069,35 @@ examples:
   overlay pub --config F --key order-17 --rank 1 '{price: 1, sym: "A"}' '{price: 2, sym: "A"}'
   generate-events | overlay pub --config F                      (one event per line)
 
-Prints one JSON line per accepted event: {"event_id": …, "event": …}.""",
+Prints one JSON line per accepted event: {"event_id": …, "event": …}.
+Ctrl-C ends it within 2 s (exit 130; 143 for SIGTERM).""",
     "sub": """\
 examples:
   overlay sub --config cluster_configs/local.toml 'price < 100 and sym = "IBM"'
   overlay sub --config F 'sym prefix "A"' --count 10 --seconds 30
   overlay sub --config F 'qty > 1000' --group workers --weight 2
 
-Prints one JSON line per notification on stdout, the subscription's homes on stderr.""",
+Prints one JSON line per notification on stdout, the subscription's homes on stderr.
+Ctrl-C ends it within 2 s, even when the cluster is gone (exit 130; 143 for SIGTERM).""",
     "status": """\
 examples:
   overlay status --config cluster_configs/local.toml
 
-Exits 1 when a node does not answer.""",
+Exits 1 when a node does not answer; Ctrl-C ends it within 2 s (exit 130).""",
     "channel": """\
 examples:
   overlay channel split 0.0 --config cluster_configs/local.toml --attr price --at 500
   overlay channel split 0.1 --config F --attr sym --values IBM,AAPL
   overlay channel place 0.2 --config F --node 2
 
-Channel ids and owners: `overlay status --config F`.""",
+Channel ids and owners: `overlay status --config F`.  Ctrl-C ends the wait
+within 2 s (exit 130); the node may still carry the command out.""",
     "demo": """\
 examples:
   overlay demo cluster_configs/local.toml                       (what `make run` does)
-  overlay demo cluster_configs/hetero5.toml --seconds 120""",
+  overlay demo cluster_configs/hetero5.toml --seconds 120
+
+Ctrl-C stops the traffic and every node cleanly (exit 0).""",
     "replay": """\
 examples:
   overlay cluster up cluster_configs/hetero5.toml --capture runs/x --duration 60 --traffic
@@ -1222,6 +1236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         if args.log_level == "debug":
             raise
-        print(f"overlay: internal error: {type(exc).__name__}: {_one_line(exc)} (--log-level debug shows where)",
+        cause = _first_cause(exc)
+        print(f"overlay: internal error: {type(cause).__name__}: {_one_line(cause)} (--log-level debug shows where)",
               file=sys.stderr)
         return EXIT_FAILED
