@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import SMALL, events, filters
+from strategies import SMALL, brute_satisfies, domain_of, events, filters
 
 from overlay.channels import Filter, Op, Predicate, parse_event, parse_rfid, parse_subscription
 from overlay.channels.expressions import MAX_EXPRESSION_LENGTH
@@ -258,7 +258,35 @@ def test_non_text_is_an_expression_error(schema, parse, value):
 @PROPS
 @given(filters(SMALL))
 def test_subscription_text_round_trips(f):
-    assert parse_subscription(f.text(SMALL), SMALL) == f
+    """A filter some event matches round-trips; one refused as never matching
+    has no witness in the brute-force domain of its attributes."""
+    witnessed = all(
+        any(all(brute_satisfies(p, v) for p in f.on(a)) for v in domain_of(SMALL.attributes[a])) for a in f.attrs()
+    )
+    try:
+        parsed = parse_subscription(f.text(SMALL), SMALL)
+    except ExpressionError as exc:
+        assert not witnessed, f"refused a filter an event matches: {exc}"
+        assert "can never match" in exc.reason
+    else:
+        assert parsed == f
+
+
+@pytest.mark.parametrize(
+    "text, at",
+    [
+        ("price > 10 and price < 5", "price < 5"),
+        ("price < 0", "price < 0"),
+        ("qty > 100", "qty > 100"),
+        ('sym = "A" and sym = "B"', 'sym = "B"'),
+        ('sym prefix "AB" and sym prefix "AC"', 'sym prefix "AC"'),
+        ("qty >= 5 and price < 10 and qty != 5 and qty <= 5", "qty <= 5"),
+    ],
+)
+def test_a_subscription_that_can_never_match_is_refused_at_its_culprit(text, at, schema):
+    with pytest.raises(ExpressionError, match="can never match") as info:
+        parse_subscription(text, schema)
+    assert info.value.position == text.index(at)
 
 
 @PROPS

@@ -73,11 +73,12 @@ def test_a_hello_from_an_unknown_node_with_its_address_adds_it_before_the_table(
     assert isinstance(acts[1].msg, pm.RoutingTableInit) and acts[1].node == 3
     core = net.cores[0]
     assert 3 in core.peers and 3 in core.monitor.peers and core.config.node(3).port == 7999
-    # Again (a reconnect, still without a table): the table only.  A non-initializer
-    # adds it but sends no table.
+    # Again (a reconnect, still without a table): the table only.  Any node
+    # holding a table adds it, then hands it the table (node_boot rule 1).
     assert [type(a.msg) for a in core.peer_hello(3, hello, 1.0)] == [pm.RoutingTableInit]
-    (act,) = net.cores[1].peer_hello(3, hello, 1.0)
-    assert isinstance(act, AddPeer) and 3 in net.cores[1].peers
+    add, table = net.cores[1].peer_hello(3, hello, 1.0)
+    assert isinstance(add, AddPeer) and 3 in net.cores[1].peers
+    assert isinstance(table, ToPeer) and table.node == 3 and table.msg.sync
 
 
 def test_a_hello_from_an_unknown_node_without_an_address_is_not_added():
@@ -96,5 +97,6 @@ def test_a_drained_node_that_restarts_joins_again():
     me = CONFIG.node(1)
     hello = pm.PeerHello(1, "local", False, me.host, me.port, me.admin_port, me.capacity)
     acts = net.cores[2].peer_hello(1, hello, 2.0)
-    assert [type(a) for a in acts] == [AddPeer] and 1 in net.cores[2].peers
+    assert [type(a) for a in acts] == [AddPeer, ToPeer] and 1 in net.cores[2].peers
+    assert isinstance(acts[1].msg, pm.RoutingTableInit) and acts[1].msg.sync  # it restarted without a table
     assert [n.id for n in net.cores[2].config.nodes].count(1) == 1

@@ -11,6 +11,8 @@ import pytest
 from loopback import wait_until
 from test_node import WAIT, Cluster
 
+from overlay.messages import peer as pm
+from overlay.messages.codec import encode_frame
 from overlay.net.node import PEER_MAGIC
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
@@ -24,6 +26,12 @@ async def _accepting(cl: Cluster, peer: int, on_connect) -> asyncio.Server:
     return await asyncio.start_server(on_connect, sock=cl.socks[peer])
 
 
+async def _answer_hello(cl: Cluster, peer: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """The fake peer's side of the link's opening (net.node rule 9)."""
+    assert await reader.readexactly(4) == PEER_MAGIC
+    writer.write(encode_frame(pm.PeerHello(peer, cl.config.cluster.name, incarnation=1)))
+
+
 async def test_a_peer_closing_the_link_is_reconnected_and_the_old_link_leaves_no_task() -> None:
     cl = Cluster(2, fake=[1])
     await cl.start(ready=False)
@@ -33,7 +41,7 @@ async def test_a_peer_closing_the_link_is_reconnected_and_the_old_link_leaves_no
 
         async def close_at_once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             nonlocal hellos
-            assert await reader.readexactly(4) == PEER_MAGIC
+            await _answer_hello(cl, 1, reader, writer)
             hellos += 1
             if hellos == 1:
                 writer.close()  # gone: the node must notice (EOF) and call again
@@ -64,6 +72,7 @@ async def test_a_stop_that_meets_the_link_failing_still_stops_the_link() -> None
         link._watch_close = watch_then_fail  # type: ignore[method-assign]
 
         async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await _answer_hello(cl, 1, reader, writer)
             await reader.read()
 
         async with await _accepting(cl, 1, hold):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import PROPERTY_SCHEMAS, STRINGS, events, filters, partition
+from strategies import PROPERTY_SCHEMAS, STRINGS, events, filters, partition, unchecked_filter
 
 from overlay.channels import (
     ChannelId,
@@ -16,7 +16,6 @@ from overlay.channels import (
     RouteEntry,
     RoutingTable,
     SetConstraint,
-    parse_subscription,
 )
 from overlay.errors import LocalProtocolError
 
@@ -27,7 +26,7 @@ C = ChannelId
 
 
 def sub(text, schema):
-    return parse_subscription(text, schema)
+    return unchecked_filter(text, schema)
 
 
 def split_table(schema):

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import ENUM, SMALL, all_events, brute_matches, events, filters, partition, samples
+from strategies import ENUM, SMALL, all_events, brute_matches, events, filters, partition, samples, unchecked_filter
 
 from overlay.channels import (
     Attribute,
@@ -19,7 +19,6 @@ from overlay.channels import (
     RangeConstraint,
     Schema,
     SetConstraint,
-    parse_subscription,
 )
 from overlay.errors import LocalProtocolError
 
@@ -34,7 +33,7 @@ def rng(attr, lo, hi, lo_open=False, hi_open=False):
 
 
 def sub(text, schema):
-    return parse_subscription(text, schema)
+    return unchecked_filter(text, schema)
 
 
 EVENT = {"price": 12.5, "qty": 3, "sym": "AB", "tag": 7}

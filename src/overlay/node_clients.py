@@ -21,7 +21,7 @@ from overlay.actions import Action, CloseClient, ToClient
 from overlay.balance.split import Cut
 from overlay.channels.channel import ChannelId
 from overlay.channels.expressions import parse_event, parse_subscription
-from overlay.channels.predicates import Filter
+from overlay.channels.predicates import MAX_SET_SIZE, Filter
 from overlay.errors import ExpressionError, LocalProtocolError, OverlayError, SchemaError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
@@ -36,6 +36,8 @@ log = logging.getLogger("overlay.node")
 # Journal entries per admin("journal") reply: a few hundred bytes each, so a
 # page stays far below the 1 MiB default frame cap.
 JOURNAL_PAGE: Final = 500
+# Seconds since the epoch past which a publisher's clock is absurd (the year 5138).
+MAX_TIME: Final = 1e11
 
 
 class _Session:
@@ -175,12 +177,12 @@ class ClientsMixin:
             self._publish_keyed(sess, msg, values, now, out, chid)
             return
         self._event_seq += 1
-        event_id = f"{self.id}-{self._event_seq}"
+        event_id = f"{self.event_prefix}{self._event_seq}"
         self._remember_publish(event_id, sess.id, msg.seq)
         self.stats["events_in"] += 1
         if self.capture is not None:
             self.capture.publish(event_id, chid, values)
-        ev = pm.Event(event_id, values, self.id, pm.DispatchSign.EVENT_DISPATCHED, chid, msg.publish_time or now)
+        ev = pm.Event(event_id, values, self.id, pm.DispatchSign.EVENT_DISPATCHED, chid, publish_time_of(msg, now))
         self._dispatch_event(ev, out)
         out.append(ToClient(sess.id, cm.PubAck(msg.seq, event_id)))
 
@@ -199,7 +201,7 @@ class ClientsMixin:
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EXPRESSION, exc.reason, exc.position)))
             return
         sess.n += 1
-        gid = f"{self.id}:{sess.id}:{msg.sub_id}:{sess.n}"
+        gid = f"{self.sub_prefix}{sess.id}:{msg.sub_id}:{sess.n}"
         sess.subs[msg.sub_id] = (gid, f)
         self._sub_owner[gid] = (sess.id, msg.sub_id)
         if self.capture is not None:
@@ -298,13 +300,20 @@ class ClientsMixin:
         if self.routing[chid].replicated:  # its other replicas would keep the parent
             raise LocalProtocolError(f"channel {chid} is replicated on nodes {list(self.routing[chid].owners)}; it cannot be split")
         attr_name = msg.args.get("attr")
-        attr = self.schema.attribute(str(attr_name))
+        if not isinstance(attr_name, str) or not self.schema.is_da(attr_name):
+            raise LocalProtocolError(
+                f"split needs 'attr', one of the distinguishing attributes {list(self.schema.da)}, got {attr_name!r}")
+        attr = self.schema.attribute(attr_name)
         if "values" in msg.args:
-            low, high = ch.space.take_strings(attr.name, [str(v) for v in msg.args["values"]])
+            values = msg.args["values"]
+            if not isinstance(values, list) or not 1 <= len(values) <= MAX_SET_SIZE:
+                raise LocalProtocolError(f"split 'values' must be a list of 1 to {MAX_SET_SIZE} strings")
+            low, high = ch.space.take_strings(attr.name, [str(attr.check(v)) for v in values])
         else:
             at = msg.args.get("at")
             if isinstance(at, bool) or not isinstance(at, (int, float)):
                 raise LocalProtocolError("split needs a numeric 'at' or a list of 'values'")
+            at = attr.check(at)  # finite, of the attribute's type, in its domain (SPEC §16): NaN split everything
             low, high = ch.space.cut(attr, at)
         self._split_local(ch, Cut(attr.name, low, high, 0, 0), now, out, admin=(sid, msg.seq))
 
@@ -312,6 +321,36 @@ class ClientsMixin:
         sid, seq = admin
         if sid in self.sessions:
             out.append(ToClient(sid, cm.AdminReply(seq, result)))
+
+
+def sub_prefix(node: int, incarnation: int) -> str:
+    """How every subscription id made by this run of ``node`` starts
+    (``node_core`` rule 6): ``node.incarnation:``, or ``node:`` for
+    incarnation 0 (tests and the simulator, which never restart)."""
+    return f"{node}.{base36(incarnation)}:" if incarnation else f"{node}:"
+
+
+def event_prefix(node: int, incarnation: int) -> str:
+    """How every event id named by this run of ``node`` starts: ``node-incarnation-``."""
+    return f"{node}-{base36(incarnation)}-" if incarnation else f"{node}-"
+
+
+def base36(n: int) -> str:
+    """A short spelling of a non-negative integer (an incarnation: ms since the epoch)."""
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if not n:
+            return out
+
+
+def publish_time_of(msg: cm.Publish, now: float) -> float:
+    """The publisher's clock, for latency figures only: one that is not a
+    plausible time (NaN, inf, 0, negative) is replaced by ours."""
+    t = msg.publish_time
+    return t if 0 < t < MAX_TIME else now
 
 
 def _parse_chid(raw: object) -> ChannelId:

@@ -35,7 +35,18 @@ Rules this module keeps (SPEC §3, §4, §8):
    listing that client's matching subscriptions — at most once per
    subscription per event.
 6. Subscription ids are unique per subscribe call
-   (``node:session:local_id:n``), so a re-subscribe never revives an old one.
+   (``node.incarnation:session:local_id:n``), so a re-subscribe never revives
+   an old one, and event ids (``node-incarnation-n``) never repeat across
+   restarts: the incarnation is the process's start time, given by the shell.
+7. A peer whose hello carries a new incarnation restarted: what this node
+   held for its old run is dropped — the subscriptions of its dead clients,
+   sessions with it (rolled back, or completed where the tables already
+   moved), waits for its replies — as when a peer is unreachable past the
+   timeout.  How a node gets its table at start is ``overlay.node_boot``'s.
+8. One bad state never stops a node: an unexpected error in a part of
+   ``tick`` is logged with the state and counted, and the other parts and
+   the next ticks run; an error matching an event for one subscription is
+   that subscription's (counted), and every other match is served.
 """
 
 from __future__ import annotations
@@ -62,7 +73,8 @@ from overlay.histograms import LATENCY_BOUNDS, TESTED_BOUNDS, BucketCounts
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node_balancing import BalancingMixin
-from overlay.node_clients import ClientsMixin, _Pending, _Session
+from overlay.node_boot import Boot, owner_entries
+from overlay.node_clients import ClientsMixin, _Pending, _Session, event_prefix, sub_prefix
 from overlay.node_groups import GroupsMixin
 from overlay.node_membership import MembershipMixin
 from overlay.node_status import StatusMixin
@@ -99,9 +111,14 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
     either side (SPEC §8.1).
     """
 
-    def __init__(self, config: ClusterConfig, node_id: int) -> None:
+    def __init__(self, config: ClusterConfig, node_id: int, *, incarnation: int = 0) -> None:
         self.config = config
         self.id = node_id
+        self.incarnation = incarnation
+        self.peer_incarnation: dict[int, int] = {}  # from the peers' hellos (rule 7)
+        self.epoch = 0  # of the table held (node_boot rule 3)
+        self.event_prefix = event_prefix(node_id, incarnation)  # rule 6
+        self.sub_prefix = sub_prefix(node_id, incarnation)
         self.me = config.node(node_id)
         self.schema = config.schema
         self.peers: list[int] = [n for n in config.node_ids if n != node_id]
@@ -110,6 +127,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         self.has_table = False
         self.ready = False
         self._init_waiting: set[int] = set()
+        self.boot_state = Boot(self.peers, initializer=self.is_initializer, grace=config.cluster.peer_timeout)
         self.sessions: dict[int, _Session] = {}
         self._sub_owner: dict[str, tuple[int, str]] = {}  # global sub id -> (session, local id)
         self._pending: dict[str, _Pending] = {}
@@ -141,15 +159,33 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         return self.id == self.config.cluster.initializer
 
     def start(self, now: float) -> list[Action]:
-        """Rule 1: the initializer builds EC and announces the table."""
+        """Rule 1 for a cluster known to be new (core tests, the simulator):
+        the initializer builds EC and announces the table at once."""
+        return self._initialise(now) if self.is_initializer else []
+
+    def boot(self, now: float) -> list[Action]:
+        """Start as a process does (the shell): no table until the peers tell
+        whether the cluster runs already (``overlay.node_boot``)."""
+        self.boot_state.start(now)
+        return self._boot_check(now)
+
+    def _boot_check(self, now: float) -> list[Action]:
+        if self.has_table or not self.boot_state.may_initialise(now):
+            return []
+        heard = sorted(self.boot_state.heard)
+        log.info("node %d: no live peer holds a table (heard from %s): initialising the cluster", self.id, heard or "none")
+        return self._initialise(now, peers=heard)
+
+    def _initialise(self, now: float, peers: list[int] | None = None) -> list[Action]:
+        """Rule 1: build EC, announce the table, ready when the peers replied
+        (``peers``: those known up; the others get the table with their hello)."""
         out: list[Action] = []
-        if not self.is_initializer:
-            return out
         ec = Channel(self.local.new_id(), EventSpace.whole(self.schema), self.schema)
         self.local.add(ec)
         self.routing.set(ec.id, RouteEntry(ec.space, (self.id,)))
         self.has_table = True
-        self._init_waiting = set(self.peers)
+        self.epoch = self.incarnation
+        self._init_waiting = set(self.peers if peers is None else peers)
         init = self._table_init()
         for p in self.peers:
             out.append(ToPeer(p, init))
@@ -158,8 +194,8 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         log.info("node %d: initializer, created %s, waiting for %d peers", self.id, ec.id, len(self.peers))
         return out
 
-    def _table_init(self) -> pm.RoutingTableInit:
-        return pm.RoutingTableInit(tuple(pm.RouteItem(c, e) for c, e in self.routing.items()))
+    def _table_init(self, *, sync: bool = False) -> pm.RoutingTableInit:
+        return pm.RoutingTableInit(tuple(pm.RouteItem(c, e) for c, e in self.routing.items()), self.epoch, sync)
 
     def _become_ready(self) -> None:
         if not self.ready:
@@ -168,18 +204,116 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
 
     def hello(self) -> pm.PeerHello:
         me = self.me  # the address lets a node that does not know us add us (node_membership rule 5)
-        return pm.PeerHello(self.id, self.config.cluster.name, self.has_table, me.host, me.port, me.admin_port, me.capacity, self.left)
+        return pm.PeerHello(
+            self.id, self.config.cluster.name, self.has_table, me.host, me.port, me.admin_port, me.capacity,
+            self.left, self.incarnation, self.epoch,
+        )
 
     def peer_hello(self, node: int, msg: pm.PeerHello, now: float) -> list[Action]:
-        """A peer (re)connected to us; a peer without a table gets ours."""
+        """A peer (re)connected to us: it may have joined (node_membership), or
+        restarted (rule 7); one without our table gets it (node_boot rule 1)."""
         if msg.cluster != self.config.cluster.name:
             raise RemoteProtocolError(
                 f"node {node} belongs to cluster {msg.cluster!r}, not {self.config.cluster.name!r}"
             )
-        joined = self._member_hello(node, msg)  # an unknown node joins (node_membership rule 5)
-        if self.is_initializer and self.has_table and not msg.has_routing_table:
-            return [*joined, ToPeer(node, self._table_init())]
-        return joined
+        self.now = now
+        out = self._member_hello(node, msg)  # an unknown node joins (node_membership rule 5)
+        known = self.peer_incarnation.get(node)
+        if msg.incarnation and known != msg.incarnation:
+            self.peer_incarnation[node] = msg.incarnation
+            if known is not None:
+                log.warning("node %d: node %d restarted; dropping what its previous run left here", self.id, node)
+                self.stats["peers_restarted"] += 1
+                self._peer_gone(node, f"node {node} restarted", out)
+                self._drop_subscriptions_of_old_run(node)
+        self.boot_state.hello(node, msg.has_routing_table)
+        if self.has_table and (not msg.has_routing_table or (msg.epoch != self.epoch and self.epoch < msg.epoch)):
+            out.append(ToPeer(node, self._table_init(sync=True)))
+        out.extend(self._boot_check(now))
+        return out
+
+    # -- the table at start (overlay.node_boot) -------------------------------------------
+
+    def _on_table(self, src: int, msg: pm.RoutingTableInit, out: list[Action]) -> None:
+        """node_boot rules 1, 3, 6."""
+        if not self.has_table or msg.epoch < self.epoch:
+            if self.has_table:
+                log.warning("node %d: node %d holds a table of an older epoch (%d < %d): adopting it",
+                            self.id, src, msg.epoch, self.epoch)
+            self._adopt_table(msg, out)
+        elif msg.epoch > self.epoch:  # they initialised a cluster that runs already: ours wins
+            out.append(ToPeer(src, self._table_init(sync=True)))
+        elif msg.sync:
+            self._merge_owner_table(src, msg, out)
+        if not msg.sync:
+            out.append(ToPeer(src, pm.ReplyRoutingTableInit(self.id)))
+
+    def _adopt_table(self, msg: pm.RoutingTableInit, out: list[Action]) -> None:
+        """node_boot rules 4 and 5."""
+        self.routing.replace_all({i.ch_id: i.entry for i in msg.routing_table})
+        for chid in self.routing:
+            self.local.observe_id(chid)
+        self.epoch = msg.epoch
+        self.has_table = True
+        for ch in list(self.local):  # e.g. a tentative EC of ours
+            entry = self.routing.get(ch.id)
+            if entry is None or self.id not in entry.owners:
+                self.local.remove(ch.id)
+        recreated, left = [], []
+        for chid in self.routing.channels_of(self.id):
+            if chid in self.local:
+                continue
+            entry = self.routing[chid]
+            if entry.replicated:  # the other replicas hold its subscriptions
+                new = RouteEntry(entry.space, tuple(o for o in entry.owners if o != self.id))
+                self.routing.set(chid, new)
+                self._broadcast_update((), [(chid, new)], out)
+                left.append(str(chid))
+            else:
+                self.local.add(Channel(chid, entry.space, self.schema))
+                recreated.append(str(chid))
+        if recreated or left:
+            self.stats["channels_recreated_empty"] += len(recreated)
+            log.warning(
+                "node %d: the cluster's table names this node owner of channels it does not hold (lost when it "
+                "stopped): %s re-created empty (their subscriptions must be made again)%s",
+                self.id, ", ".join(recreated) or "none", f"; left the replica sets of {', '.join(left)}" if left else "",
+            )
+            self.record("rejoin", self.now, recreated=recreated, replicas_left=left)
+        for upd in self.boot_state.take_buffered():
+            self._apply_update(upd)
+        self._init_waiting = set()  # an initialisation of ours, if any, is abandoned
+        self._become_ready()
+
+    def _merge_owner_table(self, src: int, msg: pm.RoutingTableInit, out: list[Action]) -> None:
+        """node_boot rule 6."""
+        skip = set(self.local.ids()) | self._engaged()
+        delete, update = owner_entries(self.routing, src, msg.routing_table, skip)
+        if delete or update:
+            self.stats["table_entries_repaired"] += len(delete) + len(update)
+            log.info("node %d: node %d's table corrects %d entries of its channels here", self.id, src, len(delete) + len(update))
+            self.routing.apply(delete, update)
+
+    def _drop_subscriptions_of_old_run(self, node: int) -> None:
+        """Rule 7: the clients of ``node``'s previous run are gone with it."""
+        dropped = 0
+        for ch in self.local:
+            stale = [s.id for s in ch if s.access_node == node and self._stale_sub(s.id, node)]
+            for gid in stale:
+                ch.remove(gid)
+            dropped += len(stale)
+        if dropped:
+            self.stats["subscriptions_of_dead_clients_removed"] += dropped
+            log.info("node %d: removed %d subscriptions of node %d's previous run", self.id, dropped, node)
+
+    def _stale_sub(self, gid: str, access: int) -> bool:
+        """Made by a previous run of ``access`` (rule 7): its client is gone."""
+        inc = self.incarnation if access == self.id else self.peer_incarnation.get(access)
+        return inc is not None and not gid.startswith(sub_prefix(access, inc))
+
+    def _apply_update(self, msg: pm.UpdateRoutingTable) -> None:
+        self._note_replaced(msg)
+        self.routing.apply(msg.delete_chs, ((i.ch_id, i.entry) for i in msg.update_chs))
 
     # == peers ===================================================================
 
@@ -203,20 +337,16 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
                 self.stats["notification_acks"] += 1
                 self._on_notification_ack(src, msg, out)
             case pm.RoutingTableInit():
-                self.routing.replace_all({i.ch_id: i.entry for i in msg.routing_table})
-                for chid in self.routing:
-                    self.local.observe_id(chid)
-                self.has_table = True
-                if not self.is_initializer:
-                    self._become_ready()
-                out.append(ToPeer(src, pm.ReplyRoutingTableInit(self.id)))
+                self._on_table(src, msg, out)
             case pm.ReplyRoutingTableInit():
                 self._init_waiting.discard(src)
                 if not self._init_waiting and self.has_table:
                     self._become_ready()
             case pm.UpdateRoutingTable():
-                self._note_replaced(msg)
-                self.routing.apply(msg.delete_chs, ((i.ch_id, i.entry) for i in msg.update_chs))
+                if self.has_table:
+                    self._apply_update(msg)
+                else:
+                    self.boot_state.keep(msg)  # node_boot rule 5
                 out.append(ToPeer(src, pm.ReplyUpdateGlobal(msg.session, msg.origin)))
             case pm.ReplyUpdateGlobal():
                 self._on_update_reply(src, msg, now, out)
@@ -262,7 +392,11 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         self._match(ch, msg, out)
 
     def _match(self, ch: Channel, msg: pm.Event, out: list[Action]) -> None:
-        matched, _tested = ch.match(msg.event_exp, msg.access_node)
+        try:
+            matched, _tested = ch.match(msg.event_exp, msg.access_node)
+        except Exception:  # a bug or a poisoned subscription: serve the others (SPEC §16)
+            (matched, _tested), failed = ch.match_isolating(msg.event_exp, msg.access_node)
+            self._subscriptions_failed(ch, msg, failed, "matching")
         self.tested_hist.observe(_tested)
         if self.capture is not None:
             self.capture.event(msg.event_id, msg.access_node, ch.id, _tested, matched, self.monitor.slice_no, msg.key or None, msg.rank or None)
@@ -288,6 +422,16 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
             else:
                 out.append(ToPeer(node, pm.Notification(msg.event_id, msg.event_exp, tuple(ids), ch.id, msg.publish_time)))
         stats["notifications_out"] += len(matched)
+
+    def _subscriptions_failed(self, ch: Channel, msg: pm.Event, subs: Sequence[Any], what: str) -> None:
+        """Rule 5's exception: these subscriptions could not be served this
+        event; counted per subscription, logged with the traceback, and the
+        event goes on to every other match."""
+        self.stats["subscription_errors"] += max(1, len(subs))
+        log.exception(
+            "node %d: %s event %s on channel %s failed for %s; the other subscriptions are served",
+            self.id, what, msg.event_id, ch.id, [getattr(s, "id", s) for s in subs] or "an unknown subscription",
+        )
 
     def _reroute_event(self, msg: pm.Event, out: list[Action]) -> None:
         chid = self.routing.lookup_event(msg.event_exp)
@@ -350,6 +494,9 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
     def _on_subscription(self, msg: pm.Subscription, out: list[Action]) -> None:
         chid = msg.ch_id
         assert chid is not None
+        if self._stale_sub(msg.sub_id, msg.access_node):  # rule 7: a late copy from a dead client
+            self.stats["subscriptions_of_dead_clients_removed"] += 1
+            return
         mig = self._reforward.get(chid)
         if mig is not None:
             self._reforward_msg(mig, chid, pm.ReforwardSign.SUBSCRIBE, msg, out)
@@ -528,8 +675,10 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         for p in self.peers:
             out.append(ToPeer(p, msg))
         if session < 0:
-            self._updates[uid] = _TableUpdate(set(self.peers), admin)
-            if not self.peers and admin is not None:
+            waiting = set(self.peers) - self.unreachable
+            if waiting:
+                self._updates[uid] = _TableUpdate(waiting, admin)
+            elif admin is not None:
                 self._admin_done(admin, {"update": uid}, out)
         return uid
 
@@ -549,20 +698,48 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
                 self._admin_done(upd.admin, {"update": msg.session}, out)
 
     def tick(self, now: float) -> list[Action]:
-        """Time-driven work: slices (SPEC §6) and session timeouts (migration rule 2)."""
+        """Time-driven work: the table at start (node_boot), slices (SPEC §6),
+        key and delivery timeouts, drains, session timeouts (migration rule 2).
+        Each part runs even when another one failed (rule 8)."""
         out: list[Action] = []
+        self.now = now
         if self.capture is not None:
             self.capture.now = now
-        self._slice_tick(now, out)
-        self._ordering_tick(now, out)
-        self._groups_tick(now, out)
-        self._drain_tick(now, out)  # node_membership rule 1
+        parts = (
+            ("boot", lambda: out.extend(self._boot_check(now))),
+            ("slice", lambda: self._slice_tick(now, out)),
+            ("ordering", lambda: self._ordering_tick(now, out)),
+            ("groups", lambda: self._groups_tick(now, out)),
+            ("drain", lambda: self._drain_tick(now, out)),  # node_membership rule 1
+            ("sessions", lambda: self._session_timeouts(now, out)),
+        )
+        for name, part in parts:
+            try:
+                part()
+            except Exception:  # rule 8: logged with the state, counted; the node keeps serving
+                self.stats["tick_errors"] += 1
+                log.exception("node %d: the %s part of a tick failed; state: %s", self.id, name, self._state_summary())
+        return out
+
+    def _state_summary(self) -> str:
+        """What an operator needs to read a failure in the log (rule 8)."""
+        return (
+            f"ready={self.ready} state={self.monitor.state.value} channels={[str(c) for c in self.local.ids()]} "
+            f"outgoing={[(m.session, m.receiver, m.state.value) for m in self.outgoing.values()]} "
+            f"incoming={[(k, m.state.value) for k, m in self.incoming.items()]} "
+            f"splitting={self._splitting()} unreachable={sorted(self.unreachable)}"
+        )
+
+    def _session_timeouts(self, now: float, out: list[Action]) -> None:
         for mig in list(self.outgoing.values()):
             if mig.expired(now):
                 if mig.state in (OutState.REQUESTED, OutState.TRANSFERRING):
-                    self._abort_outgoing(mig, f"no answer from node {mig.receiver} within {mig.timeout}s", out)
+                    self._abort_outgoing(mig, f"no answer from node {mig.receiver} within {mig.timeout}s", out, failure=True)
                 elif mig.state is OutState.MOVING and mig.receiver in self.unreachable:
                     self._rollback_moving(mig, f"no answer from node {mig.receiver}: unreachable", out)
+                elif mig.state is OutState.UPDATING and mig.waiting_updates & self.unreachable:
+                    for node in sorted(mig.waiting_updates & self.unreachable):  # migration rule 5
+                        self._stop_waiting_for(node, out)
                 else:
                     mig.deadline = now + mig.timeout
                     log.warning("node %d: session %d still waiting in %s", self.id, mig.session, mig.state.value)
@@ -576,7 +753,6 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
                 self.monitor.leave_busy(completed=False)
                 del self.incoming[key]
                 log.warning("node %d: incoming session %s timed out; rolled back", self.id, key)
-        return out
 
 def _pick(owners: tuple[int, ...], key: str) -> int:
     """A replica for an event (SPEC §8.3): random-looking but stable per event."""

@@ -54,7 +54,8 @@ from typing import TYPE_CHECKING, Any, Final
 from overlay.actions import Action, ToClient, ToPeer
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.expressions import parse_subscription
-from overlay.channels.groups import GroupDispatcher, GroupState
+from overlay.channels.groups import MAX_WEIGHT, MILLI, GroupDispatcher, GroupState
+from overlay.errors import LocalProtocolError
 from overlay.channels.subscriptions import Subscription
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
@@ -121,10 +122,11 @@ class GroupsMixin:
     # -- subscribe (access node) -----------------------------------------------------------
 
     def _check_group(self: NodeCore, sess: _Session, msg: cm.Subscribe, out: list[Action]) -> bool:
-        """Bad input: a weight that is not a positive finite number is refused."""
-        if not (isinstance(msg.weight, (int, float)) and math.isfinite(msg.weight) and msg.weight > 0):
+        """Bad input: a weight outside (0, MAX_WEIGHT] (NaN, inf, 1e308 …) is refused."""
+        if not (isinstance(msg.weight, (int, float)) and 0 < msg.weight <= MAX_WEIGHT):
             self.stats["rejected_bad_group"] += 1
-            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_GROUP, f"weight must be a positive number, got {msg.weight!r}")))
+            out.append(ToClient(sess.id, cm.Error(
+                msg.seq, cm.ErrorCode.BAD_GROUP, f"weight must be a number in (0, {MAX_WEIGHT:g}], got {msg.weight!r}")))
             return False
         if msg.group and not msg.group.strip():
             self.stats["rejected_bad_group"] += 1
@@ -170,10 +172,19 @@ class GroupsMixin:
         low: bool | None = None
         for g, subs in groups.items():
             disp = self._dispatcher(ch.id, g)
+            bad = []
             for s in subs:
                 st = disp.instances.get(s.id)
-                if st is None or st.ws != max(1, round(s.weight * 1000)):
-                    disp.add(s.id, s.weight)
+                try:
+                    if st is None or st.ws != max(1, round(s.weight * MILLI)):
+                        disp.add(s.id, s.weight)
+                except (ArithmeticError, ValueError, LocalProtocolError):  # an instance that cannot be weighed
+                    bad.append(s)
+            if bad:  # it is left out, counted; its group and every other match are served
+                self._subscriptions_failed(ch, msg, bad, "dispatching to a group")
+                subs = [s for s in subs if s not in bad]
+                if not subs:
+                    continue
             if low is None:
                 low = self._low_filter is not None and self._low_filter.matches(msg.event_exp)
             if low and disp.throttled(now):

@@ -294,10 +294,5 @@ class MembershipMixin:
         self.stats["peers_left"] += 1
         self.record("leave", self.now, peer=node)
         log.info("node %d: node %d drained and left", self.id, node)
-        for mig in list(self.outgoing.values()):
-            if mig.state is OutState.UPDATING and node in mig.waiting_updates:
-                self._on_update_reply(node, pm.ReplyUpdateGlobal(mig.session, self.id), self.now, out)
-        for session, upd in list(self._updates.items()):
-            if node in upd.waiting:
-                self._on_update_reply(node, pm.ReplyUpdateGlobal(session, self.id), self.now, out)
+        self._stop_waiting_for(node, out)
         return out

@@ -107,7 +107,9 @@ class MigrationMixin:
                 self.routing.set(c, entry)
                 updates.append((c, entry))
             self._broadcast_update((), updates, out, session=mig.session)
-            mig.updates_sent(self.peers, now)
+            mig.updates_sent([p for p in self.peers if p not in self.unreachable], now)  # rule 5
+            if mig.state is OutState.DONE:  # no live peer to wait for
+                self._finish_outgoing(mig, out)
 
     def _send_transfer(self: NodeCore, mig: OutgoingMigration, out: list[Action]) -> None:
         specs = tuple(pm.ChannelSpec(c, self.local[c].space) for c in mig.channels)
@@ -150,14 +152,23 @@ class MigrationMixin:
                 out,
             )
 
-    def _abort_outgoing(self: NodeCore, mig: OutgoingMigration, reason: str, out: list[Action]) -> None:
+    def _abort_outgoing(
+        self: NodeCore, mig: OutgoingMigration, reason: str, out: list[Action], *, failure: bool = False
+    ) -> None:
+        """End a session before <3>.  ``failure``: the receiver failed (no
+        answer, unreachable, restarted) — a WARNING; a refusal or nothing
+        worth moving is ordinary balancing, logged at INFO in plain words."""
         if mig.state is not OutState.ABORTED:
             mig.abort(reason)
         if self._split is not None and self._split[1] is mig:
             self._cancel_split()
-        out.append(ToPeer(mig.receiver, pm.CompleteLoadBalance(mig.session, aborted=True)))
+        out.append(ToPeer(mig.receiver, pm.CompleteLoadBalance(mig.session, aborted=True, reason=reason)))
         self.stats["migrations_aborted"] += 1
-        log.warning("node %d: session %d to node %d aborted: %s", self.id, mig.session, mig.receiver, reason)
+        if failure or "<2>" in mig.times:
+            log.warning("node %d: session %d to node %d rolled back, its channels stay here: %s",
+                        self.id, mig.session, mig.receiver, reason)
+        else:
+            log.info("node %d: balancing session %d with node %d moved nothing: %s", self.id, mig.session, mig.receiver, reason)
         self.record("abort", mig.started, session=mig.session, receiver=mig.receiver, reason=reason)
         if not mig.forced:
             if mig.candidate is not None and "<2>" not in mig.times and not mig.channels:
@@ -183,7 +194,7 @@ class MigrationMixin:
                 del self._reforward[c]
         log_items, mig.log = mig.log, []
         mig.abort(reason)
-        self._abort_outgoing(mig, reason, out)
+        self._abort_outgoing(mig, reason, out, failure=True)
         for _chid, msg in log_items:  # the channels are still ours: apply in order
             if isinstance(msg, pm.Event):
                 self._on_event(msg, out)
@@ -197,11 +208,55 @@ class MigrationMixin:
     def peer_unreachable(self: NodeCore, node: int, now: float) -> list[Action]:
         """The shell lost its link to ``node`` for longer than the peer timeout."""
         self.unreachable.add(node)
+        self.now = now
         out: list[Action] = []
-        for mig in list(self.outgoing.values()):
-            if mig.receiver == node and mig.state is OutState.MOVING:
-                self._rollback_moving(mig, f"no answer from node {node}: unreachable for {mig.timeout}s", out)
+        self._peer_gone(node, f"no answer from node {node}: unreachable for {self.timeout}s", out)
         return out
+
+    def _peer_gone(self: NodeCore, node: int, reason: str, out: list[Action]) -> None:
+        """Rule 5, and node_core rule 7: a session with a peer that is gone
+        (unreachable past the timeout, or restarted) ends on this side, and
+        nothing waits for its replies any more, so balancing goes on among
+        the live nodes.  Before <3> the session rolls back (past <2> with
+        what was reforwarded re-applied here); from <3> the tables have moved
+        and the session completes without that peer's ReplyUpdateGlobal."""
+        for mig in list(self.outgoing.values()):
+            if mig.receiver == node and mig.active:
+                if mig.state in (OutState.REQUESTED, OutState.TRANSFERRING):
+                    self._abort_outgoing(mig, reason, out, failure=True)
+                elif mig.state is OutState.MOVING:
+                    self._rollback_moving(mig, reason, out)
+        self._stop_waiting_for(node, out)
+        for key, inc in list(self.incoming.items()):
+            if inc.origin == node:
+                self._incoming_lost(key, inc, reason)
+        self._peer_down_deliveries(node, self.now, out)  # its tracked deliveries (node_groups)
+
+    def _stop_waiting_for(self: NodeCore, node: int, out: list[Action]) -> None:
+        """Take ``node``'s ReplyUpdateGlobal as given, for every update waiting on it."""
+        for mig in list(self.outgoing.values()):
+            if mig.state is OutState.UPDATING and node in mig.waiting_updates:
+                self._on_update_reply(node, pm.ReplyUpdateGlobal(mig.session, self.id), self.now, out)
+        for session, upd in list(self._updates.items()):
+            if node in upd.waiting:
+                self._on_update_reply(node, pm.ReplyUpdateGlobal(session, self.id), self.now, out)
+
+    def _incoming_lost(self: NodeCore, key: tuple[int, int], inc: IncomingMigration, reason: str) -> None:
+        """The sender of an incoming session is gone: channels the routing
+        table gives this node are kept (the sender got past <3>), the others
+        are dropped (it never got there: the table still names it)."""
+        kept = []
+        for c in inc.channels:
+            entry = self.routing.get(c)
+            if entry is not None and self.id in entry.owners:
+                kept.append(c)
+            else:
+                self.local.remove(c)
+        inc.abort()
+        del self.incoming[key]
+        self.monitor.leave_busy(completed=bool(kept))
+        log.warning("node %d: incoming session %d/%d ended (%s): kept %s", self.id, key[0], key[1], reason,
+                    [str(c) for c in kept] or "nothing")
 
     def peer_reachable(self: NodeCore, node: int) -> None:
         self.unreachable.discard(node)
@@ -271,7 +326,11 @@ class MigrationMixin:
         for cs in msg.ch_sub_set:
             # Stored at once, indexed in the background (Channel rule 5): indexing
             # thousands here would hold up every event behind this message.
-            self.local[cs.ch_id].add_deferred(cs.subscriptions)
+            # Those of a dead client (node_core rule 7) are not taken.
+            subs = [s for s in cs.subscriptions if not self._stale_sub(s.id, s.access_node)]
+            if len(subs) < len(cs.subscriptions):
+                self.stats["subscriptions_of_dead_clients_removed"] += len(cs.subscriptions) - len(subs)
+            self.local[cs.ch_id].add_deferred(subs)
             self.index_wanted = True
             self._restore_groups(cs)  # the group dispatch state (node_groups)
         out.append(ToPeer(src, pm.ReplySubscriptionMove(msg.session)))
@@ -305,7 +364,9 @@ class MigrationMixin:
                 if not (self.routing.get(c) and self.id in self.routing[c].owners):
                     self.local.remove(c)
             mig.abort()
-            log.warning("node %d: session %d/%d aborted by sender; channels dropped", self.id, src, msg.session)
+            # Nothing is lost: the channels it had offered stay with node src.
+            log.info("node %d: node %d called off balancing session %d (%s); its channels stay with it",
+                     self.id, src, msg.session, msg.reason or "no reason given")
             return
         mig.on(msg, now)
         log.info("node %d: received %s from node %d", self.id, [str(c) for c in mig.channels], src)

@@ -63,6 +63,7 @@ from overlay.actions import Action, ToClient, ToPeer
 from overlay.channels.channel import ChannelId
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
+from overlay.node_clients import publish_time_of
 from overlay.seq import DuplicateRank, ExpiryPolicy, InvalidRank, Release, Sequencer, SequencerConfig, SequencerFull
 
 if TYPE_CHECKING:
@@ -188,12 +189,13 @@ class OrderingMixin:
     def _publish_keyed(
         self: NodeCore, sess: _Session, msg: cm.Publish, values: dict, now: float, out: list[Action], chid: ChannelId | None = None
     ) -> None:
-        if not msg.key:
+        if not msg.key or msg.rank > cm.MAX_RANK:
             self.stats["rejected_bad_rank"] += 1
-            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_RANK, f"rank {msg.rank} given without a sequence key")))
+            why = "given without a sequence key" if not msg.key else f"is above the largest rank {cm.MAX_RANK}"
+            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_RANK, f"rank {msg.rank} {why}")))
             return
         self._event_seq += 1
-        event_id = f"{self.id}-{self._event_seq}"
+        event_id = f"{self.event_prefix}{self._event_seq}"
         stats = self.stats
         stats["events_in"] += 1
         stats["ordered_in"] += 1
@@ -204,7 +206,7 @@ class OrderingMixin:
         home = self._home_cache.get(key) if self._home_peers == self.peers else None
         if home is None:
             home = self.home_of(key)
-        ev = pm.Event(event_id, values, self.id, _EVENT_NEW, chid, msg.publish_time or now, 0, key, msg.rank, home)
+        ev = pm.Event(event_id, values, self.id, _EVENT_NEW, chid, publish_time_of(msg, now), 0, key, msg.rank, home)
         self._seq_waiting[event_id] = (sid, seq, ev)
         if home == self.id:
             self._sequence(ev, out)

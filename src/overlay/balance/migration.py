@@ -16,8 +16,9 @@ Theory of operation (SPEC §8.1 steps 3–9 and §8.2):
 
    A timeout in REQUESTED or TRANSFERRING aborts.  From <2> on the sender
    has reforwarded messages the receiver alone now holds, so a timeout in
-   MOVING or UPDATING does not roll back: the session keeps waiting (the
-   links reconnect and deliver what is queued) and logs that it waits.
+   MOVING or UPDATING does not roll back by itself: the session keeps
+   waiting for a slow peer (the links reconnect and deliver what is queued)
+   and logs that it waits — but not for a peer that is gone (rule 5).
 3. Reforward: from <2> on (states MOVING, UPDATING, and after DONE through the
    node's routing table) every Subscription, UnSubscription and Event for a
    moving channel that reaches ``g_i`` goes to the receiver as a Reforward, in
@@ -36,7 +37,11 @@ Theory of operation (SPEC §8.1 steps 3–9 and §8.2):
    shell reports) — a slow receiver is waited for — and then re-applies here,
    in order, everything it had reforwarded (``log``): nothing is lost; events
    the receiver matched before it died may be notified twice (at-least-once
-   in that failure).
+   in that failure).  A peer that is gone (unreachable past the timeout, or
+   restarted) is not waited for in UPDATING either: the tables have moved,
+   so the session completes without its ReplyUpdateGlobal, and a receiver
+   whose sender is gone keeps the channels the table gives it and drops the
+   others — both sides leave BUSY and balancing goes on among live nodes.
 6. An illegal (state, message) pair raises ``RemoteProtocolError`` and
    changes nothing.
 """
@@ -163,6 +168,9 @@ class OutgoingMigration:
     def updates_sent(self, peers: Sequence[int], now: float) -> None:
         self.waiting_updates = set(peers)
         self.deadline = now + self.timeout
+        if not self.waiting_updates:  # nobody to wait for: done at <3>
+            self.state = OutState.DONE
+            self.times["done"] = now
 
     def on_update_reply(self, peer: int, now: float) -> OutState:
         if self.state is not OutState.UPDATING:

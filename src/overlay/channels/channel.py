@@ -410,6 +410,27 @@ class Channel:
                 seen.add(values[name])  # type: ignore[arg-type]
         return result
 
+    def match_isolating(self, values: Mapping[str, Value], access_node: int) -> tuple[MatchResult, list[Subscription]]:
+        """Rule 2, one member at a time, each test on its own: the matches and
+        cost ``match`` would give, and the members whose test raised.  The
+        fallback when ``match`` raised: one subscription that cannot be tested
+        must not cost every other member its notification (SPEC §16)."""
+        matched: list[Subscription] = []
+        failed: list[Subscription] = []
+        members = list(self)
+        for sub in members:
+            try:
+                if sub.filter.matches(values):
+                    matched.append(sub)
+            except Exception:  # noqa: BLE001 — whatever one filter raises is that filter's fault
+                failed.append(sub)
+        try:
+            point = tuple(values[n] for n in self.priority)
+            self.current.add(point, len(members), access_node)
+        except Exception:  # noqa: BLE001 — the load record is best effort here
+            pass
+        return (matched, len(members)), failed
+
     def _match_unindexed(self, values: Mapping[str, Value], result: MatchResult) -> MatchResult:
         matched, tested = result
         if self._stale:

@@ -28,7 +28,7 @@ import re
 from collections.abc import Iterator
 from typing import Final, NamedTuple
 
-from overlay.channels.predicates import Filter, Op, Predicate
+from overlay.channels.predicates import Filter, Op, Predicate, conjunction
 from overlay.channels.schema import Kind, Schema, Value, parse_rfid
 from overlay.errors import ExpressionError, SchemaError
 
@@ -202,14 +202,34 @@ class _Parser:
     # -- subscriptions -------------------------------------------------------------
 
     def subscription(self) -> Filter:
+        starts = [self.peek()]
         preds = [self.predicate()]
         while self.is_keyword(self.peek(), "and"):
             self.take()
+            starts.append(self.peek())
             preds.append(self.predicate())
         tok = self.peek()
         if tok.kind is not Tok.END:
             raise self.error(f"expected 'and' or end of input, found {_show(tok)}", tok)
+        self.satisfiable(preds, starts)
         return Filter(tuple(preds))
+
+    def satisfiable(self, preds: list[Predicate], starts: list[Token]) -> None:
+        """A subscription no event can match is refused like ``price in [10, 5]``:
+        at the predicate that leaves no value of its attribute
+        (``price > 10 and price < 5``, ``qty > 100`` on ``[0, 100]``)."""
+        by_attr: dict[str, list[Predicate]] = {}
+        for p, tok in zip(preds, starts):
+            on = by_attr.setdefault(p.attr, [])
+            on.append(p)
+            attr = self.schema.attributes[p.attr]
+            if conjunction(on, attr).is_empty():
+                if len(on) == 1:
+                    reason = f"no value of {p.attr!r} can satisfy {p.text(self.schema)}"
+                else:
+                    reason = (f"no value of {p.attr!r} satisfies both {p.text(self.schema)} and "
+                              f"{' and '.join(q.text(self.schema) for q in on[:-1])}")
+                raise self.error(f"{reason}: this subscription can never match", tok)
 
     def predicate(self) -> Predicate:
         name_tok = self.take()

@@ -37,9 +37,13 @@ import msgspec
 
 from overlay.errors import LocalProtocolError
 
-__all__ = ["GroupDispatcher", "InstanceState", "GroupState", "MILLI"]
+__all__ = ["GroupDispatcher", "InstanceState", "GroupState", "MILLI", "MAX_WEIGHT"]
 
 MILLI: Final = 1000
+# Weights are relative: a million to one is past any real use, and keeps
+# ``Ws`` in thousandths a small integer (1e308 overflowed ``round``, and every
+# matching event of the channel then failed).
+MAX_WEIGHT: Final = 1_000_000.0
 ACC_LIMIT: Final = 4
 
 
@@ -83,6 +87,8 @@ class GroupDispatcher:
     def add(self, instance: str, weight: float) -> None:
         if not weight > 0:
             raise LocalProtocolError(f"group {self.name!r}: weight of {instance!r} must be > 0, got {weight}")
+        if not 0 < weight <= MAX_WEIGHT:  # NaN fails this too
+            raise LocalProtocolError(f"weight of {instance!r} must be in (0, {MAX_WEIGHT:g}], got {weight!r}")
         ws = max(1, round(weight * MILLI))
         st = self.instances.get(instance)
         if st is None:

@@ -39,7 +39,7 @@ class Interval(msgspec.Struct, frozen=True, array_like=True):
 
     def __contains__(self, v: Bound) -> bool:
         lo, hi = self.lo, self.hi
-        if v < lo or v > hi:
+        if not lo <= v <= hi:  # written this way round, NaN is in no interval
             return False
         if v == lo and self.lo_open:
             return False

@@ -81,8 +81,9 @@ def check_order(key: str, rank: int) -> None:
     """Refuse what the node's decoder would treat as a protocol error."""
     if len(key) > MAX_KEY:
         raise LocalProtocolError(f"a sequence key has at most {MAX_KEY} characters, got {len(key)}")
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-        raise LocalProtocolError(f"a rank is a positive integer (0: let the key's home assign one), got {rank!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= cm.MAX_RANK:
+        raise LocalProtocolError(
+            f"a rank is an integer in [1, {cm.MAX_RANK}] (0: let the key's home assign one), got {rank!r}")
 
 
 class Notification(msgspec.Struct, frozen=True):

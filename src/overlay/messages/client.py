@@ -9,7 +9,7 @@ the answer carries it back.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import msgspec
 
@@ -32,12 +32,18 @@ __all__ = [
     "Admin",
     "AdminReply",
     "ErrorCode",
+    "MAX_RANK",
 ]
 
 Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
+# The largest explicit rank of an ordered publish (SPEC §10): ranks stay exact
+# as JSON numbers (the capture, the admin page).  Larger is refused bad_rank.
+MAX_RANK: Final = 2**53
 Seq = Annotated[int, msgspec.Meta(ge=0)]
-# An expression's text; the parser bounds it again with a position-bearing error.
-ExprText = Annotated[str, msgspec.Meta(max_length=64 * 1024)]
+# An expression's text.  Its length is bounded by the frame and then by the
+# parser (``MAX_EXPRESSION_LENGTH``), whose error names the position: a bound
+# here made a long expression a protocol error that closed the session.
+ExprText = str
 
 
 class ErrorCode:

@@ -20,6 +20,7 @@ from overlay.channels.routing_table import RouteEntry
 from overlay.channels.schema import Value
 from overlay.channels.space import EventSpace
 from overlay.channels.subscriptions import Subscription as StoredSubscription
+from overlay.messages.client import MAX_RANK
 
 __all__ = [
     "PeerMessage",
@@ -57,6 +58,13 @@ __all__ = [
 ]
 
 NodeId = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+# Loads, load levels and capacities: finite and non-negative (NaN fails both
+# bounds), so one absurd LIEM cannot poison a monitor's mean (SPEC §16).
+Load = Annotated[float, msgspec.Meta(ge=0, le=1e300)]
+Capacity = Annotated[float, msgspec.Meta(ge=0, le=1e12)]
+# A group instance's static weight (overlay.channels.groups.MAX_WEIGHT).
+Weight = Annotated[float, msgspec.Meta(gt=0, le=1_000_000.0)]
+Rank = Annotated[int, msgspec.Meta(ge=0, le=MAX_RANK)]
 # Bounds on identifiers that come from clients and are echoed in every hop.
 Ident = Annotated[str, msgspec.Meta(max_length=256)]
 
@@ -126,9 +134,15 @@ class PeerHello(PeerMessage, frozen=True):
     host: str = ""
     port: int = 0
     admin_port: int = 0
-    capacity: float = 0.0
+    capacity: Capacity = 0.0
     # The caller drained and is leaving: drop it from the peers (node_membership rule 6).
     leaving: bool = False
+    # This run of the caller's process (its start time in ms): a new value means
+    # it restarted, and what was queued for or held on behalf of the old run
+    # is stale (node_core rule 7).  0: unknown (tests, the simulator).
+    incarnation: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # The epoch of the caller's table (node_boot rule 3), when it holds one.
+    epoch: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class PeerError(PeerMessage, frozen=True):
@@ -143,6 +157,11 @@ class PeerError(PeerMessage, frozen=True):
 
 class RoutingTableInit(PeerMessage, frozen=True):
     routing_table: tuple[RouteItem, ...]
+    # The table's epoch: the initializer's incarnation when it created it (node_boot rule 3).
+    epoch: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Not the initializer's offer but a running node's answer to a hello
+    # without a table (node_boot rule 1): adopted or merged, never replied to.
+    sync: bool = False
 
 
 class ReplyRoutingTableInit(PeerMessage, frozen=True):
@@ -161,7 +180,7 @@ class Subscription(PeerMessage, frozen=True):
     ch_id: ChannelId | None = None
     hops: int = 0
     group: Ident = ""  # subscriber group (SPEC §11); "" = none
-    weight: float = 1.0  # the instance's static weight Ws in its group
+    weight: Weight = 1.0  # the instance's static weight Ws in its group
 
     def stored(self) -> StoredSubscription:
         return StoredSubscription(self.sub_id, self.sub_exp, self.subscriber, self.access_node, self.group, self.weight)
@@ -198,7 +217,7 @@ class Event(PeerMessage, frozen=True):
     publish_time: float = 0.0  # publisher's wall clock, for publish→notify latency
     hops: int = 0  # re-routes so far; bounds a routing loop while tables settle
     key: Ident = ""  # sequence key (SPEC §10); "" = unordered
-    rank: int = 0  # rank within the key, assigned by the key's home node
+    rank: Rank = 0  # rank within the key, assigned by the key's home node
     home: int = -1  # the key's home node, told when delivery completes
 
 
@@ -233,7 +252,7 @@ class NotificationAck(PeerMessage, frozen=True):
 
     event_id: Ident
     sub_ids: tuple[Ident, ...]
-    lf: float = 0.0  # the subscriber's load factor from its ack (SPEC §11)
+    lf: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.0  # the subscriber's load factor from its ack (SPEC §11)
     failed: bool = False  # the delivery failed or timed out (fault surveillance)
     code: Ident = ""
     detail: str = ""
@@ -244,10 +263,10 @@ class NotificationAck(PeerMessage, frozen=True):
 
 class LIEM(PeerMessage, frozen=True):
     broker_id: NodeId
-    broker_status: str
-    broker_d: float
-    broker_dc: float
-    capacity: float
+    broker_status: Ident
+    broker_d: Load
+    broker_dc: Load
+    capacity: Capacity
     slice_no: int = 0
 
 
@@ -255,8 +274,8 @@ class LIEM(PeerMessage, frozen=True):
 
 
 class RequestLoadBalance(PeerMessage, frozen=True):
-    broker_d: float
-    broker_dc: float
+    broker_d: Load
+    broker_dc: Load
     session: int = 0
     forced: bool = False  # an operator's move: accepted whatever the receiver's state
 
@@ -304,6 +323,7 @@ class ReplyUpdateGlobal(PeerMessage, frozen=True):
 class CompleteLoadBalance(PeerMessage, frozen=True):
     session: int = 0
     aborted: bool = False  # the sender rolled back: drop what the session added
+    reason: str = ""  # why it was aborted, for the receiver's log
 
 
 class ReforwardItem(msgspec.Struct, frozen=True, array_like=True):

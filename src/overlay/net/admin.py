@@ -204,7 +204,10 @@ class AdminServer:
         if not node.started.is_set():
             return False, "the node is starting"
         if not core.has_table:
-            return False, f"waiting for the routing table from the initializer (node {core.config.cluster.initializer})"
+            if core.is_initializer:
+                missing = sorted(set(core.peers) - set(core.boot_state.heard))
+                return False, f"waiting to hear from nodes {missing} whether the cluster runs already (node_boot rule 2)"
+            return False, "waiting for the routing table from a node that holds it (the initializer, or any node once the cluster runs)"
         if not core.ready:
             return False, f"waiting for ReplyRoutingTableInit from nodes {sorted(core._init_waiting)}"
         return True, "ready"

@@ -34,6 +34,19 @@ Rules this module keeps (SPEC §1.1, STYLE habits 6 and 7):
 8. Whatever holds the loop past ``slow_ms`` (one message's handling, a tick,
    an indexing step) is journalled as ``slow`` with what it was and for how
    long: every event queued meanwhile waited that long.
+9. A peer link opens with a hello each way: the caller's on connect, the
+   callee's in answer, before anything queued goes out.  The answer carries
+   the callee's incarnation; when it is not the one last seen, the peer
+   restarted and what was queued for its previous run (table updates,
+   notifications for its dead clients, session messages) is discarded, not
+   replayed into the new run.  The same check runs when the peer's own hello
+   reaches the dispatcher, whichever comes first.
+10. While a link is down its queue keeps its bound: past it, frames are
+    dropped and counted (``peer_frames_dropped``), logged once per outage.
+    While it is up, a full queue is backpressure: the frame waits past the
+    bound, counted (``peer_queue_overflow``).
+11. No task dies of an unexpected error in a core call: the ticker, the
+    indexer and the links log it with its traceback, count it and go on.
 """
 
 from __future__ import annotations
@@ -44,7 +57,8 @@ import gc
 import logging
 import socket
 import time
-from typing import Final
+from collections.abc import Callable
+from typing import Any, Final
 
 from overlay.config import ClusterConfig, NodeConfig
 from overlay.errors import OverlayError, RemoteProtocolError
@@ -83,6 +97,16 @@ TICK_SECONDS: Final = 0.05
 BACKOFF_MIN: Final = 0.05
 BACKOFF_MAX: Final = 2.0
 FLUSH_SECONDS: Final = 2.0
+
+_last_incarnation = 0
+
+
+def new_incarnation() -> int:
+    """This run's incarnation (node_core rule 6): the start time in ms, and
+    never the same twice in one process (tests restart nodes quickly)."""
+    global _last_incarnation
+    _last_incarnation = max(int(time.time() * 1000), _last_incarnation + 1)
+    return _last_incarnation
 
 
 class _Writer:
@@ -131,9 +155,25 @@ class PeerLink:
         self.connects = 0
         self.down_since: float | None = time.time()  # None while connected
         self.reported_down = False
+        self.dropped = 0  # frames dropped during the current outage (rule 10)
 
     def send(self, msg: pm.PeerMessage) -> bool:
         return self.queue.put_nowait(encode_frame(msg, self.node.max_frame), pm.is_high(msg))
+
+    async def _handshake(self, reader: asyncio.StreamReader) -> None:
+        """Rule 9: the peer's answering hello, before anything queued goes out."""
+        frames = peer_reader(self.node.max_frame)
+        while True:
+            data = await reader.read(READ_CHUNK)
+            if not data:
+                raise ConnectionResetError("peer closed the link during the hello")
+            msgs = frames.feed(data)
+            if msgs:
+                hello = msgs[0]
+                if not isinstance(hello, pm.PeerHello) or hello.node_id != self.peer.id:
+                    raise RemoteProtocolError(f"node {self.peer.id} answered the hello with {hello!r}")
+                self.node.peer_run(self.peer.id, hello.incarnation)
+                return
 
     async def run(self) -> None:
         backoff = BACKOFF_MIN
@@ -142,20 +182,36 @@ class PeerLink:
                 reader, writer = await asyncio.open_connection(self.peer.host, self.peer.port)
             except OSError as exc:
                 log.debug("node %d: peer %d unreachable (%s); retry in %.2fs", self.node.id, self.peer.id, exc, backoff)
-                self.node._execute(self.node.core.peer_link(self.peer.id, False, time.time()))  # key homes (node_ordering)
+                self.node._guarded("peer_link", self.node.core.peer_link, self.peer.id, False, time.time())  # key homes (node_ordering)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            try:
+                writer.write(PEER_MAGIC + encode_frame(self.node.core.hello()))
+                # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancel
+                # that meets the hello failing, and the link never stopped.
+                async with asyncio.timeout(self.node.config.cluster.peer_timeout):
+                    await self._handshake(reader)
+            except (OSError, asyncio.TimeoutError, RemoteProtocolError) as exc:
+                log.info("node %d: peer %d did not answer the link's hello (%s); retry in %.2fs",
+                         self.node.id, self.peer.id, exc or type(exc).__name__, backoff)
+                writer.close()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
             backoff = BACKOFF_MIN
             self.connects += 1
             self.down_since = None
+            if self.dropped:
+                log.warning("node %d: %d frames for peer %d were dropped while its link was down (queue bound %d)",
+                            self.node.id, self.dropped, self.peer.id, self.queue.maxsize)
+                self.dropped = 0
             if self.reported_down:
                 self.reported_down = False
                 self.node.core.peer_reachable(self.peer.id)
             try:
-                writer.write(PEER_MAGIC + encode_frame(self.node.core.hello()))
                 self.connected.set()
-                self.node._execute(self.node.core.peer_link(self.peer.id, True, time.time()))
+                self.node._guarded("peer_link", self.node.core.peer_link, self.peer.id, True, time.time())
                 log.info("node %d: link to peer %d up", self.node.id, self.peer.id)
                 await self._pump(reader, writer)
             except OSError as exc:
@@ -164,7 +220,7 @@ class PeerLink:
                 self.connected.clear()
                 self.down_since = time.time()
                 writer.close()
-                self.node._execute(self.node.core.peer_link(self.peer.id, False, time.time()))
+                self.node._guarded("peer_link", self.node.core.peer_link, self.peer.id, False, time.time())
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Write what is queued until the link fails, and raise what ended it.
@@ -222,7 +278,8 @@ class Node:
     ) -> None:
         self.config = config
         self.id = node_id
-        self.core = NodeCore(config, node_id)
+        self.core = NodeCore(config, node_id, incarnation=new_incarnation())
+        self.peer_runs: dict[int, int] = {}  # the incarnation last seen of each peer (rule 9)
         self._freeze_gc = freeze_gc
         self.capture: CaptureWriter | None = None  # SPEC §13: on when the config names a capture_dir
         if config.cluster.capture_dir:
@@ -278,7 +335,7 @@ class Node:
                 tg.create_task(self.admin.run(), name=f"admin-{self.id}")
                 if self.capture is not None:
                     tg.create_task(self.capture.run(), name=f"capture-{self.id}")
-                self._execute(self.core.start(time.time()))
+                self._execute(self.core.boot(time.time()))
                 if self._freeze_gc:
                     # A node process: what exists now (modules, classes, config,
                     # tables) lives as long as it does.  Keep it out of the cyclic
@@ -325,11 +382,23 @@ class Node:
                 if link.down_since is not None and not link.reported_down and now - link.down_since > limit and link.connects:
                     link.reported_down = True
                     log.warning("node %d: peer %d unreachable for %.1fs", self.id, link.peer.id, now - link.down_since)
-                    self._execute(self.core.peer_unreachable(link.peer.id, now))
+                    self._guarded("peer_unreachable", self.core.peer_unreachable, link.peer.id, now)
             t0 = time.perf_counter()
-            self._execute(self.core.tick(now))
+            self._guarded("tick", self.core.tick, now)
             if time.perf_counter() - t0 > self._slow_s:
                 self._held_loop("tick", "node", self.id, now, t0)
+
+    def _guarded(self, what: str, call: Callable[..., list[Any]], *args: Any) -> None:
+        """Rule 11: run a core call and carry out its actions; an unexpected
+        error is logged with its traceback and counted, and the task goes on."""
+        try:
+            acts = call(*args)
+        except Exception:
+            self.core.stats["shell_errors"] += 1
+            log.exception("node %d: %s failed; the node keeps serving", self.id, what)
+            return
+        if acts:
+            self._execute(acts)
 
     def _gc_timer(self, phase: str, info: dict) -> None:
         """A collection holds the loop like a handler does (rule 8)."""
@@ -337,6 +406,20 @@ class Node:
             self._gc_t0 = time.perf_counter()
         elif time.perf_counter() - self._gc_t0 > self._slow_s:
             self._held_loop(f"gc gen {info['generation']}", "node", self.id, time.time(), self._gc_t0)
+
+    def peer_run(self, node: int, incarnation: int) -> None:
+        """Rule 9: a new incarnation of ``node``: what was queued for its
+        previous run is discarded."""
+        if not incarnation:
+            return
+        known = self.peer_runs.get(node)
+        self.peer_runs[node] = incarnation
+        link = self.links.get(node)
+        if known is not None and known != incarnation and link is not None:
+            n = link.queue.clear()
+            link.dropped = 0
+            self.core.stats["peer_frames_discarded_restart"] += n
+            log.info("node %d: node %d restarted; %d frames queued for its previous run discarded", self.id, node, n)
 
     def _held_loop(self, what: str, kind: str, src: int, now: float, t0: float) -> None:
         ms = (time.perf_counter() - t0) * 1000
@@ -374,7 +457,8 @@ class Node:
                         acts = core.handle_peer(src, msg, now)  # type: ignore[arg-type]
                     elif kind == "closed":
                         acts = core.client_closed(src)
-                    else:  # peer hello
+                    else:  # peer hello: a restarted peer's old frames go first (rule 9)
+                        self.peer_run(src, msg.incarnation)  # type: ignore[attr-defined]
                         acts = core.peer_hello(src, msg, now)  # type: ignore[arg-type]
                 except RemoteProtocolError as exc:
                     log.warning("node %d: protocol error from %s %d: %s", self.id, kind, src, exc)
@@ -404,7 +488,12 @@ class Node:
             self._index_wake.clear()
             while True:
                 t0 = time.perf_counter()
-                more, acts = core.background_step(INDEX_STEP, time.time())
+                try:
+                    more, acts = core.background_step(INDEX_STEP, time.time())
+                except Exception:  # rule 11
+                    core.stats["shell_errors"] += 1
+                    log.exception("node %d: background step (%s) failed; the node keeps serving", self.id, core.background_last)
+                    break
                 if acts:
                     self._execute(acts)
                 if time.perf_counter() - t0 > self._slow_s:
@@ -436,6 +525,13 @@ class Node:
             log.error("node %d: no link to node %d for %s", self.id, node, type(msg).__name__)
             return
         if not link.send(msg):
+            if not link.connected.is_set():  # rule 10: the bound holds while the peer is away
+                self.core.stats["peer_frames_dropped"] += 1
+                if not link.dropped:
+                    log.warning("node %d: link to node %d is down and its queue is full (%d): dropping frames for it",
+                                self.id, node, link.queue.maxsize)
+                link.dropped += 1
+                return
             # Backpressure without blocking the dispatcher: the frame waits past
             # the bound and the overflow is counted, never dropped.
             self.core.stats["peer_queue_overflow"] += 1
@@ -504,6 +600,7 @@ class Node:
                         if not isinstance(msg, pm.PeerHello):
                             raise RemoteProtocolError(f"peer link opened with {type(msg).__name__}, not PeerHello")
                         src = msg.node_id
+                        writer.write(encode_frame(self.core.hello()))  # rule 9: the answering hello
                         await self.inbox.put(("hello", src, msg), True)
                         continue
                     await self.inbox.put(("peer", src, msg), pm.is_high(msg))

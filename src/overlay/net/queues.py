@@ -81,6 +81,14 @@ class TwoLevelQueue(Generic[T]):
         while not self.high and not self.normal:
             await self._nonempty.wait()
 
+    def clear(self) -> int:
+        """Drop everything queued (frames for a peer's run that is over); how many."""
+        n = len(self)
+        self.high.clear()
+        self.normal.clear()
+        self._taken()
+        return n
+
     def drain(self, limit: int) -> list[T]:
         """Up to ``limit`` items, high first (rule 1), without waiting."""
         out: list[T] = []

@@ -1,0 +1,219 @@
+"""A node that restarts never makes the cluster worse (``overlay.node_boot``,
+``overlay.node_core`` rules 6–8), on sans-IO cores joined by ``CoreLink``.
+
+A restart is a new ``NodeCore`` for the same id with a new incarnation: its
+memory is gone, its peers remember its previous run.
+"""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from corelink import CoreLink
+from coreworld import CONFIG, EC, SPLIT_500, World
+
+from overlay.balance.migration import OutState
+from overlay.channels import ChannelId, parse_subscription
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+from overlay.node_clients import sub_prefix
+from overlay.node_core import NodeCore
+
+
+def restart(net: CoreLink, node: int, incarnation: int) -> NodeCore:
+    """Replace ``node``'s core by a fresh run that boots as the shell boots
+    it, and exchange hellos with every peer (as the links do on connect)."""
+    core = NodeCore(net.config, node, incarnation=incarnation)
+    net.cores[node] = core
+    for link in (l for (a, b), l in net.links.items() if node in (a, b)):  # its sockets died with it
+        link.high.clear()
+        link.normal.clear()
+    net.execute(node, core.boot(net.now))
+    hellos(net, node)
+    net.run()
+    return core
+
+
+def hellos(net: CoreLink, node: int) -> None:
+    for peer, other in net.cores.items():
+        if peer != node:
+            net.execute(peer, other.peer_hello(node, net.cores[node].hello(), net.now))
+            net.execute(node, net.cores[node].peer_hello(peer, other.hello(), net.now))
+
+
+def incarnated_world() -> World:
+    """A started 3-node world whose cores carry incarnations (as real nodes do)."""
+    w = World(start=False)
+    for i in list(w.net.cores):
+        w.net.cores[i] = NodeCore(CONFIG, i, incarnation=1000 + i)
+    for i in w.net.cores:
+        w.net.execute(i, w.net.cores[i].boot(0.0))
+    for i in w.net.cores:
+        hellos(w.net, i)
+    w.net.run()
+    assert all(c.ready for c in w.net.cores.values())
+    return w
+
+
+def test_a_cold_start_initialises_once_every_peer_said_it_has_no_table() -> None:
+    w = incarnated_world()
+    assert all(c.routing.entries() == {EC: w.cores[0].routing[EC]} for c in w.cores.values())
+    assert all(c.epoch == 1000 for c in w.cores.values())  # the initializer's incarnation
+
+
+def test_the_initializer_waits_for_silent_peers_only_as_long_as_the_grace() -> None:
+    core = NodeCore(CONFIG, 0, incarnation=7)
+    assert core.boot(0.0) == [] and not core.has_table
+    assert core.tick(CONFIG.cluster.peer_timeout / 2) == [] and not core.has_table
+    acts = core.tick(CONFIG.cluster.peer_timeout + 0.1)
+    assert core.has_table and {type(a.msg) for a in acts} == {pm.RoutingTableInit}
+
+
+def test_a_restarted_initializer_joins_the_running_cluster_instead_of_reinitialising_it() -> None:
+    w = incarnated_world()
+    s1 = w.client(1, "c1")
+    w.subscribe(1, s1, "a", "price < 100")
+    w.admin(0, w.client(0, "op"), "split", **SPLIT_500)
+    tables = {i: dict(w.cores[i].routing.entries()) for i in (1, 2)}
+    assert set(tables[1]) == {ChannelId(0, 1), ChannelId(0, 2)}
+
+    core = restart(w.net, 0, incarnation=5000)
+    # The survivors' tables did not change; the restarted node took theirs.
+    assert all(dict(w.cores[i].routing.entries()) == tables[i] for i in (1, 2))
+    assert core.ready and dict(core.routing.entries()) == tables[1] and core.epoch == 1000
+    # Its channels are back, empty (their subscriptions died with it), not re-created as EC.
+    assert set(core.local.ids()) == {ChannelId(0, 1), ChannelId(0, 2)} and all(len(c) == 0 for c in core.local)
+    assert core.local.new_id() == ChannelId(0, 3)  # no id of the running cluster is reused
+    assert w.net.errors == []
+    # Publishing works on every node, and a new subscription on the restarted node is served.
+    s0 = w.client(0, "new")
+    w.subscribe(0, s0, "b", "price < 100")
+    for node in (0, 1, 2):
+        w.publish(node, w.client(node, f"p{node}"), {"price": 10.0, "sym": "A"})
+    w.net.run()
+    got = [m for m in w.net.received(0, s0, kind=cm.Notify)]
+    assert len(got) == 3 and all(m.sub_ids == ("b",) for m in got)
+
+
+def test_ids_of_a_restarted_node_never_repeat_and_its_dead_clients_subscriptions_go() -> None:
+    w = incarnated_world()
+    old = w.client(1, "old")
+    w.subscribe(1, old, "a", "price < 100")
+    old_gid = w.gid(1, old, "a")
+    first = w.publish(1, old, {"price": 10.0, "sym": "A"})
+    w.net.run()
+    assert old_gid in w.cores[0].local[EC]
+
+    core = restart(w.net, 1, incarnation=9000)
+    mark = len(w.net.to_clients)  # the new run numbers its sessions from 1 again
+    # The owner dropped the subscription of node 1's dead client.
+    assert old_gid not in w.cores[0].local[EC]
+    assert w.cores[0].stats["subscriptions_of_dead_clients_removed"] == 1
+    new = w.client(1, "new")
+    w.subscribe(1, new, "a", "price < 100")  # the same session number and local id as the dead one
+    assert w.gid(1, new, "a") != old_gid
+    second = w.publish(1, new, {"price": 10.0, "sym": "A"})
+    assert second != first
+    w.net.run()
+    notes = w.net.received(1, new, since=mark, kind=cm.Notify)
+    assert [n.event_id for n in notes] == [second]
+    assert core.stats["notifications_orphaned"] == 0
+
+
+def test_a_late_subscription_of_a_dead_client_is_not_stored() -> None:
+    w = incarnated_world()
+    old_run = sub_prefix(1, 500) + "7:x:1"  # made by node 1's previous run
+    f = parse_subscription("price < 5", CONFIG.schema)
+    w.net.send(1, 0, pm.Subscription(old_run, f, "c", 1, pm.DispatchSign.SUBSCRIBE_DISPATCHED, EC))
+    current = sub_prefix(1, 1001) + "7:x:1"
+    w.net.send(1, 0, pm.Subscription(current, f, "c", 1, pm.DispatchSign.SUBSCRIBE_DISPATCHED, EC))
+    w.net.run()
+    assert old_run not in w.cores[0].local[EC] and current in w.cores[0].local[EC]
+
+
+def test_a_receiver_that_restarts_mid_session_rolls_the_session_back_on_both_sides() -> None:
+    w = incarnated_world()
+    op = w.client(0, "op")
+    w.subscribe(0, op, "s", "price < 900")
+    w.net.hold_types(pm.ReplySubscriptionMove, src=1)
+    w.net.client_send(0, op, cm.Admin(77, "place", {"channel": "0.0", "node": 1}))
+    w.net.run()
+    sender = w.cores[0]
+    (mig,) = [m for m in sender.outgoing.values() if m.active]
+    assert mig.state is OutState.MOVING
+    w.net.release()
+    for link in w.net.links.values():
+        link.high.clear()
+        link.normal.clear()
+    restart(w.net, 1, incarnation=7777)
+    assert not mig.active and EC in sender.local and sender.routing[EC].owners == (0,)
+    assert not sender.monitor.busy and not w.cores[1].incoming
+    # The operator hears why.
+    assert any(isinstance(m, cm.Error) and m.seq == 77 for m in w.net.received(0, op))
+
+
+def test_a_third_node_lost_in_updating_does_not_hold_the_session_forever() -> None:
+    """The sender waits for every ReplyUpdateGlobal; a peer gone past the
+    timeout is not waited for, and both sides leave BUSY."""
+    w = incarnated_world()
+    op = w.client(0, "op")
+    w.net.hold_types(pm.UpdateRoutingTable, dst=2)
+    w.net.client_send(0, op, cm.Admin(5, "place", {"channel": "0.0", "node": 1}))
+    w.net.run()
+    sender = w.cores[0]
+    (mig,) = [m for m in sender.outgoing.values() if m.active]
+    assert mig.state is OutState.UPDATING and mig.waiting_updates == {2}
+    w.net.execute(0, sender.peer_unreachable(2, 10.0))
+    w.net.run()
+    assert not mig.active and not w.cores[1].incoming and not w.cores[1].monitor.busy
+    assert isinstance(w.net.received(0, op)[-1], cm.AdminReply)
+
+
+@pytest.mark.parametrize("part", ["_slice_tick", "_groups_tick", "_session_timeouts"])
+def test_one_failing_part_of_a_tick_does_not_stop_the_others(part: str, caplog: pytest.LogCaptureFixture) -> None:
+    w = World()
+    core = w.cores[0]
+    calls: list[str] = []
+
+    def broken(*args: object) -> None:
+        raise ValueError("a bad state")
+
+    setattr(core, part, broken)
+    real_drain = core._drain_tick
+    core._drain_tick = lambda now, out: calls.append("drain") or real_drain(now, out)  # type: ignore[method-assign]
+    core.tick(1.0)
+    core.tick(2.0)
+    assert calls == ["drain", "drain"] and core.stats["tick_errors"] == 2
+    assert "a bad state" in caplog.text and "state:" in caplog.text
+
+
+def test_a_sync_from_an_owner_repairs_its_entries() -> None:
+    w = incarnated_world()
+    core = w.cores[2]
+    entry = w.cores[0].routing[EC]
+    # Node 2 missed that node 0 gave EC to node 1; node 1's table says so.
+    core.handle_peer(1, pm.RoutingTableInit((pm.RouteItem(EC, msgspec.structs.replace(entry, owners=(1,))),), core.epoch, sync=True), 1.0)
+    assert core.routing[EC].owners == (1,)
+    # Node 1 since gave it back: its next sync no longer claims EC, and says where it went.
+    core.handle_peer(1, pm.RoutingTableInit((pm.RouteItem(EC, entry),), core.epoch, sync=True), 2.0)
+    assert core.routing[EC].owners == (0,)
+    # Node 0 split EC meanwhile: its sync lists the children, not EC.  A sync
+    # never touches a channel its sender is not said to own (1.5, node 1's).
+    other = pm.RouteItem(ChannelId(1, 5), msgspec.structs.replace(entry, owners=(1,)))
+    core.routing.set(other.ch_id, other.entry)
+    kids = (pm.RouteItem(ChannelId(0, 8), entry), pm.RouteItem(ChannelId(0, 9), entry))
+    core.handle_peer(0, pm.RoutingTableInit(kids, core.epoch, sync=True), 3.0)
+    assert set(core.routing.entries()) == {ChannelId(0, 8), ChannelId(0, 9), ChannelId(1, 5)}
+
+
+def test_the_older_epoch_wins_when_a_cluster_was_initialised_twice() -> None:
+    w = incarnated_world()
+    rogue = NodeCore(CONFIG, 0, incarnation=99_999)
+    acts = rogue.start(5.0)  # initialises on its own, a newer epoch
+    init = next(a.msg for a in acts if isinstance(a.msg, pm.RoutingTableInit))
+    out = w.cores[1].handle_peer(0, init, 5.0)
+    # Node 1 keeps its table and sends its own back; the rogue adopts it.
+    sync = next(a.msg for a in out if isinstance(a.msg, pm.RoutingTableInit))
+    assert sync.sync and sync.epoch == 1000 and w.cores[1].epoch == 1000
+    rogue.handle_peer(1, sync, 5.0)
+    assert rogue.epoch == 1000 and rogue.ready
