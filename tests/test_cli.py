@@ -304,15 +304,15 @@ async def _signal_and_time(proc: asyncio.subprocess.Process, sig: int, seen: lis
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 async def test_sub_against_no_cluster_ends_on_a_signal(tmp_path: Path, sig: int, code: int) -> None:
     cfg = write_config(tmp_path / "c.toml", [free_port(), free_port()])
-    # --log-level debug: the client logs each failed connection attempt, so we
-    # know the command is inside its event loop, retrying, when we signal it.
+    # --log-level debug: the command says when it starts connecting, so we know
+    # it is inside its event loop, retrying, when we signal it.
     proc = await asyncio.create_subprocess_exec(
         *overlay("--log-level", "debug", "sub", "--config", str(cfg), "price < 5"),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
     )
     seen: list[str] = []
     assert proc.stderr is not None
-    await asyncio.wait_for(_read_until(proc.stderr, "cannot use 127.0.0.1", seen), PROCESS_WAIT)
+    await asyncio.wait_for(_read_until(proc.stderr, "overlay.cli: connecting to 127.0.0.1", seen), PROCESS_WAIT)
     took, err = await _signal_and_time(proc, sig, seen)
     assert took < SIGNAL_DEADLINE, (took, err)
     assert proc.returncode == code, err

@@ -682,10 +682,11 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 
 async def _connect(agent: AgentClient, config: str) -> None:
+    where = ", ".join(f"{h}:{p}" for h, p in agent.addresses)
+    log.debug("connecting to %s", where)
     try:
         await agent.connect(timeout=CONNECT_TIMEOUT)
     except TimeoutError:
-        where = ", ".join(f"{h}:{p}" for h, p in agent.addresses)
         raise CommandFailed(
             f"no node answers at {where} within {CONNECT_TIMEOUT:.0f}s: is the cluster up? "
             f"(`overlay cluster up {config}`)"
