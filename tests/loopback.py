@@ -1,11 +1,13 @@
-"""What the real-node tests share: loopback listening sockets and condition waits."""
+"""What the real-node tests share: loopback listening sockets, condition waits,
+and the condition most of them wait for (``nodes_quiet``)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 
 def listening_socket() -> socket.socket:
@@ -25,3 +27,20 @@ async def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(step)
+
+
+def nodes_quiet(nodes: Iterable[Any]) -> bool:
+    """Nothing left to do on any of these running ``overlay.net.node.Node``s:
+    no inbound message queued, nothing queued for a connected peer or for a
+    client, no balancing session or (un)subscription open.  What tests wait
+    for (``wait_until(lambda: nodes_quiet(...))``) before they compare
+    counters, instead of pausing for a guess at how long the rest takes."""
+    for n in nodes:
+        core = n.core
+        if len(n.inbox) or any(len(w.queue) for w in n.clients.values()):
+            return False
+        if any(len(link.queue) for link in n.links.values() if link.connected.is_set()):
+            return False
+        if core.incoming or core._pending or any(m.active for m in core.outgoing.values()):
+            return False
+    return True

@@ -89,7 +89,10 @@ async def test_all_instances_overloaded_low_priority_events_are_throttled_and_co
 
 
 async def test_a_dead_instance_s_events_go_to_the_others_and_none_left_tells_the_publisher():
-    cl = await OrdCluster(3, groups={"ack_timeout": 0.3, "fault_period": 30.0}).start()
+    # ack_timeout: long enough that the live instance's auto-acks (same loop as
+    # the nodes) always make it on a loaded machine — one late ack would mark
+    # it faulty for fault_period — and short enough to keep the test quick.
+    cl = await OrdCluster(3, groups={"ack_timeout": 1.0, "fault_period": 30.0}).start()
     try:
         live = await cl.client(1)
         dead = await cl.client(2, auto_ack=False)  # receives, never acks: times out

@@ -76,7 +76,9 @@ async def test_explicit_ranks_out_of_order_are_released_in_rank_order(cl):
 
 @pytest.mark.parametrize("policy", ["skip", "drop"])
 async def test_a_missing_rank_expires_per_policy(policy):
-    cl = await OrdCluster(3, sequencer={"policy": policy, "hold_ttl": 0.3}).start()
+    # hold_ttl: the "held" check below comes 0.1 s after the PubAcks; a loaded
+    # machine can stall the loop past a short TTL (it was 0.3 s) in between.
+    cl = await OrdCluster(3, sequencer={"policy": policy, "hold_ttl": 1.0}).start()
     try:
         sub = await cl.client(1)
         await sub.subscribe("price >= 0")
