@@ -14,6 +14,7 @@ JVM starts fast):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import shutil
@@ -24,9 +25,11 @@ from typing import Any
 
 import msgspec
 import pytest
+from loopback import nodes_quiet, wait_until
 
 from overlay import cli
 from overlay.capture import with_capture_dir
+from overlay.channels import parse_subscription
 from overlay.client import Client
 from overlay.config import NodeConfig, load_config
 from overlay.net.node import Node
@@ -220,35 +223,59 @@ async def _cluster_run(run: Path) -> dict[str, Any]:
         for node, exprs in SUBSCRIPTIONS.items():
             c = await Client([addr[node]], client_id=f"sub{node}").connect()
             clients.append(c)
-            subs += [await c.subscribe(e) for e in exprs]
+            subs += [(node, await c.subscribe(e)) for e in exprs]
         moved = await admin.admin("place", channel="0.2", node=2)
         # Consume (and so acknowledge) as notifications come: an ordered key's
         # next rank waits for every matched subscriber's ack (SPEC §10).
-        # One Notify per client and event lists that client's matching subscriptions.
+        # One Notify per client and event lists that client's matching
+        # subscriptions: the (client, event, subscription) pairs it names are
+        # what the capture's deliveries must match (whichever of the listed
+        # subscriptions the client hands the note to).
+        pairs_seen: set[tuple[int, str, str]] = set()
         received = [0]
 
-        async def consume(sub: Any) -> None:
+        async def consume(node: int, sub: Any) -> None:
             async for note in sub:
-                received[0] += len(note.sub_ids)
+                pairs_seen.update((node, note.event_id, sid) for sid in note.sub_ids)
+                received[0] = len(pairs_seen)
 
-        consumers = [asyncio.create_task(consume(s)) for s in subs]
+        consumers = [asyncio.create_task(consume(node, s)) for node, s in subs]
         pub = await Client([addr[0]], client_id="pub").connect()
         clients.append(pub)
         for i in range(EVENTS_PUBLISHED):
             # One event in ten is ordered (SPEC §10): three keys, ranks given by their homes.
             key = f"k{i % 3}" if i % 10 == 0 else ""
             await pub.publish({"price": float(i * 7 % 1000), "sym": ("X", "Y1", "Z")[i % 3], "qty": i % 100}, key=key)
-        await asyncio.sleep(0.5)  # the last notifications arrive
+        # The last notifications arrive (a shortfall is the replay's to report),
+        # and every node has reported two slices: the replay's slice table needs
+        # a complete one.
+        pairs = _pairs(cfg)
+
+        def done() -> bool:
+            return received[0] >= pairs and nodes_quiet(nodes) and min(n.core.monitor.slice_no for n in nodes) >= 2
+
+        with contextlib.suppress(AssertionError):
+            await wait_until(done, 30, "every notification and two slices")
         for t in consumers:
             t.cancel()
     finally:
         for c in clients:
             await c.close()
-        await asyncio.sleep(0.2)
+        # The nodes capture each session's end before they stop.
+        with contextlib.suppress(AssertionError):
+            await wait_until(lambda: not any(n.core.sessions for n in nodes), 10, "every client session closed")
         for n in nodes:
             n.stop()
         await asyncio.gather(*tasks)
     return {"moved": moved, "received": received[0]}
+
+
+def _pairs(cfg: Any) -> int:
+    """(event, subscription) pairs the run must deliver: every subscription is
+    SubAck'ed before the first publish."""
+    filters = [parse_subscription(e, cfg.schema) for exprs in SUBSCRIPTIONS.values() for e in exprs]
+    events = [{"price": float(i * 7 % 1000), "sym": ("X", "Y1", "Z")[i % 3], "qty": i % 100} for i in range(EVENTS_PUBLISHED)]
+    return sum(f.matches(ev) for f in filters for ev in events)
 
 
 @pytest.fixture(scope="module")
