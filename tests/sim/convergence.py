@@ -212,6 +212,7 @@ class ConvergenceSim:
         self.notified: Counter[tuple[int, str, int]] = Counter()  # (node, local id, qty)
         self.published: dict[int, dict[str, Any]] = {}  # qty -> values
         self.errors: list[str] = []
+        self._stop_publishing = 0.0  # set by run()
 
     # -- the queue (rule 1) ---------------------------------------------------------------
 
