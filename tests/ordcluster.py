@@ -95,11 +95,18 @@ class OrdCluster:
 class Raw:
     """A client on one node.  Notifications land in ``notes`` (and ``queue``);
     with ``auto_ack`` each is acked after ``delay`` seconds (one at a time, as
-    a real consumer) carrying ``lf``."""
+    a real consumer) carrying ``lf``.  A Revoke of a copy not acked yet is
+    declined (as the client library does, node_acks rule 2) unless
+    ``answer_revokes`` is off: a client whose whole process hangs."""
 
-    def __init__(self, addr: tuple[str, int], *, auto_ack: bool = True, lf: float = 0.0, delay: float = 0.0) -> None:
+    def __init__(
+        self, addr: tuple[str, int], *, auto_ack: bool = True, lf: float = 0.0, delay: float = 0.0, answer_revokes: bool = True
+    ) -> None:
         self.addr = addr
         self.auto_ack = auto_ack
+        self.answer_revokes = answer_revokes
+        self.revoked: set[int] = set()  # tags given back
+        self._acked_tags: set[int] = set()
         self.lf = lf
         self.delay = delay
         self.notes: list[cm.Notify] = []
@@ -142,6 +149,9 @@ class Raw:
                     case cm.Notify():
                         self.notes.append(msg)
                         self._todo.put_nowait((msg, time.perf_counter()))
+                    case cm.Revoke() if self.answer_revokes and msg.tag not in self._acked_tags:
+                        self.revoked.add(msg.tag)
+                        self.send(cm.Ack(msg.event_id, 0.0, msg.tag, declined=True))
                     case cm.Error() if msg.seq in self._waiting:
                         self._waiting.pop(msg.seq).set_result(msg)
                     case cm.Error():
@@ -158,8 +168,11 @@ class Raw:
                 continue
             if self.delay:
                 await asyncio.sleep(self.delay)
+            if note.tag in self.revoked:
+                continue  # given back meanwhile: never handed over
+            self._acked_tags.add(note.tag)
             self.acked.append((note.event_id, time.perf_counter() - received))
-            self.send(cm.Ack(note.event_id, self.lf))
+            self.send(cm.Ack(note.event_id, self.lf, note.tag))
 
     def request_nowait(self, make: Callable[[int], cm.ClientMessage]) -> asyncio.Future[cm.ClientMessage]:
         seq = next(self._seq)

@@ -264,9 +264,27 @@ def test_demo_lines_fit_in_100_columns(nodes: int) -> None:
     assert " down" in lines[1]
 
 
-def test_demo_counts_per_subscription_deliveries() -> None:
+async def test_demo_counts_per_subscription_deliveries() -> None:
+    """Each subscription hands over its own copy of a notification listing
+    three subscriptions: the demo counts one delivery per copy taken."""
     note = Notification("e1", {"price": 1.0}, ("s1", "s2", "s3"))
-    assert demo.deliveries(note) == 3  # one Notify frame, three subscriptions served
+
+    class Sub:
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            if self.left:
+                self.left -= 1
+                return note
+            raise StopAsyncIteration
+
+    counter = [0]
+    for _ in note.sub_ids:
+        s = Sub()
+        s.left = 1
+        await demo._consumer(s, counter)  # type: ignore[arg-type]
+    assert counter == [3]
 
 
 def test_tail_keeps_the_last_lines_bounded() -> None:

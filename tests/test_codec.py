@@ -108,7 +108,9 @@ PEER_MESSAGES: list[pm.PeerMessage] = [
 
 CLIENT_MESSAGES: list[cm.ClientMessage] = [
     cm.Hello("client-a", 1),
+    cm.Hello("operator", 1, "s3cret"),
     cm.Welcome(0, 4, True, "local"),
+    cm.Welcome(0, 4, True, "local", 2.0),
     cm.Publish(1, '{price: 12.5, sym: "AB"}', 3.5),
     cm.Publish(2, {"price": 12.5, "qty": 3, "sym": "AB", "tag": 5}),
     cm.PubAck(1, "0-1"),
@@ -117,7 +119,10 @@ CLIENT_MESSAGES: list[cm.ClientMessage] = [
     cm.Unsubscribe(4, "s1"),
     cm.UnsubAck(4, "s1"),
     cm.Notify("0-1", {"price": 12.5, "sym": "AB"}, ("s1", "s2"), 3.5),
+    cm.Notify("0-2", {"price": 1.0, "sym": "AB"}, ("g1",), 3.5, "k", 4, 17),
     cm.Ack("0-1"),
+    cm.Ack("0-2", 0.5, 17, declined=True),
+    cm.Revoke(17, "0-2"),
     cm.Choke(5, 0.01),
     cm.Error(6, cm.ErrorCode.BAD_EXPRESSION, "expected a value", 7, False),
     cm.Admin(7, "place", {"channel": "0.2", "node": 2, "nested": [1, {"a": None}]}),

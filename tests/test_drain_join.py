@@ -73,19 +73,17 @@ class Ledger:
         self.index: dict[tuple[int, str], int] = {}  # (client, its subscription id) -> ledger index
 
     async def subscribe(self, client: Client, lo: float, hi: float) -> None:
-        """A client gets one Notify per event listing all its matching
-        subscriptions (handed to one of them): count every subscription listed."""
+        """Each subscription of a client gets its own copy of every event it matches."""
         sub = await client.subscribe(f"price >= {lo} and price < {hi}", queue_size=1_000_000)
         self.ranges.append((lo, hi))
         self.got.append({})
         self.index[(id(client), sub.sub_id)] = len(self.got) - 1
 
         async def consume() -> None:
+            got = self.got[self.index[(id(client), sub.sub_id)]]
             async for note in sub:
                 k = (str(note.event["venue"]), int(note.event["qty"]))
-                for sid in note.sub_ids:
-                    got = self.got[self.index[(id(client), sid)]]
-                    got[k] = got.get(k, 0) + 1
+                got[k] = got.get(k, 0) + 1
 
         self.tasks.append(asyncio.create_task(consume()))
 

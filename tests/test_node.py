@@ -195,19 +195,25 @@ async def test_subscribers_on_every_node_get_exactly_their_events(cluster):
     def received(i: int) -> int:
         return sum(s.queue.qsize() for s in subscribers[i].subscriptions.values())
 
-    await wait_until(lambda: all(received(i) >= len(expected[i]) for i in range(3)), what="every notification")
+    deliveries = {i: sum(map(len, expected[i].values())) for i in range(3)}
+    await wait_until(lambda: all(received(i) >= deliveries[i] for i in range(3)), what="every notification")
     await wait_until(cluster.idle, what="quiescence")
     # The nodes sent exactly one Notify per (subscriber, event): no extras in flight.
     assert cluster.stat("notifies_out") == total
     assert cluster.stat("events_matched") == 300
     for i in range(3):
+        # Each subscription of the client got each of its events once, with
+        # the Notify's list of the client's matching subscriptions.
         got: dict[str, frozenset[str]] = {}
         for sub in subscribers[i].subscriptions.values():
+            seen: set[str] = set()
             while not sub.queue.empty():
                 note = sub.queue.get_nowait()
-                assert note.event_id not in got, f"event {note.event_id} twice at node {i}"
-                assert note.event == published[note.event_id]
-                got[note.event_id] = frozenset(note.sub_ids)
+                assert note.event_id not in seen, f"event {note.event_id} twice for {sub.sub_id} at node {i}"
+                seen.add(note.event_id)
+                assert note.event == published[note.event_id] and sub.sub_id in note.sub_ids
+                assert got.setdefault(note.event_id, frozenset(note.sub_ids)) == frozenset(note.sub_ids)
+            assert seen == {eid for eid, hit in expected[i].items() if sub.sub_id in hit}, sub.sub_id
         assert got == expected[i], i
 
 

@@ -57,7 +57,7 @@ def test_clients_get_not_ready_before_initialisation():
     w = World(start=False)
     sid = w.net.open_client(1, "early")
     (welcome,) = w.net.received(1, sid)
-    assert welcome == cm.Welcome(1, sid, False, "local")
+    assert welcome == cm.Welcome(1, sid, False, "local", CONFIG.groups.ack_timeout)
     for msg in (cm.Publish(1, {"price": 1.0, "sym": "AB"}), cm.Subscribe(2, "s", "price < 5")):
         w.net.client_send(1, sid, msg)
         reply = w.net.received(1, sid)[-1]

@@ -73,7 +73,7 @@ def test_admin_split_by_string_values():
         (0, "split", {"channel": "0.0", "attr": "price", "at": 1000.0}, "below its top"),
         (0, "split", {"channel": "0.0", "attr": "price"}, "numeric 'at'"),
         (0, "split", {"channel": "0.0", "attr": "nope", "at": 1.0}, "nope"),
-        (0, "place", {"channel": "0.0", "node": 0}, "cannot receive"),
+        (0, "place", {"channel": "0.0", "node": 9}, "not a member"),
         (0, "place", {"channel": "0.0", "node": "1"}, "integer 'node'"),
         (1, "place", {"channel": "0.0", "node": 2}, "owned by node 0"),
         (0, "reboot", {}, "unknown admin command"),
@@ -88,6 +88,49 @@ def test_admin_errors_are_answered_and_change_nothing(node, command, args, fragm
     assert fragment in reply.message
     assert w.net.routing_tables_equal() and w.cores[0].routing.entries() == before
     assert w.cores[0].local.ids() == [EC]
+
+
+def test_placing_a_channel_where_it_is_already_changes_nothing_and_says_so():
+    w = World()
+    reply = w.admin(0, w.client(0, "ops"), "place", channel="0.0", node=0)
+    assert isinstance(reply, cm.AdminReply) and reply.result["moved"] is False and "already" in reply.result["note"]
+    assert w.cores[0].local.ids() == [EC] and not w.cores[0].outgoing
+
+
+def test_a_split_says_what_it_did():
+    w = World()
+    reply = w.admin(0, w.client(0, "ops"), "split", **SPLIT_500)
+    assert reply.result["split"] == "0.0" and reply.result["attr"] == "price" and reply.result["node"] == 0
+    assert [(c["id"], c["space"]) for c in reply.result["children"]] == [
+        ("0.1", w.cores[0].local[LOW].space.text(w.cores[0].schema)),
+        ("0.2", w.cores[0].local[HIGH].space.text(w.cores[0].schema)),
+    ]
+
+
+def test_an_operator_splits_and_places_a_replicated_channel_its_first_owner_taking_it_back() -> None:
+    w = World()
+    ops = w.client(0, "ops")
+    sid = w.client(1, "c")
+    w.subscribe(1, sid, "s", "price < 900")
+    # Replicate EC to node 2, as the balancer does when a slice's events are all one point.
+    core = w.cores[0]
+    mig, acts = core.start_migration([EC], 2, 0.0, forced=True)
+    mig.replicate = True
+    w.net.execute(0, acts)
+    w.net.run()
+    assert core.routing[EC].owners == (0, 2) and EC in w.cores[2].local
+    # A split on a later replica is refused with the node to ask.
+    reply = w.admin(2, w.client(2, "ops2"), "split", **SPLIT_500)
+    assert isinstance(reply, cm.Error) and "ask node 0" in reply.message
+    # On the first owner it works: node 2 drops its replica, the children are node 0's.
+    reply = w.admin(0, ops, "split", **SPLIT_500)
+    assert isinstance(reply, cm.AdminReply) and [c["id"] for c in reply.result["children"]] == ["0.1", "0.2"]
+    assert EC not in w.cores[2].local and w.cores[2].stats["replicas_dropped"] == 1
+    assert w.net.routing_tables_equal() and sorted(w.net.owner_of(LOW) + w.net.owner_of(HIGH)) == [0, 0]
+    # Events still reach the subscription exactly once.
+    eid = w.publish(2, w.client(2, "pub"), {"price": 10.0, "sym": "A"})
+    w.net.run()
+    assert [n.event_id for n in w.net.received(1, sid, kind=cm.Notify)] == [eid]
 
 
 def test_admin_status_reports_channels_and_routing():

@@ -60,7 +60,7 @@ def test_one_event_per_key_in_flight_and_the_legs_of_a_delivery() -> None:
     notes = net.received(1, sub, kind=cm.Notify)
     assert [(n.key, n.rank) for n in notes] == [(key, 1)]  # rank 2 waits for rank 1's ack
     assert net.cores[2].sequencer.context(key)[:2] == ("PROCESSING", 1)
-    net.client_send(1, sub, cm.Ack(notes[0].event_id, 0.0))
+    net.client_send(1, sub, cm.Ack(notes[0].event_id, 0.0, notes[0].tag))
     mark = len(net.trace)
     _settle(net)
     legs = [(s, d, getattr(m, "code", None)) for s, d, m in net.trace[mark:] if isinstance(m, pm.NotificationAck)]

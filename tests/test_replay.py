@@ -227,16 +227,14 @@ async def _cluster_run(run: Path) -> dict[str, Any]:
         moved = await admin.admin("place", channel="0.2", node=2)
         # Consume (and so acknowledge) as notifications come: an ordered key's
         # next rank waits for every matched subscriber's ack (SPEC §10).
-        # One Notify per client and event lists that client's matching
-        # subscriptions: the (client, event, subscription) pairs it names are
-        # what the capture's deliveries must match (whichever of the listed
-        # subscriptions the client hands the note to).
+        # Each subscription gets its own copy: the (client, event,
+        # subscription) triples are what the capture's deliveries must match.
         pairs_seen: set[tuple[int, str, str]] = set()
         received = [0]
 
         async def consume(node: int, sub: Any) -> None:
             async for note in sub:
-                pairs_seen.update((node, note.event_id, sid) for sid in note.sub_ids)
+                pairs_seen.add((node, note.event_id, sub.sub_id))
                 received[0] = len(pairs_seen)
 
         consumers = [asyncio.create_task(consume(node, s)) for node, s in subs]

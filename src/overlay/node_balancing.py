@@ -481,13 +481,15 @@ class BalancingMixin:
         self.stats["splits"] += 1
         self.stats["split_steps"] += job.steps
         self.stats["split_changes_replayed"] += job.replayed
+        kids = [{"id": str(c.id), "space": c.space.text(self.schema), "subscriptions": len(c)} for c in children]
         self.record(
-            "split", now, parent=str(ch.id), attr=cut.attr,
-            children=[{"id": str(c.id), "space": c.space.text(self.schema), "subscriptions": len(c)} for c in children],
+            "split", now, parent=str(ch.id), attr=cut.attr, children=kids,
             low_load=cut.low_load, high_load=cut.high_load, steps=job.steps, replayed=job.replayed,
         )
         log.info("node %d: split %s on %s into %s", self.id, ch.id, cut.attr, ", ".join(str(c.id) for c in children))
-        self._broadcast_update([ch.id], entries, out, admin=admin)
+        # What an operator who asked for it is told: the new ids and spaces.
+        self._broadcast_update([ch.id], entries, out, admin=admin,
+                               result={"split": str(ch.id), "attr": cut.attr, "node": self.id, "children": kids})
         return children
 
     def _idle_merges(self: NodeCore, now: float, out: list[Action]) -> None:

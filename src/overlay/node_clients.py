@@ -4,11 +4,15 @@ Rules (SPEC §3, §4; module rules of ``overlay.node_core``): a client must say
 Hello first; publish and subscribe before the cluster is ready are answered
 ``not_ready``; an (un)subscription is acknowledged once every channel applied
 it; bad expressions and events are answered with an error and the position,
-and the session stays open.
+and the session stays open.  One rule for admin rights, as on the admin HTTP
+endpoint: when the cluster has an admin token, the commands that change the
+cluster (``split``, ``place``, ``drain``) need a session whose Hello carried
+it; reading (``status``, ``journal``) does not.
 """
 
 from __future__ import annotations
 
+import hmac
 import itertools
 import logging
 from collections import Counter
@@ -22,6 +26,7 @@ from overlay.balance.split import Cut
 from overlay.channels.channel import ChannelId
 from overlay.channels.expressions import parse_event, parse_subscription
 from overlay.channels.predicates import MAX_SET_SIZE, Filter
+from overlay.channels.routing_table import RouteEntry
 from overlay.errors import ExpressionError, LocalProtocolError, OverlayError, SchemaError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
@@ -40,13 +45,18 @@ JOURNAL_PAGE: Final = 500
 MAX_TIME: Final = 1e11
 
 
+# Admin commands that change the cluster: they need the admin token, when one is set.
+CHANGING_COMMANDS: Final = frozenset({"split", "place", "drain"})
+
+
 class _Session:
-    __slots__ = ("id", "client_id", "subs", "greeted", "n")
+    __slots__ = ("id", "client_id", "subs", "greeted", "n", "admin")
 
     def __init__(self, sid: int) -> None:
         self.id = sid
         self.client_id = ""
         self.greeted = False
+        self.admin = False  # its Hello carried the admin token (or none is needed)
         self.subs: dict[str, tuple[str, Filter]] = {}  # local id -> (global id, filter)
         self.n = 0
 
@@ -110,7 +120,9 @@ class ClientsMixin:
                 return out
             sess.greeted = True
             sess.client_id = msg.client_id
-            out.append(ToClient(sid, cm.Welcome(self.id, sid, self.ready, self.config.cluster.name)))
+            token = self.admin_token
+            sess.admin = not token or hmac.compare_digest(msg.token.encode(), token.encode())
+            out.append(ToClient(sid, cm.Welcome(self.id, sid, self.ready, self.config.cluster.name, self.config.groups.ack_timeout)))
             return out
         match msg:
             case cm.Publish():
@@ -140,7 +152,7 @@ class ClientsMixin:
         state but a counter, so it need not wait its turn in the inbox.
         """
         sess = self.sessions.get(sid)
-        if sess is None or not sess.greeted or self._tracks_ack(sid, msg.event_id):
+        if sess is None or not sess.greeted or self._tracks_ack(sid, msg):
             return False  # a tracked delivery's ack changes state: it waits its turn
         self.stats["client_acks"] += 1
         return True
@@ -250,6 +262,14 @@ class ClientsMixin:
     # -- operator commands -----------------------------------------------------------------
 
     def _client_admin(self: NodeCore, sess: _Session, msg: cm.Admin, now: float, out: list[Action]) -> None:
+        if msg.command in CHANGING_COMMANDS and not sess.admin:
+            self.stats["rejected_unauthorized"] += 1
+            log.warning("node %d: client %r (session %d) sent %r without the admin token; refused",
+                        self.id, sess.client_id, sess.id, msg.command)
+            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.UNAUTHORIZED, (
+                f"{msg.command!r} changes the cluster and needs its admin token: connect with Client(token=...) "
+                "or `overlay … --token T` (or set OVERLAY_ADMIN_TOKEN)"))))
+            return
         try:
             match msg.command:
                 case "status":
@@ -259,10 +279,25 @@ class ClientsMixin:
                 case "place":
                     chid = _parse_chid(msg.args.get("channel"))
                     receiver = msg.args.get("node")
-                    if not isinstance(receiver, int):
+                    if isinstance(receiver, bool) or not isinstance(receiver, int):
                         raise LocalProtocolError("place needs an integer 'node'")
                     if chid not in self.local:
                         raise LocalProtocolError(self._not_owner(chid))
+                    if receiver == self.id and not self.routing[chid].replicated:
+                        out.append(ToClient(sess.id, cm.AdminReply(msg.seq, {
+                            "channel": str(chid), "receiver": receiver, "moved": False,
+                            "note": f"channel {chid} is on node {receiver} already"})))
+                        return
+                    if receiver != self.id and receiver not in self.peers:
+                        raise LocalProtocolError(
+                            f"node {receiver} cannot receive channels: it is not a member of the cluster "
+                            f"(members: {sorted({self.id, *self.peers})})")
+                    self._own_alone(chid, out)  # a replicated channel: first back to one owner
+                    if receiver == self.id:
+                        out.append(ToClient(sess.id, cm.AdminReply(msg.seq, {
+                            "channel": str(chid), "receiver": receiver, "moved": False,
+                            "note": f"channel {chid} is on node {receiver} alone now (its other replicas dropped it)"})))
+                        return
                     _, acts = self.start_migration([chid], receiver, now, forced=True, admin=(sess.id, msg.seq))
                     out.extend(acts)
                 case "drain":  # answered when the localTable is empty (node_membership)
@@ -297,8 +332,6 @@ class ClientsMixin:
             raise LocalProtocolError(f"channel {chid} is still arriving; split it later")
         if chid == self._splitting():
             raise LocalProtocolError(f"channel {chid} is being split already; try again later")
-        if self.routing[chid].replicated:  # its other replicas would keep the parent
-            raise LocalProtocolError(f"channel {chid} is replicated on nodes {list(self.routing[chid].owners)}; it cannot be split")
         attr_name = msg.args.get("attr")
         if not isinstance(attr_name, str) or not self.schema.is_da(attr_name):
             raise LocalProtocolError(
@@ -315,7 +348,24 @@ class ClientsMixin:
                 raise LocalProtocolError("split needs a numeric 'at' or a list of 'values'")
             at = attr.check(at)  # finite, of the attribute's type, in its domain (SPEC §16): NaN split everything
             low, high = ch.space.cut(attr, at)
+        self._own_alone(chid, out)  # a replicated channel: its other replicas would keep the parent
         self._split_local(ch, Cut(attr.name, low, high, 0, 0), now, out, admin=(sid, msg.seq))
+
+    def _own_alone(self: NodeCore, chid: ChannelId, out: list[Action]) -> None:
+        """An operator splits or places a replicated channel: its first owner
+        (this node, which holds every subscription, as each replica does)
+        takes it back alone first; the other replicas drop their copies when
+        the update reaches them (``node_core`` rule 9)."""
+        entry = self.routing[chid]
+        if not entry.replicated:
+            return
+        if entry.owner != self.id:
+            raise LocalProtocolError(f"channel {chid} is replicated on nodes {list(entry.owners)}: ask node {entry.owner}, its first owner")
+        alone = RouteEntry(entry.space, (self.id,))
+        self.routing.set(chid, alone)
+        self.stats["replicas_collapsed"] += 1
+        log.info("node %d: channel %s back on this node alone (was on %s) for an operator's command", self.id, chid, list(entry.owners))
+        self._broadcast_update((), [(chid, alone)], out)
 
     def _admin_done(self: NodeCore, admin: tuple[int, int], result: Any, out: list[Action]) -> None:
         sid, seq = admin

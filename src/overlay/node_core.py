@@ -47,6 +47,10 @@ Rules this module keeps (SPEC §3, §4, §8):
    ``tick`` is logged with the state and counted, and the other parts and
    the next ticks run; an error matching an event for one subscription is
    that subscription's (counted), and every other match is served.
+9. An operator's split or move of a replicated channel first gives it back to
+   its first owner alone (``UpdateRoutingTable``); a replica that sees its
+   first owner take it back drops its copy (each replica held the same
+   subscriptions; events in flight to it are re-routed to the owner).
 """
 
 from __future__ import annotations
@@ -94,13 +98,15 @@ MAX_REPLACED: Final = 10_000
 
 
 class _TableUpdate:
-    """An UpdateRoutingTable broadcast waiting for every ReplyUpdateGlobal."""
+    """An UpdateRoutingTable broadcast waiting for every ReplyUpdateGlobal;
+    the operator who asked for it gets ``result`` then."""
 
-    __slots__ = ("waiting", "admin")
+    __slots__ = ("waiting", "admin", "result")
 
-    def __init__(self, waiting: set[int], admin: tuple[int, int] | None) -> None:
+    def __init__(self, waiting: set[int], admin: tuple[int, int] | None, result: dict[str, Any]) -> None:
         self.waiting = waiting
         self.admin = admin
+        self.result = result
 
 
 class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, GroupsMixin, MembershipMixin, StatusMixin):
@@ -111,10 +117,12 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
     either side (SPEC §8.1).
     """
 
-    def __init__(self, config: ClusterConfig, node_id: int, *, incarnation: int = 0) -> None:
+    def __init__(self, config: ClusterConfig, node_id: int, *, incarnation: int = 0, admin_token: str | None = None) -> None:
         self.config = config
         self.id = node_id
         self.incarnation = incarnation
+        # What the client protocol's changing admin commands need (node_clients); "" = nothing.
+        self.admin_token = config.cluster.admin_token if admin_token is None else admin_token
         self.peer_incarnation: dict[int, int] = {}  # from the peers' hellos (rule 7)
         self.epoch = 0  # of the table held (node_boot rule 3)
         self.event_prefix = event_prefix(node_id, incarnation)  # rule 6
@@ -313,7 +321,22 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
 
     def _apply_update(self, msg: pm.UpdateRoutingTable) -> None:
         self._note_replaced(msg)
+        dropped = [
+            i.ch_id for i in msg.update_chs
+            if i.ch_id in self.local and self.id not in i.entry.owners and self._replica_set_shrank(i.ch_id, msg.origin)
+        ]
         self.routing.apply(msg.delete_chs, ((i.ch_id, i.entry) for i in msg.update_chs))
+        for chid in dropped:  # rule 9
+            self.local.remove(chid)
+            self.stats["replicas_dropped"] += 1
+            log.info("node %d: channel %s is on node %d alone now; this replica dropped", self.id, chid, msg.origin)
+
+    def _replica_set_shrank(self, chid: ChannelId, origin: int) -> bool:
+        """Rule 9: the first owner of a replicated channel this node holds a
+        replica of took it back alone (only it may, so a late update from
+        anyone else never makes this node drop a channel it owns)."""
+        entry = self.routing.get(chid)
+        return entry is not None and entry.replicated and entry.owner == origin and self.id in entry.owners
 
     # == peers ===================================================================
 
@@ -664,7 +687,8 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
     # -- table updates ------------------------------------------------------------------
 
     def _broadcast_update(
-        self, delete: Iterable[ChannelId], update: Iterable[tuple[ChannelId, RouteEntry]], out: list[Action], *, session: int = -1, admin: tuple[int, int] | None = None
+        self, delete: Iterable[ChannelId], update: Iterable[tuple[ChannelId, RouteEntry]], out: list[Action], *,
+        session: int = -1, admin: tuple[int, int] | None = None, result: dict[str, Any] | None = None,
     ) -> int:
         self._update_seq += 1
         uid = self._update_seq if session < 0 else session
@@ -676,10 +700,11 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
             out.append(ToPeer(p, msg))
         if session < 0:
             waiting = set(self.peers) - self.unreachable
+            done = {"update": uid, **(result or {})}
             if waiting:
-                self._updates[uid] = _TableUpdate(waiting, admin)
+                self._updates[uid] = _TableUpdate(waiting, admin, done)
             elif admin is not None:
-                self._admin_done(admin, {"update": uid}, out)
+                self._admin_done(admin, done, out)
         return uid
 
     def _on_update_reply(self, src: int, msg: pm.ReplyUpdateGlobal, now: float, out: list[Action]) -> None:
@@ -695,7 +720,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         if not upd.waiting:
             del self._updates[msg.session]
             if upd.admin is not None:
-                self._admin_done(upd.admin, {"update": msg.session}, out)
+                self._admin_done(upd.admin, upd.result, out)
 
     def tick(self, now: float) -> list[Action]:
         """Time-driven work: the table at start (node_boot), slices (SPEC §6),

@@ -17,10 +17,14 @@ Rules this module keeps:
    instance (a subscription id, with its static weight) among that group's
    matching subscriptions, by ``Wd = Ws·(1 − LF)`` and the integer Bresenham
    rule.  An instance's ``LF`` is the one its client put on its last Ack.
-3. **Acks** (access node).  A tracked Notify waits for the client's Ack
-   (``ack_timeout``); the access node then sends ``NotificationAck(sub_ids,
-   lf)`` to the owner — ``failed`` when the Ack did not come in time, when the
-   client's session closed, or when the subscription is gone.
+3. **Acks** (access node, ``overlay.node_acks``).  A tracked Notify is
+   tagged and waits for the client's answer; a group instance's copy comes
+   alone and is *fenced*: no answer within ``ack_timeout`` sends a Revoke,
+   and only a decline (or no answer to that either, which disconnects the
+   client) fails it — so an event never reaches two instances.  The access
+   node then sends ``NotificationAck(sub_ids, lf)`` to the owner —
+   ``failed`` when declined, not answered, dropped for a full client queue,
+   when the client's session closed, or when the subscription is gone.
 4. **Fault surveillance** (owner).  A failed group delivery marks the
    instance faulty for ``fault_period`` and the event goes to the next
    eligible instance of the group that has not tried it.  When none can take
@@ -28,7 +32,7 @@ Rules this module keeps:
    ``undeliverable``) and answers the publisher with an ``undeliverable``
    Error naming the event — counted (``group_undeliverable``), never silent.
    An owner that hears nothing (the access node died) fails the delivery
-   after ``2·ack_timeout``.
+   after ``3·ack_timeout`` (longer than the access node's fence takes).
 5. **Throttling.** When every live instance of a group has ``LF`` above
    ``throttle_lf`` and the event matches the configured ``low_priority``
    filter, the group's copy is dropped, counted (``group_throttled``).
@@ -51,7 +55,7 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 
-from overlay.actions import Action, ToClient, ToPeer
+from overlay.actions import Action, CloseClient, ToClient, ToPeer
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.expressions import parse_subscription
 from overlay.channels.groups import MAX_WEIGHT, MILLI, GroupDispatcher, GroupState
@@ -59,6 +63,7 @@ from overlay.errors import LocalProtocolError
 from overlay.channels.subscriptions import Subscription
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
+from overlay.node_acks import AwaitedAcks
 from overlay.node_ordering import ACKED, COMPLETE, SEQUENCED
 
 if TYPE_CHECKING:
@@ -112,11 +117,11 @@ class GroupsMixin:
         self._delivery_at: deque[float] = deque()  # owner: deadlines ...
         self._delivery_ids: deque[str] = deque()  # ... of these event ids
         self._group_of: dict[str, str] = {}  # access: global sub id -> group
-        self._awaiting: dict[tuple[int, str], tuple[int, tuple[str, ...], float]] = {}  # access: (session, event) -> (owner, sub ids, deadline)
-        self._await_at: deque[float] = deque()  # access: deadlines ...
-        self._await_keys: deque[tuple[int, str]] = deque()  # ... of these (session, event) waits
-        self._ack_wait = g.ack_timeout  # access node: how long a tracked Notify waits for its Ack
-        self._owner_wait = 2 * g.ack_timeout  # owner: how long it waits for the access node (rule 4)
+        # Access node: tracked Notifies by tag, waiting for their client's answer (overlay.node_acks).
+        self.acks = AwaitedAcks(g.ack_timeout)
+        # Owner: how long it waits for the access node (rule 4): longer than the
+        # access node's own wait for an ack and then for the answer to a Revoke.
+        self._owner_wait = 3 * g.ack_timeout
         self._next_prune = 0.0
 
     # -- subscribe (access node) -----------------------------------------------------------
@@ -268,41 +273,44 @@ class GroupsMixin:
         self: NodeCore, event_id: str, event: dict[str, Any], sub_ids: Sequence[str], publish_time: float,
         owner: int, key: str, rank: int, out: list[Action],
     ) -> None:
-        if key and len(sub_ids) == 1:
+        """Rule 3 (``overlay.node_acks`` rule 1): each group instance's copy in
+        a tagged Notify of its own; the plain subscriptions of one session in
+        one Notify, tagged when the event is keyed (tracked for its order)."""
+        if key and len(sub_ids) == 1 and sub_ids[0] not in self._group_of:
             self._access_notify_one(event_id, event, sub_ids, publish_time, owner, key, rank, out)
             return
         group_of = self._group_of
-        tracked = set(sub_ids) if key else {g for g in sub_ids if g in group_of}
-        if not tracked:
+        if not key and not any(g in group_of for g in sub_ids):
             self._notify_clients(event_id, event, sub_ids, publish_time, out)
             return
-        latency = self.now - publish_time
+        now = self.now
+        latency = now - publish_time
         self.latency_hist.observe(latency if latency > 0 else 0.0)
         owners = self._sub_owner
         if self.capture is not None:
             self.capture.deliver(event_id, sub_ids, owners)
-        by_session: dict[int, tuple[list[str], list[str]]] = {}
+        plain: dict[int, tuple[list[str], list[str]]] = {}
         orphans: list[str] = []
+        notifies = 0
         for gid in sub_ids:
             o = owners.get(gid)
             if o is None:
                 self.stats["notifications_orphaned"] += 1
-                if gid in tracked:
+                if key or gid in group_of:
                     orphans.append(gid)
                 continue
-            local, gids = by_session.setdefault(o[0], ([], []))
+            if gid in group_of:  # fenced on its own (node_acks rule 2)
+                tag = self.acks.add(o[0], event_id, owner, (gid,), group=True, now=now)
+                out.append(ToClient(o[0], cm.Notify(event_id, event, (o[1],), publish_time, key, rank, tag)))
+                notifies += 1
+                continue
+            local, gids = plain.setdefault(o[0], ([], []))
             local.append(o[1])
-            if gid in tracked:
-                gids.append(gid)
-        deadline = self.now + self._ack_wait
-        for sid, (local, gids) in by_session.items():
-            out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local), publish_time, key, rank)))
-            if gids:
-                k = (sid, event_id)
-                self._awaiting[k] = (owner, tuple(gids), deadline)
-                self._await_at.append(deadline)
-                self._await_keys.append(k)
-        self.stats["notifies_out"] += len(by_session)
+            gids.append(gid)
+        for sid, (local, gids) in plain.items():
+            tag = self.acks.add(sid, event_id, owner, tuple(gids), group=False, now=now) if key else 0
+            out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local), publish_time, key, rank, tag)))
+        self.stats["notifies_out"] += notifies + len(plain)
         if orphans:
             self._ack_to_owner(owner, pm.NotificationAck(event_id, tuple(orphans), failed=True), out)
 
@@ -310,7 +318,7 @@ class GroupsMixin:
         self: NodeCore, event_id: str, event: dict[str, Any], sub_ids: Sequence[str], publish_time: float,
         owner: int, key: str, rank: int, out: list[Action],
     ) -> None:
-        """``_access_notify`` for the common keyed case: one subscription."""
+        """``_access_notify`` for the common keyed case: one plain subscription."""
         now = self.now
         latency = now - publish_time
         self.latency_hist.observe(latency if latency > 0 else 0.0)
@@ -324,12 +332,8 @@ class GroupsMixin:
             self._ack_to_owner(owner, pm.NotificationAck(event_id, gids, failed=True), out)
             return
         sid, local_id = o
-        out.append(ToClient(sid, cm.Notify(event_id, event, (local_id,), publish_time, key, rank)))
-        deadline = now + self._ack_wait
-        k = (sid, event_id)
-        self._awaiting[k] = (owner, gids, deadline)
-        self._await_at.append(deadline)
-        self._await_keys.append(k)
+        tag = self.acks.add(sid, event_id, owner, gids, group=False, now=now)
+        out.append(ToClient(sid, cm.Notify(event_id, event, (local_id,), publish_time, key, rank, tag)))
         self.stats["notifies_out"] += 1
 
     def _ack_to_owner(self: NodeCore, owner: int, ack: pm.NotificationAck, out: list[Action]) -> None:
@@ -338,44 +342,60 @@ class GroupsMixin:
         else:
             out.append(ToPeer(owner, ack))
 
-    def _tracks_ack(self: NodeCore, sid: int, event_id: str) -> bool:
+    def _tracks_ack(self: NodeCore, sid: int, msg: cm.Ack) -> bool:
         """From the shell's read loop: True when this Ack must go through
         ``handle_client`` (it changes state and may emit messages).  A plain
         subscriber's ack for a remote owner is only batched (rule 8 of
         ``node_ordering``): it is taken here, without the inbox."""
-        awaiting = self._awaiting
-        if not awaiting:
+        if not msg.tag:
             return False
-        k = (sid, event_id)
-        a = awaiting.get(k)
+        a = self.acks.get(msg.tag, sid)
         if a is None:
-            return False
-        owner, gids, _ = a
-        if owner == self.id or (self._group_of and any(g in self._group_of for g in gids)):
+            return False  # stale: answered already, or failed meanwhile
+        if a.owner == self.id or a.group or msg.declined:
             return True
-        del awaiting[k]
-        self._batched_acks(owner, event_id, gids)
+        self.acks.remove(msg.tag)
+        self._batched_acks(a.owner, a.event_id, a.gids)
         return False
 
     def _client_acked(self: NodeCore, sid: int, msg: cm.Ack, out: list[Action]) -> None:
-        a = self._awaiting.pop((sid, msg.event_id), None)
+        """The client's answer to a tracked Notify (node_acks rules 1, 2)."""
+        a = self.acks.pop(msg.tag, sid) if msg.tag else None
         if a is None:
+            if msg.tag:
+                self.stats["client_acks_stale"] += 1
             return
-        owner, gids, _ = a
-        if owner != self.id and not any(g in self._group_of for g in gids):
-            self._batched_acks(owner, msg.event_id, gids)  # no LF to carry: batched (node_ordering rule 8)
+        if msg.declined:  # not handed over: fail it, so a group sends it to another instance
+            self.stats["deliveries_declined"] += 1
+            self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, failed=True), out)
+            return
+        if a.revoking:
+            self.stats["revokes_answered_with_ack"] += 1
+        if a.owner != self.id and not a.group:
+            self._batched_acks(a.owner, a.event_id, a.gids)  # no LF to carry: batched (node_ordering rule 8)
             return
         lf = msg.lf if isinstance(msg.lf, (int, float)) and math.isfinite(msg.lf) else 0.0
-        self._ack_to_owner(owner, pm.NotificationAck(msg.event_id, gids, lf=min(1.0, max(0.0, lf))), out)
+        self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, lf=min(1.0, max(0.0, lf))), out)
+
+    def notify_dropped(self: NodeCore, sid: int, tag: int) -> list[Action]:
+        """The shell dropped a tracked Notify (the session's queue was full):
+        that delivery failed now, not after a timeout (a group instance's
+        event goes to another instance at once)."""
+        out: list[Action] = []
+        a = self.acks.pop(tag, sid)
+        if a is not None:
+            self.stats["deliveries_dropped_slow"] += 1
+            self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, failed=True), out)
+        return out
 
     def _fail_session_acks(self: NodeCore, sid: int, out: list[Action]) -> None:
         """A closed session acks nothing more: its tracked deliveries failed."""
-        if not self._awaiting:
+        if not len(self.acks):
             return
-        for k in [k for k in self._awaiting if k[0] == sid]:
-            owner, gids, _ = self._awaiting.pop(k)
+        for tag, a in self.acks.of_session(sid):
+            self.acks.remove(tag)
             self.stats["delivery_failed_closed"] += 1
-            self._ack_to_owner(owner, pm.NotificationAck(k[1], gids, failed=True), out)
+            self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, failed=True), out)
 
     def _on_returned(self: NodeCore, msg: pm.NotificationAck, out: list[Action]) -> None:
         """Rule 4 at the publisher's access node."""
@@ -492,14 +512,19 @@ class GroupsMixin:
     # -- time (rules 3, 4) ----------------------------------------------------------------------
 
     def _groups_tick(self: NodeCore, now: float, out: list[Action]) -> None:
-        at, keys = self._await_at, self._await_keys
-        while at and at[0] <= now:
-            deadline, k = at.popleft(), keys.popleft()
-            a = self._awaiting.get(k)
-            if a is not None and a[2] == deadline:
-                del self._awaiting[k]
-                self.stats["delivery_ack_timeouts"] += 1
-                self._ack_to_owner(a[0], pm.NotificationAck(k[1], a[1], failed=True), out)
+        for tag, a in list(self.acks.expired(now)):  # node_acks rules 2, 3
+            if self.acks.get(tag, a.sid) is not a:
+                continue  # failed meanwhile with its session (an unresponsive client below)
+            if a.group and not a.revoking:
+                self.stats["deliveries_revoked"] += 1
+                self.acks.revoking(tag, now)
+                out.append(ToClient(a.sid, cm.Revoke(tag, a.event_id)))
+                continue
+            self.acks.remove(tag)
+            self.stats["delivery_ack_timeouts"] += 1
+            self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, failed=True), out)
+            if a.revoking and a.sid in self.sessions:  # it answered neither the Notify nor the Revoke
+                self._unresponsive(a.sid, out)
         at, ids = self._delivery_at, self._delivery_ids
         while at and at[0] <= now:
             deadline, eid = at.popleft(), ids.popleft()
@@ -518,6 +543,19 @@ class GroupsMixin:
                 if ch is not None:
                     for i in [i for i in disp.instances if i not in ch]:
                         disp.remove(i)
+
+    def _unresponsive(self: NodeCore, sid: int, out: list[Action]) -> None:
+        """node_acks rule 2: a client that answers neither an ack nor a revoke
+        is disconnected; its client library drops the group copies it held."""
+        self.stats["clients_unresponsive"] += 1
+        wait = self.acks.wait
+        log.warning("node %d: client session %d answered neither a group notification nor its revoke in %.1fs; "
+                    "disconnecting it", self.id, sid, 2 * wait)
+        out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.UNRESPONSIVE, (
+            f"no answer to a group notification within {2 * wait:g}s: disconnected; its events went to other instances"
+        ), fatal=True)))
+        out.extend(self.client_closed(sid))
+        out.append(CloseClient(sid, "unresponsive"))
 
     # -- migration (rule 7) ----------------------------------------------------------------------
 

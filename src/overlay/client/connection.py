@@ -11,17 +11,21 @@ Rules this module keeps (SPEC §4, §12; STYLE habits 6–8):
 3. Subscriptions belong to the client.  After a lost connection the client
    reconnects (to the same or the next node, with backoff) and re-subscribes
    every open subscription before any new request goes out.
-4. A ``Subscription`` is an async iterator with a bounded queue.  Taking a
-   notification from it acknowledges it to the node, and every ``Ack``
-   carries the subscriber's load factor (SPEC §11, ``overlay.client.load_factor``)
+4. A ``Subscription`` is an async iterator with a bounded queue.  A Notify
+   goes to every subscription it lists (``overlay.client.deliveries``), and
+   once all of them took it one ``Ack`` goes back, carrying the highest of
+   their load factors (SPEC §11, ``overlay.client.load_factor``)
    computed here from real use: the queue's fill against its capacity, and
    the processing time of each notification — from the moment it was handed
    to the application until the application asks for the next one, or calls
    ``Subscription.done()`` if it finishes earlier (time spent waiting on an
    empty queue is not processing).  When the queue is full
    further notifications are dropped and counted (``dropped``) — the reader
-   never blocks on one slow consumer.  ``drain()`` lets queued notifications
-   be consumed then unsubscribes; ``close()`` unsubscribes and drops them.
+   never blocks on one slow consumer — and declined to the node (a group's
+   event then goes to another instance).  A group instance's copy is handed
+   over only while the node has not revoked it (``deliveries`` rules 2, 3).
+   ``drain()`` lets queued notifications be consumed then unsubscribes;
+   ``close()`` unsubscribes and drops them.
 5. ``publish`` waits for its PubAck.  ``publish_windowed`` does not: it keeps
    at most ``window`` publishes unacknowledged (waiting for room past that,
    so a fast publisher is paced by the node) and ``flush()`` waits for all of
@@ -49,6 +53,7 @@ from typing import Any, Final
 import msgspec
 
 from overlay.channels.schema import Value
+from overlay.client.deliveries import Deliveries, Notification
 from overlay.client.load_factor import LoadFactor, LoadFactorConfig
 from overlay.errors import ConnectionLost, LocalProtocolError, NotReady, RemoteProtocolError, RequestError
 from overlay.messages import client as cm
@@ -86,16 +91,6 @@ def check_order(key: str, rank: int) -> None:
             f"a rank is an integer in [1, {cm.MAX_RANK}] (0: let the key's home assign one), got {rank!r}")
 
 
-class Notification(msgspec.Struct, frozen=True):
-    """An event delivered to this client, with the client's matching subscriptions."""
-
-    event_id: str
-    event: dict[str, Value]
-    sub_ids: tuple[str, ...]
-    publish_time: float = 0.0
-    received: float = 0.0
-
-
 class Subscription:
     """Rule 4. Use as ``async for note in sub`` or ``async with``."""
 
@@ -119,6 +114,7 @@ class Subscription:
         self.queue: asyncio.Queue[Notification | None] = asyncio.Queue(maxsize)
         self.dropped = 0
         self.received = 0
+        self.revoked = 0  # group copies given back to the node, never handed over
         self.closed = False
         self.load = LoadFactor(load)
         self._handed_at: float | None = None  # monotonic time the last note went to the application
@@ -135,20 +131,23 @@ class Subscription:
             self.received += 1
         except asyncio.QueueFull:
             self.dropped += 1
+            self.client._dropped(note)
 
     def __aiter__(self) -> Subscription:
         return self
 
     async def __anext__(self) -> Notification:
-        if self.closed and self.queue.empty():
-            raise StopAsyncIteration
         self.done()
-        note = await self.queue.get()
-        if note is None:
-            raise StopAsyncIteration
-        self.client._ack(note.event_id, self.load_factor())
-        self._handed_at = time.monotonic()
-        return note
+        while True:
+            if self.closed and self.queue.empty():
+                raise StopAsyncIteration
+            note = await self.queue.get()
+            if note is None:
+                raise StopAsyncIteration
+            if self.client._claim(note, self.load_factor()):
+                self._handed_at = time.monotonic()
+                return note
+            self.revoked += 1  # the node gave it to another group instance
 
     def done(self) -> None:
         """The application finished the last notification handed to it (rule 4).
@@ -162,8 +161,9 @@ class Subscription:
             self._handed_at = None
 
     def load_factor(self) -> float:
-        """The current LF (SPEC §11) from the queue's fill and recent processing times."""
-        return self.load.update(self.queue.qsize(), self.maxsize, time.monotonic())
+        """The current LF (SPEC §11) from the queue's fill and recent processing
+        times, against the node's ack window (``load_factor`` module docstring)."""
+        return self.load.update(self.queue.qsize(), self.maxsize, time.monotonic(), self.client.deliveries.window)
 
     async def next(self, timeout: float | None = None) -> Notification:
         return await asyncio.wait_for(self.__anext__(), timeout)
@@ -181,7 +181,9 @@ class Subscription:
         if not self.closed:
             self.closed = True
             while not self.queue.empty():
-                self.queue.get_nowait()
+                note = self.queue.get_nowait()
+                if note is not None:
+                    self.client._dropped(note)
             await self.client.unsubscribe(self.sub_id)
             self.queue.put_nowait(None)
 
@@ -202,9 +204,13 @@ class Client:
         client_id: str | None = None,
         reconnect: bool = True,
         max_frame: int = DEFAULT_MAX_FRAME_SIZE,
+        token: str = "",
     ) -> None:
+        """``token``: the cluster's admin token, for ``admin`` commands that
+        change the cluster (split, place, drain) when the cluster has one."""
         if not addresses:
             raise ValueError("a client needs at least one access node address")
+        self.token = token
         self.addresses = list(addresses)
         self.client_id = client_id or f"client-{os.getpid()}-{id(self):x}"
         self.reconnect = reconnect
@@ -235,6 +241,8 @@ class Client:
         self._choked_until = 0.0  # loop time before which no new pipelined publish goes out
         self._conn_count = 0  # connections opened so far
         self.publish_errors = 0
+        # Rule 4: each Notify until every subscription it lists took it.
+        self.deliveries = Deliveries()
         # Called with this client each time its connection is lost (before any
         # reconnect): the routing agent moves subscriptions away from it.
         self.on_lost: list[Any] = []
@@ -262,7 +270,7 @@ class Client:
             host, port = self.addresses[self._addr_index % len(self.addresses)]
             try:
                 reader, writer = await asyncio.open_connection(host, port)
-                writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(self.client_id), self.max_frame))
+                writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(self.client_id, 1, self.token), self.max_frame))
                 magic = await reader.readexactly(4)
                 if magic != CLIENT_MAGIC:
                     raise RemoteProtocolError(f"node at {host}:{port} answered with {magic!r}")
@@ -283,6 +291,7 @@ class Client:
                 self.node_id = welcome.node_id
                 self.cluster = welcome.cluster
                 self.ready = welcome.ready
+                self.deliveries.window = welcome.ack_timeout
                 self._writer = writer
                 loop = asyncio.get_running_loop()
                 self._conn_tasks = [
@@ -307,6 +316,7 @@ class Client:
             if self._closing:
                 return
             self._connected.clear()
+            self.deliveries.connection_lost(self._conn_count)  # its group copies are void (deliveries rule 3)
             for cb in list(self.on_lost):
                 cb(self)
             for t in self._conn_tasks:
@@ -371,15 +381,14 @@ class Client:
     def _on_message(self, msg: cm.ClientMessage) -> None:
         match msg:
             case cm.Notify():
-                note = Notification(msg.event_id, msg.event, msg.sub_ids, msg.publish_time, time.time())
-                seen = False
-                for sid in msg.sub_ids:
-                    sub = self.subscriptions.get(sid)
-                    if sub is not None and not sub.closed and not seen:
-                        sub._deliver(note)
-                        seen = True
-                if not seen:
-                    self._ack(msg.event_id)
+                note = Notification(msg.event_id, msg.event, msg.sub_ids, msg.publish_time, time.time(), msg.key, msg.rank, msg.tag)
+                takers = [s for s in map(self.subscriptions.get, dict.fromkeys(msg.sub_ids)) if s is not None and not s.closed]
+                group = bool(msg.tag) and any(s.group for s in takers)
+                self._answer(self.deliveries.arrived(note, len(takers), group=group, conn=self._conn_count, now=time.monotonic()))
+                for sub in takers:  # every listed subscription gets it (rule 4)
+                    sub._deliver(note)
+            case cm.Revoke():
+                self._answer(self.deliveries.revoke(msg.tag, msg.event_id))
             case cm.PubAck(seq=seq) if seq in self._inflight:
                 self._window_acked(seq)
             case cm.Error(seq=seq) if seq in self._waiting:
@@ -425,9 +434,23 @@ class Client:
 
         asyncio.get_running_loop().call_later(delay, resend)
 
-    def _ack(self, event_id: str, lf: float = 0.0) -> None:
-        if self._connected.is_set():
-            self._send(cm.Ack(event_id, lf))
+    def _answer(self, ack: cm.Ack | None) -> None:
+        if ack is not None and self._connected.is_set():
+            self._send(ack)
+
+    def _claim(self, note: Notification, lf: float) -> bool:
+        """A subscription hands ``note`` to the application now, if it may (rule 4)."""
+        ok, ack = self.deliveries.claim(note, lf, time.monotonic())
+        self._answer(ack)
+        return ok
+
+    def _took(self, note: Notification, lf: float) -> None:
+        """Taken, not handed over: the copy a failover subscription saw already."""
+        self._answer(self.deliveries.took(note, lf))
+
+    def _dropped(self, note: Notification) -> None:
+        """Not taken: a full queue, or a subscription that closed."""
+        self._answer(self.deliveries.dropped(note))
 
     # -- requests (rule 2) -----------------------------------------------------------------
 
@@ -583,6 +606,16 @@ class Client:
             raise RequestError(cm.ErrorCode.UNKNOWN_SUBSCRIPTION, f"no subscription {sub_id!r}")
         sub.closed = True
         await self._request_retrying(lambda seq: cm.Unsubscribe(seq, sub_id), timeout)
+
+    async def request_unsubscribe(self, sub_id: str, *, timeout: float = REQUEST_TIMEOUT) -> None:
+        """Unsubscribe ``sub_id`` on the node whether or not this client holds it:
+        a subscribe that timed out here may have been applied there."""
+        await self._request_retrying(lambda seq: cm.Unsubscribe(seq, sub_id), timeout)
+
+    @property
+    def connections(self) -> int:
+        """Connections opened so far: a new one is a new session on the node."""
+        return self._conn_count
 
     async def ping(self, timeout: float = REQUEST_TIMEOUT) -> None:
         """One round trip through the node's inbox and dispatcher, as cheap as a

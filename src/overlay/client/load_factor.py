@@ -8,6 +8,12 @@
 Rules (seed 000): LFq below ``min_pct`` counts as 0; once QUP reaches HLFM,
 LFq is 1 and stays 1 while LFq stays above ``max_pct``.  Computed from the
 client's real queue and real processing times; no clock is read here.
+
+One rule of ours: when the node says how long it waits for an answer (its
+``ack_timeout``, the *budget*), a backlog that would take longer than
+``BACKLOG_SHARE`` of it to work through (queued × mean processing time)
+makes LF 1 — the instance is ineligible — so a slow group instance stops
+being chosen before its copies time out, however large its queue.
 """
 
 from __future__ import annotations
@@ -20,6 +26,10 @@ import msgspec
 __all__ = ["LoadFactorConfig", "LoadFactor"]
 
 WINDOW_SECONDS: Final = 2.0
+# The share of the node's ack window a backlog may take before LF is 1: half,
+# so the instance stops getting events well before the first of them would
+# be revoked.
+BACKLOG_SHARE: Final = 0.5
 
 
 class LoadFactorConfig(msgspec.Struct, frozen=True):
@@ -66,16 +76,21 @@ class LoadFactor:
             return 1.0
         return 0.0 if lfq < cfg.min_pct else lfq
 
-    def lf_time(self, now: float) -> float:
+    def mean_time(self, now: float) -> float:
+        """ATT: the mean processing time over the window (0 without samples)."""
         self._trim(now)
-        if not self._times:
-            return 0.0
-        att = self._sum / len(self._times)
+        return self._sum / len(self._times) if self._times else 0.0
+
+    def lf_time(self, now: float) -> float:
+        att = self.mean_time(now)
         cfg = self.config
         return 0.0 if att < cfg.ttt else (att - cfg.ttt) / cfg.tts
 
-    def update(self, queued: int, capacity: int, now: float) -> float:
+    def update(self, queued: int, capacity: int, now: float, budget: float = 0.0) -> float:
+        """The LF to report now; ``budget``: the node's ack window in seconds (0: unknown)."""
         cfg = self.config
         lf = cfg.wq * self.lf_queue(queued, capacity) + cfg.wet * self.lf_time(now)
+        if budget > 0 and queued * self.mean_time(now) >= BACKLOG_SHARE * budget:
+            lf = 1.0  # the backlog outlasts the budget (module docstring)
         self.value = min(1.0, max(0.0, lf))
         return self.value

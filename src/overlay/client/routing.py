@@ -58,6 +58,15 @@ keeps these rules:
    elsewhere, and the events in the window are the node side's to re-route
    (SPEC §11 fault surveillance).
 
+6. **Placing never spins.**  A node that does not take a subscription (no
+   answer in time, not ready, refused — e.g. ``duplicate_subscription`` from
+   an earlier attempt that timed out there, which is cleaned up with an
+   unsubscribe) is tried again after a growing pause, at most
+   ``MAX_PLACE_ATTEMPTS`` times per connection to it; a subscription left
+   with no home while every connected node gave up on it ends: its
+   iteration raises ``ConnectionLost`` naming the last refusal.  Failures
+   are logged once each, without a traceback.
+
    Why not keep unacknowledged notifications at the sender and resume: the
    sender of a notification is the channel's owner, so that design needs
    per-subscription retention on every owner, an end-to-end ack path and a
@@ -104,6 +113,11 @@ log = logging.getLogger("overlay.client")
 # How often a sleeping supervisor re-checks for subscriptions short of homes
 # (a node coming back is noticed by polling its client's state).
 REPLACE_POLL: Final = 0.2
+# Rule 6: attempts to place one subscription on one node per connection to
+# it, and the pause after the k-th failure: PLACE_BACKOFF·2^k, at most PLACE_BACKOFF_MAX.
+MAX_PLACE_ATTEMPTS: Final = 8
+PLACE_BACKOFF: Final = 0.1
+PLACE_BACKOFF_MAX: Final = 5.0
 
 
 class AgentSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -168,25 +182,31 @@ class FailoverSubscription:
         self.received = 0  # distinct events queued
         self.duplicates = 0  # copies recognised and acked without delivery
         self.dropped = 0  # queue full (the other home's copy may still get in)
+        self.revoked = 0  # group copies the node gave another instance, never handed over
         self.failovers = 0  # homes lost
+        # Set when no access node would take the subscription again (AgentClient
+        # rule 6): the iteration ends with it.
+        self.error: ConnectionLost | None = None
+        self.last_refusal = ""
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._dedup = dedup
         self._handed_at: float | None = None
 
     def _sink(self, part: Subscription, note: Notification) -> None:
         if self.closed:
-            part.client._ack(note.event_id, 0.0)
+            part.client._dropped(note)
             return
         seen = self._seen
         if note.event_id in seen:
             self.duplicates += 1
             seen.move_to_end(note.event_id)
-            part.client._ack(note.event_id, self.load_factor())
+            part.client._took(note, self.load_factor())
             return
         try:
             self.queue.put_nowait((note, part.client))
         except asyncio.QueueFull:
             self.dropped += 1  # not remembered: another home's copy may take its place
+            part.client._dropped(note)
             return
         self.received += 1
         seen[note.event_id] = None
@@ -198,15 +218,21 @@ class FailoverSubscription:
 
     async def __anext__(self) -> Notification:
         self.done()
-        if self.closed and self.queue.empty():
-            raise StopAsyncIteration
-        item = await self.queue.get()
-        if item is None:
-            raise StopAsyncIteration
-        note, client = item
-        client._ack(note.event_id, self.load_factor())
-        self._handed_at = time.monotonic()
-        return note
+        while True:
+            if self.closed and self.queue.empty():
+                if self.error is not None:
+                    raise self.error
+                raise StopAsyncIteration
+            item = await self.queue.get()
+            if item is None:
+                if self.error is not None:
+                    raise self.error
+                raise StopAsyncIteration
+            note, client = item
+            if client._claim(note, self.load_factor()):  # a group copy may have been revoked
+                self._handed_at = time.monotonic()
+                return note
+            self.revoked += 1
 
     async def next(self, timeout: float | None = None) -> Notification:
         return await asyncio.wait_for(self.__anext__(), timeout)
@@ -219,7 +245,8 @@ class FailoverSubscription:
             self._handed_at = None
 
     def load_factor(self) -> float:
-        return self.load.update(self.queue.qsize(), self.maxsize, time.monotonic())
+        budget = max((c.deliveries.window for c in self.owner.clients), default=0.0)
+        return self.load.update(self.queue.qsize(), self.maxsize, time.monotonic(), budget)
 
     async def _unsubscribe_all(self) -> None:
         self.owner._subs.pop(self.sub_id, None)
@@ -241,7 +268,9 @@ class FailoverSubscription:
         if not self.closed:
             self.closed = True
             while not self.queue.empty():
-                self.queue.get_nowait()
+                item = self.queue.get_nowait()
+                if item is not None:
+                    item[1]._dropped(item[0])
             await self._unsubscribe_all()
             self.queue.put_nowait(None)
 
@@ -266,6 +295,7 @@ class AgentClient:
         client_id: str | None = None,
         settings: AgentSettings | None = None,
         max_frame: int = DEFAULT_MAX_FRAME_SIZE,
+        token: str = "",
     ) -> None:
         if not addresses:
             raise ValueError("an agent client needs at least one access node address")
@@ -274,7 +304,7 @@ class AgentClient:
         self.addresses = list(addresses)
         # One single-address Client per node: each reconnects to its own node only.
         self.clients = [
-            Client([a], client_id=f"{self.client_id}/{i}", max_frame=max_frame) for i, a in enumerate(self.addresses)
+            Client([a], client_id=f"{self.client_id}/{i}", max_frame=max_frame, token=token) for i, a in enumerate(self.addresses)
         ]
         s = self.settings
         self.agent = RoutingAgent(range(len(self.clients)), window=s.window, min_timeout=s.min_timeout, max_timeout=s.max_timeout)
@@ -288,6 +318,8 @@ class AgentClient:
         self._sub_seq = 0
         self._sampled: list[float] = [0.0] * len(self.clients)  # perf_counter of each node's last sample
         self._replace = asyncio.Event()
+        # Rule 6: (sub id, node index) -> (failures, retry not before, connection count then).
+        self._place_failures: dict[tuple[str, int], tuple[int, float, int]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         for i, c in enumerate(self.clients):
@@ -457,7 +489,7 @@ class AgentClient:
         )
         self._subs[sub_id] = fs
         try:
-            await asyncio.wait_for(self._place(fs), timeout)
+            await asyncio.wait_for(self._place(fs, initial=True), timeout)
             if not fs.homes:
                 raise ConnectionLost("no access node could take the subscription")
         except BaseException:
@@ -465,13 +497,17 @@ class AgentClient:
             raise
         return fs
 
-    async def _place(self, fs: FailoverSubscription) -> None:
-        """Give ``fs`` homes on connected nodes up to its redundancy, cheapest first."""
+    async def _place(self, fs: FailoverSubscription, *, initial: bool = False) -> None:
+        """Give ``fs`` homes on connected nodes up to its redundancy, cheapest
+        first (rule 6: a node that failed waits out its pause).  ``initial``:
+        the caller's subscribe — a refusal of the subscription itself
+        (``bad_expression`` …) is raised to it."""
         now = time.perf_counter()
         tried: set[int] = set()
         while len(fs.homes) < fs.redundancy and not fs.closed and not self._closing:
-            free = [i for i in self.connected if i not in fs.homes and i not in tried]
+            free = [i for i in self.connected if i not in fs.homes and i not in tried and self._may_try(fs, i)]
             if not free:
+                self._check_homeless(fs)
                 return
             i = min(free, key=lambda n: self.agent.cost(n, now))
             tried.add(i)
@@ -485,9 +521,17 @@ class AgentClient:
                     sink=fs._sink,
                     timeout=self.settings.max_timeout,
                 )
-            except (ConnectionLost, TimeoutError, NotReady) as exc:
-                log.info("%s: cannot place %s on node %s: %s", self.client_id, fs.sub_id, self.addresses[i], exc)
+            except (ConnectionLost, TimeoutError, NotReady, RequestError) as exc:
+                refused = isinstance(exc, RequestError) and exc.code != cm.ErrorCode.DUPLICATE_SUBSCRIPTION
+                if initial and refused:
+                    raise
+                self._failed_to_place(fs, i, exc)
+                if isinstance(exc, RequestError) and exc.code == cm.ErrorCode.DUPLICATE_SUBSCRIPTION:
+                    # An earlier attempt there timed out here but was applied there.
+                    with contextlib.suppress(ConnectionLost, RequestError, TimeoutError):
+                        await self.clients[i].request_unsubscribe(fs.sub_id, timeout=2.0)
                 continue
+            self._place_failures.pop((fs.sub_id, i), None)
             if fs.closed:
                 with contextlib.suppress(ConnectionLost, RequestError, TimeoutError):
                     await self.clients[i].unsubscribe(fs.sub_id, timeout=2.0)
@@ -498,6 +542,38 @@ class AgentClient:
                 self.clients[i].subscriptions.pop(fs.sub_id, None)
                 continue
             fs.homes[i] = part
+
+    def _may_try(self, fs: FailoverSubscription, i: int) -> bool:
+        """Rule 6: not during a node's pause, nor past its attempts on this connection."""
+        failed = self._place_failures.get((fs.sub_id, i))
+        if failed is None:
+            return True
+        count, retry_at, conn = failed
+        if conn != self.clients[i].connections:  # a new connection: start afresh
+            del self._place_failures[(fs.sub_id, i)]
+            return True
+        return count < MAX_PLACE_ATTEMPTS and time.monotonic() >= retry_at
+
+    def _failed_to_place(self, fs: FailoverSubscription, i: int, exc: Exception) -> None:
+        count = self._place_failures.get((fs.sub_id, i), (0, 0.0, 0))[0] + 1
+        pause = min(PLACE_BACKOFF_MAX, PLACE_BACKOFF * 2**count)
+        self._place_failures[(fs.sub_id, i)] = (count, time.monotonic() + pause, self.clients[i].connections)
+        fs.last_refusal = f"node {self.addresses[i]}: {exc or type(exc).__name__}"
+        log.info("%s: cannot place %s on node %s (attempt %d of %d): %s", self.client_id, fs.sub_id,
+                 self.addresses[i], count, MAX_PLACE_ATTEMPTS, exc or type(exc).__name__)
+
+    def _check_homeless(self, fs: FailoverSubscription) -> None:
+        """Rule 6: no home, and every connected node gave up on it."""
+        up = self.connected
+        if fs.homes or not up:
+            return
+        if all(self._place_failures.get((fs.sub_id, i), (0, 0.0, -1))[0] >= MAX_PLACE_ATTEMPTS for i in up):
+            fs.error = ConnectionLost(f"no access node takes subscription {fs.sub_id!r} any more ({fs.last_refusal})")
+            fs.closed = True
+            self._subs.pop(fs.sub_id, None)
+            if not fs.queue.full():
+                fs.queue.put_nowait(None)
+            log.warning("%s: %s", self.client_id, fs.error)
 
     def _lost(self, i: int) -> None:
         """Client ``i`` lost its node: take subscriptions off it (before it can
@@ -520,8 +596,9 @@ class AgentClient:
                 if len(fs.homes) < fs.redundancy and not fs.closed:
                     try:
                         await self._place(fs)
-                    except Exception:  # e.g. refused now; keep serving the others
-                        log.exception("%s: re-placing subscription %s failed", self.client_id, fs.sub_id)
+                    except Exception as exc:  # a bug; keep serving the others (rule 6: no spin, no trace per turn)
+                        fs.last_refusal = repr(exc)
+                        log.warning("%s: re-placing subscription %s failed: %r", self.client_id, fs.sub_id, exc)
 
     def stats(self) -> dict[str, Any]:
         now = time.perf_counter()

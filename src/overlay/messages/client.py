@@ -2,8 +2,8 @@
 
 Client → node: ``Hello``, ``Publish``, ``Subscribe``, ``Unsubscribe``, ``Ack``,
 and the operator's ``Admin`` commands.  Node → client: ``Welcome``,
-``PubAck``, ``SubAck``, ``UnsubAck``, ``Notify``, ``Choke``, ``Error``,
-``AdminReply``.  ``seq`` is the client's correlation number for a request;
+``PubAck``, ``SubAck``, ``UnsubAck``, ``Notify``, ``Revoke``, ``Choke``,
+``Error``, ``AdminReply``.  ``seq`` is the client's correlation number for a request;
 the answer carries it back.
 """
 
@@ -28,6 +28,7 @@ __all__ = [
     "Notify",
     "Ack",
     "Choke",
+    "Revoke",
     "Error",
     "Admin",
     "AdminReply",
@@ -65,6 +66,8 @@ class ErrorCode:
     BAD_GROUP = "bad_group"  # a weight that is not a positive finite number
     UNDELIVERABLE = "undeliverable"  # no instance of a group could take the event
     DRAINING = "draining"  # the access node drained and leaves: reconnect to another node (fatal)
+    UNRESPONSIVE = "unresponsive"  # the client answered neither an ack nor a revoke in time (fatal)
+    UNAUTHORIZED = "unauthorized"  # an admin command without the cluster's admin token
 
 
 class ClientMessage(msgspec.Struct, frozen=True, tag=True, array_like=True):
@@ -74,6 +77,9 @@ class ClientMessage(msgspec.Struct, frozen=True, tag=True, array_like=True):
 class Hello(ClientMessage, frozen=True):
     client_id: Ident
     version: int = 1
+    # The cluster's admin token, for a session that sends admin commands that
+    # change the cluster (split, place, drain) when ``[cluster] admin_token`` is set.
+    token: Annotated[str, msgspec.Meta(max_length=4096)] = ""
 
 
 class Welcome(ClientMessage, frozen=True):
@@ -81,6 +87,9 @@ class Welcome(ClientMessage, frozen=True):
     session: int
     ready: bool
     cluster: str = ""
+    # Seconds the node waits for the answer to a tracked Notify before it
+    # revokes a group copy (node_acks rule 2); the client declines copies older.
+    ack_timeout: float = 0.0
 
 
 class Publish(ClientMessage, frozen=True):
@@ -126,7 +135,12 @@ class UnsubAck(ClientMessage, frozen=True):
 
 
 class Notify(ClientMessage, frozen=True):
-    """An event matched the client's subscriptions ``sub_ids`` (each listed once)."""
+    """An event matched the client's subscriptions ``sub_ids`` (each listed once).
+
+    ``tag`` is non-zero when the node tracks this notification (a keyed
+    event, or a group instance's copy, which comes alone): the client
+    answers it with one ``Ack`` carrying the tag, once every listed
+    subscription took it (``node_acks`` rule 1)."""
 
     event_id: str
     event: dict[str, Value]
@@ -134,11 +148,26 @@ class Notify(ClientMessage, frozen=True):
     publish_time: float = 0.0
     key: str = ""
     rank: int = 0
+    tag: int = 0
 
 
 class Ack(ClientMessage, frozen=True):
+    """Every listed subscription took the Notify (or ``declined``: it was not
+    handed to the application, and the node may give it to another instance)."""
+
     event_id: str
     lf: float = 0.0  # the subscriber's load factor (SPEC §11), on every ack
+    tag: int = 0  # the Notify's tag
+    declined: bool = False
+
+
+class Revoke(ClientMessage, frozen=True):
+    """Give back the group copy ``tag`` if it was not handed over yet: answer
+    ``Ack(tag, declined=True)``; if it was, the Ack already sent stands
+    (``node_acks`` rule 2)."""
+
+    tag: int
+    event_id: str
 
 
 class Choke(ClientMessage, frozen=True):

@@ -53,6 +53,7 @@ ClientUnion = (
     | _c.Notify
     | _c.Ack
     | _c.Choke
+    | _c.Revoke
     | _c.Error
     | _c.Admin
     | _c.AdminReply

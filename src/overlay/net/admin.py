@@ -52,6 +52,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from overlay.channels.space import ExceptConstraint, RangeConstraint, SetConstraint
+from overlay.config import ClusterConfig
 
 if TYPE_CHECKING:
     from overlay.net.node import Node
@@ -102,6 +103,11 @@ def json_error(status: int, message: str, **extra: Any) -> web.Response:
     return json_response({"error": message, "status": status, **extra}, status)
 
 
+def effective_admin_token(config: ClusterConfig) -> str:
+    """The node's admin token: ``OVERLAY_ADMIN_TOKEN`` wins over ``[cluster] admin_token``."""
+    return os.environ.get(TOKEN_ENV) or config.cluster.admin_token
+
+
 class AdminServer:
     """The admin endpoint of one ``Node`` (module rules 1–5).
 
@@ -112,7 +118,7 @@ class AdminServer:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.core = node.core
-        self.token = os.environ.get(TOKEN_ENV) or node.config.cluster.admin_token
+        self.token = node.core.admin_token  # one token for HTTP and the client protocol
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(NodeCollector(node))
         self.app = web.Application(middlewares=[self._errors, self._auth])

@@ -65,7 +65,7 @@ from overlay.errors import OverlayError, RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import client_reader, encode_frame, peer_reader
-from overlay.net.admin import AdminServer
+from overlay.net.admin import AdminServer, effective_admin_token
 from overlay.net.queues import TwoLevelQueue
 from overlay.net.capture_writer import CaptureWriter
 from overlay.net import membership
@@ -278,7 +278,7 @@ class Node:
     ) -> None:
         self.config = config
         self.id = node_id
-        self.core = NodeCore(config, node_id, incarnation=new_incarnation())
+        self.core = NodeCore(config, node_id, incarnation=new_incarnation(), admin_token=effective_admin_token(config))
         self.peer_runs: dict[int, int] = {}  # the incarnation last seen of each peer (rule 9)
         self._freeze_gc = freeze_gc
         self.capture: CaptureWriter | None = None  # SPEC §13: on when the config names a capture_dir

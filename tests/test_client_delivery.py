@@ -1,0 +1,151 @@
+"""What the client library hands the application (``overlay.client.deliveries``,
+``overlay.node_acks``), on real nodes with the real client library.
+
+* Every subscription of a client gets every event it matches, once, however
+  many of the client's subscriptions one Notify lists; the ack goes back
+  once per Notify, when all of them took it.  ``Notification`` carries the
+  event's key and rank.
+* One instance of a group per event, even when an instance is slow: a copy
+  it did not take within the node's ack window is revoked and goes to
+  another instance, never to both; a slow instance's load factor shows its
+  backlog, so it stops being chosen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+
+import pytest
+from ordcluster import OrdCluster
+from test_node import Cluster
+
+from overlay.channels import parse_subscription
+from overlay.client import AgentClient, AgentSettings, Client
+from overlay.config import load_config
+
+pytestmark = pytest.mark.timeout(120)
+
+SCHEMA = load_config("cluster_configs/local.toml").schema
+OVERLAPPING = ("price < 600", "price >= 300 and price < 900", 'sym = "IBM"')
+
+
+def _events(n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [{"price": round(rng.uniform(0, 1000), 2), "sym": rng.choice(["IBM", "AAPL", "MSFT"])} for _ in range(n)]
+
+
+async def _drain(sub, expected: int, timeout: float = 10.0) -> list[str]:
+    got = []
+    while len(got) < expected:
+        got.append((await sub.next(timeout)).event_id)
+    return got
+
+
+async def test_every_subscription_of_a_client_gets_each_of_its_events_once() -> None:
+    cluster = await Cluster().start()
+    try:
+        sub_client = await cluster.client(1, client_id="three-subs")
+        subs = [await sub_client.subscribe(e, sub_id=f"s{k}", queue_size=10_000) for k, e in enumerate(OVERLAPPING)]
+        pub = await cluster.client(0, client_id="pub")
+        events = _events(2_000, seed=5)
+        ids = [await pub.publish(e) for e in events]
+        filters = [parse_subscription(e, SCHEMA) for e in OVERLAPPING]
+        for sub, f in zip(subs, filters):
+            want = {i for i, e in zip(ids, events) if f.matches(e)}
+            got = await _drain(sub, len(want))
+            assert len(got) == len(set(got)) and set(got) == want, sub.sub_id
+            assert sub.queue.empty()
+        # One answer per Notify, not one per subscription (node side counts client acks).
+        notifies = cluster.nodes[1].core.stats["notifies_out"]
+        await asyncio.sleep(0)  # the last acks were sent by the last takes above
+        await _until(lambda: cluster.nodes[1].core.stats["client_acks"] == notifies)
+        assert notifies < sum(len({i for i, e in zip(ids, events) if f.matches(e)}) for f in filters)
+    finally:
+        await cluster.stop()
+
+
+async def _until(cond, timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_an_agent_client_gives_each_of_its_subscriptions_its_events_once() -> None:
+    cluster = await Cluster().start()
+    try:
+        agent = await AgentClient([cluster.addr(1), cluster.addr(2)], settings=AgentSettings(probe_interval=0)).connect()
+        try:
+            subs = [await agent.subscribe(e, sub_id=f"f{k}") for k, e in enumerate(OVERLAPPING)]
+            pub = await cluster.client(0, client_id="pub")
+            events = _events(1_000, seed=9)
+            ids = [await pub.publish(e) for e in events]
+            for sub, text in zip(subs, OVERLAPPING):
+                f = parse_subscription(text, SCHEMA)
+                want = {i for i, e in zip(ids, events) if f.matches(e)}
+                got = await _drain(sub, len(want))
+                assert len(got) == len(set(got)) and set(got) == want, text
+        finally:
+            await agent.close()
+    finally:
+        await cluster.stop()
+
+
+async def test_notifications_carry_the_key_and_rank_of_an_ordered_event() -> None:
+    cluster = await Cluster().start()
+    try:
+        c = await cluster.client(2, client_id="ordered")
+        sub = await c.subscribe("price < 10")
+        pub = await cluster.client(0, client_id="pub")
+        for rank in (1, 2, 3):
+            await pub.publish({"price": 1.0, "sym": "A"}, key="order-17", rank=rank)
+        notes = [await sub.next(5.0) for _ in range(3)]
+        assert [(n.key, n.rank) for n in notes] == [("order-17", 1), ("order-17", 2), ("order-17", 3)]
+    finally:
+        await cluster.stop()
+
+
+async def test_each_event_reaches_exactly_one_instance_even_when_one_is_slow() -> None:
+    # A short ack window so that the slow instance's backlog outlasts it.
+    cl = await OrdCluster(3, groups={"ack_timeout": 0.4, "fault_period": 0.5}).start()
+    clients: list[Client] = []
+    try:
+        handed: Counter[str] = Counter()
+        per_instance: Counter[str] = Counter()
+        subs = []
+        for node, weight in ((0, 1.0), (1, 2.0), (2, 4.0)):
+            c = await Client([cl.addr(node)], client_id=f"w{weight:g}").connect()
+            clients.append(c)
+            subs.append((await c.subscribe("price >= 0", group="g", weight=weight), weight))
+
+        async def consume(sub, weight: float) -> None:
+            async for note in sub:
+                handed[note.event_id] += 1
+                per_instance[f"w{weight:g}"] += 1
+                if weight == 4.0:
+                    await asyncio.sleep(0.025)  # the slow one: 25 ms an event
+
+        consumers = [asyncio.create_task(consume(s, w)) for s, w in subs]
+        pub = await Client([cl.addr(0)], client_id="pub").connect()
+        clients.append(pub)
+        n = 1_500
+        for k in range(n):
+            await pub.publish_windowed({"price": float(k % 1000), "sym": "A"})
+        await pub.flush()
+        await _until(lambda: len(handed) == n, 60.0)
+        await asyncio.sleep(1.0)  # room for a late second copy, had there been one
+        for t in consumers:
+            t.cancel()
+        assert sorted(handed.values()) == [1] * n, f"{sum(v > 1 for v in handed.values())} events reached two instances"
+        revoked = sum(s.revoked for s, _ in subs)  # copies given back, never handed over
+        assert revoked > 0 and cl.stat("deliveries_declined") >= revoked, "the slow instance never fell behind: no fence"
+        print(f"per instance {dict(per_instance)}; {revoked} copies given back; node revokes {cl.stat('deliveries_revoked')}")
+        # Its LF showed the backlog: it got far less than its 4/7 share.
+        assert per_instance["w4"] < 4 / 7 * n * 0.8, per_instance
+    finally:
+        for c in clients:
+            await c.close()
+        await cl.stop()
