@@ -207,10 +207,14 @@ async def test_no_ack_in_time_is_a_failure_and_the_publish_goes_elsewhere() -> N
         sub_client = await cluster.client(0)
         sub = await sub_client.subscribe('sym = "TO"')
         agent = await cluster.agent(1, 2, probe_interval=0, min_timeout=0.05, max_timeout=0.2)
-        # Node 2 is a little slower, so the agent prefers node 1 ...
+        # Node 2 is a little slower, so the agent comes to prefer node 1 (on a
+        # loaded machine node 1's latency spikes past node 2's now and then:
+        # warm up until it does, not for a fixed count) ...
         slow_down(cluster.nodes[2], 0.005)
-        for i in range(6):
+        for i in range(200):
             await agent.publish({"price": float(i), "sym": "WARM"})
+            if i >= 5 and agent.agent.choose(time.perf_counter()) == 0:
+                break
         assert agent.agent.choose(time.perf_counter()) == 0
         # ... then node 1 goes on accepting events but its PubAcks get lost.
         node = cluster.nodes[1]
