@@ -99,6 +99,22 @@ def test_end_slice_computes_dc_mean_and_state():
     assert r.state is U
 
 
+def test_below_the_minimum_load_a_node_is_never_overloaded_and_an_idle_cluster_is_stable():
+    m = Monitor(0, 1.0, [1, 2, 3], delta=0.1, slice_seconds=BASE, probability=1.0, rng=random.Random(1), min_load=100.0)
+    # Two events in the whole cluster: the node that matched them is not overloaded.
+    r = slice_with(m, 2.0, {1: 0.0, 2: 0.0, 3: 0.0})
+    assert r.state is S and not r.schedule
+    # The same at the other end: a node at 0 in an idle cluster is not underloaded either.
+    r = slice_with(m, 0.0, {1: 6e-61, 2: 2.0, 3: 0.0})
+    assert r.state is S
+    # Real work elsewhere: this idle node is a receiver; a busy node above the minimum is overloaded.
+    assert slice_with(m, 0.0, {1: 500.0, 2: 500.0, 3: 500.0}).state is U
+    r = slice_with(m, 2000.0, {1: 500.0, 2: 500.0, 3: 500.0})
+    assert r.state is O and r.schedule
+    # Above the others but under the minimum itself: stable, however uneven.
+    assert slice_with(m, 90.0, {1: 150.0, 2: 0.0, 3: 0.0}).state is S  # mean 60: above it, but idle
+
+
 def test_alone_a_node_is_at_the_mean():
     m = monitor(peers=())
     r = m.end_slice(50.0)

@@ -211,3 +211,26 @@ async def test_a_restarted_access_node_reuses_no_id_and_serves_no_dead_clients_e
             await agent.close()
             with contextlib.suppress(Exception):
                 await dead.close()
+
+
+async def test_a_dead_node_never_freezes_balancing(tmp_path: Path) -> None:
+    """Node 2 is killed; an operator then moves a channel from node 0 to node 1.
+    The session's table update cannot be answered by node 2: it completes
+    once node 2 is unreachable past the peer timeout, both sides leave BUSY,
+    and balancing goes on between the live nodes."""
+    async with cluster(tmp_path) as procs:
+        async with Client([procs.addr(0)]) as op:
+            await op.admin("split", channel="0.0", attr="price", at=500.0)
+            procs.kill(2)
+            t0 = time.monotonic()
+            result = await op.admin("place", channel="0.1", node=1, timeout=30.0)
+            took = time.monotonic() - t0
+            assert result["receiver"] == 1 and took < 4 * PEER_TIMEOUT, (result, took)
+            states = {}
+            for node in (0, 1):
+                async with Client([procs.addr(node)]) as c:
+                    st = await c.admin("status")
+                states[node] = st["state"]
+                assert ("0.1" in [ch["id"] for ch in st["channels"]]) == (node == 1)
+            assert "BUSY" not in states.values(), states
+        assert all(procs.alive(i) for i in (0, 1))

@@ -759,7 +759,10 @@ def cmd_pub(args: argparse.Namespace) -> int:
 async def _notes(sub: Any, count: int | None) -> None:
     n = 0
     async for note in sub:
-        print(json.dumps({"event_id": note.event_id, "event": note.event, "subscriptions": list(note.sub_ids)}), flush=True)
+        line: dict[str, Any] = {"event_id": note.event_id, "event": note.event, "subscriptions": list(note.sub_ids)}
+        if note.key:  # an ordered event: its sequence key and rank
+            line |= {"key": note.key, "rank": note.rank}
+        print(json.dumps(line), flush=True)
         n += 1
         if count and n >= count:
             return
@@ -963,16 +966,31 @@ async def _channel(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     command, kw = _channel_args(cfg, args)
     owner = await _owner_of(cfg, args.channel)
-    c = Client(_addresses(cfg, owner), client_id="overlay-admin", reconnect=False)
+    from overlay.membership_cli import admin_token  # (it imports this module)
+
+    c = Client(_addresses(cfg, owner), client_id="overlay-admin", reconnect=False, token=admin_token(args.token, cfg))
     try:
         try:
             await c.connect(timeout=CONNECT_TIMEOUT)
         except TimeoutError:
             raise CommandFailed(f"node {owner}, the owner of {args.channel}, does not answer") from None
-        print(json.dumps(await c.admin(command, **kw)))
+        print(describe_channel_result(command, await c.admin(command, **kw)), flush=True)
     finally:
         await finish_within(c.close(), CLOSE_TIMEOUT, "closing the connection")
     return EXIT_OK
+
+
+def describe_channel_result(command: str, result: dict[str, Any]) -> str:
+    """What ``channel split``/``place`` did, in one line of plain words."""
+    if command == "split" and "children" in result:
+        kids = " and ".join(f"{c['id']} ({c['space']}, {c['subscriptions']} subscriptions)" for c in result["children"])
+        return f"channel {result['split']} split on {result['attr']} into {kids}, on node {result['node']}"
+    if command == "place" and result.get("moved") is False:
+        return str(result.get("note", f"channel {result.get('channel')} stays where it is"))
+    if command == "place":
+        return (f"channel {', '.join(result.get('channels', []))} moved to node {result.get('receiver')}: "
+                f"{result.get('subscriptions_moved', 0)} subscriptions, {result.get('bytes', 0)} bytes")
+    return json.dumps(result)
 
 
 def cmd_channel(args: argparse.Namespace) -> int:
@@ -1176,6 +1194,7 @@ def build_parser() -> argparse.ArgumentParser:
     ch.add_argument("--at", help="split: cut an ordered attribute after this value")
     ch.add_argument("--values", help="split: comma-separated string values for the new type-1 child")
     ch.add_argument("--node", type=_node_id, help="place: the receiving node")
+    ch.add_argument("--token", default=None, help="admin token (default: $OVERLAY_ADMIN_TOKEN, then the config's)")
     ch.set_defaults(func=cmd_channel)
 
     d = _add(sub, "demo", "local cluster with bounded demo traffic, shown live (make run)")

@@ -10,10 +10,10 @@ moves channels to the others.  Every line fits in ``LINE_WIDTH`` columns.
 
 What "deliveries" counts: one per (event, subscription) pair that reached its
 subscriber — every subscription of a client gets each event it matches.  The
-node's ``notifies_out`` (the admin page's "Notify frames") counts frames: one
-per client session per event, listing every subscription of that session the
-event matched — with 40 subscriptions per client, the demo's number is the
-larger one.
+admin page's "notified per subscription" counts the same pairs where the
+channels' owners send them (``notifications_out``), so the two agree but for
+notifications still in flight or dropped for a slow consumer.  (The node's
+``notifies_out`` counts Notify frames: one per client session per event.)
 
 Bounded by ``seconds`` and by ``MAX_EVENTS``; Ctrl-C stops everything cleanly;
 a node that dies ends the demo with its exit status and last lines of log

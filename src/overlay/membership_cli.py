@@ -33,6 +33,12 @@ __all__ = ["cmd_drain", "drain_node", "format_drain"]
 TOKEN_ENV = "OVERLAY_ADMIN_TOKEN"
 
 
+def admin_token(given: str | None, cfg: Any) -> str:
+    """The token an operator command presents: ``--token``, else
+    ``OVERLAY_ADMIN_TOKEN``, else the config's ``[cluster] admin_token``."""
+    return given or os.environ.get(TOKEN_ENV) or cfg.cluster.admin_token
+
+
 def _connect_host(host: str) -> str:
     return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
@@ -56,7 +62,7 @@ async def drain_node(n: NodeConfig, token: str, timeout: float) -> dict[str, Any
         if resp.status != 200:
             raise CommandFailed(f"node {n.id} refused the drain (HTTP {resp.status}): {body.get('error', body)}")
         return body
-    c = Client([(n.host, n.port)], client_id="overlay-drain", reconnect=False)
+    c = Client([(n.host, n.port)], client_id="overlay-drain", reconnect=False, token=token)
     try:
         try:
             await c.connect(timeout=min(timeout, CONNECT_TIMEOUT))
@@ -89,5 +95,5 @@ def cmd_drain(args: argparse.Namespace) -> int:
         raise UsageError("which node? e.g. `overlay node drain 1 --config F`")
     cfg = load_config(args.config)
     n = config_node(cfg, args.target, "drain")
-    token = args.token or os.environ.get(TOKEN_ENV) or cfg.cluster.admin_token
+    token = admin_token(args.token, cfg)
     return run_command(_drain(n, token, args.timeout))

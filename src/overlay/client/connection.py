@@ -455,15 +455,20 @@ class Client:
     # -- requests (rule 2) -----------------------------------------------------------------
 
     async def _request(self, make: Any, timeout: float) -> cm.ClientMessage:
-        await self._connected.wait()
-        seq = next(self._seq)
-        fut: asyncio.Future[cm.ClientMessage] = asyncio.get_running_loop().create_future()
-        self._waiting[seq] = fut
-        self._send(make(seq))
-        try:
-            return await asyncio.wait_for(fut, timeout)
-        finally:
-            self._waiting.pop(seq, None)
+        if self._closing:
+            raise ConnectionLost("the client is closed")
+        # The timeout covers the wait for a connection too: a request made
+        # while the node is gone must not wait for it forever.
+        async with asyncio.timeout(timeout):
+            await self._connected.wait()
+            seq = next(self._seq)
+            fut: asyncio.Future[cm.ClientMessage] = asyncio.get_running_loop().create_future()
+            self._waiting[seq] = fut
+            self._send(make(seq))
+            try:
+                return await fut
+            finally:
+                self._waiting.pop(seq, None)
 
     async def _request_retrying(self, make: Any, timeout: float = REQUEST_TIMEOUT) -> cm.ClientMessage:
         deadline = time.monotonic() + timeout

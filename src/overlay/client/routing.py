@@ -361,9 +361,8 @@ class AgentClient:
         self._closing = True
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        # gather, not suppress(CancelledError): a cancel of close() itself must still end it.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for sub in list(self._subs.values()):
             sub.closed = True
             if not sub.queue.full():
