@@ -214,6 +214,8 @@ class PeerLink:
                 self.node._guarded("peer_link", self.node.core.peer_link, self.peer.id, True, time.time())
                 log.info("node %d: link to peer %d up", self.node.id, self.peer.id)
                 await self._pump(reader, writer)
+            except _PeerClosed:  # an orderly close (the peer stopped): not a fault
+                log.info("node %d: peer %d closed its link", self.node.id, self.peer.id)
             except OSError as exc:
                 log.warning("node %d: link to peer %d lost: %s", self.node.id, self.peer.id, exc)
             finally:
@@ -250,7 +252,7 @@ class PeerLink:
         # The peer never writes on our outbound link; EOF means it went away.
         while await reader.read(READ_CHUNK):
             pass
-        raise ConnectionResetError("peer closed the link")
+        raise _PeerClosed("peer closed the link")
 
     async def _write(self, writer: asyncio.StreamWriter) -> None:
         q = self.queue
@@ -258,6 +260,10 @@ class PeerLink:
             await q.wait()
             writer.writelines(q.drain(MAX_BATCH))
             await writer.drain()
+
+
+class _PeerClosed(ConnectionResetError):
+    """The peer closed our link in order (EOF): it stopped or restarts."""
 
 
 class _Stop(Exception):
