@@ -149,3 +149,52 @@ async def test_each_event_reaches_exactly_one_instance_even_when_one_is_slow() -
         for c in clients:
             await c.close()
         await cl.stop()
+
+
+async def test_placing_a_subscription_never_spins_and_a_duplicate_left_behind_is_cleaned_up(caplog) -> None:
+    """AgentClient rule 6: a node that refuses the subscription is retried
+    after growing pauses, a bounded number of times per connection, never in
+    a loop of tracebacks; a ``duplicate_subscription`` (an earlier attempt
+    there timed out here but was applied there) is cleaned up with an
+    unsubscribe and the next attempt succeeds."""
+    import logging
+
+    from overlay.actions import ToClient
+    from overlay.messages import client as cm
+
+    caplog.set_level(logging.INFO, logger="overlay")
+    cluster = await Cluster().start()
+    agent = AgentClient([cluster.addr(1), cluster.addr(2)], settings=AgentSettings(probe_interval=0, redundancy=2))
+    try:
+        await agent.connect()
+        await _until(lambda: len(agent.connected) == 2)
+        core = cluster.nodes[2].core
+        # Node 2 holds a stale copy of the id (as after a timed-out attempt): the first
+        # subscribe there is refused as a duplicate; the agent unsubscribes it and retries.
+        real = core._client_subscribe
+        refusals = []
+
+        def duplicate_once(sess, msg, out):
+            if not refusals:
+                refusals.append(msg.sub_id)
+                out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.DUPLICATE_SUBSCRIPTION, "held")))
+                return
+            real(sess, msg, out)
+
+        core._client_subscribe = duplicate_once  # type: ignore[method-assign]
+        sub = await agent.subscribe("price < 10", sub_id="f")
+        await _until(lambda: len(sub.homes) == 2, 10.0)
+        assert refusals == ["f"]
+        # A node that always refuses: attempts stay bounded and paced, no traceback.
+        core._client_subscribe = lambda sess, msg, out: out.append(  # type: ignore[method-assign]
+            ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.DRAINING, "leaving")))
+        attempts = []
+        real_place = agent._failed_to_place
+        agent._failed_to_place = lambda fs, i, exc: (attempts.append(i), real_place(fs, i, exc))  # type: ignore[method-assign]
+        sub2 = await agent.subscribe("price < 20", sub_id="g", redundancy=2, timeout=2.0)
+        await asyncio.sleep(1.5)
+        assert len(sub2.homes) == 1 and len(attempts) <= 5, attempts
+        assert "Traceback" not in caplog.text
+    finally:
+        await agent.close()
+        await cluster.stop()

@@ -522,7 +522,7 @@ class AgentClient:
                 )
             except (ConnectionLost, TimeoutError, NotReady, RequestError) as exc:
                 refused = isinstance(exc, RequestError) and exc.code != cm.ErrorCode.DUPLICATE_SUBSCRIPTION
-                if initial and refused:
+                if initial and refused and not fs.homes:  # the first node refused the subscription itself
                     raise
                 self._failed_to_place(fs, i, exc)
                 if isinstance(exc, RequestError) and exc.code == cm.ErrorCode.DUPLICATE_SUBSCRIPTION:
