@@ -20,7 +20,7 @@ from test_node import Cluster
 from overlay.channels.expressions import MAX_EXPRESSION_LENGTH
 from overlay.channels.subscriptions import Subscription
 from overlay.client import Client
-from overlay.errors import RequestError
+from overlay.errors import LocalProtocolError, RequestError
 from overlay.messages import client as cm
 
 pytestmark = pytest.mark.timeout(60)
@@ -151,5 +151,19 @@ async def test_the_client_refuses_a_rank_past_the_bound_before_sending() -> None
             await c.publish({"price": 1.0, "sym": "A"}, key="k", rank=2**60)
         with pytest.raises(RequestError, match="bad_group"):
             await c.subscribe("price < 1", group="g", weight=1e308)
+    finally:
+        await cluster.stop()
+
+
+@pytest.mark.parametrize("timeout", [NAN, math.inf, 1e308, 0.0, -1.0])
+async def test_a_client_refuses_an_absurd_timeout_before_it_sends(timeout: float) -> None:
+    cluster = await Cluster().start()
+    try:
+        c = await cluster.client(0, client_id="timeouts")
+        with pytest.raises(LocalProtocolError, match="timeout"):
+            await c.publish({"price": 1.0, "sym": "A"}, timeout=timeout)
+        with pytest.raises(LocalProtocolError, match="timeout"):
+            await c.subscribe("price < 1", timeout=timeout)
+        assert c.connected and not c.subscriptions
     finally:
         await cluster.stop()

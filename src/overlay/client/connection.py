@@ -82,6 +82,18 @@ MAX_KEY: Final = 256
 PING_SUB_ID: Final = "\x00ping"
 
 
+# The longest wait a caller may ask for: a day (a NaN, an infinity or 1e308
+# would wait forever, or not at all).
+MAX_TIMEOUT: Final = 86_400.0
+
+
+def check_timeout(timeout: float) -> float:
+    """A timeout is a positive, finite number of seconds, at most ``MAX_TIMEOUT``."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
+        raise LocalProtocolError(f"a timeout is a number of seconds in (0, {MAX_TIMEOUT:g}], got {timeout!r}")
+    return float(timeout)
+
+
 def check_order(key: str, rank: int) -> None:
     """Refuse what the node's decoder would treat as a protocol error."""
     if len(key) > MAX_KEY:
@@ -455,6 +467,7 @@ class Client:
     # -- requests (rule 2) -----------------------------------------------------------------
 
     async def _request(self, make: Any, timeout: float) -> cm.ClientMessage:
+        check_timeout(timeout)
         if self._closing:
             raise ConnectionLost("the client is closed")
         # The timeout covers the wait for a connection too: a request made
@@ -471,6 +484,7 @@ class Client:
                 self._waiting.pop(seq, None)
 
     async def _request_retrying(self, make: Any, timeout: float = REQUEST_TIMEOUT) -> cm.ClientMessage:
+        check_timeout(timeout)
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -564,7 +578,7 @@ class Client:
         Raises the first rejection since the last flush (``RequestError``), or
         ``TimeoutError`` if some are still unacknowledged after ``timeout``.
         """
-        await asyncio.wait_for(self._all_acked.wait(), timeout)
+        await asyncio.wait_for(self._all_acked.wait(), check_timeout(timeout))
         err, self._publish_error = self._publish_error, None
         if err is not None:
             raise err

@@ -100,6 +100,7 @@ from overlay.client.connection import (
     Client,
     Notification,
     Subscription,
+    check_timeout,
 )
 from overlay.client.load_factor import LoadFactor, LoadFactorConfig
 from overlay.errors import ConfigError, ConnectionLost, NotReady, RequestError
@@ -386,7 +387,7 @@ class AgentClient:
         node acknowledged it within ``timeout``.
         """
         clock = time.perf_counter
-        deadline = clock() + timeout
+        deadline = clock() + check_timeout(timeout)
         agent = self.agent
         pending = self._pending
         failed: set[int] = set()  # nodes that timed out on this publish
@@ -488,7 +489,7 @@ class AgentClient:
         )
         self._subs[sub_id] = fs
         try:
-            await asyncio.wait_for(self._place(fs, initial=True), timeout)
+            await asyncio.wait_for(self._place(fs, initial=True), check_timeout(timeout))
             if not fs.homes:
                 raise ConnectionLost("no access node could take the subscription")
         except BaseException:
