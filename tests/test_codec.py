@@ -84,7 +84,7 @@ PEER_MESSAGES: list[pm.PeerMessage] = [
     pm.LIEM(1, "UNDERLOADED", 120.0, 0.5, 240.0, 17),
     pm.RequestLoadBalance(300.0, 1.25, 9, True),
     pm.ReplyRequestLoadBalance(pm.ReplySign.REPLY_FAIL, 9, "not underloaded"),
-    pm.ChannelTransfer((pm.ChannelSpec(CH1, MIXED), pm.ChannelSpec(CH0, WHOLE)), 9),
+    pm.ChannelTransfer((pm.ChannelSpec(CH1, MIXED), pm.ChannelSpec(CH0, WHOLE, (pm.PastOwner(2, 17.5),))), 9),
     pm.ReplyChannelTransfer(pm.ReplySign.REPLY_SUCCESS, (CH1, CH0), 9),
     pm.SubscriptionMove(
         pm.SubscriptionType.COMPOSITE,

@@ -171,7 +171,8 @@ def test_admin_place_emits_the_exact_migration_sequence():
     assert all(m.session == session for m in msgs)
     assert msgs[0].forced
     assert msgs[1].status is pm.ReplySign.REPLY_SUCCESS
-    assert msgs[2].channels == (pm.ChannelSpec(HIGH, w.cores[1].routing[HIGH].space),)
+    # It travels with the node it leaves (node_balancing rule 7).
+    assert msgs[2].channels == (pm.ChannelSpec(HIGH, w.cores[1].routing[HIGH].space, (pm.PastOwner(0, w.net.now),)),)
     assert msgs[3] == pm.ReplyChannelTransfer(pm.ReplySign.REPLY_SUCCESS, (HIGH,), session)
     assert msgs[4].ch_sub_set == (pm.ChannelSubscriptions(HIGH, (stored,)),)
     assert msgs[6] == msgs[7]
@@ -222,3 +223,25 @@ def test_refused_request_aborts_and_changes_no_table():
     assert mig.state is OutState.ABORTED and mig.reason == "balancing is off"
     assert net.owner_of(EC) == [0] and net.routing_tables_equal()
     assert w.cores[0].stats["migrations_aborted"] == 1
+
+
+def test_balancing_never_sends_a_channel_back_to_a_node_it_left_lately():
+    """node_balancing rule 7: the nodes a channel left travel with it; the
+    balancer does not send it back to one within RETURN_SLICES slices (an
+    operator may), split children are channels of their own."""
+    from overlay.node_balancing import RETURN_SLICES
+
+    w = World()
+    ops = w.client(0, "ops")
+    w.admin(0, ops, "split", **SPLIT_500)
+    assert isinstance(w.admin(0, ops, "place", channel="0.2", node=1), cm.AdminReply)
+    core = w.cores[1]
+    now = w.net.now
+    assert [p.node for p in core._past_owners[HIGH]] == [0]
+    assert HIGH not in {c.ch_id for c in core._channel_loads(receiver=0, now=now + 1.0)}
+    assert HIGH in {c.ch_id for c in core._channel_loads(receiver=2, now=now + 1.0)}
+    later = now + (RETURN_SLICES + 1) * core.monitor.base_slice
+    assert HIGH in {c.ch_id for c in core._channel_loads(receiver=0, now=later)}
+    # The operator is not bound by it.
+    assert isinstance(w.admin(1, w.client(1, "ops1"), "place", channel="0.2", node=0), cm.AdminReply)
+    assert HIGH in w.cores[0].local and [p.node for p in w.cores[0]._past_owners[HIGH]] == [0, 1]

@@ -33,6 +33,11 @@ Theory of operation (SPEC §5–§8):
 6. Every decision (candidates with rank1/f2/f3, channels with
    rank2/f1/f3/f4, the choice), split, merge, migration and state change is
    appended to the node's journal as a JSON-ready dict.
+7. A channel does not go back to a node it left less than ``RETURN_SLICES``
+   slices ago (an operator's move or a drain may): the nodes it left travel
+   with it (``ChannelSpec.past_owners``), split children inherit them, merges
+   join them.  Without it, load noise after convergence moved a small channel
+   to and fro between two nodes, or round three (found by the simulator).
 """
 
 from __future__ import annotations
@@ -85,6 +90,10 @@ START_SPREAD: Final = 0.1
 # A cut-off part that brings the moved load within this fraction of φ is
 # taken as cut; any load in (0, 2φ) lowers S (SPEC §7), closer is better.
 SPLIT_ACCEPT: Final = 0.5
+# Rule 7: a channel stays away from a node it left for this many slices, and
+# remembers this many of the nodes it left.
+RETURN_SLICES: Final = 30
+MAX_PAST_OWNERS: Final = 8
 
 
 class BalancingMixin:
@@ -132,6 +141,8 @@ class BalancingMixin:
         # The split a session waits on (rule 3), with that session and its choice.
         self._split: tuple[SplitJob, OutgoingMigration, ChannelChoice] | None = None
         self.background_last = ""  # what the last background_step did (for the shell's slow log)
+        # Rule 7: the nodes each local channel left lately, oldest first.
+        self._past_owners: dict[ChannelId, tuple[pm.PastOwner, ...]] = {}
 
     def index_pending(self: NodeCore, limit: int) -> int:
         """Index up to ``limit`` pending (or drop stale) subscriptions over the
@@ -196,6 +207,8 @@ class BalancingMixin:
         if self._decide is not None:  # a tick so late it skipped the grace: decide first
             self._end_decision(now, out)
         raw = {ch.id: ch.roll_slice().load for ch in self.local}
+        for gone in [c for c in self._past_owners if c not in raw]:  # rule 7: only local channels
+            del self._past_owners[gone]
         elapsed, self._slice_started = now - self._slice_started, now
         self.load_scale = self.monitor.base_slice / elapsed if elapsed > 0 else 1.0
         # A channel's load is the mean of its last two slices here (one for a
@@ -314,17 +327,29 @@ class BalancingMixin:
         self.monitor.enter_busy(as_sender=False)
         return True, ""
 
-    def _channel_loads(self: NodeCore) -> list[ChannelLoad]:
+    def _channel_loads(self: NodeCore, receiver: int | None = None, now: float = 0.0) -> list[ChannelLoad]:
+        """The channels that may move (to ``receiver``: not back to a node they left, rule 7)."""
         moving = self._engaged()
         out = []
         for ch in self.local:
             if ch.id in moving or self.routing[ch.id].replicated:
+                continue
+            if receiver is not None and self._returns_to(ch.id, receiver, now):
                 continue
             last = ch.last
             access = {n: cnt / last.events for n, cnt in last.access.items()} if last.events else {}
             load = self._channel_load.get(ch.id, last.load * self.load_scale)  # a new split child: its share
             out.append(ChannelLoad(ch.id, round(load), len(ch), access, splittable=True))
         return out
+
+    def _returns_to(self: NodeCore, chid: ChannelId, node: int, now: float) -> bool:
+        """Rule 7: ``chid`` left ``node`` less than RETURN_SLICES slices ago."""
+        horizon = now - RETURN_SLICES * self.monitor.base_slice
+        return any(p.node == node and p.left > horizon for p in self._past_owners.get(chid, ()))
+
+    def past_owners_leaving(self: NodeCore, chid: ChannelId, now: float) -> tuple[pm.PastOwner, ...]:
+        """What travels with ``chid`` when it leaves this node now (rule 7)."""
+        return (*self._past_owners.get(chid, ()), pm.PastOwner(self.id, now))[-MAX_PAST_OWNERS:]
 
     def _plan_transfer(self: NodeCore, mig: OutgoingMigration, now: float, out: list[Action]) -> bool | None:
         """Rule 3: choose the channels to move.  True: ``mig.channels`` are
@@ -339,9 +364,9 @@ class BalancingMixin:
         bw_ij = self.config.bw(self.id, mig.receiver)
         while mig.replans <= MAX_REPLANS:
             mig.replans += 1
-            loads = self._channel_loads()
+            loads = self._channel_loads(mig.receiver, now)
             if not loads:
-                mig.reason = "no channel to move"
+                mig.reason = f"no channel that may go to node {mig.receiver}"
                 return False
             under = [p.node for p in mon.live() if p.state is NodeState.UNDERLOADED] or [mig.receiver]
             min_cost = min(c.subscriptions / self.config.bw(self.id, j) for c in loads for j in under)
@@ -439,7 +464,7 @@ class BalancingMixin:
             # Re-ranking instead can put the parent's rest (f1 = 0 like the small
             # part, but heavier) first and cut it again, and again.
             total = choice.moved_load + self._channel_load[children[0].id]
-            movable = {c.ch_id for c in self._channel_loads()}
+            movable = {c.ch_id for c in self._channel_loads(mig.receiver, now)}
             if abs(total - choice.phi) <= SPLIT_ACCEPT * choice.phi and all(c in movable for c in choice.transfer):
                 mig.channels = choice.transfer + (children[0].id,)
                 planned = True
@@ -473,6 +498,7 @@ class BalancingMixin:
         for c in children:
             self._channel_load[c.id] = parent_load * c.last.load / whole
         self.local.remove(ch.id)
+        self._past_owners.pop(ch.id, None)  # rule 7: a child is a channel of its own
         for c in children:
             self.local.add(c)
         self.index_wanted = True
@@ -511,6 +537,9 @@ class BalancingMixin:
         self.local.remove(a.id)
         self.local.remove(b.id)
         self.local.add(merged)
+        past = sorted({*self._past_owners.pop(a.id, ()), *self._past_owners.pop(b.id, ())}, key=lambda p: p.left)
+        if past:
+            self._past_owners[merged.id] = tuple(past[-MAX_PAST_OWNERS:])  # rule 7
         self.index_wanted = True
         self._cold.pop(a.id, None)
         self._cold.pop(b.id, None)

@@ -112,7 +112,7 @@ class MigrationMixin:
                 self._finish_outgoing(mig, out)
 
     def _send_transfer(self: NodeCore, mig: OutgoingMigration, out: list[Action]) -> None:
-        specs = tuple(pm.ChannelSpec(c, self.local[c].space) for c in mig.channels)
+        specs = tuple(pm.ChannelSpec(c, self.local[c].space, self.past_owners_leaving(c, self.now)) for c in mig.channels)
         out.append(ToPeer(mig.receiver, pm.ChannelTransfer(specs, mig.session)))
 
     def _finish_outgoing(self: NodeCore, mig: OutgoingMigration, out: list[Action]) -> None:
@@ -318,6 +318,8 @@ class MigrationMixin:
         mig.on(msg, now)
         for spec in msg.channels:
             self.local.add(Channel(spec.ch_id, spec.space, self.schema))
+            if spec.past_owners:
+                self._past_owners[spec.ch_id] = spec.past_owners  # node_balancing rule 7
         out.append(ToPeer(src, pm.ReplyChannelTransfer(pm.ReplySign.REPLY_SUCCESS, mig.channels, msg.session)))
 
     def _on_subscription_move(self: NodeCore, src: int, msg: pm.SubscriptionMove, now: float, out: list[Action]) -> None:

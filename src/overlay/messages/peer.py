@@ -30,6 +30,7 @@ __all__ = [
     "ReforwardSign",
     "RouteItem",
     "ChannelSpec",
+    "PastOwner",
     "ChannelSubscriptions",
     "ReforwardItem",
     "PeerHello",
@@ -103,11 +104,20 @@ class RouteItem(msgspec.Struct, frozen=True, array_like=True):
     entry: RouteEntry
 
 
+class PastOwner(msgspec.Struct, frozen=True, array_like=True):
+    """A node a channel left, and when (the sender's clock)."""
+
+    node: Annotated[int, msgspec.Meta(ge=0, le=65535)]
+    left: float
+
+
 class ChannelSpec(msgspec.Struct, frozen=True, array_like=True):
-    """A channel as ChannelTransfer names it: id and space."""
+    """A channel as ChannelTransfer names it: id and space, and the nodes it
+    left lately, so balancing does not send it back (node_balancing rule 7)."""
 
     ch_id: ChannelId
     space: EventSpace
+    past_owners: tuple[PastOwner, ...] = ()
 
 
 class ChannelSubscriptions(msgspec.Struct, frozen=True, array_like=True):
