@@ -10,6 +10,19 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports free just now, for configs of node
+    processes (a process binds its own port; a socket cannot be handed over)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def listening_socket() -> socket.socket:
     """A socket listening on 127.0.0.1 at an ephemeral port, handed to a Node so
     its port is known before the cluster config is written (no race)."""

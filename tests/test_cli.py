@@ -440,3 +440,20 @@ def test_cluster_up_reports_a_node_that_dies_at_start(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr
     assert "node 0 (127.0.0.1:" in proc.stderr and "exited with code 1 during start-up" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+async def test_the_traffic_of_cluster_up_runs_against_a_cluster_and_counts_what_it_did() -> None:
+    """``overlay cluster up F --traffic`` drives ``overlay.traffic``: it
+    publishes, every subscription gets its events, and the clients close."""
+    from loopback import wait_until
+    from test_node import Cluster
+
+    from overlay import traffic
+
+    cluster = await Cluster().start()
+    try:
+        published, delivered = await asyncio.wait_for(traffic.run_traffic(cluster.config, traffic.SETTLE + 1.0), 30)
+        assert published > 0 and delivered > 0
+        await wait_until(lambda: all(not n.core.sessions for n in cluster.nodes.values()), what="its clients gone")
+    finally:
+        await cluster.stop()

@@ -18,6 +18,7 @@ import random
 from collections import Counter
 
 import pytest
+from loopback import wait_until as until
 from ordcluster import OrdCluster
 from test_node import Cluster
 
@@ -59,19 +60,11 @@ async def test_every_subscription_of_a_client_gets_each_of_its_events_once() -> 
             assert sub.queue.empty()
         # One answer per Notify, not one per subscription (node side counts client acks).
         notifies = cluster.nodes[1].core.stats["notifies_out"]
-        await asyncio.sleep(0)  # the last acks were sent by the last takes above
-        await _until(lambda: cluster.nodes[1].core.stats["client_acks"] == notifies)
+        await until(lambda: cluster.nodes[1].core.stats["client_acks"] == notifies)
         assert notifies < sum(len({i for i, e in zip(ids, events) if f.matches(e)}) for f in filters)
     finally:
         await cluster.stop()
 
-
-async def _until(cond, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_an_agent_client_gives_each_of_its_subscriptions_its_events_once() -> None:
@@ -135,7 +128,7 @@ async def test_each_event_reaches_exactly_one_instance_even_when_one_is_slow() -
         for k in range(n):
             await pub.publish_windowed({"price": float(k % 1000), "sym": "A"})
         await pub.flush()
-        await _until(lambda: len(handed) == n, 60.0)
+        await until(lambda: len(handed) == n, 60.0)
         await asyncio.sleep(1.0)  # room for a late second copy, had there been one
         for t in consumers:
             t.cancel()
@@ -167,7 +160,7 @@ async def test_placing_a_subscription_never_spins_and_a_duplicate_left_behind_is
     agent = AgentClient([cluster.addr(1), cluster.addr(2)], settings=AgentSettings(probe_interval=0, redundancy=2))
     try:
         await agent.connect()
-        await _until(lambda: len(agent.connected) == 2)
+        await until(lambda: len(agent.connected) == 2)
         core = cluster.nodes[2].core
         # Node 2 holds a stale copy of the id (as after a timed-out attempt): the first
         # subscribe there is refused as a duplicate; the agent unsubscribes it and retries.
@@ -183,7 +176,7 @@ async def test_placing_a_subscription_never_spins_and_a_duplicate_left_behind_is
 
         core._client_subscribe = duplicate_once  # type: ignore[method-assign]
         sub = await agent.subscribe("price < 10", sub_id="f")
-        await _until(lambda: len(sub.homes) == 2, 10.0)
+        await until(lambda: len(sub.homes) == 2, 10.0)
         assert refusals == ["f"]
         # A node that always refuses: attempts stay bounded and paced, no traceback.
         core._client_subscribe = lambda sess, msg, out: out.append(  # type: ignore[method-assign]

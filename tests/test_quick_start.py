@@ -18,13 +18,13 @@ import random
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from loopback import free_ports
 
 from overlay.client import Client
 
@@ -39,16 +39,6 @@ def quick_start_commands() -> list[list[str]]:
     block = re.search(r"<!-- quick-start.*?-->\s*```sh\n(.*?)```", text, re.S)
     assert block, "README.md has no block marked quick-start"
     return [shlex.split(line, comments=True) for line in block.group(1).splitlines() if line.strip()]
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def config_copy(tmp: Path) -> tuple[Path, list[int]]:

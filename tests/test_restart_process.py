@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from loopback import free_ports
 
 from overlay.client import AgentClient, AgentSettings, Client
 from overlay.errors import OverlayError
@@ -32,17 +32,6 @@ pytestmark = pytest.mark.timeout(120)
 
 SLICE = 0.3  # short slices: idle merges (5 cold slices) come within seconds
 PEER_TIMEOUT = 2.0
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def write_config(path: Path, ports: list[int]) -> Path:

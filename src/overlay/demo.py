@@ -26,7 +26,7 @@ import asyncio
 import random
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from overlay.cli import (
@@ -98,37 +98,35 @@ async def _close_all(clients: Sequence[Client]) -> None:
     await asyncio.gather(*(finish_within(c.close(), CLOSE_TIMEOUT, f"closing {c.client_id}") for c in clients))
 
 
-async def _drive(cfg: ClusterConfig, seconds: float, published: list[int], delivered: list[int]) -> None:
-    """Subscribe, publish, and print a line a second until ``seconds`` are over."""
-    rng = random.Random(7)
+Report = Callable[[list[int], list[int], asyncio.Event], Awaitable[None]]
+
+
+async def run_workload(
+    cfg: ClusterConfig, name: str, seed: int, report: Report, published: list[int], delivered: list[int]
+) -> None:
+    """The demo's workload, for ``make run`` and ``cluster up --traffic``:
+    ``SUBSCRIBERS_PER_NODE`` subscriptions on every node and ``PUBLISHERS``
+    publishers of skewed events, counted in ``published`` and ``delivered``
+    (per subscription), while ``report(published, delivered, stop)`` runs;
+    publishing stops when it sets ``stop`` or returns (or at ``MAX_EVENTS``),
+    then the clients close — within ``CLOSE_TIMEOUT`` on Ctrl-C or a failure too."""
+    rng = random.Random(seed)
     stop = asyncio.Event()
     clients: list[Client] = []
     try:
         async with asyncio.TaskGroup() as tg:
             for n in cfg.nodes:
-                c = await Client([(n.host, n.port)], client_id=f"demo-sub-{n.id}").connect()
+                c = await Client([(n.host, n.port)], client_id=f"{name}-sub-{n.id}").connect()
                 clients.append(c)
                 for expr in demo_subscriptions(rng, SUBSCRIBERS_PER_NODE):
                     tg.create_task(_consumer(await c.subscribe(expr), delivered))
             publishers = []
             for i in range(PUBLISHERS):
                 n = cfg.nodes[i % len(cfg.nodes)]
-                c = await Client([(n.host, n.port)], client_id=f"demo-pub-{i}").connect()
+                c = await Client([(n.host, n.port)], client_id=f"{name}-pub-{i}").connect()
                 clients.append(c)
-                publishers.append(tg.create_task(_publisher(c, i, stop, published)))
-            print(f"{SUBSCRIBERS_PER_NODE * len(cfg.nodes)} subscriptions, {PUBLISHERS} publishers; "
-                  f"{seconds:.0f}s or {MAX_EVENTS} events, Ctrl-C to stop\n", flush=True)
-            print(LEGEND, flush=True)
-            start = time.monotonic()
-            last = (start, 0, 0)
-            while time.monotonic() - start < seconds and published[0] < MAX_EVENTS:
-                await asyncio.sleep(1.0)
-                now = time.monotonic()
-                statuses = await _statuses(cfg)
-                dt = now - last[0]
-                print(_line(now - start, (published[0] - last[1]) / dt, (delivered[0] - last[2]) / dt, statuses),
-                      flush=True)
-                last = (now, published[0], delivered[0])
+                publishers.append(tg.create_task(_publisher(c, seed + i, stop, published)))
+            await report(published, delivered, stop)
             stop.set()
             # Publishers finish their publish in flight, then the connections close,
             # which ends the consumers' iteration.
@@ -139,6 +137,27 @@ async def _drive(cfg: ClusterConfig, seconds: float, published: list[int], deliv
         raise traffic_failed(group) from None
     finally:
         await _close_all(clients)  # after Ctrl-C or a failure: bounded, errors ignored
+
+
+async def _drive(cfg: ClusterConfig, seconds: float, published: list[int], delivered: list[int]) -> None:
+    """The workload, printing a line a second until ``seconds`` are over."""
+
+    async def report(published: list[int], delivered: list[int], stop: asyncio.Event) -> None:
+        print(f"{SUBSCRIBERS_PER_NODE * len(cfg.nodes)} subscriptions, {PUBLISHERS} publishers; "
+              f"{seconds:.0f}s or {MAX_EVENTS} events, Ctrl-C to stop\n", flush=True)
+        print(LEGEND, flush=True)
+        start = time.monotonic()
+        last = (start, 0, 0)
+        while time.monotonic() - start < seconds and published[0] < MAX_EVENTS:
+            await asyncio.sleep(1.0)
+            now = time.monotonic()
+            statuses = await _statuses(cfg)
+            dt = now - last[0]
+            print(_line(now - start, (published[0] - last[1]) / dt, (delivered[0] - last[2]) / dt, statuses),
+                  flush=True)
+            last = (now, published[0], delivered[0])
+
+    await run_workload(cfg, "demo", 7, report, published, delivered)
 
 
 async def run_demo(config_path: str, seconds: float, log_level: str = "warning") -> int:
