@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from ordcluster import OrdCluster, Raw, until  # noqa: E402
 
-from overlay.messages import client as cm  # noqa: E402
 
 WINDOW = 2000
 

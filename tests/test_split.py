@@ -18,7 +18,6 @@ from overlay.channels import (
     Attribute,
     Channel,
     ChannelId,
-    EventRecord,
     EventSpace,
     ExceptConstraint,
     Interval,

@@ -32,7 +32,6 @@ from admincluster import AdminCluster, Traffic
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is a test dependency: pip install -e '.[test]'")
 from selenium.webdriver.chrome.options import Options  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
 
 CHROMIUM: Final = shutil.which("chromium")
 CHROMEDRIVER: Final = shutil.which("chromedriver")

@@ -53,7 +53,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Coroutine, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn, TypeVar
 

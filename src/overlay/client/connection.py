@@ -50,7 +50,6 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Final
 
-import msgspec
 
 from overlay.channels.schema import Value
 from overlay.client.deliveries import Deliveries, Notification

@@ -61,7 +61,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from overlay.config import ClusterConfig, NodeConfig
-from overlay.errors import OverlayError, RemoteProtocolError
+from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import client_reader, encode_frame, peer_reader
