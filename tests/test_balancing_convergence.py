@@ -45,14 +45,15 @@ from typing import Final
 
 import msgspec
 import pytest
+
 from balcluster import QUEUE, Cluster, Ledger, Sub
 from loopback import wait_until as until
-from sim.convergence import SPREAD_TARGET, ConvergenceRun, ConvergenceSim, oscillations
-from sim.workload import range_subscriptions, skewed_price
-
 from overlay.channels import parse_subscription
 from overlay.client import Client
 from overlay.config import ClusterConfig, load_config
+from sim import golden
+from sim.convergence import SPREAD_TARGET, ConvergenceRun, ConvergenceSim, oscillations
+from sim.workload import range_subscriptions, skewed_price
 
 CONFIGS: Final = Path(__file__).resolve().parent.parent / "cluster_configs"
 SEEDS: Final = range(6)
@@ -118,6 +119,12 @@ def test_no_oscillation_after_convergence(name: str, seed: int) -> None:
     assert at is not None, run.describe()
     bad = oscillations(run.migrations, after=run.series[at][0], nodes=len(run.loads))
     assert not bad, "oscillation: " + "; ".join(bad) + "\n" + run.describe()
+
+
+@pytest.mark.parametrize(("name", "seed"), [(n, s) for n, seeds in golden.CONVERGENCE.items() for s in seeds])
+def test_runs_match_the_recorded_traces(name: str, seed: int) -> None:
+    """The node cores decide exactly as when ``sim/golden_traces.json`` was recorded."""
+    assert golden.convergence_digest(_run(name, seed)) == golden.expected_convergence(name, seed), _run(name, seed).describe()
 
 
 def test_a_seed_replays_exactly() -> None:

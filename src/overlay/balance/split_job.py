@@ -41,7 +41,7 @@ from overlay.channels.space import Constraint, RangeConstraint
 from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
 
-__all__ = ["SplitJob", "divide_records", "RECORDS_PER_STEP", "SUBS_PER_STEP"]
+__all__ = ["RECORDS_PER_STEP", "SUBS_PER_STEP", "SplitJob", "divide_records"]
 
 # ≈ 0.1 ms of reading records, ≈ 0.2 ms of sorting subscriptions per step
 # (a bound test each, ≈ 1.5 µs), on the benchmark machine.
@@ -85,7 +85,9 @@ class SplitJob:
         self._subs: list[Subscription] = []
         self._at = 0
         self._belongs: Callable[[Subscription], int] | None = None
-        self._only: tuple[set[str], set[str]] = (set(), set())  # ids that go to one child alone
+        # Ids that go to one child alone; ordered sets (keys), so the adopting
+        # child drops them in an order that does not follow string hashes.
+        self._only: tuple[dict[str, None], dict[str, None]] = ({}, {})
         self._shares: tuple[list[Subscription], list[Subscription]] = ([], [])
         self.children: list[Channel] = []
         self._adopt = 0
@@ -147,9 +149,9 @@ class SplitJob:
                 shares[1].append(sub)
             if mask != 3:  # one child alone (or, never expected, neither: both drop it)
                 if not mask & 1:
-                    only[1].add(sub.id)
+                    only[1][sub.id] = None
                 if not mask & 2:
-                    only[0].add(sub.id)
+                    only[0][sub.id] = None
         self._at = end
         if end == len(self._subs):
             self._subs = []
@@ -205,13 +207,13 @@ class SplitJob:
                 if mask >> (1 - self._adopt) & 1:
                     other.add_deferred([sub], tests)
                 if mask >> self._adopt & 1:
-                    drop.discard(sub.id)
+                    drop.pop(sub.id, None)
                 else:
-                    drop.add(sub.id)
+                    drop[sub.id] = None
             else:
                 sid: str = item  # type: ignore[assignment]
                 other.remove(sid)
-                drop.discard(sid)
+                drop.pop(sid, None)
         for child in children:
             child.share_bounds(parent)
         adopt.adopt_index_dropping(parent, drop)

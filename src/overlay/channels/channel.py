@@ -41,7 +41,7 @@ Rules this module keeps (SPEC §2.3, §5, §8.3):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -56,7 +56,7 @@ from overlay.channels.subscriptions import Subscription
 # An exact test of one subscription: ``test(values)`` is whether the event matches.
 Test = Callable[[Mapping[str, Value]], bool]
 
-__all__ = ["ChannelId", "Channel", "SliceStats", "EventRecord", "MAX_RECORDS", "MAX_SEEN"]
+__all__ = ["MAX_RECORDS", "MAX_SEEN", "Channel", "ChannelId", "EventRecord", "SliceStats"]
 
 # Distinct DA points recorded per slice; enough to cut a channel finely while
 # bounding the memory a flood of unique values can take.
@@ -89,7 +89,7 @@ class SliceStats:
     """What one time slice of a channel recorded. Invariant: ``load`` is the sum of
     the records' costs and ``events`` the sum of their counts."""
 
-    __slots__ = ("priority", "load", "events", "_records", "access")
+    __slots__ = ("_records", "access", "events", "load", "priority")
 
     def __init__(self, priority: tuple[str, ...]) -> None:
         self.priority = priority
@@ -173,8 +173,10 @@ class Channel:
         # Rule 5: members not indexed yet (with their exact test once compiled),
         # and indexed non-members waiting to be dropped.
         self._pending: dict[str, tuple[Subscription, Test | None]] = {}
-        self._stale: set[str] = set()
-        self._da_count: dict[str, int] = {n: 0 for n in schema.da}
+        # An ordered set (keys): the order stale ids leave the index decides which
+        # slots later subscriptions take, so it must not follow string hashes.
+        self._stale: dict[str, None] = {}
+        self._da_count: dict[str, int] = dict.fromkeys(schema.da, 0)
         # Each subscription's plain bound on the numeric DA attributes, by id
         # (rule 6): shared with the channel's split children (an id names one
         # filter everywhere), so a split reads what indexing already computed.
@@ -227,7 +229,7 @@ class Channel:
     def add(self, sub: Subscription) -> bool:
         """Store and index ``sub``; False when it was already here (idempotent)."""
         if sub.id in self._stale:  # back before its drop: still indexed
-            self._stale.discard(sub.id)
+            del self._stale[sub.id]
         elif sub.id in self._pending or not self.index.add(sub):
             return False
         self._count(sub, +1)
@@ -269,7 +271,7 @@ class Channel:
             if sub.id in pending or (sub.id in self.index and sub.id not in self._stale):
                 continue
             if sub.id in self._stale:
-                self._stale.discard(sub.id)
+                del self._stale[sub.id]
             else:
                 pending[sub.id] = (sub, tests(sub.id) if tests is not None else None)
             self._count(sub, +1)
@@ -293,15 +295,15 @@ class Channel:
         """Take over ``parent``'s index (the parent must be discarded after);
         the subscriptions not in ``keep`` turn stale (rule 5): O(dropped) set
         inserts now, their removal from the index later."""
-        drop = {sub.id for sub in parent.index if sub.id not in keep}
-        drop.update(sid for sid in parent._pending if sid not in keep)
+        drop = dict.fromkeys(sub.id for sub in parent.index if sub.id not in keep)  # ordered: see _stale
+        drop.update(dict.fromkeys(sid for sid in parent._pending if sid not in keep))
         self.adopt_index_dropping(parent, drop)
 
-    def adopt_index_dropping(self, parent: Channel, drop: set[str]) -> None:
+    def adopt_index_dropping(self, parent: Channel, drop: Collection[str]) -> None:
         """``adopt_index`` told what leaves instead of what stays: no pass
         over the whole index (a split prepared in steps knows it already)."""
         self.index = parent.index
-        self._stale = set(parent._stale)
+        self._stale = dict(parent._stale)
         self._pending = {}
         self._da_count = dict(parent._da_count)
         for sid, entry in parent._pending.items():
@@ -310,14 +312,14 @@ class Channel:
             else:
                 self._count(entry[0], -1)
         parent.index = SubscriptionIndex(parent.schema)  # the parent no longer shares it
-        parent._pending, parent._stale = {}, set()
-        parent._da_count = {n: 0 for n in parent._da_count}
+        parent._pending, parent._stale = {}, {}
+        parent._da_count = dict.fromkeys(parent._da_count, 0)
         stale, index = self._stale, self.index
         for sid in drop:
             if sid not in stale:
                 sub = index.get(sid)
                 if sub is not None:
-                    stale.add(sid)
+                    stale[sid] = None
                     self._count(sub, -1)
 
     def remove(self, sub_id: str) -> Subscription | None:
@@ -325,7 +327,7 @@ class Channel:
         if entry is not None:
             sub: Subscription | None = entry[0]
         elif sub_id in self._stale:
-            self._stale.discard(sub_id)
+            del self._stale[sub_id]
             self.index.remove(sub_id)
             return None
         else:
@@ -385,7 +387,7 @@ class Channel:
                 index.add(sub)
                 self._remember_bounds(sub)
             elif stale and drop_stale:
-                index.remove(stale.pop())
+                index.remove(stale.popitem()[0])
             else:
                 break
         return len(stale) + len(pending)
