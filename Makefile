@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test bench clean venv browser java
+.PHONY: run test lint bench clean venv browser java
 
 venv: $(STAMP)
 
@@ -14,7 +14,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,lint]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -22,6 +22,12 @@ run: $(STAMP)
 
 test: $(STAMP) browser java
 	$(BIN)/python -m pytest -q
+
+# Static checks, configured in pyproject.toml: lint rules, formatting, types.
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench spark
+	$(BIN)/ruff format --check src tests bench spark
+	$(BIN)/mypy
 
 # tests/test_web.py drives Debian's Chromium through selenium: installed once,
 # when missing (as root, or with password-less sudo); where it cannot be, the

@@ -69,7 +69,9 @@ class Cluster:
             s.bind(("127.0.0.1", 0))
             s.listen(512)
             self.socks[i] = s
-        cfg = base.with_nodes(tuple(NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, 1.0) for i, s in self.socks.items()))
+        cfg = base.with_nodes(
+            tuple(NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, 1.0) for i, s in self.socks.items())
+        )
         self.nodes = {i: Node(cfg, i, sock=self.socks[i]) for i in range(n)}
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -179,15 +181,21 @@ async def main(args: argparse.Namespace) -> int:
     for mode in modes:
         for policy in ("round robin", "agent"):
             rows.append(await run_one(mode, policy, args))
-    print(f"\n{args.events} publishes, {args.concurrency} concurrent publishers, node {SLOW_NODE} slow "
-          f"(delay: replies +{args.slow_ms:g} ms; stall: dispatcher sleeps {args.stall_ms:g} ms per batch)\n")
-    print("| slow node | policy | p50 ms | p99 ms | max ms | publishes/s | share per node | chokes | timeouts/re-sent |")
+    print(
+        f"\n{args.events} publishes, {args.concurrency} concurrent publishers, node {SLOW_NODE} slow "
+        f"(delay: replies +{args.slow_ms:g} ms; stall: dispatcher sleeps {args.stall_ms:g} ms per batch)\n"
+    )
+    print(
+        "| slow node | policy | p50 ms | p99 ms | max ms | publishes/s | share per node | chokes | timeouts/re-sent |"
+    )
     print("|---|---|---:|---:|---:|---:|---|---:|---:|")
     for r in rows:
         share = " / ".join(f"{s:.0%}" for s in r["share"])
         to = f"{r['timeouts']}/{r['resent']}" if "timeouts" in r else "–"
-        print(f"| {r['mode']} | {r['policy']} | {r['p50'] * 1e3:.2f} | {r['p99'] * 1e3:.2f} | {r['max'] * 1e3:.1f} "
-              f"| {r['rate']:,.0f} | {share} | {r['chokes']} | {to} |")
+        print(
+            f"| {r['mode']} | {r['policy']} | {r['p50'] * 1e3:.2f} | {r['p99'] * 1e3:.2f} | {r['max'] * 1e3:.1f} "
+            f"| {r['rate']:,.0f} | {share} | {r['chokes']} | {to} |"
+        )
     print()
     ok = True
     for mode in modes:
@@ -195,7 +203,9 @@ async def main(args: argparse.Namespace) -> int:
         ag = next(r for r in rows if r["mode"] == mode and r["policy"] == "agent")
         ratio = ag["p99"] / rr["p99"]
         ok &= ratio <= 0.5
-        print(f"{mode}: agent p99 / round-robin p99 = {ratio:.3f}  (target ≤ 0.5: {'met' if ratio <= 0.5 else 'MISSED'})")
+        print(
+            f"{mode}: agent p99 / round-robin p99 = {ratio:.3f}  (target ≤ 0.5: {'met' if ratio <= 0.5 else 'MISSED'})"
+        )
     return 0 if ok else 1
 
 

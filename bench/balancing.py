@@ -108,7 +108,12 @@ def free_ports(n: int) -> list[int]:
 
 
 def write_config(
-    directory: Path, *, balancing: bool, slice_seconds: float | None, probability: float | None, slow_ms: float | None = None
+    directory: Path,
+    *,
+    balancing: bool,
+    slice_seconds: float | None,
+    probability: float | None,
+    slow_ms: float | None = None,
 ) -> Path:
     """hetero5.toml with free ports, an ephemeral admin port and the run's settings."""
     text = CONFIG.read_text()
@@ -141,7 +146,9 @@ class Processes:
                 self.procs.append(
                     subprocess.Popen(
                         [sys.executable, "-m", "overlay", "node", "--config", str(config), "--id", str(i)],
-                        stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        cwd=ROOT,
                         env=os.environ | {"PYTHONPATH": str(ROOT / "src")},
                     )
                 )
@@ -150,9 +157,23 @@ class Processes:
         """Sample every node with py-spy (the bench extra) until stop()."""
         spy = Path(sys.executable).with_name("py-spy")
         self.spies = [
-            subprocess.Popen([str(spy), "record", "--pid", str(p.pid), "--rate", "250", "--format", "speedscope",
-                              "--output", str(directory / f"node{k}.json"), "--nonblocking"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            subprocess.Popen(
+                [
+                    str(spy),
+                    "record",
+                    "--pid",
+                    str(p.pid),
+                    "--rate",
+                    "250",
+                    "--format",
+                    "speedscope",
+                    "--output",
+                    str(directory / f"node{k}.json"),
+                    "--nonblocking",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             for k, p in enumerate(self.procs)
         ]
 
@@ -232,7 +253,10 @@ class Run:
 
 async def wait_ready(addresses: list[tuple[str, int]]) -> list[Client]:
     deadline = time.monotonic() + STARTUP_TIMEOUT
-    admins = [await Client([a], client_id=f"bench-admin-{k}", reconnect=False).connect(STARTUP_TIMEOUT) for k, a in enumerate(addresses)]
+    admins = [
+        await Client([a], client_id=f"bench-admin-{k}", reconnect=False).connect(STARTUP_TIMEOUT)
+        for k, a in enumerate(addresses)
+    ]
     while True:
         states = [await c.admin("status") for c in admins]
         if all(s["ready"] for s in states):
@@ -250,7 +274,9 @@ async def fetch_journal(admin: Client) -> list[dict[str, Any]]:
 
 
 async def run_mode(balancing: bool, args: argparse.Namespace, workdir: Path) -> Run:
-    path = write_config(workdir, balancing=balancing, slice_seconds=args.slice, probability=args.probability, slow_ms=args.slow_ms)
+    path = write_config(
+        workdir, balancing=balancing, slice_seconds=args.slice, probability=args.probability, slow_ms=args.slow_ms
+    )
     cfg = load_config(path)
     ids = cfg.node_ids
     addresses = [(n.host, n.port) for n in cfg.nodes]
@@ -358,7 +384,10 @@ def analyse(run: Run, cfg: Any, start: float, stop: float, latency: list[tuple[f
             continue  # whole slices of traffic only
         # What every node reported last by then (slices close on a common grid,
         # to a tick; a node with a stretched T reports less often).
-        near = [max((x for x in per[i] if x["time"] <= e["time"] + TICK), key=lambda x: x["time"], default=None) for i in ids]
+        near = [
+            max((x for x in per[i] if x["time"] <= e["time"] + TICK), key=lambda x: x["time"], default=None)
+            for i in ids
+        ]
         if any(x is None or e["time"] - x["time"] > x["slice_seconds"] + TICK for x in near):
             continue
         dcs = [x["dc"] for x in near]  # type: ignore[index]
@@ -421,22 +450,50 @@ def report(on: Run, off: Run) -> bool:
         return statistics.mean(s[1] for s in r.series[-5:]) if r.series else None
 
     rows = [
-        ("slice T / offered rate", f"{on.slice_seconds:g} s / {on.offered:.0f} ev/s", f"{off.slice_seconds:g} s / {off.offered:.0f} ev/s", ""),
-        ("S/dc̄ at the first whole slice", f"{on.series[0][1]:.3f}" if on.series else "—", f"{off.series[0][1]:.3f}" if off.series else "—", ""),
-        ("S/dc̄, mean of the last 5 slices", f"{tail(on):.3f}" if on.series else "—", f"{tail(off):.3f}" if off.series else "—", f"≤ {TARGET_SPREAD}"),
-        ("slices from settled load to S/dc̄ ≤ 0.10 for good", str(on.slices_to_converge) if on.slices_to_converge is not None else "never",
-         str(off.slices_to_converge) if off.slices_to_converge is not None else "never", f"≤ {TARGET_SLICES}"),
+        (
+            "slice T / offered rate",
+            f"{on.slice_seconds:g} s / {on.offered:.0f} ev/s",
+            f"{off.slice_seconds:g} s / {off.offered:.0f} ev/s",
+            "",
+        ),
+        (
+            "S/dc̄ at the first whole slice",
+            f"{on.series[0][1]:.3f}" if on.series else "—",
+            f"{off.series[0][1]:.3f}" if off.series else "—",
+            "",
+        ),
+        (
+            "S/dc̄, mean of the last 5 slices",
+            f"{tail(on):.3f}" if on.series else "—",
+            f"{tail(off):.3f}" if off.series else "—",
+            f"≤ {TARGET_SPREAD}",
+        ),
+        (
+            "slices from settled load to S/dc̄ ≤ 0.10 for good",
+            str(on.slices_to_converge) if on.slices_to_converge is not None else "never",
+            str(off.slices_to_converge) if off.slices_to_converge is not None else "never",
+            f"≤ {TARGET_SLICES}",
+        ),
         ("migrations (natural)", str(len(on.migrations)), str(len(off.migrations)), ""),
         ("Σ mig_cost (subscriptions / bw)", f"{on_cost:.2f}", "0", ""),
         ("subscriptions moved", str(on_moved), "0", ""),
-        ("splits / merges / aborted sessions", f"{on.count('split')} / {on.count('merge')} / {on.count('abort')}",
-         f"{off.count('split')} / {off.count('merge')} / {off.count('abort')}", ""),
+        (
+            "splits / merges / aborted sessions",
+            f"{on.count('split')} / {on.count('merge')} / {on.count('abort')}",
+            f"{off.count('split')} / {off.count('merge')} / {off.count('abort')}",
+            "",
+        ),
         ("latency p50 during migrations", ms(pct(on.lat_during, 50)), "—", ""),
         ("latency p99 during migrations", ms(p99_d), "—", f"≤ {TARGET_P99_RATIO}× steady"),
         ("latency p50 steady", ms(pct(on.lat_steady, 50)), ms(pct(off.lat_steady, 50)), ""),
         ("latency p99 steady", ms(p99_s), ms(pct(off.lat_steady, 99)), ""),
         ("p99 during / steady", f"{ratio99:.2f}×" if ratio99 is not None else "—", "—", f"≤ {TARGET_P99_RATIO}"),
-        ("notifications timed (during / steady)", f"{len(on.lat_during)} / {len(on.lat_steady)}", f"0 / {len(off.lat_steady)}", ""),
+        (
+            "notifications timed (during / steady)",
+            f"{len(on.lat_during)} / {len(on.lat_steady)}",
+            f"0 / {len(off.lat_steady)}",
+            "",
+        ),
         ("events published", str(on.published), str(off.published), ""),
         ("(event, subscription) pairs expected", str(on.expected), str(off.expected), ""),
         ("lost / duplicated", f"{on.lost} / {on.duplicated}", f"{off.lost} / {off.duplicated}", "0 / 0"),
@@ -448,9 +505,13 @@ def report(on: Run, off: Run) -> bool:
     for name, a, b, t in rows:
         print(f"{name:{w0}}  {a:>{w1}}  {b:>{w2}}  {t}")
     ok = (
-        on.slices_to_converge is not None and on.slices_to_converge <= TARGET_SLICES
+        on.slices_to_converge is not None
+        and on.slices_to_converge <= TARGET_SLICES
         and (ratio99 is None or ratio99 <= TARGET_P99_RATIO)
-        and on.lost == 0 and on.duplicated == 0 and off.lost == 0 and off.duplicated == 0
+        and on.lost == 0
+        and on.duplicated == 0
+        and off.lost == 0
+        and off.duplicated == 0
     )
     print()
     print("targets met" if ok else "TARGET MISSED")
@@ -463,7 +524,12 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=1000.0, help="events/s over all publishers (default 1000)")
     ap.add_argument("--slice", type=float, default=None, help="T in seconds (default: the config's)")
     ap.add_argument("--probability", type=float, default=None, help="scheduling probability p (default: the config's)")
-    ap.add_argument("--slow-ms", type=float, default=None, help="the nodes journal handlers slower than this (default: the config's)")
+    ap.add_argument(
+        "--slow-ms",
+        type=float,
+        default=None,
+        help="the nodes journal handlers slower than this (default: the config's)",
+    )
     ap.add_argument("--only", choices=("on", "off"), help="run one mode only")
     ap.add_argument("--journal", type=Path, help="write the balancing-on run's journals (JSON) here")
     ap.add_argument("--profile", type=Path, help="py-spy every node of the balancing-on run into this directory")

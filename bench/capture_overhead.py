@@ -169,7 +169,6 @@ def core_once(events: int, capture: bool) -> float:
     """CPU µs per event of three cores on CoreLink (``--core``)."""
     sys.path.insert(0, str(ROOT / "tests"))
     from corelink import CoreLink
-
     from overlay.capture import CaptureBuffer
     from overlay.messages import client as cm
 
@@ -211,23 +210,30 @@ def main(argv: list[str] | None = None) -> int:
     if a.core:
         per: dict[bool, list[float]] = {False: [], True: []}
         for r in range(a.rounds):
-            for capture in ((False, True) if r % 2 == 0 else (True, False)):
+            for capture in (False, True) if r % 2 == 0 else (True, False):
                 per[capture].append(core_once(a.events, capture))
-                print(f"round {r + 1}: capture {'on ' if capture else 'off'} {per[capture][-1]:6.1f} µs/event", flush=True)
+                print(
+                    f"round {r + 1}: capture {'on ' if capture else 'off'} {per[capture][-1]:6.1f} µs/event", flush=True
+                )
         off, on = statistics.median(per[False]), statistics.median(per[True])
-        print(f"\ncores' CPU per event (median): off {off:.1f} µs, on {on:.1f} µs -> +{on - off:.1f} µs ({100 * (on / off - 1):+.1f} %)")
+        print(
+            f"\ncores' CPU per event (median): off {off:.1f} µs, on {on:.1f} µs -> +{on - off:.1f} µs ({100 * (on / off - 1):+.1f} %)"
+        )
         return 0
     rates: dict[bool, list[float]] = {False: [], True: []}
     cpus: dict[bool, list[float]] = {False: [], True: []}
     size = 0
     for r in range(a.rounds):
-        for capture in ((False, True) if r % 2 == 0 else (True, False)):
+        for capture in (False, True) if r % 2 == 0 else (True, False):
             rate, cpu, sz = run_once(a.nodes, a.events, capture)
             rates[capture].append(rate)
             cpus[capture].append(cpu)
             size = max(size, sz)
-            print(f"round {r + 1}: capture {'on ' if capture else 'off'} {rate:8.0f} events/s, "
-                  f"nodes' CPU {cpu:6.1f} µs/event", flush=True)
+            print(
+                f"round {r + 1}: capture {'on ' if capture else 'off'} {rate:8.0f} events/s, "
+                f"nodes' CPU {cpu:6.1f} µs/event",
+                flush=True,
+            )
     off, on = statistics.median(rates[False]), statistics.median(rates[True])
     c_off, c_on = statistics.median(cpus[False]), statistics.median(cpus[True])
     print(f"\nthroughput (median): off {off:.0f} events/s, on {on:.0f} events/s -> {100 * (1 - on / off):+.1f} %")

@@ -139,10 +139,7 @@ class Workload:
 
     def events(self, n: int) -> list[dict[str, Value]]:
         """Uniform over every attribute's domain, all attributes present, checked."""
-        return [
-            SCHEMA.check_event_values({a.name: self.value(a) for a in self.attrs})
-            for _ in range(n)
-        ]
+        return [SCHEMA.check_event_values({a.name: self.value(a) for a in self.attrs}) for _ in range(n)]
 
 
 # -- measuring -----------------------------------------------------------------
@@ -351,9 +348,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=DEFAULT_SIZES,
         help="comma-separated subscription counts (default: 1000,10000,100000)",
     )
-    ap.add_argument(
-        "--events", type=_positive, default=DEFAULT_EVENTS, help="events per size for the index"
-    )
+    ap.add_argument("--events", type=_positive, default=DEFAULT_EVENTS, help="events per size for the index")
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args(argv)
     sizes: tuple[int, ...] = args.sizes

@@ -29,8 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from ordcluster import OrdCluster, Raw, until  # noqa: E402
-
+from ordcluster import OrdCluster, Raw, until
 
 WINDOW = 2000
 
@@ -83,7 +82,12 @@ async def ordered_section(n: int, rounds: int = 3) -> list[tuple[str, tuple[floa
         await sub.subscribe("price >= 0")
         pub = await cl.client(0)
         await throughput(cl, sub, pub, 2000, 0)  # warm-up
-        cases = [("unordered", 0, n), ("ordered, 1 key", 1, min(n, 2000)), ("ordered, 100 keys", 100, n), ("ordered, 1000 keys", 1000, n)]
+        cases = [
+            ("unordered", 0, n),
+            ("ordered, 1 key", 1, min(n, 2000)),
+            ("ordered, 100 keys", 100, n),
+            ("ordered, 1000 keys", 1000, n),
+        ]
         got: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in cases}
         for _ in range(rounds):
             for name, keys, m in cases:
@@ -146,8 +150,10 @@ async def main() -> None:
     print(f"\ngroup share error after 10k events (weights 1:2:3): {err:.2%}  (target ≤ 2%)")
     rr = await latency_section(aware=False)
     lfd = await latency_section(aware=True)
-    print(f"group p99 processing latency, one instance slowed 10 ms: round robin {rr * 1000:.1f} ms, "
-          f"LF-weighted {lfd * 1000:.1f} ms, ratio {lfd / rr:.2f}  (target ≤ 0.5)")
+    print(
+        f"group p99 processing latency, one instance slowed 10 ms: round robin {rr * 1000:.1f} ms, "
+        f"LF-weighted {lfd * 1000:.1f} ms, ratio {lfd / rr:.2f}  (target ≤ 0.5)"
+    )
 
 
 if __name__ == "__main__":

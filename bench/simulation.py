@@ -62,13 +62,12 @@ from typing import Any, Final
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from sim.cluster import SimCluster  # noqa: E402
-from sim.setup import make_config, random_config  # noqa: E402
-
-from overlay.actions import ToPeer  # noqa: E402
-from overlay.messages import client as cm  # noqa: E402
-from overlay.messages import peer as pm  # noqa: E402
-from overlay.node_core import NodeCore  # noqa: E402
+from overlay.actions import ToPeer
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+from overlay.node_core import NodeCore
+from sim.cluster import SimCluster
+from sim.setup import make_config, random_config
 
 SPREAD_TARGET: Final = 0.10
 GOLDEN: Final = 0.6180339887498949
@@ -273,7 +272,15 @@ def plan(n: int, slices: int, events_per_node: int, subs_per_node: int, budget: 
         pc.run_until(now + base / (2 * SUBSTEPS))
         tot: Counter[str] = Counter()
         for c in pc.cores:
-            for k in ("migrations", "replications", "splits", "merges", "subscriptions_moved", "migration_bytes", "migrations_aborted"):
+            for k in (
+                "migrations",
+                "replications",
+                "splits",
+                "merges",
+                "subscriptions_moved",
+                "migration_bytes",
+                "migrations_aborted",
+            ):
                 tot[k] += c.stats.get(k, 0)
         reports = [c.last_report for c in pc.cores]
         dcs = [r.dc for r in reports if r is not None]
@@ -355,8 +362,10 @@ def print_plan(results: list[PlanResult]) -> None:
         wb = sum(x.wall for x in b.rows[2:]) / max(len(b.rows) - 2, 1)
         if wa > 0 and wb > 0 and b.n != a.n:
             k = math.log(wb / wa) / math.log(b.n / a.n)
-            print(f"\nwall time per simulated slice grows as n^{k:.2f} between n={a.n} and n={b.n} "
-                  f"({wa:.2f} s -> {wb:.2f} s); LIEMs alone are n(n-1) per slice")
+            print(
+                f"\nwall time per simulated slice grows as n^{k:.2f} between n={a.n} and n={b.n} "
+                f"({wa:.2f} s -> {wb:.2f} s); LIEMs alone are n(n-1) per slice"
+            )
 
 
 def main() -> int:
@@ -380,7 +389,9 @@ def main() -> int:
         results = []
         for n in (int(x) for x in args.plan.split(",") if x):
             print(f"planning n={n} …", flush=True)
-            results.append(plan(n, args.plan_slices, args.events_per_node, args.subs_per_node, args.plan_budget, args.seed))
+            results.append(
+                plan(n, args.plan_slices, args.events_per_node, args.subs_per_node, args.plan_budget, args.seed)
+            )
         print_plan(results)
     return status
 

@@ -76,8 +76,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from throughput_common import CTX, HOST, PAYLOAD_BYTES, STARTUP_TIMEOUT, TOPIC, PubResult, SubResult, Target, cpu_seconds, machine_busy, set_priority
-from throughput_mqtt import _mqtt_pub_main, _mqtt_sub_main, _null_mqtt_broker, amqtt_broker, ensure_mosquitto, ensure_python_deps, mosquitto_broker
+from throughput_common import (
+    CTX,
+    HOST,
+    PAYLOAD_BYTES,
+    STARTUP_TIMEOUT,
+    TOPIC,
+    PubResult,
+    SubResult,
+    Target,
+    cpu_seconds,
+    machine_busy,
+    set_priority,
+)
+from throughput_mqtt import (
+    _mqtt_pub_main,
+    _mqtt_sub_main,
+    _null_mqtt_broker,
+    amqtt_broker,
+    ensure_mosquitto,
+    ensure_python_deps,
+    mosquitto_broker,
+)
 from throughput_overlay import OVERLAY_FILTER, _null_overlay_node, _overlay_pub_main, _overlay_sub_main, overlay_cluster
 
 # Bounds of one throughput run: whichever comes first.
@@ -108,19 +128,7 @@ TARGET_P99_MS: Final = 5.0
 # == servers ========================================================================
 
 
-
-
-
-
-
-
 # == clients (each in its own process) ================================================
-
-
-
-
-
-
 
 
 # == one run ==========================================================================
@@ -284,7 +292,9 @@ def throughput_run(key: str, fanout: int, scale: float, publishers: int = 1) -> 
     system, nodes, start = SYSTEMS[key]
     n = int((EVENTS_1TO1 if fanout == 1 else EVENTS_FANOUT) * scale)
     with start() as target:
-        return run_workload(target, Run(system, nodes, fanout, "max"), n, limit=TIME_LIMIT * scale, publishers=publishers)
+        return run_workload(
+            target, Run(system, nodes, fanout, "max"), n, limit=TIME_LIMIT * scale, publishers=publishers
+        )
 
 
 def latency_run(key: str, scale: float) -> Run:
@@ -292,13 +302,16 @@ def latency_run(key: str, scale: float) -> Run:
     n = int(FIXED_RATE * FIXED_SECONDS * scale)
     with start() as target:
         return run_workload(
-            target, Run(system, nodes, 1, f"{FIXED_RATE}/s"), n, warmup=FIXED_WARMUP, rate=FIXED_RATE, limit=FIXED_SECONDS * scale + 30
+            target,
+            Run(system, nodes, 1, f"{FIXED_RATE}/s"),
+            n,
+            warmup=FIXED_WARMUP,
+            rate=FIXED_RATE,
+            limit=FIXED_SECONDS * scale + 30,
         )
 
 
 # == load-generator check =============================================================
-
-
 
 
 def generator_capacity(kind: str, n: int) -> tuple[float, float]:
@@ -319,9 +332,13 @@ def generator_capacity(kind: str, n: int) -> tuple[float, float]:
                 ready, go = CTX.Event(), CTX.Event()
                 rx, tx = CTX.Pipe(duplex=False)
                 if kind == "overlay":
-                    p = CTX.Process(target=_overlay_pub_main, args=(target.pub, n, 0, None, TIME_LIMIT, ready, go, tx), daemon=True)
+                    p = CTX.Process(
+                        target=_overlay_pub_main, args=(target.pub, n, 0, None, TIME_LIMIT, ready, go, tx), daemon=True
+                    )
                 else:
-                    p = CTX.Process(target=_mqtt_pub_main, args=(port, n, 0, None, TIME_LIMIT, ready, go, tx), daemon=True)
+                    p = CTX.Process(
+                        target=_mqtt_pub_main, args=(port, n, 0, None, TIME_LIMIT, ready, go, tx), daemon=True
+                    )
                 p.start()
                 ready.wait(STARTUP_TIMEOUT)
                 go.set()
@@ -333,7 +350,9 @@ def generator_capacity(kind: str, n: int) -> tuple[float, float]:
                 progress = CTX.Value("q", 0, lock=False)
                 rx, tx = CTX.Pipe(duplex=False)
                 if kind == "overlay":
-                    p = CTX.Process(target=_overlay_sub_main, args=([target.pub], 0, ready, stop, progress, tx), daemon=True)
+                    p = CTX.Process(
+                        target=_overlay_sub_main, args=([target.pub], 0, ready, stop, progress, tx), daemon=True
+                    )
                 else:
                     p = CTX.Process(target=_mqtt_sub_main, args=(port, 1, 0, ready, stop, progress, tx), daemon=True)
                 p.start()
@@ -394,11 +413,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a tenth of the messages, one repeat (a smoke run)")
     ap.add_argument("--only", default="", help="comma-separated systems to run (overlay-1,overlay-3,mosquitto,amqtt)")
-    ap.add_argument("--repeat", type=int, default=REPEATS, help="runs per configuration; the median is shown (default %(default)s)")
-    ap.add_argument("--profile", action="store_true", help="also run overlay-1 1→1 with cProfile in the node and print it")
+    ap.add_argument(
+        "--repeat", type=int, default=REPEATS, help="runs per configuration; the median is shown (default %(default)s)"
+    )
+    ap.add_argument(
+        "--profile", action="store_true", help="also run overlay-1 1→1 with cProfile in the node and print it"
+    )
     ap.add_argument("--no-check", action="store_true", help="skip the load-generator check")
     ap.add_argument(
-        "--nice", type=int, default=BENCH_NICE, help="scheduling priority of every process of the bench (default %(default)s; needs root below 0)"
+        "--nice",
+        type=int,
+        default=BENCH_NICE,
+        help="scheduling priority of every process of the bench (default %(default)s; needs root below 0)",
     )
     args = ap.parse_args(argv)
     scale = 0.1 if args.quick else 1.0

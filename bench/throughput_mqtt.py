@@ -22,7 +22,19 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Final
 
-from throughput_common import HOST, PAYLOAD_BYTES, ROOT, STARTUP_TIMEOUT, TOPIC, PubResult, SubResult, Target, _paced, free_port, wait_port
+from throughput_common import (
+    HOST,
+    PAYLOAD_BYTES,
+    ROOT,
+    STARTUP_TIMEOUT,
+    TOPIC,
+    PubResult,
+    SubResult,
+    Target,
+    _paced,
+    free_port,
+    wait_port,
+)
 
 # MQTT payload: seq and send time, then padding up to PAYLOAD_BYTES.
 MQTT_HEAD: Final = struct.Struct(">qd")
@@ -254,7 +266,9 @@ def _mqtt_connect(c: Any, port: int) -> None:
         _mqtt_pump([c], 0.05)
 
 
-def _mqtt_pub_main(port: int, n: int, warmup: int, rate: float | None, limit: float, ready: Any, go: Any, out: Connection) -> None:
+def _mqtt_pub_main(
+    port: int, n: int, warmup: int, rate: float | None, limit: float, ready: Any, go: Any, out: Connection
+) -> None:
     c = _mqtt_client(f"pub-{os.getpid()}")
     _mqtt_connect(c, port)
     ready.set()
@@ -384,6 +398,8 @@ def _null_mqtt_broker(sock: socket.socket, mode: str, n: int) -> None:
         fixed = bytes([0x30, size]) if size < 128 else bytes([0x30, (size & 127) | 128, size >> 7])
         for start in range(0, n, 256):
             now = time.time()
-            conn.sendall(b"".join(fixed + head + MQTT_HEAD.pack(i, now) + MQTT_PAD for i in range(start, min(n, start + 256))))
+            conn.sendall(
+                b"".join(fixed + head + MQTT_HEAD.pack(i, now) + MQTT_PAD for i in range(start, min(n, start + 256)))
+            )
         while conn.recv(1 << 20):
             pass

@@ -123,7 +123,9 @@ def overlay_event(i: int) -> dict[str, Any]:
     return {"topic": TOPIC, "n": i, "payload": OVERLAY_PAYLOAD}
 
 
-def _overlay_pub_main(addr: tuple[str, int], n: int, warmup: int, rate: float | None, limit: float, ready: Any, go: Any, out: Connection) -> None:
+def _overlay_pub_main(
+    addr: tuple[str, int], n: int, warmup: int, rate: float | None, limit: float, ready: Any, go: Any, out: Connection
+) -> None:
     import uvloop
 
     from overlay.client import Client
@@ -155,7 +157,9 @@ def _overlay_pub_main(addr: tuple[str, int], n: int, warmup: int, rate: float | 
     out.send(uvloop.run(main()))
 
 
-def _overlay_sub_main(addrs: list[tuple[str, int]], warmup: int, ready: Any, stop: Any, progress: Any, out: Connection) -> None:
+def _overlay_sub_main(
+    addrs: list[tuple[str, int]], warmup: int, ready: Any, stop: Any, progress: Any, out: Connection
+) -> None:
     import uvloop
 
     from overlay.client import Client
@@ -187,7 +191,9 @@ def _overlay_sub_main(addrs: list[tuple[str, int]], warmup: int, ready: Any, sto
         dropped = sum(s.dropped for s in subs)
         for c in clients:
             await c.close()
-        return SubResult(state["n"], state["first"], state["last"], lat.tobytes(), f"client-dropped={dropped}" if dropped else "")
+        return SubResult(
+            state["n"], state["first"], state["last"], lat.tobytes(), f"client-dropped={dropped}" if dropped else ""
+        )
 
     out.send(uvloop.run(main()))
 

@@ -71,7 +71,9 @@ def _subscriptions(rng: random.Random, n: int) -> list[str]:
             out.append(f"price >= {lo:.1f} and price < {lo + rng.uniform(2, 20):.1f}")
         elif kind < 0.9:
             lo = rng.uniform(0, 900)
-            out.append(f'sym = "{rng.choice(SYMBOLS)}" and price >= {lo:.1f} and price < {lo + rng.uniform(10, 100):.1f}')
+            out.append(
+                f'sym = "{rng.choice(SYMBOLS)}" and price >= {lo:.1f} and price < {lo + rng.uniform(10, 100):.1f}'
+            )
         else:
             out.append(f"qty > {rng.randint(4900, 4990)}")
     return out
@@ -81,7 +83,9 @@ def _price(rng: random.Random) -> float:
     return round(rng.uniform(0, 100) if rng.random() < 0.7 else rng.uniform(0, 1000), 2)
 
 
-def generate(out_dir: Path, config_path: str, events: int, seconds: float, n_subs: int, keys: bool, seed: int) -> dict[str, Any]:
+def generate(
+    out_dir: Path, config_path: str, events: int, seconds: float, n_subs: int, keys: bool, seed: int
+) -> dict[str, Any]:
     cfg = load_config(config_path)
     schema = cfg.schema
     ids = [n.id for n in cfg.nodes]
@@ -112,7 +116,7 @@ def generate(out_dir: Path, config_path: str, events: int, seconds: float, n_sub
     cuts = [0.0, 1000.0]
     owner = {0: init}  # channel index (by low cut) -> node; rebuilt at each split
     chan_ids = {0: f"{init}.0"}
-    seq = {i: 0 for i in ids}
+    seq = dict.fromkeys(ids, 0)
     indexes: dict[str, SubscriptionIndex] = {}
 
     def build(ch: str, lo: float, hi: float) -> int:
@@ -151,24 +155,57 @@ def generate(out_dir: Path, config_path: str, events: int, seconds: float, n_sub
                 lo_id, hi_id = f"{sender}.{seq[sender] + 1}", f"{sender}.{seq[sender] + 2}"
                 seq[sender] += 2
                 cuts.insert(pos, at)
-                chan_ids = {**{k: v for k, v in chan_ids.items() if k < pos - 1}, pos - 1: lo_id, pos: hi_id,
-                            **{k + 1: v for k, v in chan_ids.items() if k > pos - 1}}
-                owner = {**{k: v for k, v in owner.items() if k < pos - 1}, pos - 1: sender, pos: sender,
-                         **{k + 1: v for k, v in owner.items() if k > pos - 1}}
+                chan_ids = {
+                    **{k: v for k, v in chan_ids.items() if k < pos - 1},
+                    pos - 1: lo_id,
+                    pos: hi_id,
+                    **{k + 1: v for k, v in chan_ids.items() if k > pos - 1},
+                }
+                owner = {
+                    **{k: v for k, v in owner.items() if k < pos - 1},
+                    pos - 1: sender,
+                    pos: sender,
+                    **{k + 1: v for k, v in owner.items() if k > pos - 1},
+                }
                 n_lo = build(lo_id, parent_lo, at)
                 n_hi = build(hi_id, at, cuts[pos + 1])
                 b = bufs[sender]
                 b.now = plan_times[next_plan]
-                b.journal({"kind": "split", "node": sender, "time": b.now, "slice": s_slice, "parent": parent, "attr": "price",
-                           "children": [{"id": lo_id, "space": f"price ∈ [{parent_lo}, {at}]", "subscriptions": n_lo},
-                                        {"id": hi_id, "space": f"price ∈ ({at}, {cuts[pos + 1]}]", "subscriptions": n_hi}]})
+                b.journal(
+                    {
+                        "kind": "split",
+                        "node": sender,
+                        "time": b.now,
+                        "slice": s_slice,
+                        "parent": parent,
+                        "attr": "price",
+                        "children": [
+                            {"id": lo_id, "space": f"price ∈ [{parent_lo}, {at}]", "subscriptions": n_lo},
+                            {"id": hi_id, "space": f"price ∈ ({at}, {cuts[pos + 1]}]", "subscriptions": n_hi},
+                        ],
+                    }
+                )
                 receiver = receivers[next_plan % len(receivers)]
                 bw = cfg.bw(sender, receiver)
                 dur = 0.05 + n_hi / bw / 100
                 b.now += dur
-                b.journal({"kind": "migration", "node": sender, "time": b.now, "slice": s_slice, "session": next_plan + 1,
-                           "receiver": receiver, "channels": [hi_id], "subscriptions": n_hi, "bytes": 90 * n_hi, "bw": bw,
-                           "mig_cost": n_hi / bw, "forced": False, "duration": dur})
+                b.journal(
+                    {
+                        "kind": "migration",
+                        "node": sender,
+                        "time": b.now,
+                        "slice": s_slice,
+                        "session": next_plan + 1,
+                        "receiver": receiver,
+                        "channels": [hi_id],
+                        "subscriptions": n_hi,
+                        "bytes": 90 * n_hi,
+                        "bw": bw,
+                        "mig_cost": n_hi / bw,
+                        "forced": False,
+                        "duration": dur,
+                    }
+                )
                 owner[pos] = receiver
             next_plan += 1
         price = _price(rng)
@@ -216,9 +253,21 @@ def generate(out_dir: Path, config_path: str, events: int, seconds: float, n_sub
         for i in ids:
             state = "OVERLOADED" if dc[i] > 1.1 * mean else "UNDERLOADED" if dc[i] < 0.9 * mean else "STABLE"
             b = bufs[i]
-            b.journal({"kind": "slice", "node": i, "time": t0 + (k + 1) * T, "slice": k + 1, "d": d[i], "dc": dc[i],
-                       "mean": mean, "spread": spread, "state": state,
-                       "channels": {c: float(v) for c, v in slice_loads.get((i, k), {}).items()}, "slice_seconds": T})
+            b.journal(
+                {
+                    "kind": "slice",
+                    "node": i,
+                    "time": t0 + (k + 1) * T,
+                    "slice": k + 1,
+                    "d": d[i],
+                    "dc": dc[i],
+                    "mean": mean,
+                    "spread": spread,
+                    "state": state,
+                    "channels": {c: float(v) for c, v in slice_loads.get((i, k), {}).items()},
+                    "slice_seconds": T,
+                }
+            )
     t_end = t0 + (last_slice + 1) * T + 1.0
     for s in subs:
         b = bufs[s.access_node]
@@ -232,8 +281,13 @@ def generate(out_dir: Path, config_path: str, events: int, seconds: float, n_sub
         b.n += 1
         files[i].write(End(i, b.n, t_end, files[i].written + 1, 0))
         files[i].fh.close()
-    return {"events": events, "deliveries": total_deliveries, "subscriptions": n_subs, "migrations": next_plan,
-            "bytes": sum((out_dir / capture_file_name(i)).stat().st_size for i in ids)}
+    return {
+        "events": events,
+        "deliveries": total_deliveries,
+        "subscriptions": n_subs,
+        "migrations": next_plan,
+        "bytes": sum((out_dir / capture_file_name(i)).stat().st_size for i in ids),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,9 +302,12 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     t = time.monotonic()
     res = generate(Path(a.out_dir), a.config, a.events, a.seconds, a.subscriptions, not a.no_keys, a.seed)
-    print(f"{res['events']} events, {res['deliveries']} deliveries, {res['subscriptions']} subscriptions, "
-          f"{res['migrations']} migrations, {res['bytes'] / 1e6:.0f} MB in {a.out_dir} "
-          f"({time.monotonic() - t:.0f}s)", file=sys.stderr)
+    print(
+        f"{res['events']} events, {res['deliveries']} deliveries, {res['subscriptions']} subscriptions, "
+        f"{res['migrations']} migrations, {res['bytes'] / 1e6:.0f} MB in {a.out_dir} "
+        f"({time.monotonic() - t:.0f}s)",
+        file=sys.stderr,
+    )
     return 0
 
 

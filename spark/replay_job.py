@@ -7,7 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from overlay_spark.replay import main  # noqa: E402
+from overlay_spark.replay import main
 
 if __name__ == "__main__":
     sys.exit(main())

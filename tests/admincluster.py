@@ -20,21 +20,22 @@ from typing import Any, Final
 
 import msgspec
 
+from loopback import listening_socket
+from loopback import wait_until as until
 from overlay.client import Client
 from overlay.config import ClusterConfig, NodeConfig, load_config
 from overlay.net.node import Node
-from loopback import listening_socket, wait_until as until
 
 CONFIGS: Final = Path(__file__).resolve().parent.parent / "cluster_configs"
 GOLDEN: Final = 0.6180339887498949
 
 
-
-
 class AdminCluster:
     """``async with AdminCluster(n, **cluster_settings) as cl``: n nodes running."""
 
-    def __init__(self, n: int = 3, *, only: Iterable[int] | None = None, wait_ready: bool = True, **settings: Any) -> None:
+    def __init__(
+        self, n: int = 3, *, only: Iterable[int] | None = None, wait_ready: bool = True, **settings: Any
+    ) -> None:
         cfg = load_config(CONFIGS / "local.toml")
         cfg = msgspec.structs.replace(cfg, cluster=msgspec.structs.replace(cfg.cluster, **settings))
         self.socks = [listening_socket() for _ in range(n)]
@@ -122,7 +123,9 @@ class Traffic:
         subs = [await self.cluster.client(i, f"sub-{i}") for i in ids]
         for k in range(self.n_subs):
             lo = rng.uniform(0, 900)
-            sub = await subs[k % len(subs)].subscribe(f"price >= {lo:.1f} and price < {min(1000.0, lo + rng.uniform(30, 300)):.1f}", queue_size=1_000_000)
+            sub = await subs[k % len(subs)].subscribe(
+                f"price >= {lo:.1f} and price < {min(1000.0, lo + rng.uniform(30, 300)):.1f}", queue_size=1_000_000
+            )
             self._tasks.append(asyncio.create_task(self._consume(sub)))
         for i in ids:
             pub = await self.cluster.client(i, f"pub-{i}")

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Final, Self
 
 import msgspec
+
 from loopback import listening_socket
 from loopback import wait_until as until
-
 from overlay.channels.predicates import Filter
 from overlay.client import Client
 from overlay.config import NodeConfig, load_config
@@ -103,7 +103,8 @@ class Cluster:
         ids = list(nodes or self.ids)
         first = self.core(ids[0]).routing
         quiet = all(
-            not len(self.nodes[i].inbox) and all(not len(l.queue) for l in self.nodes[i].links.values() if l.peer.id in ids)
+            not len(self.nodes[i].inbox)
+            and all(not len(l.queue) for l in self.nodes[i].links.values() if l.peer.id in ids)
             for i in ids
         )
         return quiet and not self.busy(ids) and all(self.core(i).routing == first for i in ids)
@@ -202,7 +203,9 @@ class Ledger:
                     seen_pairs.add((ci, sid, qty))
                 if not s.filter.matches(values):
                     if n:
-                        bad.append(f"event {qty} {values} delivered {n}x to {ci}/{sid} ({s.expression}) it does not match")
+                        bad.append(
+                            f"event {qty} {values} delivered {n}x to {ci}/{sid} ({s.expression}) it does not match"
+                        )
                     continue
                 if self.expected(s, qty, start):
                     exact += 1

@@ -78,9 +78,7 @@ class CoreLink:
         self.config = config
         self.now = now
         self.cores: dict[int, NodeCore] = {i: NodeCore(config, i) for i in config.node_ids}
-        self.links: dict[tuple[int, int], _Link] = {
-            (a, b): _Link() for a in self.cores for b in self.cores if a != b
-        }
+        self.links: dict[tuple[int, int], _Link] = {(a, b): _Link() for a in self.cores for b in self.cores if a != b}
         self._seq = itertools.count()
         self._hold: HoldPredicate | None = None
         self.trace: list[Delivery] = []
@@ -182,9 +180,7 @@ class CoreLink:
         self._hold = pred
 
     def hold_types(self, *types: type, src: int | None = None, dst: int | None = None) -> None:
-        self.hold(
-            lambda a, b, m: isinstance(m, types) and (src is None or a == src) and (dst is None or b == dst)
-        )
+        self.hold(lambda a, b, m: isinstance(m, types) and (src is None or a == src) and (dst is None or b == dst))
 
     def pause(self, src: int, dst: int) -> None:
         self.links[(src, dst)].paused = True
@@ -222,9 +218,7 @@ class CoreLink:
 
     def received(self, node: int, sid: int, *, since: int = 0, kind: type | None = None) -> list[Any]:
         return [
-            m
-            for n, s, m in self.to_clients[since:]
-            if n == node and s == sid and (kind is None or isinstance(m, kind))
+            m for n, s, m in self.to_clients[since:] if n == node and s == sid and (kind is None or isinstance(m, kind))
         ]
 
     # -- views ---------------------------------------------------------------------------------
@@ -232,11 +226,7 @@ class CoreLink:
     def types(self, since: int = 0, *, only: Iterable[type] | None = None) -> list[tuple[int, int, str]]:
         """``trace`` as (src, dst, type name), optionally only some types."""
         keep = tuple(only) if only is not None else None
-        return [
-            (a, b, type(m).__name__)
-            for a, b, m in self.trace[since:]
-            if keep is None or isinstance(m, keep)
-        ]
+        return [(a, b, type(m).__name__) for a, b, m in self.trace[since:] if keep is None or isinstance(m, keep)]
 
     def routing_tables_equal(self) -> bool:
         tables = [c.routing for c in self.cores.values()]

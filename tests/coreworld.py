@@ -11,8 +11,8 @@ from collections import Counter
 from pathlib import Path
 
 import msgspec
-from corelink import CoreLink
 
+from corelink import CoreLink
 from overlay.channels import ChannelId, parse_subscription
 from overlay.config import load_config
 from overlay.messages import client as cm
@@ -41,7 +41,6 @@ MIGRATION_TYPES = (
     pm.CompleteLoadBalance,
     pm.Reforward,
 )
-
 
 
 class World:
@@ -124,7 +123,9 @@ class World:
                 out[(node, sid, m.event_id, frozenset(m.sub_ids))] += 1
         return out
 
-    def expected(self, subs: dict[tuple[int, int], dict[str, str]] | None = None, events: dict | None = None) -> Counter:
+    def expected(
+        self, subs: dict[tuple[int, int], dict[str, str]] | None = None, events: dict | None = None
+    ) -> Counter:
         """Brute force: one Notify per (client, event) listing every matching subscription."""
         subs = self.subs if subs is None else subs
         events = self.events if events is None else events

@@ -33,7 +33,9 @@ def listening_socket() -> socket.socket:
     return s
 
 
-async def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition", step: float = 0.005) -> None:
+async def wait_until(
+    cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition", step: float = 0.005
+) -> None:
     """Await a condition on state that has no event of its own (polled), bounded."""
     deadline = time.monotonic() + timeout
     while not cond():

@@ -20,21 +20,22 @@ from typing import Any
 
 import msgspec
 
+from loopback import listening_socket
+from loopback import wait_until as until
 from overlay.config import ClusterConfig, GroupSettings, NodeConfig, SequencerSettings, load_config
 from overlay.messages import client as cm
 from overlay.messages.codec import client_reader, encode_frame
 from overlay.net.node import CLIENT_MAGIC, Node
-from loopback import listening_socket, wait_until as until
 
 _LOADED = load_config(Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml")
 BASE = msgspec.structs.replace(_LOADED, cluster=msgspec.structs.replace(_LOADED.cluster, balancing=False))
 WAIT = 10.0
 
 
-
-
 class OrdCluster:
-    def __init__(self, n: int = 3, *, sequencer: dict | None = None, groups: dict | None = None, **cluster: Any) -> None:
+    def __init__(
+        self, n: int = 3, *, sequencer: dict | None = None, groups: dict | None = None, **cluster: Any
+    ) -> None:
         self.socks: dict[int, socket.socket] = {}
         for i in range(n):
             s = listening_socket()
@@ -60,7 +61,9 @@ class OrdCluster:
             self.tasks[i] = asyncio.create_task(node.run(), name=f"node-{i}")
         await asyncio.wait_for(asyncio.gather(*(n.started.wait() for n in self.nodes.values())), WAIT)
         await until(lambda: all(n.core.ready for n in self.nodes.values()), what="cluster ready")
-        await until(lambda: all(l.connected.is_set() for n in self.nodes.values() for l in n.links.values()), what="links up")
+        await until(
+            lambda: all(l.connected.is_set() for n in self.nodes.values() for l in n.links.values()), what="links up"
+        )
         return self
 
     async def client(self, node: int, **kw: Any) -> Raw:
@@ -100,7 +103,13 @@ class Raw:
     ``answer_revokes`` is off: a client whose whole process hangs."""
 
     def __init__(
-        self, addr: tuple[str, int], *, auto_ack: bool = True, lf: float = 0.0, delay: float = 0.0, answer_revokes: bool = True
+        self,
+        addr: tuple[str, int],
+        *,
+        auto_ack: bool = True,
+        lf: float = 0.0,
+        delay: float = 0.0,
+        answer_revokes: bool = True,
     ) -> None:
         self.addr = addr
         self.auto_ack = auto_ack
@@ -190,6 +199,8 @@ class Raw:
     async def publish(self, event: dict, key: str = "", rank: int = 0) -> cm.ClientMessage:
         return await asyncio.wait_for(self.publish_nowait(event, key, rank), WAIT)
 
-    async def subscribe(self, expr: str, group: str = "", weight: float = 1.0, sub_id: str | None = None) -> cm.ClientMessage:
+    async def subscribe(
+        self, expr: str, group: str = "", weight: float = 1.0, sub_id: str | None = None
+    ) -> cm.ClientMessage:
         sid = sub_id or f"s{next(self._seq)}"
         return await self.request(lambda seq: cm.Subscribe(seq, sid, expr, group, weight))

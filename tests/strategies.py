@@ -31,6 +31,7 @@ from overlay.channels import (
     SetConstraint,
 )
 
+
 def unchecked_filter(text: str, schema: Schema) -> Filter:
     """``text``'s conjunction without the parser's refusal of one that can
     never match (``qty > 5 and qty < 3``): the tables, the matcher and the
@@ -116,9 +117,7 @@ def samples(attr: Attribute) -> list[object]:
 
 
 def all_strings(alphabet: str = WITNESS_ALPHABET, max_len: int = WITNESS_MAX_LEN) -> list[str]:
-    return [
-        "".join(p) for n in range(max_len + 1) for p in itertools.product(alphabet, repeat=n)
-    ]
+    return ["".join(p) for n in range(max_len + 1) for p in itertools.product(alphabet, repeat=n)]
 
 
 def values(attr: Attribute) -> st.SearchStrategy[object]:
@@ -153,9 +152,7 @@ def any_predicate(schema: Schema) -> st.SearchStrategy[Predicate]:
 
 
 def filters(schema: Schema, max_size: int = 4) -> st.SearchStrategy[Filter]:
-    return st.lists(any_predicate(schema), min_size=1, max_size=max_size).map(
-        lambda ps: Filter(tuple(ps))
-    )
+    return st.lists(any_predicate(schema), min_size=1, max_size=max_size).map(lambda ps: Filter(tuple(ps)))
 
 
 @st.composite
@@ -175,9 +172,7 @@ def all_events(schema: Schema) -> list[dict[str, object]]:
         if not schema.is_da(name):
             opts.append(None)
         axes.append([(name, v) for v in opts])
-    return [
-        {n: v for n, v in combo if v is not None} for combo in itertools.product(*axes)
-    ]
+    return [{n: v for n, v in combo if v is not None} for combo in itertools.product(*axes)]
 
 
 # -- the brute-force reference (SPEC §2.2) --------------------------------------------
@@ -204,7 +199,7 @@ def brute_satisfies(p: Predicate, v: object) -> bool:
     if op == "prefix":
         return v[: len(a[0])] == a[0]
     if op == "suffix":
-        return len(a[0]) == 0 or v[-len(a[0]):] == a[0]
+        return len(a[0]) == 0 or v[-len(a[0]) :] == a[0]
     if op == "contains":
         return any(v[i : i + len(a[0])] == a[0] for i in range(len(v) - len(a[0]) + 1))
     raise AssertionError(op)

@@ -14,14 +14,14 @@ import logging
 import math
 
 import pytest
-from coreworld import EC, World
-from test_node import Cluster
 
+from coreworld import EC, World
 from overlay.channels.expressions import MAX_EXPRESSION_LENGTH
 from overlay.channels.subscriptions import Subscription
 from overlay.client import Client
 from overlay.errors import LocalProtocolError, RequestError
 from overlay.messages import client as cm
+from test_node import Cluster
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -50,19 +50,50 @@ async def _everyone_still_publishes(cluster: Cluster) -> None:
 @pytest.mark.parametrize(
     "request_, code, words",
     [
-        (lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "price", "at": NAN}), cm.ErrorCode.ADMIN, "finite"),
-        (lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "price", "at": math.inf}), cm.ErrorCode.ADMIN, "finite"),
-        (lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "price", "at": 1e308}), cm.ErrorCode.ADMIN, "outside"),
-        (lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "price", "at": "500"}), cm.ErrorCode.ADMIN, "numeric"),
-        (lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "qty", "at": 2}), cm.ErrorCode.ADMIN, "distinguishing"),
-        (lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "nope", "at": 1}), cm.ErrorCode.ADMIN, "distinguishing"),
-        (lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "sym", "values": list(range(3))}), cm.ErrorCode.ADMIN, "string"),
+        (
+            lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "price", "at": NAN}),
+            cm.ErrorCode.ADMIN,
+            "finite",
+        ),
+        (
+            lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "price", "at": math.inf}),
+            cm.ErrorCode.ADMIN,
+            "finite",
+        ),
+        (
+            lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "price", "at": 1e308}),
+            cm.ErrorCode.ADMIN,
+            "outside",
+        ),
+        (
+            lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "price", "at": "500"}),
+            cm.ErrorCode.ADMIN,
+            "numeric",
+        ),
+        (
+            lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "qty", "at": 2}),
+            cm.ErrorCode.ADMIN,
+            "distinguishing",
+        ),
+        (
+            lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "nope", "at": 1}),
+            cm.ErrorCode.ADMIN,
+            "distinguishing",
+        ),
+        (
+            lambda seq: cm.Admin(seq, "split", {"channel": "0.0", "attr": "sym", "values": list(range(3))}),
+            cm.ErrorCode.ADMIN,
+            "string",
+        ),
         (lambda seq: cm.Subscribe(seq, "g", "price < 10", "workers", 1e308), cm.ErrorCode.BAD_GROUP, "weight"),
         (lambda seq: cm.Subscribe(seq, "g", "price < 10", "workers", NAN), cm.ErrorCode.BAD_GROUP, "weight"),
         (lambda seq: cm.Subscribe(seq, "g", "price < 10", "workers", -1.0), cm.ErrorCode.BAD_GROUP, "weight"),
         (lambda seq: cm.Subscribe(seq, "x", "price > 10 and price < 5"), cm.ErrorCode.BAD_EXPRESSION, "never match"),
-        (lambda seq: cm.Subscribe(seq, "x", "price < 1 and " * (MAX_EXPRESSION_LENGTH // 14) + "price < 1"),
-         cm.ErrorCode.BAD_EXPRESSION, "over the limit"),
+        (
+            lambda seq: cm.Subscribe(seq, "x", "price < 1 and " * (MAX_EXPRESSION_LENGTH // 14) + "price < 1"),
+            cm.ErrorCode.BAD_EXPRESSION,
+            "over the limit",
+        ),
         (lambda seq: cm.Publish(seq, {"price": NAN, "sym": "A"}), cm.ErrorCode.BAD_EVENT, "finite"),
         (lambda seq: cm.Publish(seq, {"price": 1e308, "sym": "A"}), cm.ErrorCode.BAD_EVENT, "outside"),
         (lambda seq: cm.Publish(seq, {"price": 1.0, "sym": "A"}, 0.0, "k", 2**60), cm.ErrorCode.BAD_RANK, "largest"),

@@ -33,11 +33,10 @@ BALANCING = {"slice_seconds": 0.4, "probability": 1.0}
 
 async def fetch(url: str, method: str = "GET", **kw: Any) -> tuple[int, Any, str]:
     """``(status, body as JSON or text, content type)``."""
-    async with aiohttp.ClientSession() as http:
-        async with http.request(method, url, **kw) as resp:
-            text = await resp.text()
-            body = json.loads(text) if resp.content_type == "application/json" and method != "HEAD" else text
-            return resp.status, body, resp.content_type
+    async with aiohttp.ClientSession() as http, http.request(method, url, **kw) as resp:
+        text = await resp.text()
+        body = json.loads(text) if resp.content_type == "application/json" and method != "HEAD" else text
+        return resp.status, body, resp.content_type
 
 
 async def get_json(url: str) -> Any:
@@ -70,7 +69,14 @@ async def test_healthz_is_503_with_the_reason_until_ready_then_200() -> None:
         await until(lambda: cl.nodes[0].core.ready, 10, "the initializer ready")
         await until(lambda: all(l.connected.is_set() for l in cl.nodes[0].links.values()), 10, "node 0's links up")
         status, body, _ = await fetch(cl.url(0) + "/healthz")
-        assert status == 200 and body == {"node": 0, "ready": True, "why": "ready", "state": body["state"], "links_up": [1, 2], "links_down": []}
+        assert status == 200 and body == {
+            "node": 0,
+            "ready": True,
+            "why": "ready",
+            "state": body["state"],
+            "links_up": [1, 2],
+            "links_down": [],
+        }
         head = await fetch(cl.url(2) + "/healthz", "HEAD")
         assert head[0] == 200
 
@@ -92,7 +98,18 @@ async def test_status_routing_and_balancing_show_a_migration_with_every_score() 
         for i in cl.nodes:
             st = await get_json(cl.url(i) + "/status")
             assert st["node"] == i and st["ready"] is True
-            for key in ("state", "d", "dc", "mean_dc", "spread", "spread_ratio", "capacity", "slice_seconds", "peers", "stats"):
+            for key in (
+                "state",
+                "d",
+                "dc",
+                "mean_dc",
+                "spread",
+                "spread_ratio",
+                "capacity",
+                "slice_seconds",
+                "peers",
+                "stats",
+            ):
                 assert key in st, key
             assert set(st["links"]) == {str(p) for p in cl.nodes if p != i}
             for link in st["links"].values():
@@ -132,7 +149,11 @@ async def test_status_routing_and_balancing_show_a_migration_with_every_score() 
         last = await get_json(cl.url(0) + "/balancing?n=3")
         assert last["node"] == 0 and last["count"] == len(last["entries"]) <= 3
         assert [e["time"] for e in last["entries"]] == sorted(e["time"] for e in last["entries"])
-        entries = [e for i in cl.nodes for e in (await get_json(cl.url(i) + "/balancing?n=2000&kinds=decision,migration"))["entries"]]
+        entries = [
+            e
+            for i in cl.nodes
+            for e in (await get_json(cl.url(i) + "/balancing?n=2000&kinds=decision,migration"))["entries"]
+        ]
         assert {e["kind"] for e in entries} == {"decision", "migration"}
         receivers = [e for e in entries if e.get("phase") == "receivers" and e["candidates"]]
         assert receivers and all({"node", "rank1", "f2", "f3"} <= set(c) for e in receivers for c in e["candidates"])
@@ -177,7 +198,12 @@ async def test_the_admin_token_guards_routes_that_change_the_cluster(monkeypatch
     cl.nodes[0].admin.add_action("/drill", _drill)
     async with cl:
         url = cl.url(0) + "/drill"
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}, {"Authorization": "Basic s3cret"}):
+        for headers in (
+            {},
+            {"Authorization": "Bearer wrong"},
+            {"Authorization": "s3cret"},
+            {"Authorization": "Basic s3cret"},
+        ):
             status, body, kind = await fetch(url, "POST", headers=headers)
             assert status == 401 and kind == "application/json" and "Bearer" in body["error"], headers
         status, body, _ = await fetch(url, "POST", headers={"Authorization": "Bearer s3cret"})
@@ -263,11 +289,17 @@ async def test_metrics_parse_and_hold_every_family() -> None:
             assert families[name].type == typ, (name, families[name].type)
 
         core = cl.nodes[0].core
-        assert _samples(families, "overlay_events_in")[("overlay_events_in_total", (("node", "0"),))] == core.stats["events_in"] > 0
+        assert (
+            _samples(families, "overlay_events_in")[("overlay_events_in_total", (("node", "0"),))]
+            == core.stats["events_in"]
+            > 0
+        )
         state = {dict(k[1])["state"]: v for k, v in _samples(families, "overlay_state").items()}
         assert state[core.monitor.state.value] == 1.0 and sum(state.values()) == 1.0
         depth = _samples(families, "overlay_link_queue_depth")
-        assert {(dict(k[1])["peer"], dict(k[1])["priority"]) for k in depth} == {(p, q) for p in "12" for q in ("high", "normal")}
+        assert {(dict(k[1])["peer"], dict(k[1])["priority"]) for k in depth} == {
+            (p, q) for p in "12" for q in ("high", "normal")
+        }
         rejected = {dict(k[1])["reason"]: v for k, v in _samples(families, "overlay_rejected").items()}
         assert rejected.get("bad_event") == 2
         # A session the decaying loads still start after the traffic stops may
@@ -277,7 +309,9 @@ async def test_metrics_parse_and_hold_every_family() -> None:
             total_migrations = 0.0
             for i in cl.nodes:
                 fams = {f.name: f for f in text_string_to_metric_families((await fetch(cl.url(i) + "/metrics"))[1])}
-                total_migrations += _samples(fams, "overlay_migrations")[("overlay_migrations_total", (("node", str(i)),))]
+                total_migrations += _samples(fams, "overlay_migrations")[
+                    ("overlay_migrations_total", (("node", str(i)),))
+                ]
             if cl.stat("migrations") == before:
                 break
             await until(lambda: nodes_quiet(cl.nodes.values()), 30, "the nodes quiet")
@@ -293,7 +327,12 @@ async def test_metrics_parse_and_hold_every_family() -> None:
         assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:]))
         latency = _samples(families, "overlay_publish_notify_latency_seconds")
         assert latency[("overlay_publish_notify_latency_seconds_count", node0)] > 0
-        assert 0 < latency[("overlay_publish_notify_latency_seconds_sum", node0)] / latency[("overlay_publish_notify_latency_seconds_count", node0)] < 5
+        assert (
+            0
+            < latency[("overlay_publish_notify_latency_seconds_sum", node0)]
+            / latency[("overlay_publish_notify_latency_seconds_count", node0)]
+            < 5
+        )
 
 
 # -- the cluster view and its event stream ------------------------------------------------------
@@ -344,7 +383,11 @@ async def test_cluster_view_shows_a_node_that_is_down_from_its_last_liem() -> No
     async with AdminCluster(3, slice_seconds=0.3, balancing=False) as cl:
         # A slice enters the history once the peers' LIEMs of that slice are in:
         # LIEMs of an earlier slice alone do not make one.
-        await until(lambda: len(cl.nodes[0].core.monitor.live()) == 2 and cl.nodes[0].admin.history(), 10, "LIEMs from both peers")
+        await until(
+            lambda: len(cl.nodes[0].core.monitor.live()) == 2 and cl.nodes[0].admin.history(),
+            10,
+            "LIEMs from both peers",
+        )
         view = await get_json(cl.url(0) + "/cluster")
         assert [(n["node"], n["reachable"]) for n in view["nodes"]] == [(0, True), (1, True), (2, True)]
         assert view["placement"][0]["owners"] == [0] and view["history"]

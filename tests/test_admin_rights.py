@@ -5,12 +5,12 @@ as the admin HTTP endpoint's do; reading does not."""
 from __future__ import annotations
 
 import pytest
-from admincluster import AdminCluster
-from test_admin import fetch
 
+from admincluster import AdminCluster
 from overlay.client import Client
 from overlay.errors import RequestError
 from overlay.messages import client as cm
+from test_admin import fetch
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,7 +25,9 @@ TOKEN = "s3cret"
         ("place", {"channel": "0.0", "node": 1}),
     ],
 )
-async def test_a_changing_command_without_the_token_is_refused_on_every_protocol(command: str, args: dict, monkeypatch) -> None:
+async def test_a_changing_command_without_the_token_is_refused_on_every_protocol(
+    command: str, args: dict, monkeypatch
+) -> None:
     monkeypatch.delenv("OVERLAY_ADMIN_TOKEN", raising=False)
     async with AdminCluster(3, balancing=False, admin_token=TOKEN) as cl:
         for token in ("", "wrong"):

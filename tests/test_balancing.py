@@ -26,13 +26,12 @@ from typing import Any
 
 from balcluster import QUEUE, Cluster, Ledger, Sub
 from loopback import wait_until as until
-from sim.workload import skewed_price
-
 from overlay.channels import parse_subscription
 from overlay.channels.channel import ChannelId
 from overlay.client import Client
 from overlay.errors import RequestError
 from overlay.messages import client as cm
+from sim.workload import skewed_price
 
 # -- test 1: exactly once ------------------------------------------------------------------
 
@@ -111,7 +110,11 @@ async def test_exactly_once_across_migrations() -> None:
             """Subscribe and unsubscribe all along, so some land mid-migration."""
             while published < EVENTS - 500:
                 ci = rng.randrange(len(subscribers))
-                live = [s.sub_id for s in led.subs.values() if s.client == ci and s.unsub_started == float("inf") and s.acked < float("inf")]
+                live = [
+                    s.sub_id
+                    for s in led.subs.values()
+                    if s.client == ci and s.unsub_started == float("inf") and s.acked < float("inf")
+                ]
                 if live and rng.random() < 0.45:
                     await unsubscribe(ci, rng.choice(live))
                 else:
@@ -194,7 +197,9 @@ def _check_subscription_placement(cl: Cluster, led: Ledger, subscribers: list[Cl
             assert not stored.get(key), f"unsubscribed {key} resurrected in {stored[key]}"
         else:
             want = set(routing.lookup_subscription(s.filter))
-            assert stored.get(key, set()) == want, f"{key} ({s.expression}) stored in {stored.get(key)}, belongs to {want}"
+            assert stored.get(key, set()) == want, (
+                f"{key} ({s.expression}) stored in {stored.get(key)}, belongs to {want}"
+            )
 
 
 async def _check_status(cl: Cluster, admin: Client) -> None:

@@ -72,7 +72,9 @@ RETURNED: Final = (("hetero5.toml", 1), ("hetero5.toml", 20))
 
 def _config(name: str) -> ClusterConfig:
     cfg = load_config(CONFIGS / name)
-    return msgspec.structs.replace(cfg, cluster=msgspec.structs.replace(cfg.cluster, slice_seconds=0.4, probability=1.0))
+    return msgspec.structs.replace(
+        cfg, cluster=msgspec.structs.replace(cfg.cluster, slice_seconds=0.4, probability=1.0)
+    )
 
 
 @functools.cache
@@ -124,7 +126,9 @@ def test_no_oscillation_after_convergence(name: str, seed: int) -> None:
 @pytest.mark.parametrize(("name", "seed"), [(n, s) for n, seeds in golden.CONVERGENCE.items() for s in seeds])
 def test_runs_match_the_recorded_traces(name: str, seed: int) -> None:
     """The node cores decide exactly as when ``sim/golden_traces.json`` was recorded."""
-    assert golden.convergence_digest(_run(name, seed)) == golden.expected_convergence(name, seed), _run(name, seed).describe()
+    assert golden.convergence_digest(_run(name, seed)) == golden.expected_convergence(name, seed), _run(
+        name, seed
+    ).describe()
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -210,7 +214,9 @@ async def test_balancing_works_over_sockets() -> None:
         natural = [m for m in cl.journal("migration") if not m["forced"]]
         owners = {o for _, e in cl.core(first).routing.items() for o in e.owners}
         assert natural and owners - {first}, (natural, owners)
-        print(f"{len(led.events)} events, {exact} pairs exactly once; {len(natural)} natural migrations; owners {sorted(owners)}")
+        print(
+            f"{len(led.events)} events, {exact} pairs exactly once; {len(natural)} natural migrations; owners {sorted(owners)}"
+        )
 
 
 def _due(led: Ledger) -> int:

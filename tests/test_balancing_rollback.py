@@ -13,14 +13,14 @@ import time
 from typing import Any
 
 import pytest
+
 from balcluster import QUEUE, Cluster, Ledger, Sub
 from loopback import wait_until as until
-from sim.workload import GOLDEN
-
 from overlay.channels import parse_subscription
 from overlay.client import Client
 from overlay.errors import RequestError
 from overlay.messages import peer as pm
+from sim.workload import GOLDEN
 
 # -- test 4: a failure in mid-session ------------------------------------------------------
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from corelink import CoreLink
 
+from corelink import CoreLink
 from overlay import capture, cli
 from overlay.capture import (
     SCHEMA_VERSION,
@@ -61,9 +61,27 @@ def test_records_carry_node_counter_and_the_time_set_by_the_driver() -> None:
     ]
     assert _lines(buf) == [
         # No key and rank yet: fields at their default are not written.
-        {"kind": "publish", "node": 3, "n": 1, "time": 10.5, "event": "3-1", "channel": "0.0", "values": {"price": 1.0}},
-        {"kind": "event", "node": 3, "n": 2, "time": 11.0, "event": "3-1", "access": 3, "channel": "0.0", "tested": 7,
-         "matched": ["a", "b"], "slice": 4},
+        {
+            "kind": "publish",
+            "node": 3,
+            "n": 1,
+            "time": 10.5,
+            "event": "3-1",
+            "channel": "0.0",
+            "values": {"price": 1.0},
+        },
+        {
+            "kind": "event",
+            "node": 3,
+            "n": 2,
+            "time": 11.0,
+            "event": "3-1",
+            "access": 3,
+            "channel": "0.0",
+            "tested": 7,
+            "matched": ["a", "b"],
+            "slice": 4,
+        },
     ]
     assert buf.take() == [] and buf.pending == 0  # taken records are gone; the counter goes on
     buf.applied("a", True)
@@ -184,8 +202,11 @@ def test_core_records_publish_match_delivery_and_subscription_lifetime() -> None
         ("0-2", ["1:1:x:2"], ()),
     ]
     # The subscription lifetime: asked, applied everywhere, asked to end, ended.
-    life = [(k, r.sub, r.time) for r in bufs[1].records if (k := msgspec.to_builtins(r)["kind"])
-            in ("subscribe", "subscribed", "unsubscribe", "unsubscribed")]
+    life = [
+        (k, r.sub, r.time)
+        for r in bufs[1].records
+        if (k := msgspec.to_builtins(r)["kind"]) in ("subscribe", "subscribed", "unsubscribe", "unsubscribed")
+    ]
     assert [k for k, s, _ in life if s == "1:1:x:2"] == ["subscribe", "subscribed", "unsubscribe", "unsubscribed"]
     sub_rec = next(r for r in bufs[1].records if msgspec.to_builtins(r)["kind"] == "subscribe" and r.sub == "1:1:x:2")
     assert (sub_rec.filter, sub_rec.subscriber, sub_rec.local, sub_rec.time) == ('sym = "X"', "subscriber", "x", 101.0)
@@ -201,8 +222,11 @@ def test_closing_a_client_records_its_unsubscriptions() -> None:
     net.request(2, sid, cm.Subscribe(1, "a", "price > 10"))
     net.close_client(2, sid)
     net.run()
-    kinds = [(k, r.reason if k == "unsubscribe" else None) for r in bufs[2].records
-             if (k := msgspec.to_builtins(r)["kind"]) in ("unsubscribe", "unsubscribed")]
+    kinds = [
+        (k, r.reason if k == "unsubscribe" else None)
+        for r in bufs[2].records
+        if (k := msgspec.to_builtins(r)["kind"]) in ("unsubscribe", "unsubscribed")
+    ]
     assert kinds == [("unsubscribe", "closed"), ("unsubscribed", None)]
 
 

@@ -7,7 +7,6 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import SMALL, brute_matches, events, filters
 
 import overlay.channels.channel as channel_mod
 from overlay.channels import (
@@ -25,14 +24,21 @@ from overlay.channels import (
     Subscription,
     parse_subscription,
 )
+from strategies import SMALL, brute_matches, events, filters
 
 PROPS = settings(max_examples=200, deadline=None)
 
 # SPEC §8.3's worked example.
 EXAMPLE = Schema([Attribute("a", Kind.INT, 0, 100), Attribute("b", Kind.INT, 50, 80)], ["a", "b"])
 EXAMPLE_RECORDS = [
-    ((10, 50), 3), ((15, 50), 1), ((20, 60), 5), ((20, 60), 5),
-    ((40, 65), 2), ((50, 65), 4), ((70, 70), 2), ((90, 80), 6),
+    ((10, 50), 3),
+    ((15, 50), 1),
+    ((20, 60), 5),
+    ((20, 60), 5),
+    ((40, 65), 2),
+    ((50, 65), 4),
+    ((70, 70), 2),
+    ((90, 80), 6),
 ]
 EVENT = {"price": 12.5, "qty": 3, "sym": "AB", "tag": 7}
 
@@ -52,7 +58,9 @@ def ch(schema):
 def test_channel_ids_order_and_print():
     assert str(ChannelId(3, 14)) == "3.14"
     assert sorted([ChannelId(2, 0), ChannelId(1, 5), ChannelId(1, 2)]) == [
-        ChannelId(1, 2), ChannelId(1, 5), ChannelId(2, 0),
+        ChannelId(1, 2),
+        ChannelId(1, 5),
+        ChannelId(2, 0),
     ]
     assert ChannelId(1, 2) == ChannelId(1, 2) and hash(ChannelId(1, 2)) == hash(ChannelId(1, 2))
 
@@ -61,7 +69,7 @@ def test_channel_ids_order_and_print():
 
 
 def test_add_and_remove_are_idempotent(ch, schema):
-    s1 = S("s1", "qty < 10 and sym = \"AB\"", schema)
+    s1 = S("s1", 'qty < 10 and sym = "AB"', schema)
     assert ch.add(s1) is True
     assert ch.add(s1) is False
     assert ch.add(S("s1", "qty > 90", schema)) is False  # the id decides
@@ -100,7 +108,11 @@ def test_match_records_the_cost_of_each_event(ch, schema):
     [rec] = ch.current.records()
     assert rec == EventRecord((12.5, 3, 7, "AB"), tested, 1)  # price, qty, tag, sym (§8.3)
     assert ch.summary() == {
-        "id": "1.0", "space": "WES", "subscriptions": 3, "load": tested, "last_load": 0,
+        "id": "1.0",
+        "space": "WES",
+        "subscriptions": 3,
+        "load": tested,
+        "last_load": 0,
     }
     assert "1.0" in repr(ch) and "3 subs" in repr(ch)
 
@@ -112,8 +124,13 @@ def test_spec_worked_example_records_sorted_by_da():
     assert stats.load == 28 and stats.events == 8
     recs = stats.records()
     assert [(r.point, r.cost, r.count) for r in recs] == [
-        ((10, 50), 3, 1), ((15, 50), 1, 1), ((20, 60), 10, 2), ((40, 65), 2, 1),
-        ((50, 65), 4, 1), ((70, 70), 2, 1), ((90, 80), 6, 1),
+        ((10, 50), 3, 1),
+        ((15, 50), 1, 1),
+        ((20, 60), 10, 2),
+        ((40, 65), 2, 1),
+        ((50, 65), 4, 1),
+        ((70, 70), 2, 1),
+        ((90, 80), 6, 1),
     ]
     # ΔLD = 14: the shortest prefix reaching it ends at (20, 60); the next record
     # first differs on a, so the cut is a ∈ [0, 20] | [21, 100].
@@ -138,9 +155,7 @@ def test_spec_worked_example_through_a_channel():
         costs.setdefault((a, b), []).append(tested)
     recs = ch.current.records()
     assert [r.point for r in recs] == sorted({p for p, _ in EXAMPLE_RECORDS})
-    assert {r.point: (r.cost, r.count) for r in recs} == {
-        p: (sum(c), len(c)) for p, c in costs.items()
-    }
+    assert {r.point: (r.cost, r.count) for r in recs} == {p: (sum(c), len(c)) for p, c in costs.items()}
     assert ch.load == sum(sum(c) for c in costs.values())
     assert ch.current.events == 8
 
@@ -203,7 +218,8 @@ def test_past_the_cap_a_point_joins_a_neighbouring_record(monkeypatch):
     stats.add((5, 50), 10, 0)  # below every kept point: the first
     stats.add((40, 50), 100, 0)  # above every kept point: the last
     assert [(r.point, r.cost, r.count) for r in stats.records()] == [
-        ((10, 50), 11, 2), ((30, 50), 101, 2),
+        ((10, 50), 11, 2),
+        ((30, 50), 101, 2),
     ]
     stats.add((20, 50), 1000, 0)  # between: one of its two neighbours
     costs = sorted(r.cost for r in stats.records())
@@ -293,9 +309,7 @@ def test_channel_matches_like_a_linear_scan(fs, evs):
     total = 0
     for node, e in enumerate(evs):
         matched, tested = ch.match(e, access_node=node % 3)
-        assert sorted(s.id for s in matched) == sorted(
-            f"s{i}" for i, f in enumerate(fs) if brute_matches(f, e)
-        )
+        assert sorted(s.id for s in matched) == sorted(f"s{i}" for i, f in enumerate(fs) if brute_matches(f, e))
         assert len(matched) <= tested <= len(lin)
         total += tested
     recs = ch.current.records()

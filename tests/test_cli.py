@@ -27,11 +27,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from loopback import listening_socket
 from overlay import cli, demo
 from overlay.client import Notification
 from overlay.config import load_config
 from overlay.net.node import Node
-from loopback import listening_socket
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -48,7 +48,9 @@ def overlay(*argv: str) -> list[str]:
 
 
 def run(*argv: str, timeout: float = PROCESS_WAIT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(overlay(*argv), capture_output=True, text=True, timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        overlay(*argv), capture_output=True, text=True, timeout=timeout, cwd=ROOT, stdin=subprocess.DEVNULL
+    )
 
 
 def free_port() -> int:
@@ -63,8 +65,10 @@ def config_text(ports: list[int], *, name: str = "clitest", extra: str = "") -> 
     (admin ports 0: ephemeral) and no balancing."""
     base = LOCAL.read_text()
     head = base[: base.index("[[nodes]]")].replace('name = "local"', f'name = "{name}"')
-    schema = base[base.index("[bandwidth]"):]
-    nodes = "".join(f"[[nodes]]\nid = {i}\nhost = \"127.0.0.1\"\nport = {p}\nadmin_port = 0\n\n" for i, p in enumerate(ports))
+    schema = base[base.index("[bandwidth]") :]
+    nodes = "".join(
+        f'[[nodes]]\nid = {i}\nhost = "127.0.0.1"\nport = {p}\nadmin_port = 0\n\n' for i, p in enumerate(ports)
+    )
     return head.replace("[cluster]\n", f"[cluster]\nbalancing = false\n{extra}") + nodes + schema
 
 
@@ -150,8 +154,16 @@ def bad_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
 # One case of each subcommand runs as a real process (what a user sees, from
 # the interpreter's start to its exit); the others in this process, faster.
 AS_PROCESS = (
-    "node-unknown-id", "node-join-no-id", "node-drain-unknown", "cluster-up-clash", "pub-bad-event",
-    "sub-count-negative", "status-inf", "split-at-abc", "place-unknown-node", "demo-seconds-nan",
+    "node-unknown-id",
+    "node-join-no-id",
+    "node-drain-unknown",
+    "cluster-up-clash",
+    "pub-bad-event",
+    "sub-count-negative",
+    "status-inf",
+    "split-at-abc",
+    "place-unknown-node",
+    "demo-seconds-nan",
     "replay-missing",
 )
 IN_PROCESS = [case for case in bad_cases(Path("/unused")) if case not in AS_PROCESS]
@@ -326,7 +338,9 @@ async def test_sub_against_no_cluster_ends_on_a_signal(tmp_path: Path, sig: int,
     # it is inside its event loop, retrying, when we signal it.
     proc = await asyncio.create_subprocess_exec(
         *overlay("--log-level", "debug", "sub", "--config", str(cfg), "price < 5"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
     )
     seen: list[str] = []
     assert proc.stderr is not None
@@ -357,7 +371,9 @@ async def test_sub_ends_on_ctrl_c_after_its_node_went_away(tmp_path: Path) -> No
     async with one_node(tmp_path) as (node, cfg):
         proc = await asyncio.create_subprocess_exec(
             *overlay("sub", "--config", str(cfg), "price < 5"),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=ROOT,
         )
         seen: list[str] = []
         assert proc.stderr is not None
@@ -446,9 +462,8 @@ async def test_the_traffic_of_cluster_up_runs_against_a_cluster_and_counts_what_
     """``overlay cluster up F --traffic`` drives ``overlay.traffic``: it
     publishes, every subscription gets its events, and the clients close."""
     from loopback import wait_until
-    from test_node import Cluster
-
     from overlay import traffic
+    from test_node import Cluster
 
     cluster = await Cluster().start()
     try:

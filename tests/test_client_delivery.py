@@ -18,13 +18,13 @@ import random
 from collections import Counter
 
 import pytest
+
 from loopback import wait_until as until
 from ordcluster import OrdCluster
-from test_node import Cluster
-
 from overlay.channels import parse_subscription
 from overlay.client import AgentClient, AgentSettings, Client
 from overlay.config import load_config
+from test_node import Cluster
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -66,11 +66,12 @@ async def test_every_subscription_of_a_client_gets_each_of_its_events_once() -> 
         await cluster.stop()
 
 
-
 async def test_an_agent_client_gives_each_of_its_subscriptions_its_events_once() -> None:
     cluster = await Cluster().start()
     try:
-        agent = await AgentClient([cluster.addr(1), cluster.addr(2)], settings=AgentSettings(probe_interval=0)).connect()
+        agent = await AgentClient(
+            [cluster.addr(1), cluster.addr(2)], settings=AgentSettings(probe_interval=0)
+        ).connect()
         try:
             subs = [await agent.subscribe(e, sub_id=f"f{k}") for k, e in enumerate(OVERLAPPING)]
             pub = await cluster.client(0, client_id="pub")
@@ -134,8 +135,12 @@ async def test_each_event_reaches_exactly_one_instance_even_when_one_is_slow() -
             t.cancel()
         assert sorted(handed.values()) == [1] * n, f"{sum(v > 1 for v in handed.values())} events reached two instances"
         revoked = sum(s.revoked for s, _ in subs)  # copies given back, never handed over
-        assert revoked > 0 and cl.stat("deliveries_declined") >= revoked, "the slow instance never fell behind: no fence"
-        print(f"per instance {dict(per_instance)}; {revoked} copies given back; node revokes {cl.stat('deliveries_revoked')}")
+        assert revoked > 0 and cl.stat("deliveries_declined") >= revoked, (
+            "the slow instance never fell behind: no fence"
+        )
+        print(
+            f"per instance {dict(per_instance)}; {revoked} copies given back; node revokes {cl.stat('deliveries_revoked')}"
+        )
         # Its LF showed the backlog: it got far less than its 4/7 share.
         assert per_instance["w4"] < 4 / 7 * n * 0.8, per_instance
     finally:
@@ -180,7 +185,8 @@ async def test_placing_a_subscription_never_spins_and_a_duplicate_left_behind_is
         assert refusals == ["f"]
         # A node that always refuses: attempts stay bounded and paced, no traceback.
         core._client_subscribe = lambda sess, msg, out: out.append(  # type: ignore[method-assign]
-            ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.DRAINING, "leaving")))
+            ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.DRAINING, "leaving"))
+        )
         attempts = []
         real_place = agent._failed_to_place
         agent._failed_to_place = lambda fs, i, exc: (attempts.append(i), real_place(fs, i, exc))  # type: ignore[method-assign]

@@ -11,10 +11,10 @@ import typing
 
 import msgspec
 import pytest
-from conftest import make_schema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import make_schema
 from overlay.channels import (
     ChannelId,
     EventSpace,
@@ -422,9 +422,7 @@ def test_fuzz_framed_bytes_raise_only_remote_protocol_errors(body):
         _feed_all(make, frame(body), len(body) + 4)
 
 
-_TAGS = [cls.__name__ for cls in typing.get_args(pm.PeerUnion)] + [
-    cls.__name__ for cls in typing.get_args(ClientUnion)
-]
+_TAGS = [cls.__name__ for cls in typing.get_args(pm.PeerUnion)] + [cls.__name__ for cls in typing.get_args(ClientUnion)]
 _scalars = (
     st.none()
     | st.booleans()

@@ -42,7 +42,11 @@ def test_the_shipped_configs_load(path: Path) -> None:
         ("[cluster]", "[sequencer]\nhold_tl = 1\n\n[cluster]", "did you mean 'hold_ttl'?"),
         ("[cluster]", "[zzz]\n\n[cluster]", "unknown table 'zzz'; known: cluster"),
         # Rule 2: not finite, or past a bound: the key is named.
-        ("probability = 0.5", "probability = 0.5\npeer_timeout = inf", "[cluster] peer_timeout = inf is not a finite number"),
+        (
+            "probability = 0.5",
+            "probability = 0.5\npeer_timeout = inf",
+            "[cluster] peer_timeout = inf is not a finite number",
+        ),
         ("slice_seconds = 2.0", "slice_seconds = nan", "[cluster] slice_seconds = nan is not a finite number"),
         ("max = 1000 }", "max = -inf }", "[schema] attributes #1 max = -inf is not a finite number"),
         ("capacity = 1.0", "capacity = 1e308", "[[nodes]] #1 (id 0) capacity: Expected `float` <= 1000000.0"),
@@ -54,7 +58,11 @@ def test_the_shipped_configs_load(path: Path) -> None:
         ("port = 7101", "port = 7100", "node 1's port 127.0.0.1:7100 is node 0's port too"),
         ("admin_port = 8102", "admin_port = 7101", "node 2's admin_port 127.0.0.1:7101 is node 1's port too"),
         ("admin_port = 8101", "admin_port = 7101", "node 1's admin_port 127.0.0.1:7101 is node 1's port too"),
-        ('host = "127.0.0.1"\nport = 7101', 'host = "0.0.0.0"\nport = 7100', "node 1's port 0.0.0.0:7100 is node 0's port too"),
+        (
+            'host = "127.0.0.1"\nport = 7101',
+            'host = "0.0.0.0"\nport = 7100',
+            "node 1's port 0.0.0.0:7100 is node 0's port too",
+        ),
     ],
 )
 def test_a_mistake_is_named(tmp_path: Path, old: str, new: str, message: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import SMALL, brute_matches, events, filters
 
 from overlay.balance.merge import merge_pair
 from overlay.channels import (
@@ -28,6 +27,7 @@ from overlay.channels.intervals import Interval
 from overlay.channels.predicates import conjunction
 from overlay.channels.space import RangeConstraint
 from overlay.channels.subscriptions import Subscription
+from strategies import SMALL, brute_matches, events, filters
 
 PROPS = settings(max_examples=150, deadline=None)
 
@@ -58,7 +58,11 @@ op = st.one_of(
 
 
 @PROPS
-@given(st.lists(filters(SMALL, max_size=3), min_size=12, max_size=12), st.lists(op, max_size=30), st.lists(events(SMALL), min_size=1, max_size=6))
+@given(
+    st.lists(filters(SMALL, max_size=3), min_size=12, max_size=12),
+    st.lists(op, max_size=30),
+    st.lists(events(SMALL), min_size=1, max_size=6),
+)
 def test_members_and_matches_do_not_depend_on_background_progress(fs, ops, evs):
     subs = [Subscription(f"s{k}", f) for k, f in enumerate(fs)]
     ch = Channel(ChannelId(0, 0), EventSpace.whole(SMALL), SMALL)
@@ -206,8 +210,11 @@ def test_children_inherit_exactly_the_records_of_their_space(first, data):
     same_first = data.draw(st.booleans())
     for _ in range(n):
         point = (
-            (3 if first == "x" else 1.0) if same_first
-            else data.draw(st.integers(0, 12)) if first == "x" else data.draw(st.sampled_from([0.0, 0.5, 1.0, 2.5, 4.0])),
+            (3 if first == "x" else 1.0)
+            if same_first
+            else data.draw(st.integers(0, 12))
+            if first == "x"
+            else data.draw(st.sampled_from([0.0, 0.5, 1.0, 2.5, 4.0])),
             data.draw(st.sampled_from([0.0, 1.5, 3.0])) if first == "x" else data.draw(st.integers(0, 12)),
             1,
             "a",
@@ -224,7 +231,12 @@ def test_children_inherit_exactly_the_records_of_their_space(first, data):
     }
     children = divide(parent, [(ChannelId(0, 1), cut.low), (ChannelId(0, 2), cut.high)])
     for which in ("last", "current"):
-        divide_records(getattr(parent, which), [getattr(c, which) for c in children], [c.space.constraint(cut.attr) for c in children], cut.attr)
+        divide_records(
+            getattr(parent, which),
+            [getattr(c, which) for c in children],
+            [c.space.constraint(cut.attr) for c in children],
+            cut.attr,
+        )
     for which in ("last", "current"):
         got = []
         for child in children:

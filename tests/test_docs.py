@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+
 from admincluster import AdminCluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,8 +89,12 @@ async def test_runnable_example_prints_what_the_page_says(block: Block, tmp_path
         addresses = [cl.addr(i) for i in range(3)]
         code = ADDRESSES_LINE.sub(f"ADDRESSES = {addresses!r}", block.code)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", code, cwd=tmp_path,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            sys.executable,
+            "-c",
+            code,
+            cwd=tmp_path,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
         try:
             out, err = await asyncio.wait_for(proc.communicate(), EXAMPLE_TIMEOUT)
@@ -143,7 +148,9 @@ def test_relative_links_resolve(page: Path) -> None:
 def test_no_page_points_users_at_the_internal_spec() -> None:
     for page in pages():
         text = page.read_text()
-        assert "SPEC.md" not in text and "SPEC" not in text and "§" not in text, f"{page.name} refers to the internal spec"
+        assert "SPEC.md" not in text and "SPEC" not in text and "§" not in text, (
+            f"{page.name} refers to the internal spec"
+        )
 
 
 def test_the_docs_index_links_every_page() -> None:

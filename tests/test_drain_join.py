@@ -20,8 +20,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from admincluster import CONFIGS, AdminCluster, Traffic, listening_socket, until
 
+from admincluster import CONFIGS, AdminCluster, Traffic, listening_socket, until
 from overlay.cli import main
 from overlay.client import Client
 from overlay.client.connection import RequestError
@@ -53,8 +53,14 @@ def write_config(cfg: ClusterConfig, path: Path) -> Path:
         if not skipping:
             lines.append(line)
     for n in cfg.nodes:
-        lines += ["[[nodes]]", f"id = {n.id}", f'host = "{n.host}"', f"port = {n.port}", f"admin_port = {n.admin_port}",
-                  f"capacity = {n.capacity}"]
+        lines += [
+            "[[nodes]]",
+            f"id = {n.id}",
+            f'host = "{n.host}"',
+            f"port = {n.port}",
+            f"admin_port = {n.admin_port}",
+            f"capacity = {n.capacity}",
+        ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -153,7 +159,9 @@ async def test_drain_under_traffic_moves_every_channel_and_delivers_exactly_once
         await until(lambda: not away.connected, 5, "node 1's client closed")
 
         def left_behind() -> list[str]:
-            return [f"{ch.id}@{i}:{s.id}" for i in (0, 2) for ch in cl.nodes[i].core.local for s in ch if s.access_node == 1]
+            return [
+                f"{ch.id}@{i}:{s.id}" for i in (0, 2) for ch in cl.nodes[i].core.local for s in ch if s.access_node == 1
+            ]
 
         with contextlib.suppress(AssertionError):
             await until(lambda: not left_behind(), 5, "its subscription dropped")
@@ -171,7 +179,9 @@ async def test_drain_under_traffic_moves_every_channel_and_delivers_exactly_once
         missing = [sorted(e - set(g))[:5] for g, e in zip(ledger.got, ledger.expected())]
         extra = [sorted(set(g) - e)[:5] for g, e in zip(ledger.got, ledger.expected())]
         prices = {(v, q): p for v, q, p in ledger.published}
-        assert not any(missing) and not any(extra), repr((missing, extra, [[prices[k] for k in m] for m in missing], ledger.ranges, dict(cl.nodes[0].core.stats)))
+        assert not any(missing) and not any(extra), repr(
+            (missing, extra, [[prices[k] for k in m] for m in missing], ledger.ranges, dict(cl.nodes[0].core.stats))
+        )
         await asyncio.sleep(0.3)  # a duplicate would come late
         for got, want in zip(ledger.got, ledger.expected()):
             assert set(got) == want
@@ -252,7 +262,9 @@ async def test_a_fourth_node_joins_gets_the_table_and_takes_load_through_balanci
         try:
             await until(lambda: joined.core.ready, 10, "the joined node holds the routing table")
             assert len(joined.core.routing) == len(cl.nodes[0].core.routing)
-            await until(lambda: all(3 in n.core.peers and 3 in n.links for n in cl.nodes.values()), 5, "every node knows node 3")
+            await until(
+                lambda: all(3 in n.core.peers and 3 in n.links for n in cl.nodes.values()), 5, "every node knows node 3"
+            )
             assert all(n.core.config.node(3).admin_port == new.admin_port for n in cl.nodes.values())
             assert any(e["kind"] == "join" and e["peer"] == 3 for e in cl.nodes[1].core.journal)
             view = await get(cl.url(0) + "/cluster")
@@ -269,8 +281,11 @@ async def test_a_fourth_node_joins_gets_the_table_and_takes_load_through_balanci
                     await asyncio.sleep(0.01)
 
             def received() -> bool:  # non-forced: node 3 accepted it as UNDERLOADED (SPEC §8.1 step 2)
-                return any(e["kind"] == "migration" and e["receiver"] == 3 and not e["forced"]
-                           for n in cl.nodes.values() for e in n.core.journal)
+                return any(
+                    e["kind"] == "migration" and e["receiver"] == 3 and not e["forced"]
+                    for n in cl.nodes.values()
+                    for e in n.core.journal
+                )
 
             watcher = asyncio.create_task(watch())
             traffic = await Traffic(cl, rate=1500.0).start()

@@ -25,12 +25,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from loopback import listening_socket, wait_until
 from overlay.client import AgentClient, AgentSettings, Client
 from overlay.config import ClusterConfig, NodeConfig, load_config
 from overlay.errors import LocalProtocolError, RequestError
 from overlay.messages import client as cm
 from overlay.net.node import Node
-from loopback import listening_socket, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,8 +40,6 @@ BASE = msgspec.structs.replace(
     _LOADED, cluster=msgspec.structs.replace(_LOADED.cluster, balancing=False, choke_threshold=CHOKE_AT)
 )
 WAIT = 10.0
-
-
 
 
 class Cluster:
@@ -383,13 +381,36 @@ async def test_cli_pub_with_key_and_rank_and_sub_with_group(tmp_path: Path, caps
     async with running(3) as cluster:
         cfg = cluster_toml(cluster, tmp_path, "\n[agent]\nwindow = 8\nprobe_interval = 0\n")
         sub_args = cli.build_parser().parse_args(
-            ["sub", "--config", str(cfg), 'sym = "CLI"', "--group", "g1", "--weight", "2", "--count", "2", "--seconds", "20"]
+            [
+                "sub",
+                "--config",
+                str(cfg),
+                'sym = "CLI"',
+                "--group",
+                "g1",
+                "--weight",
+                "2",
+                "--count",
+                "2",
+                "--seconds",
+                "20",
+            ]
         )
         subscriber = asyncio.ensure_future(cli._sub(sub_args))
         await wait_until(lambda: cluster.nodes[0].core.stats["subscriptions_in"] >= 1, what="the CLI subscription")
         await asyncio.sleep(0.2)  # its SubAck
         pub_args = cli.build_parser().parse_args(
-            ["pub", "--config", str(cfg), "--key", "k1", "--rank", "1", '{price: 1.5, sym: "CLI"}', '{price: 2.5, sym: "CLI"}']
+            [
+                "pub",
+                "--config",
+                str(cfg),
+                "--key",
+                "k1",
+                "--rank",
+                "1",
+                '{price: 1.5, sym: "CLI"}',
+                '{price: 2.5, sym: "CLI"}',
+            ]
         )
         assert (pub_args.key, pub_args.rank) == ("k1", 1)
         assert await cli._pub(pub_args) == 0

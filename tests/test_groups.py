@@ -37,7 +37,9 @@ async def test_each_event_once_to_the_group_in_proportion_to_static_weights():
         pub = await cl.client(0)
         n = 1200
         await publish_all(pub, n)
-        await until(lambda: sum(len(c.notes) for c in inst.values()) == n and len(plain.notes) == n, what="all delivered")
+        await until(
+            lambda: sum(len(c.notes) for c in inst.values()) == n and len(plain.notes) == n, what="all delivered"
+        )
         await asyncio.sleep(0.1)
         ids = Counter(note.event_id for c in inst.values() for note in c.notes)
         assert len(ids) == n and set(ids.values()) == {1}  # exactly one instance per event
@@ -113,7 +115,9 @@ async def test_a_dead_instance_s_events_go_to_the_others_and_none_left_tells_the
         assert len(dead.notes) == first
         # Now the last live instance goes away: its events cannot be delivered.
         await live.close()
-        await until(lambda: cl.nodes[1].core.sessions.keys().isdisjoint(cl.nodes[1].core.acks.sessions()), what="session gone")
+        await until(
+            lambda: cl.nodes[1].core.sessions.keys().isdisjoint(cl.nodes[1].core.acks.sessions()), what="session gone"
+        )
         await asyncio.sleep(0.1)
         r = await pub.publish(ev(7))
         # The owner is the publisher's access node here: the Error may overtake the PubAck.
@@ -142,7 +146,9 @@ async def test_dispatch_state_survives_a_migration():
         await until(lambda: (EC, "g") in cl.nodes[1].core._dispatchers, what="state restored on the receiver")
         after = cl.nodes[1].core._dispatchers[(EC, "g")].state()
         assert after.dispatched == before.dispatched == 203
-        assert {i: (s.acc, s.sent) for i, s in after.instances.items()} == {i: (s.acc, s.sent) for i, s in before.instances.items()}
+        assert {i: (s.acc, s.sent) for i, s in after.instances.items()} == {
+            i: (s.acc, s.sent) for i, s in before.instances.items()
+        }
         await publish_all(pub, 197, start=203)
         await until(lambda: len(a.notes) + len(b.notes) == 400, what="second batch")
         assert abs(len(a.notes) - 100) <= 1 and abs(len(b.notes) - 300) <= 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+
 from admincluster import AdminCluster
 from loopback import wait_until as until
 
@@ -30,6 +31,9 @@ async def test_two_events_leave_every_node_stable_and_the_log_quiet(caplog: pyte
         assert all(c.stats["journal_decision"] == 0 and c.stats["migrations_aborted"] == 0 for c in cores)
         assert all(c.local.load == 0 for c in cores)  # no decaying remnant of the two events (6e-61 once)
         assert all(v == 0 for c in cores for v in c._channel_load.values())
-    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("overlay")
-                and "link to peer" not in r.getMessage()]  # the stop closes links at the end
+    warnings = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and r.name.startswith("overlay") and "link to peer" not in r.getMessage()
+    ]  # the stop closes links at the end
     assert not warnings, [r.getMessage() for r in warnings]

@@ -67,21 +67,18 @@ def test_adjacent_and_overlapping_intervals_merge():
     ints = IntervalSet([Interval(4, 6), Interval(1, 3)], INT_DOMAIN, True)
     assert ints.intervals == (Interval(1, 6),)
     assert IntervalSet([Interval(1, 3), Interval(5, 6)], INT_DOMAIN, True).intervals == (
-        Interval(1, 3), Interval(5, 6),
+        Interval(1, 3),
+        Interval(5, 6),
     )
     floats = IntervalSet([Interval(1.0, 3.0, False, True), Interval(3.0, 5.0)], FLOAT_DOMAIN, False)
     assert floats.intervals == (Interval(1.0, 5.0),)
-    gap = IntervalSet(
-        [Interval(1.0, 3.0, False, True), Interval(3.0, 5.0, True, False)], FLOAT_DOMAIN, False
-    )
+    gap = IntervalSet([Interval(1.0, 3.0, False, True), Interval(3.0, 5.0, True, False)], FLOAT_DOMAIN, False)
     assert gap.intervals == (Interval(1.0, 3.0, False, True), Interval(3.0, 5.0, True, False))
     assert 3.0 not in gap
     nested = IntervalSet([Interval(1, 8), Interval(2, 3), Interval(2, 9)], INT_DOMAIN, True)
     assert nested.intervals == (Interval(1, 9),)
     # Same low end, closed sorts first; the wider high end wins.
-    same_lo = IntervalSet(
-        [Interval(2.0, 4.0, True, False), Interval(2.0, 4.0, False, True)], FLOAT_DOMAIN, False
-    )
+    same_lo = IntervalSet([Interval(2.0, 4.0, True, False), Interval(2.0, 4.0, False, True)], FLOAT_DOMAIN, False)
     assert same_lo.intervals == (Interval(2.0, 4.0),)
 
 
@@ -98,7 +95,8 @@ def test_whole_empty_complement_hull_repr():
     assert repr(s) == "IntervalSet([1, 2] ∪ [5, 7])" and repr(empty) == "IntervalSet(∅)"
     point = IntervalSet([Interval(3.0, 3.0)], FLOAT_DOMAIN, False)
     assert point.complement().intervals == (
-        Interval(0.0, 3.0, False, True), Interval(3.0, 8.0, True, False),
+        Interval(0.0, 3.0, False, True),
+        Interval(3.0, 8.0, True, False),
     )
     assert hash(s) == hash(IntervalSet([Interval(5, 7), Interval(1, 2)], INT_DOMAIN, True))
     assert s != s.intervals
@@ -136,9 +134,7 @@ def int_sets():
 
 
 def float_sets():
-    return st.lists(float_intervals(), max_size=4).map(
-        lambda ivs: IntervalSet(ivs, FLOAT_DOMAIN, False)
-    )
+    return st.lists(float_intervals(), max_size=4).map(lambda ivs: IntervalSet(ivs, FLOAT_DOMAIN, False))
 
 
 def model_of_intervals(ivs, samples, domain):
@@ -152,8 +148,7 @@ def model(s: IntervalSet) -> frozenset:
 
 def domain_model(discrete: bool) -> frozenset:
     return frozenset(
-        v for v in (INT_VALUES if discrete else FLOAT_SAMPLES)
-        if v in (INT_DOMAIN if discrete else FLOAT_DOMAIN)
+        v for v in (INT_VALUES if discrete else FLOAT_SAMPLES) if v in (INT_DOMAIN if discrete else FLOAT_DOMAIN)
     )
 
 

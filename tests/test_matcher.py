@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import SMALL, brute_matches, events, filters, unchecked_filter
 
 from overlay.channels import (
     Attribute,
@@ -16,6 +15,7 @@ from overlay.channels import (
     SubscriptionIndex,
 )
 from overlay.channels.schema import RFID_MAX
+from strategies import SMALL, brute_matches, events, filters, unchecked_filter
 
 PROPS = settings(max_examples=200, deadline=None)
 
@@ -99,8 +99,8 @@ def test_index_prunes_selective_subscriptions(schema):
 
 def test_cost_counts_every_candidate_tested_matched_or_not(schema):
     ix = SubscriptionIndex(schema)
-    ix.add(S("a", "qty = 3 and sym = \"AB\"", schema))
-    ix.add(S("b", "qty = 3 and sym = \"ZZ\"", schema))  # a candidate by qty; fails on sym
+    ix.add(S("a", 'qty = 3 and sym = "AB"', schema))
+    ix.add(S("b", 'qty = 3 and sym = "ZZ"', schema))  # a candidate by qty; fails on sym
     ix.add(S("c", "price < 100", schema))
     matched, tested = ix.match(EVENT)
     assert sorted(s.id for s in matched) == ["a", "c"]
@@ -131,10 +131,23 @@ def test_event_missing_an_attribute_a_subscription_needs(schema):
 
 def test_domain_edges_and_all_kinds(schema):
     subs = [
-        "price <= 0", "price >= 1000", "price > 999.5", "price < 0.5", "price != 0",
-        "qty = 0", "qty = 100", "qty != 100", "qty in [0, 100]",
-        "tag = 0", f"tag = {RFID_MAX}", "tag > 255.0.0.0", "tag in [1.0.0.0, 2.0.0.0]",
-        'sym in {"A", "AB", "B"}', 'sym suffix "B"', 'sym != "AB"', 'sym contains ""',
+        "price <= 0",
+        "price >= 1000",
+        "price > 999.5",
+        "price < 0.5",
+        "price != 0",
+        "qty = 0",
+        "qty = 100",
+        "qty != 100",
+        "qty in [0, 100]",
+        "tag = 0",
+        f"tag = {RFID_MAX}",
+        "tag > 255.0.0.0",
+        "tag in [1.0.0.0, 2.0.0.0]",
+        'sym in {"A", "AB", "B"}',
+        'sym suffix "B"',
+        'sym != "AB"',
+        'sym contains ""',
         'note = "" and qty < 50',
     ]
     ix, lin = both(schema)
@@ -154,8 +167,16 @@ def test_domain_edges_and_all_kinds(schema):
 @pytest.mark.parametrize("nbuckets", [1, 2, 3, 128, 1000])
 def test_bucket_counts_do_not_change_results(schema, nbuckets):
     ix, lin = both(schema, nbuckets=nbuckets)
-    texts = ["qty < 10", "qty in [10, 20]", "qty > 90", "price < 1", "price > 999",
-             'sym in {"A", "B"}', 'sym = "AB"', f"tag >= {RFID_MAX - 1}"]
+    texts = [
+        "qty < 10",
+        "qty in [10, 20]",
+        "qty > 90",
+        "price < 1",
+        "price > 999",
+        'sym in {"A", "B"}',
+        'sym = "AB"',
+        f"tag >= {RFID_MAX - 1}",
+    ]
     for i, text in enumerate(texts):
         ix.add(S(f"s{i}", text, schema))
         lin.add(S(f"s{i}", text, schema))

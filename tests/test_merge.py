@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from strategies import SMALL, events, partition
 
-from overlay.balance.merge import merge_pair, merged_space, mergeable_pairs, sort_channels
+from overlay.balance.merge import merge_pair, mergeable_pairs, merged_space, sort_channels
 from overlay.balance.split import choose_cut, divide
 from overlay.channels import (
     Attribute,
@@ -24,6 +23,7 @@ from overlay.channels import (
     Subscription,
     parse_subscription,
 )
+from strategies import SMALL, events, partition
 
 PROPS = settings(max_examples=100, deadline=None)
 

@@ -11,8 +11,8 @@ import itertools
 import typing
 
 import pytest
-from conftest import make_schema
 
+from conftest import make_schema
 from overlay.balance.migration import (
     IncomingMigration,
     InState,

@@ -31,9 +31,7 @@ BASE = 2.0
 
 
 def monitor(p: float = 0.5, seed: int = 1, peers=(1, 2, 3), capacity: float = 1.0, delta: float = 0.1) -> Monitor:
-    return Monitor(
-        0, capacity, list(peers), delta=delta, slice_seconds=BASE, probability=p, rng=random.Random(seed)
-    )
+    return Monitor(0, capacity, list(peers), delta=delta, slice_seconds=BASE, probability=p, rng=random.Random(seed))
 
 
 def liems(m: Monitor, dcs: dict[int, float], state: str = "STABLE") -> None:

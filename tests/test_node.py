@@ -19,6 +19,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from loopback import wait_until
 from overlay.channels import ChannelId, parse_subscription
 from overlay.client import Client
 from overlay.config import ClusterConfig, NodeConfig, load_config
@@ -27,7 +28,6 @@ from overlay.messages import peer as pm
 from overlay.messages.codec import HEADER, client_reader, encode_frame, peer_reader
 from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC, Node, _Writer
 from overlay.node_core import ToPeer
-from loopback import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -37,8 +37,6 @@ BASE = msgspec.structs.replace(_LOADED, cluster=msgspec.structs.replace(_LOADED.
 SCHEMA = BASE.schema
 EC = ChannelId(0, 0)
 WAIT = 10.0
-
-
 
 
 def bound_socket(listen: bool = True, sndbuf: int | None = None) -> socket.socket:
@@ -229,7 +227,10 @@ async def test_high_priority_frame_overtakes_normal_ones_queued_for_a_peer():
         node = c.nodes[0]
         link = node.links[1]
         assert not link.connected.is_set()
-        normals = [pm.Event(f"e{i}", {"price": float(i), "sym": "A"}, 0, pm.DispatchSign.EVENT_DISPATCHED, EC) for i in range(50)]
+        normals = [
+            pm.Event(f"e{i}", {"price": float(i), "sym": "A"}, 0, pm.DispatchSign.EVENT_DISPATCHED, EC)
+            for i in range(50)
+        ]
         high = pm.LIEM(0, "STABLE", 1.0, 1.0, 1.0, 7)
         node._execute([ToPeer(1, m) for m in normals] + [ToPeer(1, high)])
         # Only the LIEM is high: the initializer waits to hear from node 1
@@ -287,7 +288,9 @@ async def test_dispatcher_takes_a_high_priority_message_before_queued_normal_one
 
     node.inbox.put_nowait = put_spy  # type: ignore[method-assign]
     reader, writer = await asyncio.open_connection(*cluster.addr(0))
-    normals = [pm.Event(f"x{i}", {"price": 1.0, "sym": "Z"}, 1, pm.DispatchSign.EVENT_DISPATCHED, EC) for i in range(200)]
+    normals = [
+        pm.Event(f"x{i}", {"price": 1.0, "sym": "Z"}, 1, pm.DispatchSign.EVENT_DISPATCHED, EC) for i in range(200)
+    ]
     burst = PEER_MAGIC + encode_frame(pm.PeerHello(1, "local", True))
     burst += b"".join(encode_frame(m) for m in normals) + encode_frame(pm.LIEM(1, "STABLE", 0.0, 0.0, 1.0))
     writer.write(burst)
@@ -359,8 +362,13 @@ async def test_bad_frame_gets_an_error_then_the_connection_closes(cluster, bad):
     (err,) = msgs
     assert isinstance(err, cm.Error) and err.code == cm.ErrorCode.PROTOCOL and err.fatal
     assert cluster.nodes[0].core.stats["rejected_client_protocol"] == 1
-    await wait_until(lambda: len(cluster.nodes[0].core.sessions) == 0 or all(
-        s.client_id != "raw" for s in cluster.nodes[0].core.sessions.values()), what="session dropped")
+    await wait_until(
+        lambda: (
+            len(cluster.nodes[0].core.sessions) == 0
+            or all(s.client_id != "raw" for s in cluster.nodes[0].core.sessions.values())
+        ),
+        what="session dropped",
+    )
     await assert_serving(cluster, 0)
 
 
@@ -479,7 +487,9 @@ async def test_slow_subscriber_that_resets_its_connection_does_not_stop_the_node
         raw.setblocking(False)
         await asyncio.get_running_loop().sock_connect(raw, c.addr(0))
         reader, writer = await asyncio.open_connection(sock=raw)
-        writer.write(CLIENT_MAGIC + encode_frame(cm.Hello("slow")) + encode_frame(cm.Subscribe(1, "s", 'sym = "FLOOD"')))
+        writer.write(
+            CLIENT_MAGIC + encode_frame(cm.Hello("slow")) + encode_frame(cm.Subscribe(1, "s", 'sym = "FLOOD"'))
+        )
         assert await asyncio.wait_for(reader.readexactly(4), WAIT) == CLIENT_MAGIC
         frames = client_reader()
         welcome, ack = await read_frames(reader, frames, 2)

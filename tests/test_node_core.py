@@ -11,14 +11,13 @@ import random
 from collections import Counter
 
 import pytest
-from coreworld import CONFIG, EC, HIGH, LOW, SCHEMA, SPLIT_500, SUBSCRIPTIONS, World, random_events, spread
 
+from coreworld import CONFIG, EC, HIGH, LOW, SCHEMA, SPLIT_500, SUBSCRIPTIONS, World, random_events, spread
 from overlay.channels import ChannelId, EventSpace, RouteEntry, parse_subscription
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node_core import CloseClient, NodeCore, ToClient, ToPeer
-
 
 # -- initialisation (SPEC §3) -------------------------------------------------------------------
 
@@ -120,7 +119,7 @@ def test_subscribe_is_acked_only_after_the_owner_applied_it():
     net.client_send(1, sid, cm.Subscribe(7, "s1", "price < 100"))
     assert net.received(1, sid, kind=cm.SubAck) == []
     gid = w.gid(1, sid, "s1")
-    (src, dst, msg), = net.pending()
+    ((src, dst, msg),) = net.pending()
     assert (src, dst) == (1, 0)
     assert msg == pm.Subscription(
         gid, parse_subscription("price < 100", SCHEMA), "c1", 1, pm.DispatchSign.SUBSCRIBE_DISPATCHED, EC

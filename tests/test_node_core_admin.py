@@ -6,12 +6,11 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from coreworld import EC, HIGH, LOW, SPLIT_500, World
 
+from coreworld import EC, HIGH, LOW, SPLIT_500, World
 from overlay.balance.migration import OutState
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-
 
 # -- operator commands: split and place ------------------------------------------------------------------
 
@@ -181,7 +180,13 @@ def test_admin_place_emits_the_exact_migration_sequence():
     assert msgs[10] == pm.CompleteLoadBalance(session, aborted=False)
     assert reply == cm.AdminReply(
         reply.seq,
-        {"session": session, "channels": ["0.2"], "receiver": 2, "subscriptions_moved": 1, "bytes": reply.result["bytes"]},
+        {
+            "session": session,
+            "channels": ["0.2"],
+            "receiver": 2,
+            "subscriptions_moved": 1,
+            "bytes": reply.result["bytes"],
+        },
     )
     assert net.owner_of(HIGH) == [2] and net.owner_of(LOW) == [0]
     assert w.stored(HIGH) == {gid}
@@ -219,7 +224,11 @@ def test_refused_request_aborts_and_changes_no_table():
     net.execute(0, acts)
     mark = len(net.trace)
     net.run()
-    assert net.types(mark) == [(0, 1, "RequestLoadBalance"), (1, 0, "ReplyRequestLoadBalance"), (0, 1, "CompleteLoadBalance")]
+    assert net.types(mark) == [
+        (0, 1, "RequestLoadBalance"),
+        (1, 0, "ReplyRequestLoadBalance"),
+        (0, 1, "CompleteLoadBalance"),
+    ]
     assert mig.state is OutState.ABORTED and mig.reason == "balancing is off"
     assert net.owner_of(EC) == [0] and net.routing_tables_equal()
     assert w.cores[0].stats["migrations_aborted"] == 1

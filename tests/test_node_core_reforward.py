@@ -7,12 +7,10 @@ import random
 from collections import Counter
 
 from coreworld import EC, HIGH, LOW, MIGRATION_TYPES, SCHEMA, SPLIT_500, SUBSCRIPTIONS, TIMEOUT, World, random_events
-
 from overlay.balance.migration import InState, OutState
 from overlay.channels import parse_subscription
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-
 
 # -- Reforward (SPEC §8.2) ------------------------------------------------------------------------------
 
@@ -78,7 +76,11 @@ def test_traffic_after_time_2_is_reforwarded_and_applied_once_on_the_receiver():
     w.subscribe(0, c0, "d", "price > 990", settle=False)  # the moving-out node's own client
     window1 = [
         w.publish(n, s, e)
-        for n, s, e in [(1, c1, {"price": 60.0, "sym": "AB"}), (2, c2, {"price": 995.0, "sym": "Q"}), (0, c0, {"price": 10.0, "sym": "AB"})]
+        for n, s, e in [
+            (1, c1, {"price": 60.0, "sym": "AB"}),
+            (2, c2, {"price": 995.0, "sym": "Q"}),
+            (0, c0, {"price": 10.0, "sym": "AB"}),
+        ]
     ]
     e1, e2, e3 = window1
     mark = len(net.trace)
@@ -217,9 +219,7 @@ def test_reforward_under_concurrent_load_delivers_exactly_once():
     live = {w.gid(n, s, lid) for (n, s), t in w.subs.items() for lid in t}
     for chid in (LOW, HIGH):
         owner_filter = {s.id for s in cores[net.owner_of(chid)[0]].local[chid]}
-        belongs = {
-            gid for gid in live if cores[0].routing[chid].space.belongs(_filter_of(w, gid), SCHEMA)
-        }
+        belongs = {gid for gid in live if cores[0].routing[chid].space.belongs(_filter_of(w, gid), SCHEMA)}
         assert owner_filter == belongs, chid
     assert net.errors == []
 

@@ -9,9 +9,9 @@ its address adds it (AddPeer before the table), one without an address does not.
 from __future__ import annotations
 
 import pytest
+
 from corelink import CoreLink
 from coreworld import CONFIG
-
 from overlay.channels.channel import ChannelId
 from overlay.errors import LocalProtocolError
 from overlay.messages import peer as pm
@@ -53,7 +53,13 @@ def test_drain_moves_every_channel_by_the_migration_protocol_then_leaves():
     assert net.owner_of(EC) == [1]  # the lightest peer (a tie on dc 0: the lowest id)
     assert net.routing_tables_equal()
     kinds = [name for _, _, name in net.types()]
-    for step in ("RequestLoadBalance", "ChannelTransfer", "SubscriptionMove", "UpdateRoutingTable", "CompleteLoadBalance"):
+    for step in (
+        "RequestLoadBalance",
+        "ChannelTransfer",
+        "SubscriptionMove",
+        "UpdateRoutingTable",
+        "CompleteLoadBalance",
+    ):
         assert step in kinds
     drain = [e for e in core.journal if e["kind"] == "decision" and e.get("phase") == "drain"]
     assert [e["action"] for e in drain] == ["start", "move", "done"]

@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from loopback import wait_until
-from test_node import WAIT, Cluster
 
+from loopback import wait_until
 from overlay.messages import peer as pm
 from overlay.messages.codec import encode_frame
 from overlay.net.node import PEER_MAGIC
+from test_node import WAIT, Cluster
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 

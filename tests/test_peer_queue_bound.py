@@ -8,13 +8,13 @@ import asyncio
 
 import msgspec
 import pytest
-from test_node import BASE, EC, WAIT, bound_socket
 
 from overlay.config import NodeConfig
 from overlay.messages import peer as pm
 from overlay.messages.codec import encode_frame, peer_reader
 from overlay.net.node import PEER_MAGIC, Node
 from overlay.node_core import ToPeer
+from test_node import BASE, EC, WAIT, bound_socket
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -48,7 +48,9 @@ async def test_frames_for_a_down_peer_past_the_bound_are_dropped_and_counted() -
 async def test_what_was_queued_for_a_previous_run_of_a_peer_is_discarded() -> None:
     socks = {0: bound_socket(), 1: bound_socket(listen=False)}
     nodes = tuple(NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, 1.0) for i, s in socks.items())
-    cfg = msgspec.structs.replace(BASE.with_nodes(nodes), cluster=msgspec.structs.replace(BASE.cluster, peer_queue=BOUND))
+    cfg = msgspec.structs.replace(
+        BASE.with_nodes(nodes), cluster=msgspec.structs.replace(BASE.cluster, peer_queue=BOUND)
+    )
     node = Node(cfg, 0, sock=socks[0])
     task = asyncio.create_task(node.run())
     try:
@@ -72,7 +74,9 @@ async def test_what_was_queued_for_a_previous_run_of_a_peer_is_discarded() -> No
         server = await asyncio.start_server(restarted_peer, sock=socks[1])
         async with server:
             await asyncio.wait_for(node.links[1].connected.wait(), WAIT)
-            node._execute([ToPeer(1, pm.Event("after", {"price": 1.0, "sym": "A"}, 0, pm.DispatchSign.EVENT_DISPATCHED, EC))])
+            node._execute(
+                [ToPeer(1, pm.Event("after", {"price": 1.0, "sym": "A"}, 0, pm.DispatchSign.EVENT_DISPATCHED, EC))]
+            )
             await asyncio.wait_for(done.wait(), WAIT)
         assert [m.event_id for m in got if isinstance(m, pm.Event)] == ["after"]
         assert node.core.stats["peer_frames_discarded_restart"] == 5

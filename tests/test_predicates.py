@@ -5,17 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import (
-    SMALL,
-    all_strings,
-    any_predicate,
-    brute_matches,
-    brute_satisfies,
-    domain_of,
-    events,
-    filters,
-    predicates,
-)
 
 from overlay.channels import Filter, Interval, IntervalSet, Op, Predicate, StringConj, compile_filter
 from overlay.channels.predicates import (
@@ -27,6 +16,17 @@ from overlay.channels.predicates import (
 )
 from overlay.channels.schema import RFID_MAX
 from overlay.errors import SchemaError
+from strategies import (
+    SMALL,
+    all_strings,
+    any_predicate,
+    brute_matches,
+    brute_satisfies,
+    domain_of,
+    events,
+    filters,
+    predicates,
+)
 
 PROPS = settings(max_examples=200, deadline=None)
 
@@ -213,12 +213,18 @@ def test_check_rejects(schema, pred, fragment):
 @pytest.mark.parametrize(
     "pred",
     [
-        P("qty", "=", 0), P("qty", "in[]", 0, 100), P("qty", "in[]", 7, 7),
-        P("price", "<", 0), P("price", "=", 1000), P("price", "in[]", 0, 1000.0),
+        P("qty", "=", 0),
+        P("qty", "in[]", 0, 100),
+        P("qty", "in[]", 7, 7),
+        P("price", "<", 0),
+        P("price", "=", 1000),
+        P("price", "in[]", 0, 1000.0),
         P("price", ">=", 5),  # an int constant for a float attribute
-        P("tag", "<", RFID_MAX), P("sym", "in{}", *(f"v{i}" for i in range(MAX_SET_SIZE))),
+        P("tag", "<", RFID_MAX),
+        P("sym", "in{}", *(f"v{i}" for i in range(MAX_SET_SIZE))),
         # a pattern is a fragment: its length is not bounded by the schema
-        P("sym", "prefix", ""), P("sym", "contains", "ABCDEFGHIJKLMNOP"),
+        P("sym", "prefix", ""),
+        P("sym", "contains", "ABCDEFGHIJKLMNOP"),
     ],
     ids=repr,
 )
@@ -315,9 +321,7 @@ def test_filter_covers_is_the_spec_definition(schema):
     assert wide.covers(narrow, schema)
     assert not narrow.covers(wide, schema)  # qty = 3 covers no predicate of `wide`
     # Sound, not complete: F1 = price < 50 ∧ price > 10 covers F2 = price in [20, 30] too.
-    assert Filter((P("price", "<", 50), P("price", ">", 10))).covers(
-        Filter((P("price", "in[]", 20, 30),)), schema
-    )
+    assert Filter((P("price", "<", 50), P("price", ">", 10))).covers(Filter((P("price", "in[]", 20, 30),)), schema)
 
 
 # -- properties -------------------------------------------------------------------------------
@@ -364,9 +368,11 @@ def test_predicates_on_different_attributes_neither_cover_nor_overlap(p, q):
 
 
 @PROPS
-@given(st.sampled_from(sorted(SMALL.attributes)).flatmap(
-    lambda a: st.lists(predicates(SMALL, a), max_size=4).map(lambda ps: (a, ps))
-))
+@given(
+    st.sampled_from(sorted(SMALL.attributes)).flatmap(
+        lambda a: st.lists(predicates(SMALL, a), max_size=4).map(lambda ps: (a, ps))
+    )
+)
 def test_conjunction_membership_and_emptiness(case):
     name, preds = case
     attr = SMALL.attributes[name]

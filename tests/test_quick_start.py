@@ -24,8 +24,8 @@ import time
 from pathlib import Path
 
 import pytest
-from loopback import free_ports
 
+from loopback import free_ports
 from overlay.client import Client
 
 pytestmark = pytest.mark.timeout(120)
@@ -96,7 +96,9 @@ async def test_the_quick_start_runs_as_written_with_live_traffic(tmp_path: Path)
         await wait_ready(ports)
         pump = asyncio.create_task(traffic(ports, stop))
         await asyncio.sleep(1.0)  # the cluster has seen traffic
-        sub = subprocess.Popen(as_run(commands[1], config), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        sub = subprocess.Popen(
+            as_run(commands[1], config), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
         # The subscriber says on stderr when its subscription is in place.
         line = await asyncio.to_thread(sub.stderr.readline)  # type: ignore[union-attr]
         assert b"subscribed" in line, line

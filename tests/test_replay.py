@@ -25,8 +25,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from loopback import nodes_quiet, wait_until
 
+from loopback import nodes_quiet, wait_until
 from overlay import cli
 from overlay.capture import with_capture_dir
 from overlay.channels import parse_subscription
@@ -94,18 +94,31 @@ def write_hand_capture(run: Path) -> None:
     run.mkdir(parents=True)
     files: dict[int, list[str]] = {i: [] for i in CAPACITY}
     header = {
-        "schema_version": 1, "run": run.name, "cluster": "hand", "initializer": 0, "slice_seconds": 2.0,
+        "schema_version": 1,
+        "run": run.name,
+        "cluster": "hand",
+        "initializer": 0,
+        "slice_seconds": 2.0,
         "nodes": [{"id": i, "capacity": c} for i, c in CAPACITY.items()],
         "bandwidth": {"default": 100.0, "links": [{"a": 0, "b": 1, "bw": 200.0}, {"a": 0, "b": 2, "bw": 50.0}]},
-        "schema": {"distinguishing": ["price", "sym"], "attributes": [
-            {"name": "price", "type": "float", "min": 0, "max": 1000},
-            {"name": "sym", "type": "string", "min": 1, "max": 8}]},
-        "balancing": True, "delta": 0.1,
+        "schema": {
+            "distinguishing": ["price", "sym"],
+            "attributes": [
+                {"name": "price", "type": "float", "min": 0, "max": 1000},
+                {"name": "sym", "type": "string", "min": 1, "max": 8},
+            ],
+        },
+        "balancing": True,
+        "delta": 0.1,
     }
     for i in CAPACITY:
         files[i].append(_line("header", i, 0.0, **header))
     for sub, node, text in ((SUB_A, 1, "price < 100"), (SUB_B, 2, 'sym = "X"')):
-        files[node].append(_line("subscribe", node, 0.1, sub=sub, local=sub.split(":")[2], session=1, subscriber=f"c{node}", filter=text))
+        files[node].append(
+            _line(
+                "subscribe", node, 0.1, sub=sub, local=sub.split(":")[2], session=1, subscriber=f"c{node}", filter=text
+            )
+        )
         files[node].append(_line("subscribed", node, 0.2, sub=sub))
     rank = 0
     for eid, t, price, sym, owner, ch, tested, sl in EVENTS:
@@ -113,23 +126,73 @@ def write_hand_capture(run: Path) -> None:
         if sym == "X":  # the X events form one sequence, ranks in publish order
             rank += 1
             key = "X"
-        files[0].append(_line("publish", 0, t, event=eid, channel=ch, values={"price": price, "sym": sym}, key=key,
-                              rank=rank if key else None))
+        files[0].append(
+            _line(
+                "publish",
+                0,
+                t,
+                event=eid,
+                channel=ch,
+                values={"price": price, "sym": sym},
+                key=key,
+                rank=rank if key else None,
+            )
+        )
         matched = _matches(price, sym)
-        files[owner].append(_line("event", owner, t + 0.001, event=eid, access=0, channel=ch, tested=tested,
-                                  matched=matched, slice=sl, key=key, rank=rank if key else None))
+        files[owner].append(
+            _line(
+                "event",
+                owner,
+                t + 0.001,
+                event=eid,
+                access=0,
+                channel=ch,
+                tested=tested,
+                matched=matched,
+                slice=sl,
+                key=key,
+                rank=rank if key else None,
+            )
+        )
         for sub, node in ((SUB_A, 1), (SUB_B, 2)):
             if sub in matched:
                 files[node].append(_line("deliver", node, t + 0.002, event=eid, subs=[sub], orphans=[]))
     for k, per_node in SLICES.items():
         for i, (d, chans) in per_node.items():
-            files[i].append(_line("slice", i, 2.0 * k, slice=k, d=d, dc=d / CAPACITY[i], mean=0.0, spread=0.0,
-                                  state="STABLE", channels=chans, slice_seconds=2.0))
+            files[i].append(
+                _line(
+                    "slice",
+                    i,
+                    2.0 * k,
+                    slice=k,
+                    d=d,
+                    dc=d / CAPACITY[i],
+                    mean=0.0,
+                    spread=0.0,
+                    state="STABLE",
+                    channels=chans,
+                    slice_seconds=2.0,
+                )
+            )
     for session, (snd, start, done, rcv, ch, subs, bw) in enumerate(MIGRATIONS, 1):
         files[snd].append(_line("split", snd, start - 0.1, slice=1, parent="0.0", attr="price", children=[]))
-        files[snd].append(_line("migration", snd, done, slice=1, session=session, receiver=rcv, channels=[ch],
-                                subscriptions=subs, bytes=100 * subs, bw=bw, mig_cost=subs / bw, forced=False,
-                                duration=done - start))
+        files[snd].append(
+            _line(
+                "migration",
+                snd,
+                done,
+                slice=1,
+                session=session,
+                receiver=rcv,
+                channels=[ch],
+                subscriptions=subs,
+                bytes=100 * subs,
+                bw=bw,
+                mig_cost=subs / bw,
+                forced=False,
+                duration=done - start,
+            )
+        )
     for i in CAPACITY:
         files[i].append(_line("end", i, 6.5, records=len(files[i]) + 1, dropped=0))
         (run / f"node-{i}.ndjson").write_text("\n".join(files[i]) + "\n")
@@ -187,15 +250,24 @@ def test_hand_made_capture_gives_the_hand_computed_spread_and_costs(spark: Any, 
     assert res.details["audit"]["order"] == {"deliveries": 7, "keys": 1, "violations": 0}
     report = (res.out / "report.md").read_text()
     assert "all validations passed" in report
-    for f in ("slices.csv", "windows.csv", "migrations.csv", "node_loads.csv", "validations.csv",
-              "s_over_mean.png", "load_stacked.png"):
+    for f in (
+        "slices.csv",
+        "windows.csv",
+        "migrations.csv",
+        "node_loads.csv",
+        "validations.csv",
+        "s_over_mean.png",
+        "load_stacked.png",
+    ):
         assert (res.out / f).stat().st_size > 0
 
 
 # -- 2. a capture from a real cluster ---------------------------------------------------------------
 
-SUBSCRIPTIONS = {1: ["price < 100", 'sym = "X" and price < 500', "price >= 400 and price < 700"],
-                 2: ["price >= 900", 'sym prefix "Y"', "qty > 50"]}
+SUBSCRIPTIONS = {
+    1: ["price < 100", 'sym = "X" and price < 500', "price >= 400 and price < 700"],
+    2: ["price >= 900", 'sym prefix "Y"', "qty > 50"],
+}
 EVENTS_PUBLISHED = 600
 
 
@@ -272,7 +344,9 @@ def _pairs(cfg: Any) -> int:
     """(event, subscription) pairs the run must deliver: every subscription is
     SubAck'ed before the first publish."""
     filters = [parse_subscription(e, cfg.schema) for exprs in SUBSCRIPTIONS.values() for e in exprs]
-    events = [{"price": float(i * 7 % 1000), "sym": ("X", "Y1", "Z")[i % 3], "qty": i % 100} for i in range(EVENTS_PUBLISHED)]
+    events = [
+        {"price": float(i * 7 % 1000), "sym": ("X", "Y1", "Z")[i % 3], "qty": i % 100} for i in range(EVENTS_PUBLISHED)
+    ]
     return sum(f.matches(ev) for f in filters for ev in events)
 
 

@@ -11,9 +11,9 @@ import logging
 
 import msgspec
 import pytest
+
 from corelink import CoreLink
 from coreworld import CONFIG, EC, SPLIT_500, World
-
 from overlay.balance.migration import OutState
 from overlay.channels import ChannelId, parse_subscription
 from overlay.messages import client as cm
@@ -195,7 +195,11 @@ def test_a_sync_from_an_owner_repairs_its_entries() -> None:
     core = w.cores[2]
     entry = w.cores[0].routing[EC]
     # Node 2 missed that node 0 gave EC to node 1; node 1's table says so.
-    core.handle_peer(1, pm.RoutingTableInit((pm.RouteItem(EC, msgspec.structs.replace(entry, owners=(1,))),), core.epoch, sync=True), 1.0)
+    core.handle_peer(
+        1,
+        pm.RoutingTableInit((pm.RouteItem(EC, msgspec.structs.replace(entry, owners=(1,))),), core.epoch, sync=True),
+        1.0,
+    )
     assert core.routing[EC].owners == (1,)
     # Node 1 since gave it back: its next sync no longer claims EC, and says where it went.
     core.handle_peer(1, pm.RoutingTableInit((pm.RouteItem(EC, entry),), core.epoch, sync=True), 2.0)

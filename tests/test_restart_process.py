@@ -22,8 +22,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from loopback import free_ports
 
+from loopback import free_ports
 from overlay.client import AgentClient, AgentSettings, Client
 from overlay.errors import OverlayError
 
@@ -34,7 +34,7 @@ PEER_TIMEOUT = 2.0
 
 
 def write_config(path: Path, ports: list[int]) -> Path:
-    nodes = "\n".join(f"[[nodes]]\nid = {i}\nhost = \"127.0.0.1\"\nport = {p}\n" for i, p in enumerate(ports))
+    nodes = "\n".join(f'[[nodes]]\nid = {i}\nhost = "127.0.0.1"\nport = {p}\n' for i, p in enumerate(ports))
     path.write_text(
         f"""[cluster]
 name = "restart-test"
@@ -66,8 +66,21 @@ class Processes:
         self.runs[node] = self.runs.get(node, 0) + 1
         log = open(self.logs / f"node-{node}-run-{self.runs[node]}.log", "wb")
         self.procs[node] = subprocess.Popen(
-            [sys.executable, "-m", "overlay", "--log-level", "info", "node", "--config", str(self.config), "--id", str(node)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "overlay",
+                "--log-level",
+                "info",
+                "node",
+                "--config",
+                str(self.config),
+                "--id",
+                str(node),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def kill(self, node: int) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import PROPERTY_SCHEMAS, STRINGS, events, filters, partition, unchecked_filter
 
 from overlay.channels import (
     ChannelId,
@@ -18,6 +17,7 @@ from overlay.channels import (
     SetConstraint,
 )
 from overlay.errors import LocalProtocolError
+from strategies import PROPERTY_SCHEMAS, STRINGS, events, filters, partition, unchecked_filter
 
 PROPS = settings(max_examples=200, deadline=None)
 
@@ -191,14 +191,10 @@ def test_lookups_equal_a_linear_scan(schema_name, data):
     schema = PROPERTY_SCHEMAS[schema_name]
     spaces = partition(data, schema, max_steps=10)
     owners = data.draw(st.lists(st.integers(0, 3), min_size=len(spaces), max_size=len(spaces)))
-    rt = RoutingTable(
-        schema, {C(o, i): RouteEntry(sp, (o,)) for i, (sp, o) in enumerate(zip(spaces, owners))}
-    )
+    rt = RoutingTable(schema, {C(o, i): RouteEntry(sp, (o,)) for i, (sp, o) in enumerate(zip(spaces, owners))})
     for e in data.draw(st.lists(events(schema), min_size=1, max_size=15), label="events"):
         holders = [c for c, entry in rt.items() if entry.space.contains(e)]
         assert len(holders) == 1  # the spaces partition the event space
         assert rt.lookup_event(e) == holders[0]
     for f in data.draw(st.lists(filters(schema), min_size=1, max_size=8), label="filters"):
-        assert rt.lookup_subscription(f) == sorted(
-            c for c, entry in rt.items() if entry.space.overlaps(f, schema)
-        )
+        assert rt.lookup_subscription(f) == sorted(c for c, entry in rt.items() if entry.space.overlaps(f, schema))

@@ -101,7 +101,9 @@ def test_a_mildly_overloaded_node_prefers_a_mildly_underloaded_one():
     peers = [peer(1, 1.0), peer(2, 8.0), peer(3, 40.0, O)]
     got = rank_receivers(0, 12.0, 12.0, 1.0, 1, peers, flat_bw, Weights(omega=1.0))
     assert got[0].node == 2
-    top = rank_receivers(3, 40.0, 40.0, 1.0, 1, [peer(1, 1.0), peer(2, 8.0), peer(0, 12.0, O)], flat_bw, Weights(omega=1.0))
+    top = rank_receivers(
+        3, 40.0, 40.0, 1.0, 1, [peer(1, 1.0), peer(2, 8.0), peer(0, 12.0, O)], flat_bw, Weights(omega=1.0)
+    )
     assert top[0].node == 1
 
 
@@ -142,8 +144,17 @@ def choose(loads, *, d=None, receiver_d=0.0, weights=F1_ONLY, splittable=None, s
     d = sum(loads) if d is None else d
     mean = (d + receiver_d) / 2
     return choose_channels(
-        chans, dc=d, capacity=1.0, receiver=9, receiver_dc=receiver_d, receiver_capacity=1.0,
-        mean=mean, n=2, bw_ij=10.0, min_mig_cost=1.0, weights=weights,
+        chans,
+        dc=d,
+        capacity=1.0,
+        receiver=9,
+        receiver_dc=receiver_d,
+        receiver_capacity=1.0,
+        mean=mean,
+        n=2,
+        bw_ij=10.0,
+        min_mig_cost=1.0,
+        weights=weights,
     )
 
 
@@ -220,8 +231,17 @@ def test_unequal_capacities_use_the_general_phi():
     chans = [ChannelLoad(cid(0), 20, 1), ChannelLoad(cid(1), 40, 1)]
     # g_i: d = 60, c = 2 (dc 30); g_j: dc 0, c = 1; φ = 20 (see test_evaluators).
     c = choose_channels(
-        chans, dc=30.0, capacity=2.0, receiver=1, receiver_dc=0.0, receiver_capacity=1.0,
-        mean=15.0, n=2, bw_ij=1.0, min_mig_cost=1.0, weights=F1_ONLY,
+        chans,
+        dc=30.0,
+        capacity=2.0,
+        receiver=1,
+        receiver_dc=0.0,
+        receiver_capacity=1.0,
+        mean=15.0,
+        n=2,
+        bw_ij=1.0,
+        min_mig_cost=1.0,
+        weights=F1_ONLY,
     )
     assert c.phi == pytest.approx(20.0) and c.transfer == (cid(0),)
 
@@ -258,12 +278,20 @@ def test_the_chosen_set_lowers_the_spread(sit):
     n = len(d)
     mean = sum(dc) / n
     chans = [
-        ChannelLoad(cid(k), load, subs[k], {j: 0.5}, splittable=splittable[k])
-        for k, load in enumerate(chan_loads)
+        ChannelLoad(cid(k), load, subs[k], {j: 0.5}, splittable=splittable[k]) for k, load in enumerate(chan_loads)
     ]
     choice = choose_channels(
-        chans, dc=dc[0], capacity=caps[0], receiver=j, receiver_dc=dc[j], receiver_capacity=caps[j],
-        mean=mean, n=n, bw_ij=10.0, min_mig_cost=0.1, weights=w,
+        chans,
+        dc=dc[0],
+        capacity=caps[0],
+        receiver=j,
+        receiver_dc=dc[j],
+        receiver_capacity=caps[j],
+        mean=mean,
+        n=n,
+        bw_ij=10.0,
+        min_mig_cost=0.1,
+        weights=w,
     )
     phi = choice.phi
     assert phi == pytest.approx(ev.phi(dc[0], caps[0], dc[j], caps[j], mean, n))

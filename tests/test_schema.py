@@ -6,10 +6,10 @@ import math
 import textwrap
 
 import pytest
-from conftest import make_schema
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import make_schema
 from overlay.channels import Attribute, Kind, Schema, format_rfid, parse_rfid
 from overlay.channels.schema import DEFAULT_STRING_MAX_LEN, RFID_MAX
 from overlay.errors import ConfigError, OverlayError, SchemaError
@@ -65,7 +65,9 @@ def test_rfid_format_parse_round_trip(value):
 
 @PROPS
 @given(
-    st.integers(0, 255), st.integers(0, (1 << 20) - 1), st.integers(0, 4095),
+    st.integers(0, 255),
+    st.integers(0, (1 << 20) - 1),
+    st.integers(0, 4095),
     st.integers(0, (1 << 24) - 1),
 )
 def test_rfid_parse_format_round_trip(h, m, c, s):
@@ -124,12 +126,21 @@ def attrs(schema):
 @pytest.mark.parametrize(
     "name, value",
     [
-        ("price", 0), ("price", 1000), ("price", 0.0), ("price", 1000.0), ("price", 12.5),
+        ("price", 0),
+        ("price", 1000),
+        ("price", 0.0),
+        ("price", 1000.0),
+        ("price", 12.5),
         ("price", 5e-324),
-        ("qty", 0), ("qty", 100), ("qty", 42),
-        ("sym", "A"), ("sym", "ABCDEFGH"),
-        ("tag", 0), ("tag", RFID_MAX),
-        ("note", ""), ("note", "x" * 32),
+        ("qty", 0),
+        ("qty", 100),
+        ("qty", 42),
+        ("sym", "A"),
+        ("sym", "ABCDEFGH"),
+        ("tag", 0),
+        ("tag", RFID_MAX),
+        ("note", ""),
+        ("note", "x" * 32),
     ],
 )
 def test_check_accepts_values_in_the_domain(attrs, name, value):
@@ -347,8 +358,10 @@ def attr_toml(fields: str, da: str = '["a"]') -> str:
         (attr_toml('name = "a", type = "rfid", min = 0, max = "256.0.0.0"'), "'a' max: rfid field"),
         (attr_toml('name = "a", type = "rfid", min = 0, max = "0.0.0.²"'), "'a' max: rfid field"),
         (attr_toml('name = "a", type = "rfid", min = -1, max = 5'), "outside the rfid range"),
-        ('[schema]\nattributes = [ { name = "a", type = "int", min = 0, max = 1 } ]\n',
-         "distinguishing must be a list"),
+        (
+            '[schema]\nattributes = [ { name = "a", type = "int", min = 0, max = 1 } ]\n',
+            "distinguishing must be a list",
+        ),
         (attr_toml('name = "a", type = "int", min = 0, max = 1', da='"a"'), "distinguishing must be a list"),
         (attr_toml('name = "a", type = "int", min = 0, max = 1', da="[1]"), "distinguishing must be a list"),
         (attr_toml('name = "a", type = "int", min = 0, max = 1', da="[]"), "at least one distinguishing"),
@@ -386,16 +399,23 @@ def test_from_dict_needs_a_table(table):
 def test_from_dict_rfid_bound_above_64_bits():
     # TOML cannot spell it, a Python dict can.
     with pytest.raises(ConfigError, match="outside the rfid range"):
-        Schema.from_dict(
-            {"distinguishing": ["a"], "attributes": [{"name": "a", "type": "rfid", "max": 1 << 64}]}
-        )
+        Schema.from_dict({"distinguishing": ["a"], "attributes": [{"name": "a", "type": "rfid", "max": 1 << 64}]})
 
 
 @PROPS
-@given(st.dictionaries(st.sampled_from(["name", "type", "min", "max", "x"]),
-                       st.one_of(st.none(), st.booleans(), st.integers(), st.floats(),
-                                 st.text(max_size=5), st.lists(st.integers(), max_size=2)),
-                       ))
+@given(
+    st.dictionaries(
+        st.sampled_from(["name", "type", "min", "max", "x"]),
+        st.one_of(
+            st.none(),
+            st.booleans(),
+            st.integers(),
+            st.floats(),
+            st.text(max_size=5),
+            st.lists(st.integers(), max_size=2),
+        ),
+    )
+)
 def test_from_dict_raises_only_config_errors(raw):
     table = {"distinguishing": ["a"], "attributes": [raw]}
     try:

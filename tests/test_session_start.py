@@ -12,8 +12,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from corelink import CoreLink
 
+from corelink import CoreLink
 from overlay.config import load_config
 from overlay.messages import client as cm
 from overlay.messages import peer as pm

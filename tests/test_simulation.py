@@ -72,9 +72,19 @@ def test_runs_exercise_the_protocol() -> None:
             _TOTALS.update(f"admin {k}" for k, n in r.admin.items() for _ in range(n))
             _TOTALS["seeds"] += 1
     wanted = (
-        "migrations", "migrations_aborted", "replications", "splits", "merges", "reforwards",
-        "events_rerouted", "subscriptions_rerouted", "stall", "slow_link", "tick_pause",
-        "admin split:ok", "admin place:ok",
+        "migrations",
+        "migrations_aborted",
+        "replications",
+        "splits",
+        "merges",
+        "reforwards",
+        "events_rerouted",
+        "subscriptions_rerouted",
+        "stall",
+        "slow_link",
+        "tick_pause",
+        "admin split:ok",
+        "admin place:ok",
     )
     missing = [k for k in wanted if not _TOTALS[k]]
     assert not missing, f"never happened in {_TOTALS['seeds']} seeds: {missing}; totals {dict(_TOTALS)}"

@@ -4,6 +4,7 @@ past ``slow_ms`` is journalled as ``slow`` with what it was and for how long."""
 from __future__ import annotations
 
 import pytest
+
 from admincluster import AdminCluster
 from loopback import wait_until as until
 

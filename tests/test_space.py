@@ -8,7 +8,6 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import ENUM, SMALL, all_events, brute_matches, events, filters, partition, samples, unchecked_filter
 
 from overlay.channels import (
     Attribute,
@@ -21,6 +20,7 @@ from overlay.channels import (
     SetConstraint,
 )
 from overlay.errors import LocalProtocolError
+from strategies import ENUM, SMALL, all_events, brute_matches, events, filters, partition, samples, unchecked_filter
 
 PROPS = settings(max_examples=200, deadline=None)
 
@@ -63,7 +63,9 @@ def test_an_event_missing_a_da_is_in_no_space(schema):
 def test_build_and_constraint_lookup(schema):
     sp = EventSpace.build(schema, [rng("qty", 10, 20), SetConstraint("sym", frozenset({"A"}))])
     assert sp.constraints == (
-        rng("price", 0, 1000), rng("qty", 10, 20), SetConstraint("sym", frozenset({"A"})),
+        rng("price", 0, 1000),
+        rng("qty", 10, 20),
+        SetConstraint("sym", frozenset({"A"})),
         rng("tag", 0, (1 << 64) - 1),
     )
     assert sp.text(schema) == '{qty ∈ [10, 20], sym ∈ {"A"}}'
@@ -79,8 +81,7 @@ def test_build_and_constraint_lookup(schema):
 def test_text_of_constraints(schema):
     sp = EventSpace.build(
         schema,
-        [rng("price", 20, 100, True), ExceptConstraint("sym", frozenset({"B", "A"})),
-         rng("tag", 0, 1 << 24)],
+        [rng("price", 20, 100, True), ExceptConstraint("sym", frozenset({"B", "A"})), rng("tag", 0, 1 << 24)],
     )
     assert sp.text(schema) == '{price ∈ (20, 100], sym ∉ {"A", "B"}, tag ∈ [0.0.0.0, 0.0.1.0]}'
 
@@ -247,14 +248,26 @@ def test_take_strings_needs_a_string_attribute(schema):
         (rng("price", 10, 20), rng("price", 20, 50, True), rng("price", 10, 50)),
         (rng("price", 10, 20, False, True), rng("price", 20, 50, True), None),
         (rng("price", 10, 20), rng("price", 21, 50), None),
-        (SetConstraint("sym", frozenset({"A"})), SetConstraint("sym", frozenset({"B", "C"})),
-         SetConstraint("sym", frozenset({"A", "B", "C"}))),
-        (SetConstraint("sym", frozenset({"A"})), ExceptConstraint("sym", frozenset({"A", "B"})),
-         ExceptConstraint("sym", frozenset({"B"}))),
-        (ExceptConstraint("sym", frozenset({"A", "B"})), SetConstraint("sym", frozenset({"A", "B"})),
-         ExceptConstraint("sym")),
-        (ExceptConstraint("sym", frozenset({"A", "B"})), ExceptConstraint("sym", frozenset({"B", "C"})),
-         ExceptConstraint("sym", frozenset({"B"}))),
+        (
+            SetConstraint("sym", frozenset({"A"})),
+            SetConstraint("sym", frozenset({"B", "C"})),
+            SetConstraint("sym", frozenset({"A", "B", "C"})),
+        ),
+        (
+            SetConstraint("sym", frozenset({"A"})),
+            ExceptConstraint("sym", frozenset({"A", "B"})),
+            ExceptConstraint("sym", frozenset({"B"})),
+        ),
+        (
+            ExceptConstraint("sym", frozenset({"A", "B"})),
+            SetConstraint("sym", frozenset({"A", "B"})),
+            ExceptConstraint("sym"),
+        ),
+        (
+            ExceptConstraint("sym", frozenset({"A", "B"})),
+            ExceptConstraint("sym", frozenset({"B", "C"})),
+            ExceptConstraint("sym", frozenset({"B"})),
+        ),
     ],
 )
 def test_union_of_spaces_differing_in_one_attribute(schema, a, b, merged):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from strategies import SMALL, brute_matches, events, filters, partition, samples
 
 from overlay.balance.split import Cut, choose_cut, cut_slice, divide
 from overlay.channels import (
@@ -31,6 +30,7 @@ from overlay.channels import (
     parse_subscription,
 )
 from overlay.errors import LocalProtocolError
+from strategies import SMALL, brute_matches, events, filters, partition, samples
 
 PROPS = settings(max_examples=100, deadline=None)
 RFID_MAX = (1 << 64) - 1
@@ -39,8 +39,14 @@ RFID_MAX = (1 << 64) - 1
 EXAMPLE = Schema([Attribute("a", Kind.INT, 0, 100), Attribute("b", Kind.INT, 50, 80)], ["a", "b"])
 EXAMPLE_F = Schema([Attribute("a", Kind.FLOAT, 0, 100), Attribute("b", Kind.FLOAT, 50, 80)], ["a", "b"])
 EXAMPLE_RECORDS = [
-    ((10, 50), 3), ((15, 50), 1), ((20, 60), 5), ((20, 60), 5),
-    ((40, 65), 2), ((50, 65), 4), ((70, 70), 2), ((90, 80), 6),
+    ((10, 50), 3),
+    ((15, 50), 1),
+    ((20, 60), 5),
+    ((20, 60), 5),
+    ((40, 65), 2),
+    ((50, 65), 4),
+    ((70, 70), 2),
+    ((90, 80), 6),
 ]
 
 
@@ -118,7 +124,10 @@ def test_spec_worked_example_through_a_real_channel():
     low, high = divide(ch, [(ChannelId(0, 1), cut.low), (ChannelId(0, 2), cut.high)])
     ids = lambda c: {s.id for s in c}  # noqa: E731
     assert ids(low) == {f"a{a}-{k}" for a, n in {10: 3, 15: 1, 20: 5}.items() for k in range(n)} | {"span", "b-only"}
-    assert ids(high) == {f"a{a}-{k}" for a, n in {40: 2, 50: 4, 70: 2, 90: 6}.items() for k in range(n)} | {"span", "b-only"}
+    assert ids(high) == {f"a{a}-{k}" for a, n in {40: 2, 50: 4, 70: 2, 90: 6}.items() for k in range(n)} | {
+        "span",
+        "b-only",
+    }
     assert (low.id, high.id) == (ChannelId(0, 1), ChannelId(0, 2))
     assert low.load == high.load == 0
     # With the example's subscriptions only, the children carry the loads the cut promised.
@@ -285,8 +294,12 @@ def test_divide_needs_two_children():
 def test_divide_by_string_sends_patterns_where_they_overlap():
     ch = Channel(ChannelId(0, 0), EventSpace.whole(STR), STR)
     subs = {
-        "eq-a": 's = "a"', "eq-d": 's = "d"', "pre": 's prefix "a"', "ne": 's != "a"',
-        "in": 's in {"b", "c"}', "n": "n < 3",
+        "eq-a": 's = "a"',
+        "eq-d": 's = "d"',
+        "pre": 's prefix "a"',
+        "ne": 's != "a"',
+        "in": 's in {"b", "c"}',
+        "n": "n < 3",
     }
     for k, text in subs.items():
         ch.add(S(k, text, STR))

@@ -12,12 +12,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from strategies import SMALL, brute_matches, events, filters
 
 from overlay.balance.split import cut_slice, divide
 from overlay.balance.split_job import SplitJob
 from overlay.channels import Channel, ChannelId, EventSpace, Subscription
 from overlay.errors import LocalProtocolError
+from strategies import SMALL, brute_matches, events, filters
 
 IDS = (ChannelId(0, 1), ChannelId(0, 2))
 PRIO = SMALL.da_priority()
@@ -59,8 +59,12 @@ def test_a_job_interleaved_with_traffic_commits_the_split_of_the_parent_as_it_st
     parent, model = fed_parent(draw, draw(st.integers(0, 12), label="subscriptions"))
     expected_cut = cut_slice(parent.space, parent.last, parent.last.load / 2, SMALL)
     job = SplitJob(
-        parent, IDS, SMALL, delta_ld=parent.last.load / 2,
-        records_per_step=draw(st.integers(1, 4)), subs_per_step=draw(st.integers(1, 4)),
+        parent,
+        IDS,
+        SMALL,
+        delta_ld=parent.last.load / 2,
+        records_per_step=draw(st.integers(1, 4)),
+        subs_per_step=draw(st.integers(1, 4)),
     )
     next_id = len(model)
     rolled = False

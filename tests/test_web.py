@@ -37,9 +37,16 @@ CHROMIUM: Final = shutil.which("chromium")
 CHROMEDRIVER: Final = shutil.which("chromedriver")
 # This machine's network is closed: nothing of Chromium's own may call out.
 FLAGS: Final = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-dev-shm-usage", "--window-size=1400,1500",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--window-size=1400,1500",
 )
 WAIT: Final = 30.0
 
@@ -114,20 +121,30 @@ async def test_live_page_shows_the_cluster_balancing(tmp_path: Path) -> None:
             traffic = await Traffic(cl, rate=1500).start()
             try:
                 # Numbers move as traffic flows …
-                first = await page.until("Number(document.querySelector('#events-in').textContent.replace(/,/g, '')) > 0", "events counted")
+                first = await page.until(
+                    "Number(document.querySelector('#events-in').textContent.replace(/,/g, '')) > 0", "events counted"
+                )
                 await page.until(
-                    "[...document.querySelectorAll('#nodes .node')].some(n => Number(n.dataset.dc) > 0)", "a load level above 0"
+                    "[...document.querySelectorAll('#nodes .node')].some(n => Number(n.dataset.dc) > 0)",
+                    "a load level above 0",
                 )
                 n1 = await page.number("#events-in")
-                await page.until(f"Number(document.querySelector('#events-in').textContent.replace(/,/g, '')) > {n1}", f"events in growing past {n1} ({first})")
+                await page.until(
+                    f"Number(document.querySelector('#events-in').textContent.replace(/,/g, '')) > {n1}",
+                    f"events in growing past {n1} ({first})",
+                )
                 # … and a migration shows in the counter, the placement and the feed.
                 await page.until("Number(document.querySelector('#migrations').textContent) > 0", "a migration counted")
                 await page.until(
                     "[...document.querySelectorAll('#placement rect')].some(r => r.dataset.owner !== '0')",
                     "a channel placed on another node than the initializer",
                 )
-                await page.until("document.querySelectorAll('#feed li.migration').length > 0", "a migration in the feed")
-                await page.until("document.querySelectorAll('#channels tbody tr').length > 1", "the split channels listed")
+                await page.until(
+                    "document.querySelectorAll('#feed li.migration').length > 0", "a migration in the feed"
+                )
+                await page.until(
+                    "document.querySelectorAll('#channels tbody tr').length > 1", "the split channels listed"
+                )
                 await asyncio.sleep(3.0)  # a few slices more: the chart has a line, bars settle
             finally:
                 await traffic.stop()

@@ -19,16 +19,16 @@ Everything that touches events is a DataFrame operation; only aggregates
 driver.
 """
 
-__all__ = ["run_replay", "main"]
+__all__ = ["main", "run_replay"]
 
 
-def run_replay(*args, **kwargs):  # noqa: ANN002, ANN003 - re-export without importing pyspark early
+def run_replay(*args, **kwargs):
     from overlay_spark.replay import run_replay as _run
 
     return _run(*args, **kwargs)
 
 
-def main(argv=None):  # noqa: ANN001
+def main(argv=None):
     from overlay_spark.replay import main as _main
 
     return _main(argv)

@@ -36,7 +36,7 @@ from pyspark.sql import functions as F
 
 from overlay_spark.records import Capture
 
-__all__ = ["audit", "EXAMPLES"]
+__all__ = ["EXAMPLES", "audit"]
 
 # Examples of each finding shown in the report.
 EXAMPLES: Final = 5
@@ -51,8 +51,10 @@ def _ids(col: str) -> Column:
 
 
 def _per_event(cap: Capture, rematched: DataFrame) -> DataFrame:
-    d = cap.df("deliver").groupBy("event").agg(
-        F.flatten(F.collect_list("subs")).alias("d"), F.flatten(F.collect_list("orphans")).alias("o")
+    d = (
+        cap.df("deliver")
+        .groupBy("event")
+        .agg(F.flatten(F.collect_list("subs")).alias("d"), F.flatten(F.collect_list("orphans")).alias("o"))
     )
     parts = [d]
     if cap.has("drop"):
@@ -72,7 +74,9 @@ def _per_event(cap: Capture, rematched: DataFrame) -> DataFrame:
 
 def audit(cap: Capture, events: DataFrame, rematched: DataFrame) -> dict[str, Any]:
     ev = events.select("event", "tail", "published", "records", "tested", "nmatched", "m", "key")
-    per = ev.join(_per_event(cap, rematched), "event", "full_outer").fillna({"tail": False, "records": 0, "published": False})
+    per = ev.join(_per_event(cap, rematched), "event", "full_outer").fillna(
+        {"tail": False, "records": 0, "published": False}
+    )
     m = F.array_distinct(_ids("m"))
     d, o, x = _ids("d"), _ids("o"), _ids("x") if cap.has("drop") else _empty()
     r, r_active, r_inactive, r_open = _ids("r"), _ids("r_active"), _ids("r_inactive"), _ids("r_open")
@@ -103,39 +107,78 @@ def audit(cap: Capture, events: DataFrame, rematched: DataFrame) -> dict[str, An
         "cost": F.coalesce(F.col("tested") < F.col("nmatched"), F.lit(False)),
     }
     per = per.select(
-        "event", "tail", "published", "records", "tested", "nmatched", "key",
-        *[c.alias(k) for k, c in sets.items()], *[c.alias(k) for k, c in flags.items()],
+        "event",
+        "tail",
+        "published",
+        "records",
+        "tested",
+        "nmatched",
+        "key",
+        *[c.alias(k) for k, c in sets.items()],
+        *[c.alias(k) for k, c in flags.items()],
         # The offending ids, for the report's examples.
         F.array_except(expected, F.concat(handled, x)).alias("lost_ids"),
         F.array_except(r_active, m).alias("missing_ids"),
         F.array_except(m, r).alias("extra_ids"),
         F.array_except(F.array_distinct(d), m).alias("unexpected_ids"),
     ).persist(StorageLevel.MEMORY_AND_DISK)
-    totals = per.agg(
-        *[F.sum(k).alias(k) for k in sets],
-        *[F.sum(F.col(k).cast("long")).alias(k) for k in flags],
-        F.sum(F.col("published").cast("long")).alias("published"),
-        F.sum(F.when(F.col("records") > 0, F.col("tested"))).alias("tested"),
-        F.sum(F.when(F.col("records") > 0, F.col("nmatched"))).alias("nmatched"),
-        F.sum((F.col("records") > 0).cast("long")).alias("matched_events"),
-        F.sum(F.col("tail").cast("long")).alias("tail_events"),
-        F.sum(F.col("key").isNotNull().cast("long")).alias("keyed"),
-    ).first().asDict()
+    totals = (
+        per.agg(
+            *[F.sum(k).alias(k) for k in sets],
+            *[F.sum(F.col(k).cast("long")).alias(k) for k in flags],
+            F.sum(F.col("published").cast("long")).alias("published"),
+            F.sum(F.when(F.col("records") > 0, F.col("tested"))).alias("tested"),
+            F.sum(F.when(F.col("records") > 0, F.col("nmatched"))).alias("nmatched"),
+            F.sum((F.col("records") > 0).cast("long")).alias("matched_events"),
+            F.sum(F.col("tail").cast("long")).alias("tail_events"),
+            F.sum(F.col("key").isNotNull().cast("long")).alias("keyed"),
+        )
+        .first()
+        .asDict()
+    )
     totals = {k: int(v or 0) for k, v in totals.items()}
     examples: dict[str, list[dict[str, Any]]] = {}
-    for k, ids in (("lost", "lost_ids"), ("missing", "missing_ids"), ("extra", "extra_ids"),
-                   ("unexpected", "unexpected_ids"), ("duplicates", None), ("inactive_matched", None)):
+    for k, ids in (
+        ("lost", "lost_ids"),
+        ("missing", "missing_ids"),
+        ("extra", "extra_ids"),
+        ("unexpected", "unexpected_ids"),
+        ("duplicates", None),
+        ("inactive_matched", None),
+    ):
         if totals[k]:
             cols = ["event", k] + ([ids] if ids else [])
-            examples[k] = [r.asDict() for r in per.filter(F.col(k) > 0).select(*cols).orderBy("event").limit(EXAMPLES).collect()]
+            examples[k] = [
+                r.asDict() for r in per.filter(F.col(k) > 0).select(*cols).orderBy("event").limit(EXAMPLES).collect()
+            ]
     for k in ("unmatched", "unmatched_keyed", "matched_twice", "cost"):
         if totals[k]:
-            examples[k] = [r.asDict() for r in per.filter(F.col(k)).select("event", "records", "tested", "nmatched")
-                           .orderBy("event").limit(EXAMPLES).collect()]
+            examples[k] = [
+                r.asDict()
+                for r in per.filter(F.col(k))
+                .select("event", "records", "tested", "nmatched")
+                .orderBy("event")
+                .limit(EXAMPLES)
+                .collect()
+            ]
     per.unpersist()
     pairs = {k: totals[k] for k in sets}
-    evc = {k: totals[k] for k in ("published", "matched_events", "unmatched", "unmatched_keyed", "unmatched_tail",
-                                  "matched_twice", "cost", "tail_events", "tested", "nmatched", "keyed")}
+    evc = {
+        k: totals[k]
+        for k in (
+            "published",
+            "matched_events",
+            "unmatched",
+            "unmatched_keyed",
+            "unmatched_tail",
+            "matched_twice",
+            "cost",
+            "tail_events",
+            "tested",
+            "nmatched",
+            "keyed",
+        )
+    }
     # A keyed event the sequencer expired never reaches an owner (SPEC §10):
     # the nodes count those, and the capture has the counts, not the ids.
     evc["expired"] = 0
@@ -159,11 +202,32 @@ def _order(cap: Capture, events: DataFrame) -> dict[str, Any]:
     w = Window.partitionBy("sub", "key").orderBy("node", "n")
     d = d.withColumn("prev", F.lag("rank").over(w)).withColumn("prev_event", F.lag("event").over(w))
     d = d.withColumn("bad", F.col("prev").isNotNull() & (F.col("rank") <= F.col("prev"))).persist()
-    res = d.agg(
-        F.count("*").alias("deliveries"), F.countDistinct("key").alias("keys"), F.sum(F.col("bad").cast("long")).alias("violations")
-    ).first().asDict()
+    res = (
+        d.agg(
+            F.count("*").alias("deliveries"),
+            F.countDistinct("key").alias("keys"),
+            F.sum(F.col("bad").cast("long")).alias("violations"),
+        )
+        .first()
+        .asDict()
+    )
     violations = int(res["violations"] or 0)
-    ex = [r.asDict() for r in d.filter("bad").select("sub", "key", "prev_event", "prev", "event", "rank")
-          .orderBy("sub", "key").limit(EXAMPLES).collect()] if violations else []
+    ex = (
+        [
+            r.asDict()
+            for r in d.filter("bad")
+            .select("sub", "key", "prev_event", "prev", "event", "rank")
+            .orderBy("sub", "key")
+            .limit(EXAMPLES)
+            .collect()
+        ]
+        if violations
+        else []
+    )
     d.unpersist()
-    return {"deliveries": int(res["deliveries"] or 0), "keys": int(res["keys"] or 0), "violations": violations, "examples": ex}
+    return {
+        "deliveries": int(res["deliveries"] or 0),
+        "keys": int(res["keys"] or 0),
+        "violations": violations,
+        "examples": ex,
+    }

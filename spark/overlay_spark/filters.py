@@ -17,7 +17,7 @@ import json
 from functools import lru_cache
 from typing import Any, Final
 
-__all__ = ["parse_filter", "PARSED_TYPE", "WIDE_FRACTION", "MAX_KEYS"]
+__all__ = ["MAX_KEYS", "PARSED_TYPE", "WIDE_FRACTION", "parse_filter"]
 
 # A subscription whose best attribute still admits more than this share of
 # the attribute's domain is tried against every event instead.

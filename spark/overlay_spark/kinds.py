@@ -21,12 +21,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["CONSUMED", "SKIPPED", "NOTE_WHEN_PRESENT", "KIND_SCHEMAS", "KindReport", "classify"]
+__all__ = ["CONSUMED", "KIND_SCHEMAS", "NOTE_WHEN_PRESENT", "SKIPPED", "KindReport", "classify"]
 
 _BASE: Final = "node INT, n LONG, time DOUBLE"
 _JOURNAL: Final = _BASE + ", slice INT"
-_SESSION: Final = (_JOURNAL + ", session INT, receiver INT, channels ARRAY<STRING>, subscriptions LONG, bytes LONG, "
-                   "bw DOUBLE, mig_cost DOUBLE, forced BOOLEAN, duration DOUBLE")
+_SESSION: Final = (
+    _JOURNAL + ", session INT, receiver INT, channels ARRAY<STRING>, subscriptions LONG, bytes LONG, "
+    "bw DOUBLE, mig_cost DOUBLE, forced BOOLEAN, duration DOUBLE"
+)
 
 # Rule 1: kind -> what reads it.
 CONSUMED: Final[Mapping[str, str]] = {
@@ -53,19 +55,19 @@ CONSUMED: Final[Mapping[str, str]] = {
 # Rule 1: kind -> why the replay does not read it.
 SKIPPED: Final[Mapping[str, str]] = {
     "liem": "a peer's copy of another node's slice report; the replay reads each node's own `slice` record, "
-            "which carries the same d, dc and state",
+    "which carries the same d, dc and state",
     "state": "the replay judges loads, moves and delivery, not the state machine; `slice.state` gives "
-             "each node's state per slice",
+    "each node's state per slice",
     "decision": "the balancer's reasons (rank1/rank2 and f1–f4 scores, drain choices); the replay judges "
-                "what the moves did, not why they were chosen — read them with grep/jq or /balancing",
+    "what the moves did, not why they were chosen — read them with grep/jq or /balancing",
     "slow": "loop stalls the node timed (what, source, ms): they explain latency, not load or delivery",
     "join": "membership: the replay's node set is the first header's nodes, so a node that joined "
-            "mid-run is left out of S and of the per-window loads",
+    "mid-run is left out of S and of the per-window loads",
     "leave": "membership: a node that drained and left counts as a node with no load in the windows "
-             "after it left, and slices without its report are not complete",
+    "after it left, and slices without its report are not complete",
     "rejoin": "a node restarted and found the cluster running: channels it owned were re-created empty, and "
-              "its capture file of before the restart was renamed `.old`, which the replay does not read — "
-              "losses of that node's subscriptions around the restart are expected",
+    "its capture file of before the restart was renamed `.old`, which the replay does not read — "
+    "losses of that node's subscriptions around the restart are expected",
 }
 
 # Skipped kinds whose presence changes how the report reads: a note says so.
@@ -82,7 +84,8 @@ KIND_SCHEMAS: Final[Mapping[str, str]] = {
     "balancing BOOLEAN, delta DOUBLE",
     "end": _BASE + ", records LONG, dropped LONG",
     "publish": _BASE + ", event STRING, channel STRING, values MAP<STRING, STRING>, key STRING, rank LONG",
-    "event": _BASE + ", event STRING, access INT, channel STRING, tested LONG, matched ARRAY<STRING>, slice INT, key STRING, rank LONG",
+    "event": _BASE
+    + ", event STRING, access INT, channel STRING, tested LONG, matched ARRAY<STRING>, slice INT, key STRING, rank LONG",
     "deliver": _BASE + ", event STRING, subs ARRAY<STRING>, orphans ARRAY<STRING>",
     "drop": _BASE + ", event STRING, session INT, subs ARRAY<STRING>",
     "subscribe": _BASE + ", sub STRING, local STRING, session INT, subscriber STRING, filter STRING",
@@ -94,7 +97,8 @@ KIND_SCHEMAS: Final[Mapping[str, str]] = {
     "migration": _SESSION,
     "replication": _SESSION,
     "replicate": _JOURNAL + ", channel STRING, receiver INT, load DOUBLE",
-    "split": _JOURNAL + ", parent STRING, attr STRING, children ARRAY<STRUCT<id: STRING, space: STRING, subscriptions: LONG>>",
+    "split": _JOURNAL
+    + ", parent STRING, attr STRING, children ARRAY<STRUCT<id: STRING, space: STRING, subscriptions: LONG>>",
     "merge": _JOURNAL + ", parts ARRAY<STRING>, merged STRING, space STRING, subscriptions LONG",
     "abort": _JOURNAL + ", session INT, receiver INT, reason STRING",
     "sequencer": _JOURNAL + ", held LONG, released LONG, expired_dropped LONG, gaps_skipped LONG, ranks_skipped LONG",
@@ -124,8 +128,10 @@ class KindReport:
         if not self.unknown:
             return None
         listed = ", ".join(f"{'(no kind)' if k == '?' else k} ({n})" for k, n in sorted(self.unknown.items()))
-        return (f"records of unknown kinds not read: {listed} — written by a newer node, or damaged lines; "
-                "this replay does not know them, so no check uses them")
+        return (
+            f"records of unknown kinds not read: {listed} — written by a newer node, or damaged lines; "
+            "this replay does not know them, so no check uses them"
+        )
 
     def notes(self, nodes: list[int]) -> list[str]:
         """Notes for skipped kinds that change how the report reads (``NOTE_WHEN_PRESENT``)."""

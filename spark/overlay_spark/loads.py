@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 
 from overlay_spark.records import Capture
 
-__all__ = ["slice_table", "window_table", "migration_table", "slice_cost_check", "TABLE_CHANGES"]
+__all__ = ["TABLE_CHANGES", "migration_table", "slice_cost_check", "slice_table", "window_table"]
 
 # Journal kinds after which a node's reported slice load legitimately differs
 # from the sum of its events' costs: a channel split, merged, moved or
@@ -72,16 +72,22 @@ def window_table(spark: SparkSession, cap: Capture) -> tuple[DataFrame, DataFram
     """
     T = cap.slice_seconds
     ev = cap.df("event").select(
-        F.floor((F.col("time") - F.lit(cap.t0)) / F.lit(T)).cast("long").alias("w"), "node", "tested",
+        F.floor((F.col("time") - F.lit(cap.t0)) / F.lit(T)).cast("long").alias("w"),
+        "node",
+        "tested",
     )
     actual = ev.groupBy("w", "node").agg(F.sum("tested").cast("double").alias("d"), F.count("*").alias("events"))
     loads = actual.withColumn("scenario", F.lit("actual")).unionByName(
-        actual.groupBy("w").agg(F.sum("d").alias("d"), F.sum("events").alias("events"))
-        .withColumn("node", F.lit(cap.initializer)).withColumn("scenario", F.lit("counterfactual"))
+        actual.groupBy("w")
+        .agg(F.sum("d").alias("d"), F.sum("events").alias("events"))
+        .withColumn("node", F.lit(cap.initializer))
+        .withColumn("scenario", F.lit("counterfactual"))
     )
     # Every (scenario, window, node), zero where nothing was matched: the
     # window range comes from the data itself, not from a driver round trip.
-    windows = actual.agg(F.max("w").alias("wmax")).select(F.explode(F.sequence(F.lit(0).cast("long"), "wmax")).alias("w"))
+    windows = actual.agg(F.max("w").alias("wmax")).select(
+        F.explode(F.sequence(F.lit(0).cast("long"), "wmax")).alias("w")
+    )
     scen = spark.createDataFrame([("actual",), ("counterfactual",)], "scenario STRING")
     grid = windows.crossJoin(F.broadcast(_capacities(spark, cap))).crossJoin(F.broadcast(scen))
     per_node = (
@@ -108,8 +114,20 @@ def window_table(spark: SparkSession, cap: Capture) -> tuple[DataFrame, DataFram
 def migration_table(cap: Capture, slices: DataFrame) -> DataFrame:
     """Every migration and replication with S/dc̄ of the last complete slice that
     ended before it started and of the first that started after it finished."""
-    cols = ["node", "time", "slice", "session", "receiver", "channels", "subscriptions", "bytes", "bw",
-            "mig_cost", "forced", "duration"]
+    cols = [
+        "node",
+        "time",
+        "slice",
+        "session",
+        "receiver",
+        "channels",
+        "subscriptions",
+        "bytes",
+        "bw",
+        "mig_cost",
+        "forced",
+        "duration",
+    ]
     migs = None
     for kind in ("migration", "replication"):
         if cap.has(kind):
@@ -117,14 +135,25 @@ def migration_table(cap: Capture, slices: DataFrame) -> DataFrame:
             migs = df if migs is None else migs.unionByName(df)
     if migs is None:
         return slices.sparkSession.createDataFrame(
-            [], "kind STRING, sender INT, receiver INT, t_start DOUBLE, t_done DOUBLE, channels STRING, subscriptions LONG, "
+            [],
+            "kind STRING, sender INT, receiver INT, t_start DOUBLE, t_done DOUBLE, channels STRING, subscriptions LONG, "
             "bytes LONG, bw DOUBLE, mig_cost DOUBLE, forced BOOLEAN, duration DOUBLE, S_before DOUBLE, "
-            "ratio_before DOUBLE, slice_before INT, S_after DOUBLE, ratio_after DOUBLE, slice_after INT"
+            "ratio_before DOUBLE, slice_before INT, S_after DOUBLE, ratio_after DOUBLE, slice_after INT",
         )
     migs = migs.select(
-        "kind", F.col("node").alias("sender"), "receiver", (F.col("time") - F.col("duration")).alias("start"),
-        F.col("time").alias("done"), F.concat_ws(" ", "channels").alias("channels"), "subscriptions", "bytes", "bw",
-        "mig_cost", "forced", "duration", "session",
+        "kind",
+        F.col("node").alias("sender"),
+        "receiver",
+        (F.col("time") - F.col("duration")).alias("start"),
+        F.col("time").alias("done"),
+        F.concat_ws(" ", "channels").alias("channels"),
+        "subscriptions",
+        "bytes",
+        "bw",
+        "mig_cost",
+        "forced",
+        "duration",
+        "session",
     )
     done = slices.filter("complete").select("slice", "t_start", "t_end", "S", "S_over_mean")
     pairs = migs.crossJoin(F.broadcast(done))
@@ -143,11 +172,24 @@ def migration_table(cap: Capture, slices: DataFrame) -> DataFrame:
         migs.join(before, key, "left")
         .join(after, key, "left")
         .select(
-            "kind", "sender", "receiver", (F.col("start") - F.lit(cap.t0)).alias("t_start"),
-            (F.col("done") - F.lit(cap.t0)).alias("t_done"), "channels", "subscriptions", "bytes", "bw", "mig_cost",
-            "forced", "duration", F.col("b.S").alias("S_before"), F.col("b.S_over_mean").alias("ratio_before"),
-            F.col("b.slice").alias("slice_before"), F.col("a.S").alias("S_after"),
-            F.col("a.S_over_mean").alias("ratio_after"), F.col("a.slice").alias("slice_after"),
+            "kind",
+            "sender",
+            "receiver",
+            (F.col("start") - F.lit(cap.t0)).alias("t_start"),
+            (F.col("done") - F.lit(cap.t0)).alias("t_done"),
+            "channels",
+            "subscriptions",
+            "bytes",
+            "bw",
+            "mig_cost",
+            "forced",
+            "duration",
+            F.col("b.S").alias("S_before"),
+            F.col("b.S_over_mean").alias("ratio_before"),
+            F.col("b.slice").alias("slice_before"),
+            F.col("a.S").alias("S_after"),
+            F.col("a.S_over_mean").alias("ratio_after"),
+            F.col("a.slice").alias("slice_after"),
         )
         .orderBy("t_start")
     )
@@ -184,7 +226,9 @@ def slice_cost_check(cap: Capture) -> tuple[DataFrame, DataFrame]:
         .fillna({"reported": 0.0, "recomputed": 0.0})
     )
     if changed is not None:
-        per_ch = per_ch.join(F.broadcast(changed.distinct().withColumn("changed", F.lit(True))), ["node", "slice"], "left")
+        per_ch = per_ch.join(
+            F.broadcast(changed.distinct().withColumn("changed", F.lit(True))), ["node", "slice"], "left"
+        )
     else:
         per_ch = per_ch.withColumn("changed", F.lit(None).cast("boolean"))
     per_ch = per_ch.fillna({"changed": False}).withColumn("mismatch", F.col("reported") != F.col("recomputed"))

@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from overlay_spark.kinds import KIND_SCHEMAS, KindReport, classify
 
-__all__ = ["SUPPORTED_VERSIONS", "KIND_SCHEMAS", "Capture", "NodeInfo", "CaptureError", "load_capture"]
+__all__ = ["KIND_SCHEMAS", "SUPPORTED_VERSIONS", "Capture", "CaptureError", "NodeInfo", "load_capture"]
 
 SUPPORTED_VERSIONS: Final = frozenset({1})
 
@@ -103,8 +103,10 @@ def load_capture(spark: SparkSession, run_dir: str) -> Capture:
     notes = []
     for h in headers:
         if h["cluster"] != first["cluster"] or h["run"] != first["run"]:
-            notes.append(f"node {h['node']} header names cluster {h['cluster']!r} run {h['run']!r}, "
-                         f"not {first['cluster']!r} {first['run']!r}")
+            notes.append(
+                f"node {h['node']} header names cluster {h['cluster']!r} run {h['run']!r}, "
+                f"not {first['cluster']!r} {first['run']!r}"
+            )
     nodes = [NodeInfo(int(n["id"]), float(n["capacity"])) for n in first["nodes"]]
     seen = sorted({int(h["node"]) for h in headers})
     missing = sorted({n.id for n in nodes} - set(seen))
@@ -115,7 +117,9 @@ def load_capture(spark: SparkSession, run_dir: str) -> Capture:
     ends = {int(r["end"]["node"]): r["end"].asDict() for r in meta if r["kind"] == "end"}
     for nid in seen:
         if nid not in ends:
-            notes.append(f"node {nid}: no end record (the node did not shut down cleanly); its last records may be missing")
+            notes.append(
+                f"node {nid}: no end record (the node did not shut down cleanly); its last records may be missing"
+            )
         elif ends[nid]["dropped"]:
             notes.append(f"node {nid}: the capture dropped {ends[nid]['dropped']} records (writer too slow)")
     kinds = classify(counts)  # kinds rule 2: unknown kinds are warned about, never dropped silently
@@ -123,7 +127,17 @@ def load_capture(spark: SparkSession, run_dir: str) -> Capture:
         notes.append("warning: " + kinds.warning)
     notes += kinds.notes([n.id for n in nodes])
     return Capture(
-        run=first["run"], path=run_dir, parsed=parsed, nodes=nodes, initializer=int(first["initializer"]),
-        slice_seconds=float(first["slice_seconds"]), schema=first["schema"], t0=min(h["time"] for h in headers),
-        counts=counts, headers=headers, ends=ends, notes=notes, kinds=kinds,
+        run=first["run"],
+        path=run_dir,
+        parsed=parsed,
+        nodes=nodes,
+        initializer=int(first["initializer"]),
+        slice_seconds=float(first["slice_seconds"]),
+        schema=first["schema"],
+        t0=min(h["time"] for h in headers),
+        counts=counts,
+        headers=headers,
+        ends=ends,
+        notes=notes,
+        kinds=kinds,
     )

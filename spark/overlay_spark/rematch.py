@@ -44,13 +44,19 @@ from overlay_spark import filters
 from overlay_spark.records import Capture
 from overlay_spark.session import ship_code
 
-__all__ = ["events_frame", "subscriptions_frame", "rematch_pairs", "reported_pairs", "schema_json", "BUCKETS"]
+__all__ = ["BUCKETS", "events_frame", "rematch_pairs", "reported_pairs", "schema_json", "subscriptions_frame"]
 
 # Buckets per ordered attribute for the candidate join: with 128, a range
 # subscription covering 5 % of the domain is looked up under ~7 keys.
 BUCKETS: Final = 128
 
-_TYPES: Final = {"float": "double", "numeric": "double", "int": "decimal(20,0)", "rfid": "decimal(20,0)", "string": "string"}
+_TYPES: Final = {
+    "float": "double",
+    "numeric": "double",
+    "int": "decimal(20,0)",
+    "rfid": "decimal(20,0)",
+    "string": "string",
+}
 
 
 def _num(text: str | None) -> int | float | None:
@@ -65,23 +71,32 @@ def _num(text: str | None) -> int | float | None:
 def schema_json(cap: Capture) -> str:
     """The header's schema as ``Schema.from_dict`` takes it (numbers as numbers)."""
     sch = cap.schema
-    return json.dumps({
-        "distinguishing": list(sch["distinguishing"]),
-        "attributes": [
-            {"name": a["name"], "type": a["type"], "min": _num(a["min"]), "max": _num(a["max"])}
-            for a in sch["attributes"]
-        ],
-    })
+    return json.dumps(
+        {
+            "distinguishing": list(sch["distinguishing"]),
+            "attributes": [
+                {"name": a["name"], "type": a["type"], "min": _num(a["min"]), "max": _num(a["max"])}
+                for a in sch["attributes"]
+            ],
+        }
+    )
 
 
 def _attrs(cap: Capture) -> list[dict[str, Any]]:
     out = []
     for i, a in enumerate(cap.schema["attributes"]):
         kind = a["type"]
-        out.append({
-            "i": i, "name": a["name"], "kind": kind, "type": _TYPES[kind], "ordered": kind != "string",
-            "min": float(_num(a["min"]) or 0), "max": float(_num(a["max"]) or 0),
-        })
+        out.append(
+            {
+                "i": i,
+                "name": a["name"],
+                "kind": kind,
+                "type": _TYPES[kind],
+                "ordered": kind != "string",
+                "min": float(_num(a["min"]) or 0),
+                "max": float(_num(a["max"]) or 0),
+            }
+        )
     return out
 
 
@@ -103,33 +118,53 @@ def events_frame(cap: Capture, tail_from: float) -> DataFrame:
     pub = cap.df("publish").select(
         "event", F.col("node").alias("access"), F.col("time").alias("t_pub"), "values", "key", "rank", "channel"
     )
-    rec = cap.df("event").groupBy("event").agg(
-        F.count("*").alias("records"),
-        F.min("time").alias("t_match"),
-        F.min_by("node", "time").alias("owner"),
-        F.min_by("tested", "time").alias("tested"),
-        F.min_by(F.size("matched"), "time").alias("nmatched"),
-        F.flatten(F.collect_list("matched")).alias("m"),
-        # The owner's key and rank: the key's home assigns the rank (SPEC §10).
-        F.max("key").alias("owner_key"),
-        F.max("rank").alias("owner_rank"),
+    rec = (
+        cap.df("event")
+        .groupBy("event")
+        .agg(
+            F.count("*").alias("records"),
+            F.min("time").alias("t_match"),
+            F.min_by("node", "time").alias("owner"),
+            F.min_by("tested", "time").alias("tested"),
+            F.min_by(F.size("matched"), "time").alias("nmatched"),
+            F.flatten(F.collect_list("matched")).alias("m"),
+            # The owner's key and rank: the key's home assigns the rank (SPEC §10).
+            F.max("key").alias("owner_key"),
+            F.max("rank").alias("owner_rank"),
+        )
     )
     ev = pub.join(rec, "event", "full_outer")
     typed = [F.col("values")[a["name"]].cast(a["type"]).alias(f"v_{a['i']}") for a in _attrs(cap)]
     return ev.select(
-        "event", "access", "t_pub", F.coalesce("owner_key", "key").alias("key"),
-        F.coalesce("owner_rank", "rank").alias("rank"), "channel", F.coalesce("records", F.lit(0)).alias("records"),
-        "t_match", "owner", "tested", "nmatched", F.coalesce("m", F.array().cast("array<string>")).alias("m"),
+        "event",
+        "access",
+        "t_pub",
+        F.coalesce("owner_key", "key").alias("key"),
+        F.coalesce("owner_rank", "rank").alias("rank"),
+        "channel",
+        F.coalesce("records", F.lit(0)).alias("records"),
+        "t_match",
+        "owner",
+        "tested",
+        "nmatched",
+        F.coalesce("m", F.array().cast("array<string>")).alias("m"),
         F.col("values").isNotNull().alias("published"),
-        (F.col("t_pub") > F.lit(tail_from)).alias("tail"), *typed,
+        (F.col("t_pub") > F.lit(tail_from)).alias("tail"),
+        *typed,
     )
 
 
 def subscriptions_frame(spark: SparkSession, cap: Capture) -> DataFrame:
     """Rule 2: one row per subscription, with its lifetime and parsed text."""
-    subs = cap.df("subscribe").groupBy("sub").agg(
-        F.min("time").alias("t_sub"), F.first("filter").alias("filter"), F.first("node").alias("access"),
-        F.first("subscriber").alias("subscriber"),
+    subs = (
+        cap.df("subscribe")
+        .groupBy("sub")
+        .agg(
+            F.min("time").alias("t_sub"),
+            F.first("filter").alias("filter"),
+            F.first("node").alias("access"),
+            F.first("subscriber").alias("subscriber"),
+        )
     )
     for kind, col in (("subscribed", "t_ack"), ("unsubscribe", "t_unsub"), ("unsubscribed", "t_unack")):
         if cap.has(kind):
@@ -221,31 +256,53 @@ def _sub_keys(attrs: list[dict[str, Any]]) -> Column:
         kk = F.col("parsed.key_kind")
         if a["ordered"]:
             pfx = F.lit(f"{a['i']}#")
-            points = F.transform(F.col("parsed.key_vals"), lambda x: F.concat(pfx, _bucket(x.cast(a["type"]), a).cast("string")))
+            points = F.transform(
+                F.col("parsed.key_vals"), lambda x: F.concat(pfx, _bucket(x.cast(a["type"]), a).cast("string"))
+            )
             rng = F.transform(
-                F.sequence(_bucket(F.col("parsed.key_lo").cast(a["type"]), a), _bucket(F.col("parsed.key_hi").cast(a["type"]), a)),
+                F.sequence(
+                    _bucket(F.col("parsed.key_lo").cast(a["type"]), a),
+                    _bucket(F.col("parsed.key_hi").cast(a["type"]), a),
+                ),
                 lambda b: F.concat(pfx, b.cast("string")),
             )
             expr = expr.when(is_attr & (kk == "points"), F.array_distinct(points)).when(is_attr & (kk == "range"), rng)
         else:
             pfx = F.lit(f"{a['i']}=")
-            expr = expr.when(is_attr & (kk == "points"), F.transform(F.col("parsed.key_vals"), lambda x: F.concat(pfx, x)))
+            expr = expr.when(
+                is_attr & (kk == "points"), F.transform(F.col("parsed.key_vals"), lambda x: F.concat(pfx, x))
+            )
     return expr
 
 
-def rematch_pairs(spark: SparkSession, cap: Capture, events: DataFrame, subs: DataFrame) -> tuple[DataFrame, dict[str, Any]]:
+def rematch_pairs(
+    spark: SparkSession, cap: Capture, events: DataFrame, subs: DataFrame
+) -> tuple[DataFrame, dict[str, Any]]:
     """Rules 3–4: every (event, subscription) pair whose filter the event
     satisfies, with ``status`` active / inactive / open.  Also returns the
     subscription parse summary (counts by access-key kind, parse errors)."""
     attrs = _attrs(cap)
     sp = subs.select(
-        "sub", "t_sub", "t_ack", "t_unsub", "t_unack", "parsed.ok", "parsed.error", "parsed.key_kind",
-        _typed_preds(attrs).alias("preds"), _sub_keys(attrs).alias("keys"),
+        "sub",
+        "t_sub",
+        "t_ack",
+        "t_unsub",
+        "t_unack",
+        "parsed.ok",
+        "parsed.error",
+        "parsed.key_kind",
+        _typed_preds(attrs).alias("preds"),
+        _sub_keys(attrs).alias("keys"),
     ).persist(StorageLevel.MEMORY_AND_DISK)
-    summary_rows = sp.groupBy("ok", "key_kind").agg(
-        F.count("*").alias("n"), F.max(F.size("preds")).alias("k"),
-        F.slice(F.collect_list(F.when(~F.col("ok"), F.struct("sub", "error"))), 1, 5).alias("bad"),
-    ).collect()
+    summary_rows = (
+        sp.groupBy("ok", "key_kind")
+        .agg(
+            F.count("*").alias("n"),
+            F.max(F.size("preds")).alias("k"),
+            F.slice(F.collect_list(F.when(~F.col("ok"), F.struct("sub", "error"))), 1, 5).alias("bad"),
+        )
+        .collect()
+    )
     bad = [b.asDict() for r in summary_rows for b in (r["bad"] or [])]
     k = max([r["k"] or 0 for r in summary_rows] + [0])
     summary = {
@@ -276,9 +333,16 @@ def rematch_pairs(spark: SparkSession, cap: Capture, events: DataFrame, subs: Da
         test = test & (p.isNull() | _satisfied(p, attrs))
     t_done = F.coalesce("t_match", "t_pub")
     status = (
-        F.when(F.col("t_ack").isNotNull() & (F.col("t_ack") <= F.col("t_pub"))
-               & (F.col("t_unsub").isNull() | (F.col("t_unsub") >= t_done)), F.lit("active"))
-        .when((t_done < F.col("t_sub")) | (F.col("t_unack").isNotNull() & (F.col("t_pub") > F.col("t_unack"))), F.lit("inactive"))
+        F.when(
+            F.col("t_ack").isNotNull()
+            & (F.col("t_ack") <= F.col("t_pub"))
+            & (F.col("t_unsub").isNull() | (F.col("t_unsub") >= t_done)),
+            F.lit("active"),
+        )
+        .when(
+            (t_done < F.col("t_sub")) | (F.col("t_unack").isNotNull() & (F.col("t_pub") > F.col("t_unack"))),
+            F.lit("inactive"),
+        )
         .otherwise(F.lit("open"))
     )
     pairs = cand.filter(test).select("event", "sub", status.alias("status"))

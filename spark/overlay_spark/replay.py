@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-__all__ = ["run_replay", "main", "ReplayResult"]
+__all__ = ["ReplayResult", "main", "run_replay"]
 
 STEPS: Final = 9
 
@@ -71,7 +71,9 @@ def run_replay(
         nodes = [n.id for n in cap.nodes]
         guard = cap.slice_seconds if tail_guard is None else tail_guard
         end_times = [e["time"] for e in cap.ends.values()]
-        last = cap.parsed.agg(F.max(F.coalesce(*[F.col(f"`{k}`.time") for k in ("publish", "event", "deliver", "slice")]))).first()[0]
+        last = cap.parsed.agg(
+            F.max(F.coalesce(*[F.col(f"`{k}`.time") for k in ("publish", "event", "deliver", "slice")]))
+        ).first()[0]
         t_end = min(end_times) if len(end_times) == len({h["node"] for h in cap.headers}) else (last or cap.t0)
         tail_from = t_end - guard
 
@@ -118,14 +120,16 @@ def run_replay(
         failed = [c.name for c in checks if c.ok is False]
         traffic = [r for r in actual if r["events"]]
         cf_by_w = {r["w"]: r for r in counter}
-        half = (traffic[len(traffic) // 2]["w"] if traffic else 0)
+        half = traffic[len(traffic) // 2]["w"] if traffic else 0
         complete = [r for r in slices if r["complete"] and r["S_over_mean"] is not None]
         mig_only = [m for m in migs if m["kind"] == "migration"]
         headline = {
             "ratio_actual": _mean([r["S_over_mean"] for r in traffic]),
             "ratio_counterfactual": _mean([cf_by_w[r["w"]]["S_over_mean"] for r in traffic if r["w"] in cf_by_w]),
             "ratio_actual_late": _mean([r["S_over_mean"] for r in traffic if r["w"] >= half]),
-            "ratio_counterfactual_late": _mean([cf_by_w[r["w"]]["S_over_mean"] for r in traffic if r["w"] >= half and r["w"] in cf_by_w]),
+            "ratio_counterfactual_late": _mean(
+                [cf_by_w[r["w"]]["S_over_mean"] for r in traffic if r["w"] >= half and r["w"] in cf_by_w]
+            ),
             "ratio_reported": _mean([r["S_over_mean"] for r in complete]),
             "mig_cost": sum(m["mig_cost"] or 0.0 for m in migs),
             "migrations": len(mig_only),
@@ -145,24 +149,64 @@ def run_replay(
         prog.step(f"writing the report to {out_dir}")
         cf_cols = {r["w"]: r for r in counter}
         windows = [
-            {"w": r["w"], "t": r["t"], "events": r["events"], "total_d": r["total_d"], "mean_dc": r["mean_dc"], "S": r["S"],
-             "S_over_mean": r["S_over_mean"], "cf_mean_dc": cf_cols.get(r["w"], {}).get("mean_dc"),
-             "cf_S": cf_cols.get(r["w"], {}).get("S"), "cf_S_over_mean": cf_cols.get(r["w"], {}).get("S_over_mean")}
+            {
+                "w": r["w"],
+                "t": r["t"],
+                "events": r["events"],
+                "total_d": r["total_d"],
+                "mean_dc": r["mean_dc"],
+                "S": r["S"],
+                "S_over_mean": r["S_over_mean"],
+                "cf_mean_dc": cf_cols.get(r["w"], {}).get("mean_dc"),
+                "cf_S": cf_cols.get(r["w"], {}).get("S"),
+                "cf_S_over_mean": cf_cols.get(r["w"], {}).get("S_over_mean"),
+            }
             for r in actual
         ]
         slice_cols = ["slice", "t", "t_start", "t_end", "nodes", "complete", "total_d", "mean_dc", "S", "S_over_mean"]
         slice_cols += [f"{x}_{n}" for n in nodes for x in ("d", "dc")]
         write_csv(out_dir / "slices.csv", slices, slice_cols)
-        write_csv(out_dir / "windows.csv", windows, ["w", "t", "events", "total_d", "mean_dc", "S", "S_over_mean",
-                                                      "cf_mean_dc", "cf_S", "cf_S_over_mean"])
+        write_csv(
+            out_dir / "windows.csv",
+            windows,
+            ["w", "t", "events", "total_d", "mean_dc", "S", "S_over_mean", "cf_mean_dc", "cf_S", "cf_S_over_mean"],
+        )
         write_csv(out_dir / "node_loads.csv", per_node, ["w", "t", "node", "capacity", "events", "d", "dc"])
-        mig_cols = ["kind", "sender", "receiver", "t_start", "t_done", "duration", "channels", "subscriptions", "bytes",
-                    "bw", "mig_cost", "forced", "slice_before", "S_before", "ratio_before", "slice_after", "S_after", "ratio_after"]
+        mig_cols = [
+            "kind",
+            "sender",
+            "receiver",
+            "t_start",
+            "t_done",
+            "duration",
+            "channels",
+            "subscriptions",
+            "bytes",
+            "bw",
+            "mig_cost",
+            "forced",
+            "slice_before",
+            "S_before",
+            "ratio_before",
+            "slice_after",
+            "S_after",
+            "ratio_after",
+        ]
         write_csv(out_dir / "migrations.csv", migs, mig_cols)
-        write_csv(out_dir / "costs.csv", costs, ["node", "slices", "reported_d", "recomputed_d", "changed_slices", "bad_slices"])
-        write_csv(out_dir / "slice_costs.csv", slice_costs, ["node", "slice", "slice_d", "reported_d", "recomputed_d",
-                                                            "changed", "mismatched_channels"])
-        write_csv(out_dir / "validations.csv", [{"validation": c.name, "status": c.status, "detail": c.detail} for c in checks])
+        write_csv(
+            out_dir / "costs.csv",
+            costs,
+            ["node", "slices", "reported_d", "recomputed_d", "changed_slices", "bad_slices"],
+        )
+        write_csv(
+            out_dir / "slice_costs.csv",
+            slice_costs,
+            ["node", "slice", "slice_d", "reported_d", "recomputed_d", "changed", "mismatched_channels"],
+        )
+        write_csv(
+            out_dir / "validations.csv",
+            [{"validation": c.name, "status": c.status, "detail": c.detail} for c in checks],
+        )
         write_csv(out_dir / "headline.csv", [{"figure": k, "value": v} for k, v in headline.items()])
         title = f"run {cap.run}: {len(nodes)} nodes"
         plot_spread(out_dir / "s_over_mean.png", actual, counter, slices, migs, f"S/dc̄ — {title}")
@@ -170,77 +214,169 @@ def run_replay(
         elapsed = time.monotonic() - t_start
         pairs_row = dict(pc)
         report = {
-            "run": cap.run, "path": run_dir, "nodes": nodes, "slice_seconds": cap.slice_seconds,
-            "initializer": cap.initializer, "master": master_url, "elapsed": elapsed, "failed": failed,
-            "headline": headline, "checks": checks, "notes": cap.notes, "examples": aud["examples"],
-            "migrations": migs, "slices": slices, "costs": costs, "rematch": summary, "pairs": pairs_row,
-            "counts": cap.counts, "kinds": cap.kinds,
+            "run": cap.run,
+            "path": run_dir,
+            "nodes": nodes,
+            "slice_seconds": cap.slice_seconds,
+            "initializer": cap.initializer,
+            "master": master_url,
+            "elapsed": elapsed,
+            "failed": failed,
+            "headline": headline,
+            "checks": checks,
+            "notes": cap.notes,
+            "examples": aud["examples"],
+            "migrations": migs,
+            "slices": slices,
+            "costs": costs,
+            "rematch": summary,
+            "pairs": pairs_row,
+            "counts": cap.counts,
+            "kinds": cap.kinds,
         }
         write_markdown(out_dir / "report.md", report)
         cap.parsed.unpersist()
 
     if stream:
         _summary(stream, out_dir, headline, checks, failed, cap.notes)
-    return ReplayResult(1 if failed else 0, failed, out_dir, headline, checks,
-                        {"audit": aud, "rematch": summary, "slices": slices, "migrations": migs, "costs": costs,
-                         "windows": windows, "notes": cap.notes})
+    return ReplayResult(
+        1 if failed else 0,
+        failed,
+        out_dir,
+        headline,
+        checks,
+        {
+            "audit": aud,
+            "rematch": summary,
+            "slices": slices,
+            "migrations": migs,
+            "costs": costs,
+            "windows": windows,
+            "notes": cap.notes,
+        },
+    )
 
 
-def _checks(cap: Any, pc: dict[str, int], ec: dict[str, int], order: dict[str, Any] | None,
-            summary: dict[str, Any], costs: list[dict[str, Any]], Check: Any) -> list[Any]:
+def _checks(
+    cap: Any,
+    pc: dict[str, int],
+    ec: dict[str, int],
+    order: dict[str, Any] | None,
+    summary: dict[str, Any],
+    costs: list[dict[str, Any]],
+    Check: Any,
+) -> list[Any]:
     dropped = sum(e.get("dropped") or 0 for e in cap.ends.values())
     no_end = [h["node"] for h in cap.headers if h["node"] not in cap.ends]
     checks = [
-        Check("capture.complete", not dropped and not no_end,
-              f"{len(cap.headers)} files; records dropped by the writer: {dropped}; nodes without end record: {no_end or 'none'}"),
-        Check("rematch.parse", summary["unparsed"] == 0,
-              f"{summary['subscriptions']} subscriptions, {summary['unparsed']} whose text does not parse"),
-        Check("rematch.missing", pc.get("missing", 0) == 0,
-              f"{pc.get('missing', 0)} (event, subscription) pairs that must have matched and were not reported "
-              f"({pc.get('open', 0)} pairs in flight at a (un)subscribe not judged)"),
-        Check("rematch.extra", pc.get("extra", 0) == 0,
-              f"{pc.get('extra', 0)} reported matches the subscription's filter does not match"),
-        Check("rematch.inactive", pc.get("inactive_matched", 0) == 0,
-              f"{pc.get('inactive_matched', 0)} matches of a subscription not yet asked for or already removed"),
-        Check("rematch.cost", ec.get("cost", 0) == 0,
-              f"{ec.get('cost', 0)} events whose tested count is below their matches; tested {ec.get('tested', 0)} "
-              f"≥ matched {ec.get('nmatched', 0)} overall"),
+        Check(
+            "capture.complete",
+            not dropped and not no_end,
+            f"{len(cap.headers)} files; records dropped by the writer: {dropped}; nodes without end record: {no_end or 'none'}",
+        ),
+        Check(
+            "rematch.parse",
+            summary["unparsed"] == 0,
+            f"{summary['subscriptions']} subscriptions, {summary['unparsed']} whose text does not parse",
+        ),
+        Check(
+            "rematch.missing",
+            pc.get("missing", 0) == 0,
+            f"{pc.get('missing', 0)} (event, subscription) pairs that must have matched and were not reported "
+            f"({pc.get('open', 0)} pairs in flight at a (un)subscribe not judged)",
+        ),
+        Check(
+            "rematch.extra",
+            pc.get("extra", 0) == 0,
+            f"{pc.get('extra', 0)} reported matches the subscription's filter does not match",
+        ),
+        Check(
+            "rematch.inactive",
+            pc.get("inactive_matched", 0) == 0,
+            f"{pc.get('inactive_matched', 0)} matches of a subscription not yet asked for or already removed",
+        ),
+        Check(
+            "rematch.cost",
+            ec.get("cost", 0) == 0,
+            f"{ec.get('cost', 0)} events whose tested count is below their matches; tested {ec.get('tested', 0)} "
+            f"≥ matched {ec.get('nmatched', 0)} overall",
+        ),
     ]
     bad = sum(c["bad_slices"] or 0 for c in costs)
     changed = sum(c["changed_slices"] or 0 for c in costs)
-    checks.append(Check("costs.slices", None if not costs else bad == 0,
-                        f"{bad} slices whose reported channel loads differ from the events' tested counts "
-                        f"({changed} slices with a table change not compared)" if costs else "no slice records"))
+    checks.append(
+        Check(
+            "costs.slices",
+            None if not costs else bad == 0,
+            f"{bad} slices whose reported channel loads differ from the events' tested counts "
+            f"({changed} slices with a table change not compared)"
+            if costs
+            else "no slice records",
+        )
+    )
     checks += [
-        Check("audit.duplicates", pc.get("duplicates", 0) == 0, f"{pc.get('duplicates', 0)} pairs delivered more than once"),
-        Check("audit.lost", pc.get("lost", 0) == 0,
-              f"{pc.get('lost', 0)} expected pairs never delivered (of {pc.get('expected', 0)}; "
-              f"{pc.get('tail_pairs', 0)} in the last seconds not judged; {pc.get('orphaned', 0)} orphaned by an "
-              f"unsubscribe, {pc.get('dropped', 0)} dropped on a slow consumer)"),
-        Check("audit.unexpected", pc.get("unexpected", 0) == 0,
-              f"{pc.get('unexpected', 0)} deliveries of a pair no owner reported matching"),
-        Check("audit.unmatched", ec.get("unmatched", 0) == 0 and ec.get("unmatched_keyed", 0) <= ec.get("expired", 0),
-              f"{ec.get('unmatched', 0)} published events no owner matched, and {ec.get('unmatched_keyed', 0)} keyed ones "
-              f"against {ec.get('expired', 0)} the sequencers expired "
-              f"({ec.get('unmatched_tail', 0)} more in the last seconds not judged)"),
-        Check("audit.matched_twice", ec.get("matched_twice", 0) == 0, f"{ec.get('matched_twice', 0)} events matched more than once"),
-        Check("audit.order", None if order is None else order["violations"] == 0,
-              "no event carries a sequence key" if order is None else
-              f"{order['violations']} out-of-rank deliveries over {order['keys']} keys, {order['deliveries']} deliveries"),
+        Check(
+            "audit.duplicates",
+            pc.get("duplicates", 0) == 0,
+            f"{pc.get('duplicates', 0)} pairs delivered more than once",
+        ),
+        Check(
+            "audit.lost",
+            pc.get("lost", 0) == 0,
+            f"{pc.get('lost', 0)} expected pairs never delivered (of {pc.get('expected', 0)}; "
+            f"{pc.get('tail_pairs', 0)} in the last seconds not judged; {pc.get('orphaned', 0)} orphaned by an "
+            f"unsubscribe, {pc.get('dropped', 0)} dropped on a slow consumer)",
+        ),
+        Check(
+            "audit.unexpected",
+            pc.get("unexpected", 0) == 0,
+            f"{pc.get('unexpected', 0)} deliveries of a pair no owner reported matching",
+        ),
+        Check(
+            "audit.unmatched",
+            ec.get("unmatched", 0) == 0 and ec.get("unmatched_keyed", 0) <= ec.get("expired", 0),
+            f"{ec.get('unmatched', 0)} published events no owner matched, and {ec.get('unmatched_keyed', 0)} keyed ones "
+            f"against {ec.get('expired', 0)} the sequencers expired "
+            f"({ec.get('unmatched_tail', 0)} more in the last seconds not judged)",
+        ),
+        Check(
+            "audit.matched_twice",
+            ec.get("matched_twice", 0) == 0,
+            f"{ec.get('matched_twice', 0)} events matched more than once",
+        ),
+        Check(
+            "audit.order",
+            None if order is None else order["violations"] == 0,
+            "no event carries a sequence key"
+            if order is None
+            else f"{order['violations']} out-of-rank deliveries over {order['keys']} keys, {order['deliveries']} deliveries",
+        ),
     ]
     return checks
 
 
-def _summary(stream: TextIO, out_dir: Path, h: dict[str, Any], checks: list[Any], failed: list[str],
-             notes: list[str] | None = None) -> None:
+def _summary(
+    stream: TextIO,
+    out_dir: Path,
+    h: dict[str, Any],
+    checks: list[Any],
+    failed: list[str],
+    notes: list[str] | None = None,
+) -> None:
     def f(v: Any) -> str:
         return "–" if v is None else f"{v:.3f}"
 
     print(f"\nreport: {out_dir / 'report.md'}", file=stream)
-    print(f"S/dc̄ with balancing {f(h['ratio_actual'])} (second half {f(h['ratio_actual_late'])}), "
-          f"without migrations {f(h['ratio_counterfactual'])}; nodes reported {f(h['ratio_reported'])}", file=stream)
-    print(f"Σ mig_cost {h['mig_cost']:.4f} over {h['migrations']} migrations ({h['forced']} forced) and "
-          f"{h['replications']} replications, {h['subscriptions_moved']} subscriptions moved", file=stream)
+    print(
+        f"S/dc̄ with balancing {f(h['ratio_actual'])} (second half {f(h['ratio_actual_late'])}), "
+        f"without migrations {f(h['ratio_counterfactual'])}; nodes reported {f(h['ratio_reported'])}",
+        file=stream,
+    )
+    print(
+        f"Σ mig_cost {h['mig_cost']:.4f} over {h['migrations']} migrations ({h['forced']} forced) and "
+        f"{h['replications']} replications, {h['subscriptions_moved']} subscriptions moved",
+        file=stream,
+    )
     for c in checks:
         print(f"  {c.status:<4} {c.name:<20} {c.detail}", file=stream)
     for note in notes or []:
@@ -261,8 +397,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_dir", help="directory holding the run's node-*.ndjson files")
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     p.add_argument("--out", default=None, help="report directory (default RUN_DIR/report)")
-    p.add_argument("--tail-guard", type=float, default=None,
-                   help="seconds before the first node stopped whose events the loss checks skip (default: one slice)")
+    p.add_argument(
+        "--tail-guard",
+        type=float,
+        default=None,
+        help="seconds before the first node stopped whose events the loss checks skip (default: one slice)",
+    )
     p.add_argument("--partitions", type=int, default=8, help="shuffle partitions (default 8)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
 
@@ -271,8 +411,14 @@ def run_from_args(args: argparse.Namespace) -> int:
     from overlay_spark.records import CaptureError
 
     try:
-        res = run_replay(args.run_dir, master=args.master, out=args.out, tail_guard=args.tail_guard,
-                         partitions=args.partitions, stream=None if args.quiet else sys.stderr)
+        res = run_replay(
+            args.run_dir,
+            master=args.master,
+            out=args.out,
+            tail_guard=args.tail_guard,
+            partitions=args.partitions,
+            stream=None if args.quiet else sys.stderr,
+        )
     except CaptureError as exc:
         print(f"overlay replay: {exc}", file=sys.stderr)
         return 2

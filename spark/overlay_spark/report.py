@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Check", "write_csv", "plot_spread", "plot_loads", "write_markdown"]
+__all__ = ["Check", "plot_loads", "plot_spread", "write_csv", "write_markdown"]
 
 
 @dataclass
@@ -69,26 +69,57 @@ def _mark_migrations(ax: Any, migrations: Iterable[dict[str, Any]], *, label: bo
     first = True
     for m in migrations:
         t = m["t_done"]
-        ax.axvline(t, color="grey", linestyle="--", linewidth=0.8, alpha=0.7,
-                   label="migration" if first and label else None)
+        ax.axvline(
+            t, color="grey", linestyle="--", linewidth=0.8, alpha=0.7, label="migration" if first and label else None
+        )
         if label:
-            ax.annotate(f"{m['sender']}→{m['receiver']}", (t, 1.0), xycoords=("data", "axes fraction"),
-                        fontsize=7, rotation=90, va="top", ha="right", color="dimgrey")
+            ax.annotate(
+                f"{m['sender']}→{m['receiver']}",
+                (t, 1.0),
+                xycoords=("data", "axes fraction"),
+                fontsize=7,
+                rotation=90,
+                va="top",
+                ha="right",
+                color="dimgrey",
+            )
         first = False
 
 
-def plot_spread(path: Path, actual: Sequence[dict[str, Any]], counter: Sequence[dict[str, Any]],
-                slices: Sequence[dict[str, Any]], migrations: Sequence[dict[str, Any]], title: str) -> None:
+def plot_spread(
+    path: Path,
+    actual: Sequence[dict[str, Any]],
+    counter: Sequence[dict[str, Any]],
+    slices: Sequence[dict[str, Any]],
+    migrations: Sequence[dict[str, Any]],
+    title: str,
+) -> None:
     """S/dc̄ over time with balancing (recomputed and as reported) and without (counterfactual)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(12, 4.5))
-    ax.plot([r["t"] for r in counter], [r["S_over_mean"] for r in counter], color="tab:red", linewidth=1.5,
-            label="without migrations (counterfactual)")
-    ax.plot([r["t"] for r in actual], [r["S_over_mean"] for r in actual], color="tab:blue", linewidth=1.5,
-            label="with balancing (recomputed from events)")
+    ax.plot(
+        [r["t"] for r in counter],
+        [r["S_over_mean"] for r in counter],
+        color="tab:red",
+        linewidth=1.5,
+        label="without migrations (counterfactual)",
+    )
+    ax.plot(
+        [r["t"] for r in actual],
+        [r["S_over_mean"] for r in actual],
+        color="tab:blue",
+        linewidth=1.5,
+        label="with balancing (recomputed from events)",
+    )
     sl = [r for r in slices if r["complete"] and r["S_over_mean"] is not None]
-    ax.scatter([r["t"] for r in sl], [r["S_over_mean"] for r in sl], s=14, color="tab:green", zorder=3,
-               label="with balancing (nodes' slice reports)")
+    ax.scatter(
+        [r["t"] for r in sl],
+        [r["S_over_mean"] for r in sl],
+        s=14,
+        color="tab:green",
+        zorder=3,
+        label="with balancing (nodes' slice reports)",
+    )
     _mark_migrations(ax, migrations, label=True)
     ax.set_xlabel("seconds since the run started")
     ax.set_ylabel("S / dc̄")
@@ -96,8 +127,14 @@ def plot_spread(path: Path, actual: Sequence[dict[str, Any]], counter: Sequence[
     _finish(plt, fig, ax, path, title)
 
 
-def plot_loads(path: Path, per_node: Sequence[dict[str, Any]], nodes: Sequence[int],
-               migrations: Sequence[dict[str, Any]], window: float, title: str) -> None:
+def plot_loads(
+    path: Path,
+    per_node: Sequence[dict[str, Any]],
+    nodes: Sequence[int],
+    migrations: Sequence[dict[str, Any]],
+    window: float,
+    title: str,
+) -> None:
     """Per-node load d (events' tested counts per window), stacked, migrations marked."""
     plt = _plt()
     ts = sorted({r["t"] for r in per_node})
@@ -188,29 +225,68 @@ def write_markdown(path: Path, r: dict[str, Any]) -> None:
         "started after it finished (`migrations.csv`).",
         "",
     ]
-    lines += _table(r["migrations"], ["kind", "sender", "receiver", "t_start", "duration", "channels", "subscriptions",
-                                      "bw", "mig_cost", "forced", "ratio_before", "ratio_after"], limit=40)
+    lines += _table(
+        r["migrations"],
+        [
+            "kind",
+            "sender",
+            "receiver",
+            "t_start",
+            "duration",
+            "channels",
+            "subscriptions",
+            "bw",
+            "mig_cost",
+            "forced",
+            "ratio_before",
+            "ratio_after",
+        ],
+        limit=40,
+    )
     lines += ["", "## Per slice (as the nodes reported)", "", "`slices.csv` has every node's d and dc.", ""]
     lines += _table(r["slices"], ["slice", "t", "nodes", "total_d", "mean_dc", "S", "S_over_mean"], limit=30)
-    lines += ["", "## Costs: reported against recomputed", "",
-              "Per node, the slice loads the node reported and the sum of the tested counts of the events it "
-              "matched (`costs.csv`, per slice in `slice_costs.csv`).  Slices in which the node split, merged "
-              "or moved a channel are `changed`: the departing channel took its slice-in-progress cost along.",
-              ""]
+    lines += [
+        "",
+        "## Costs: reported against recomputed",
+        "",
+        "Per node, the slice loads the node reported and the sum of the tested counts of the events it "
+        "matched (`costs.csv`, per slice in `slice_costs.csv`).  Slices in which the node split, merged "
+        "or moved a channel are `changed`: the departing channel took its slice-in-progress cost along.",
+        "",
+    ]
     lines += _table(r["costs"], ["node", "slices", "reported_d", "recomputed_d", "changed_slices", "bad_slices"])
     lines += ["", "## Re-matching", ""]
     rm = r["rematch"]
     lines += [
         f"{rm['subscriptions']} subscriptions parsed from their text ({rm['unparsed']} unparsed); access keys: "
-        + ", ".join(f"{k} {v}" for k, v in sorted(rm["by_key"].items())) + ".",
+        + ", ".join(f"{k} {v}" for k, v in sorted(rm["by_key"].items()))
+        + ".",
         "",
     ]
     pc = r["pairs"]
-    lines += _table([pc], ["rematched", "reported", "delivered", "expected", "open", "missing", "extra",
-                           "inactive_matched", "duplicates", "lost", "orphaned", "dropped", "tail_pairs"])
+    lines += _table(
+        [pc],
+        [
+            "rematched",
+            "reported",
+            "delivered",
+            "expected",
+            "open",
+            "missing",
+            "extra",
+            "inactive_matched",
+            "duplicates",
+            "lost",
+            "orphaned",
+            "dropped",
+            "tail_pairs",
+        ],
+    )
     lines += ["", "## Records", ""]
     use = r["kinds"].use if r.get("kinds") is not None else (lambda k: "")
-    lines += _table([{"kind": k, "records": v, "replay": use(k)} for k, v in sorted(r["counts"].items())],
-                    ["kind", "records", "replay"])
+    lines += _table(
+        [{"kind": k, "records": v, "replay": use(k)} for k, v in sorted(r["counts"].items())],
+        ["kind", "records", "replay"],
+    )
     lines.append("")
     path.write_text("\n".join(lines))

@@ -14,7 +14,7 @@ from typing import Any, Final, TextIO
 
 from pyspark.sql import SparkSession
 
-__all__ = ["make_session", "ship_code", "Progress"]
+__all__ = ["Progress", "make_session", "ship_code"]
 
 # Shuffle partitions: AQE coalesces small ones, so this is an upper bound that
 # keeps both cores busy on a laptop and scales on a cluster (--partitions).
@@ -23,8 +23,13 @@ DEFAULT_PARTITIONS: Final = 8
 PROGRESS_EVERY: Final = 2.0
 
 
-def make_session(master: str | None = None, *, partitions: int = DEFAULT_PARTITIONS, quick_jvm: bool = False,
-                 driver_memory: str = "4g") -> SparkSession:
+def make_session(
+    master: str | None = None,
+    *,
+    partitions: int = DEFAULT_PARTITIONS,
+    quick_jvm: bool = False,
+    driver_memory: str = "4g",
+) -> SparkSession:
     """A session for the replay; an existing one (tests, spark-submit) is reused.
 
     ``quick_jvm`` stops the JIT at C1: a JVM that starts in half the time and
@@ -127,7 +132,9 @@ class Progress:
         if self._thread is not None:
             self._thread.join(timeout=5)
         if self.n:
-            self._print(f"      done in {time.monotonic() - self._step_t:.1f}s; total {time.monotonic() - self.t0:.1f}s")
+            self._print(
+                f"      done in {time.monotonic() - self._step_t:.1f}s; total {time.monotonic() - self.t0:.1f}s"
+            )
 
     def _watch(self) -> None:
         tracker = self.sc.statusTracker()

@@ -7,7 +7,7 @@ from typing import NamedTuple
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 
-__all__ = ["ToPeer", "ToClient", "CloseClient", "Action"]
+__all__ = ["Action", "CloseClient", "ToClient", "ToPeer"]
 
 
 class ToPeer(NamedTuple):

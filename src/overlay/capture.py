@@ -43,24 +43,24 @@ import msgspec
 from overlay.config import ClusterConfig
 
 __all__ = [
-    "SCHEMA_VERSION",
-    "MAX_PENDING",
     "ENCODE_EVERY",
+    "MAX_PENDING",
+    "SCHEMA_VERSION",
     "CaptureBuffer",
-    "Header",
-    "End",
-    "Publish",
-    "Matched",
     "Deliver",
     "Drop",
+    "End",
+    "Header",
+    "Liem",
+    "Matched",
+    "Publish",
     "Subscribe",
     "Subscribed",
     "Unsubscribe",
     "Unsubscribed",
-    "Liem",
+    "capture_file_name",
     "header_for",
     "with_capture_dir",
-    "capture_file_name",
 ]
 
 SCHEMA_VERSION: Final = 1
@@ -179,7 +179,7 @@ class CaptureBuffer:
     counts the records in ``chunks``.
     """
 
-    __slots__ = ("node", "now", "n", "records", "chunks", "sealed", "dropped", "max_pending", "_enc", "_names")
+    __slots__ = ("_enc", "_names", "chunks", "dropped", "max_pending", "n", "node", "now", "records", "sealed")
 
     def __init__(self, node: int, *, max_pending: int = MAX_PENDING) -> None:
         self.node = node
@@ -233,22 +233,43 @@ class CaptureBuffer:
     # Each method below is on a node's hot path: the room check is inline
     # (``_room`` only when ENCODE_EVERY records wait), channel names are cached.
 
-    def publish(self, event_id: str, channel: object, values: dict[str, Any], key: str | None = None, rank: int | None = None) -> None:
+    def publish(
+        self, event_id: str, channel: object, values: dict[str, Any], key: str | None = None, rank: int | None = None
+    ) -> None:
         self.n += 1
         if len(self.records) < ENCODE_EVERY or self._room():
             ch = (self._names.get(channel) or self._name(channel)) if channel is not None else None
             self.records.append(Publish(self.node, self.n, self.now, event_id, ch, values, key, rank))
 
     def event(
-        self, event_id: str, access: int, channel: object, tested: int, matched: Iterable[Any], slice_no: int,
-        key: str | None = None, rank: int | None = None,
+        self,
+        event_id: str,
+        access: int,
+        channel: object,
+        tested: int,
+        matched: Iterable[Any],
+        slice_no: int,
+        key: str | None = None,
+        rank: int | None = None,
     ) -> None:
         """``matched``: the matcher's subscriptions (anything with ``.id``)."""
         self.n += 1
         if len(self.records) < ENCODE_EVERY or self._room():
             ch = self._names.get(channel) or self._name(channel)
             self.records.append(
-                Matched(self.node, self.n, self.now, event_id, access, ch, tested, tuple(map(_ID, matched)), slice_no, key, rank)
+                Matched(
+                    self.node,
+                    self.n,
+                    self.now,
+                    event_id,
+                    access,
+                    ch,
+                    tested,
+                    tuple(map(_ID, matched)),
+                    slice_no,
+                    key,
+                    rank,
+                )
             )
 
     def deliver(self, event_id: str, sub_ids: Sequence[str], owners: Mapping[str, Any]) -> None:
@@ -317,10 +338,22 @@ def _schema_doc(config: ClusterConfig) -> dict[str, Any]:
 def header_for(config: ClusterConfig, node_id: int, run: str, now: float) -> Header:
     cl = config.cluster
     return Header(
-        node_id, 0, now, SCHEMA_VERSION, run, cl.name, cl.initializer, cl.slice_seconds,
+        node_id,
+        0,
+        now,
+        SCHEMA_VERSION,
+        run,
+        cl.name,
+        cl.initializer,
+        cl.slice_seconds,
         [{"id": n.id, "capacity": n.capacity} for n in config.nodes],
-        {"default": config.bandwidth.default, "links": [{"a": l.a, "b": l.b, "bw": l.bw} for l in config.bandwidth.links]},
-        _schema_doc(config), cl.balancing, cl.delta,
+        {
+            "default": config.bandwidth.default,
+            "links": [{"a": l.a, "b": l.b, "bw": l.bw} for l in config.bandwidth.links],
+        },
+        _schema_doc(config),
+        cl.balancing,
+        cl.delta,
     )
 
 

@@ -523,8 +523,16 @@ class LocalCluster:
 
     async def _spawn(self, n: NodeConfig) -> None:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "overlay", "--log-level", self.log_level,
-            "node", "--config", self.config_path, "--id", str(n.id),
+            sys.executable,
+            "-m",
+            "overlay",
+            "--log-level",
+            self.log_level,
+            "node",
+            "--config",
+            self.config_path,
+            "--id",
+            str(n.id),
             *(["--capture", self.capture] if self.capture else []),
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,  # Ctrl-C reaches us only; we stop the nodes in order
@@ -779,7 +787,11 @@ async def _sub(args: argparse.Namespace) -> int:
         except (TimeoutError, ConnectionLost) as exc:
             raise CommandFailed(f"no node took the subscription: {_one_line(exc) or 'timed out'}") from None
         homes = sorted(cfg.nodes[i].id if args.node is None else args.node for i in sub.homes)
-        print(json.dumps({"subscribed": args.expression, "nodes": homes, "group": args.group}), file=sys.stderr, flush=True)
+        print(
+            json.dumps({"subscribed": args.expression, "nodes": homes, "group": args.group}),
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             await asyncio.wait_for(_notes(sub, args.count), args.seconds)
         except TimeoutError:
@@ -833,7 +845,7 @@ async def _http_status(http: aiohttp.ClientSession, n: NodeConfig) -> tuple[dict
             return await resp.json(), ""
     except aiohttp.ClientConnectorError:
         return None, f"down: nothing listens on {url}"
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
         return None, f"down: {url} did not answer ({type(exc).__name__})"
 
 
@@ -988,8 +1000,10 @@ def describe_channel_result(command: str, result: dict[str, Any]) -> str:
     if command == "place" and result.get("moved") is False:
         return str(result.get("note", f"channel {result.get('channel')} stays where it is"))
     if command == "place":
-        return (f"channel {', '.join(result.get('channels', []))} moved to node {result.get('receiver')}: "
-                f"{result.get('subscriptions_moved', 0)} subscriptions, {result.get('bytes', 0)} bytes")
+        return (
+            f"channel {', '.join(result.get('channels', []))} moved to node {result.get('receiver')}: "
+            f"{result.get('subscriptions_moved', 0)} subscriptions, {result.get('bytes', 0)} bytes"
+        )
     return json.dumps(result)
 
 
@@ -1142,16 +1156,25 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    p.add_argument("--log-level", default="info", type=str.lower, choices=["debug", "info", "warning", "error"],
-                   help="log level (default info); debug also shows the traceback of an internal error")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default info); debug also shows the traceback of an internal error",
+    )
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     n = _add(sub, "node", "run one node; `node join` (a new node), `node drain N` (empty node N)")
-    n.add_argument("action", nargs="?", choices=["join", "drain"], help="join: run --id N joining a running cluster; drain N")
+    n.add_argument(
+        "action", nargs="?", choices=["join", "drain"], help="join: run --id N joining a running cluster; drain N"
+    )
     n.add_argument("target", nargs="?", type=_node_id, help="drain: the node to drain")
     n.add_argument("--config", required=True)
     n.add_argument("--id", type=_node_id, default=None)
-    n.add_argument("--token", default=None, help="drain: admin token (default: $OVERLAY_ADMIN_TOKEN, then the config's)")
+    n.add_argument(
+        "--token", default=None, help="drain: admin token (default: $OVERLAY_ADMIN_TOKEN, then the config's)"
+    )
     n.add_argument("--timeout", type=_positive_float, default=300.0, help="drain: seconds to wait for it to finish")
     n.add_argument("--capture", metavar="DIR", help="write this node's capture to DIR (overrides cluster.capture_dir)")
     n.set_defaults(func=cmd_node)
@@ -1160,23 +1183,37 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("action", choices=["up"])
     c.add_argument("config")
     c.add_argument("--duration", type=_positive_float, default=None, help="stop after this many seconds")
-    c.add_argument("--capture", metavar="DIR", help="every node captures to DIR (one file per node), for `overlay replay DIR`")
+    c.add_argument(
+        "--capture", metavar="DIR", help="every node captures to DIR (one file per node), for `overlay replay DIR`"
+    )
     c.add_argument("--traffic", action="store_true", help="drive the demo workload (make run's) until the end")
     c.set_defaults(func=cmd_cluster)
 
     pb = _add(sub, "pub", "publish events (arguments, or one per stdin line)")
     pb.add_argument("--config", required=True)
-    pb.add_argument("--node", type=_node_id, default=None, help="only this access node (default: the routing agent picks)")
-    pb.add_argument("--key", default="", help="sequence key: events with one key arrive in order (docs/concepts.md#ordered-delivery-per-key)")
+    pb.add_argument(
+        "--node", type=_node_id, default=None, help="only this access node (default: the routing agent picks)"
+    )
+    pb.add_argument(
+        "--key",
+        default="",
+        help="sequence key: events with one key arrive in order (docs/concepts.md#ordered-delivery-per-key)",
+    )
     pb.add_argument("--rank", type=_positive_int, default=0, help="explicit rank of the first event (needs --key)")
     pb.add_argument("events", nargs="*")
     pb.set_defaults(func=cmd_pub)
 
     sb = _add(sub, "sub", "subscribe and print notifications as JSON lines")
     sb.add_argument("--config", required=True)
-    sb.add_argument("--node", type=_node_id, default=None, help="only this access node (default: any two, with failover)")
+    sb.add_argument(
+        "--node", type=_node_id, default=None, help="only this access node (default: any two, with failover)"
+    )
     sb.add_argument("expression")
-    sb.add_argument("--group", default="", help="join this subscriber group: one instance gets each event (docs/concepts.md#subscriber-groups)")
+    sb.add_argument(
+        "--group",
+        default="",
+        help="join this subscriber group: one instance gets each event (docs/concepts.md#subscriber-groups)",
+    )
     sb.add_argument("--weight", type=_positive_float, default=1.0, help="static weight Ws within the group")
     sb.add_argument("--count", type=_positive_int, default=None, help="stop after this many notifications")
     sb.add_argument("--seconds", type=_positive_float, default=None, help="stop after this many seconds")
@@ -1206,8 +1243,12 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("run_dir", help="directory holding the run's node-*.ndjson files")
     rp.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     rp.add_argument("--out", default=None, help="report directory (default RUN_DIR/report)")
-    rp.add_argument("--tail-guard", type=_non_negative_float, default=None,
-                    help="seconds before the first node stopped whose events the loss checks skip (default: one slice)")
+    rp.add_argument(
+        "--tail-guard",
+        type=_non_negative_float,
+        default=None,
+        help="seconds before the first node stopped whose events the loss checks skip (default: one slice)",
+    )
     rp.add_argument("--partitions", type=_positive_int, default=8, help="Spark shuffle partitions")
     rp.add_argument("--quiet", action="store_true", help="no progress lines")
     rp.set_defaults(func=cmd_replay)
@@ -1257,6 +1298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.log_level == "debug":
             raise
         cause = _first_cause(exc)
-        print(f"overlay: internal error: {type(cause).__name__}: {_one_line(cause)} (--log-level debug shows where)",
-              file=sys.stderr)
+        print(
+            f"overlay: internal error: {type(cause).__name__}: {_one_line(cause)} (--log-level debug shows where)",
+            file=sys.stderr,
+        )
         return EXIT_FAILED

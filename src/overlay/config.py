@@ -37,12 +37,12 @@ from overlay.channels.schema import Schema
 from overlay.errors import ConfigError, OverlayError
 
 __all__ = [
+    "BandwidthLink",
     "ClusterConfig",
     "ClusterSettings",
-    "NodeConfig",
-    "BandwidthLink",
-    "SequencerSettings",
     "GroupSettings",
+    "NodeConfig",
+    "SequencerSettings",
     "load_config",
 ]
 
@@ -152,9 +152,7 @@ class ClusterConfig(msgspec.Struct, frozen=True):
         for n in self.nodes:
             if n.id == node_id:
                 return n
-        raise ConfigError(
-            f"node {node_id} is not in the cluster config (nodes: {[n.id for n in self.nodes]})"
-        )
+        raise ConfigError(f"node {node_id} is not in the cluster config (nodes: {[n.id for n in self.nodes]})")
 
     @property
     def node_ids(self) -> list[int]:

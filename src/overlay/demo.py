@@ -41,7 +41,7 @@ from overlay.cli import (
 from overlay.client import Client, Subscription
 from overlay.config import ClusterConfig
 
-__all__ = ["run_demo", "LEGEND"]
+__all__ = ["LEGEND", "run_demo"]
 
 MAX_EVENTS: Final = 500_000
 PUBLISHERS: Final = 2
@@ -57,9 +57,7 @@ BAR_WIDTH: Final = 12
 NODE_CELL: Final = 12
 # A node's balancing state as one character (SPEC §5).
 STATE_MARK: Final = {"OVERLOADED": "▲", "STABLE": "=", "UNDERLOADED": "▼", "BUSY": "◆"}
-LEGEND: Final = (
-    "    t pub/s del/s | node+state (▲over =stable ▼under ◆busy) dc ch | del: per-subscription deliveries"
-)
+LEGEND: Final = "    t pub/s del/s | node+state (▲over =stable ▼under ◆busy) dc ch | del: per-subscription deliveries"
 
 
 def demo_event(rng: random.Random) -> dict[str, Any]:
@@ -143,8 +141,11 @@ async def _drive(cfg: ClusterConfig, seconds: float, published: list[int], deliv
     """The workload, printing a line a second until ``seconds`` are over."""
 
     async def report(published: list[int], delivered: list[int], stop: asyncio.Event) -> None:
-        print(f"{SUBSCRIBERS_PER_NODE * len(cfg.nodes)} subscriptions, {PUBLISHERS} publishers; "
-              f"{seconds:.0f}s or {MAX_EVENTS} events, Ctrl-C to stop\n", flush=True)
+        print(
+            f"{SUBSCRIBERS_PER_NODE * len(cfg.nodes)} subscriptions, {PUBLISHERS} publishers; "
+            f"{seconds:.0f}s or {MAX_EVENTS} events, Ctrl-C to stop\n",
+            flush=True,
+        )
         print(LEGEND, flush=True)
         start = time.monotonic()
         last = (start, 0, 0)
@@ -153,8 +154,9 @@ async def _drive(cfg: ClusterConfig, seconds: float, published: list[int], deliv
             now = time.monotonic()
             statuses = await _statuses(cfg)
             dt = now - last[0]
-            print(_line(now - start, (published[0] - last[1]) / dt, (delivered[0] - last[2]) / dt, statuses),
-                  flush=True)
+            print(
+                _line(now - start, (published[0] - last[1]) / dt, (delivered[0] - last[2]) / dt, statuses), flush=True
+            )
             last = (now, published[0], delivered[0])
 
     await run_workload(cfg, "demo", 7, report, published, delivered)

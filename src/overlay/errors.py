@@ -8,16 +8,16 @@ text, so callers (and the wire protocol) can act on them.
 from __future__ import annotations
 
 __all__ = [
+    "ConfigError",
+    "ConnectionLost",
+    "ExpressionError",
+    "LocalProtocolError",
+    "NotReady",
     "OverlayError",
     "RemoteProtocolError",
-    "LocalProtocolError",
-    "SchemaError",
-    "ExpressionError",
-    "ConfigError",
-    "NotReady",
-    "SlowConsumerError",
     "RequestError",
-    "ConnectionLost",
+    "SchemaError",
+    "SlowConsumerError",
 ]
 
 
@@ -63,11 +63,7 @@ class ExpressionError(OverlayError):
         super().__init__(self._render())
 
     def _render(self) -> str:
-        return (
-            f"{self.reason} at position {self.position}\n"
-            f"  {self.text}\n"
-            f"  {' ' * self.position}^"
-        )
+        return f"{self.reason} at position {self.position}\n  {self.text}\n  {' ' * self.position}^"
 
 
 class NotReady(OverlayError):
@@ -78,10 +74,7 @@ class SlowConsumerError(OverlayError):
     """A subscriber's bounded queue is full and the policy is to refuse."""
 
     def __init__(self, subscriber: str, queued: int, limit: int) -> None:
-        super().__init__(
-            f"subscriber {subscriber!r} is too slow: {queued} notifications queued "
-            f"(limit {limit})"
-        )
+        super().__init__(f"subscriber {subscriber!r} is too slow: {queued} notifications queued (limit {limit})")
         self.subscriber = subscriber
         self.queued = queued
         self.limit = limit

@@ -21,7 +21,7 @@ from typing import Final
 
 from overlay.errors import LocalProtocolError
 
-__all__ = ["BucketCounts", "TESTED_BOUNDS", "LATENCY_BOUNDS"]
+__all__ = ["LATENCY_BOUNDS", "TESTED_BOUNDS", "BucketCounts"]
 
 # Subscriptions tested per event: 0 (an empty channel) up to a channel of
 # 100k subscriptions scanned whole (bench/matching.py's largest).

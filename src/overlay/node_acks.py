@@ -38,9 +38,11 @@ __all__ = ["Awaited", "AwaitedAcks"]
 class Awaited:
     """One tracked Notify (rule 1)."""
 
-    __slots__ = ("sid", "event_id", "owner", "gids", "group", "deadline", "revoking")
+    __slots__ = ("deadline", "event_id", "gids", "group", "owner", "revoking", "sid")
 
-    def __init__(self, sid: int, event_id: str, owner: int, gids: tuple[str, ...], group: bool, deadline: float) -> None:
+    def __init__(
+        self, sid: int, event_id: str, owner: int, gids: tuple[str, ...], group: bool, deadline: float
+    ) -> None:
         self.sid = sid
         self.event_id = event_id
         self.owner = owner  # the node that matched the event and waits for the outcome

@@ -70,7 +70,7 @@ from overlay.messages import peer as pm
 if TYPE_CHECKING:
     from overlay.node_core import NodeCore
 
-__all__ = ["BalancingMixin", "JOURNAL_SIZE"]
+__all__ = ["JOURNAL_SIZE", "BalancingMixin"]
 
 log = logging.getLogger("overlay.balance")
 
@@ -187,7 +187,9 @@ class BalancingMixin:
             return
         if self._decide is not None:
             closed, by, _ = self._decide
-            fresh = all(self._liem_at.get(p.node, 0.0) >= closed - self.monitor.slice_seconds / 2 for p in self.monitor.live())
+            fresh = all(
+                self._liem_at.get(p.node, 0.0) >= closed - self.monitor.slice_seconds / 2 for p in self.monitor.live()
+            )
             if fresh or now >= by:
                 self._end_decision(now, out)
         if self._start_at is not None and now >= self._start_at:
@@ -229,14 +231,24 @@ class BalancingMixin:
         self._send_liem(report, out)
         self._decide = (now, now + DECIDE_GRACE * self.monitor.slice_seconds, before)
         self.record(
-            "slice", now, d=report.d, dc=report.dc, mean=report.mean, spread=report.spread,
-            state=report.state.value, channels={str(c.id): c.last.load for c in self.local},
-            slice_seconds=report.slice_seconds, elapsed=round(elapsed, 4), d_slice=sum(loads.values()),
+            "slice",
+            now,
+            d=report.d,
+            dc=report.dc,
+            mean=report.mean,
+            spread=report.spread,
+            state=report.state.value,
+            channels={str(c.id): c.last.load for c in self.local},
+            slice_seconds=report.slice_seconds,
+            elapsed=round(elapsed, 4),
+            d_slice=sum(loads.values()),
         )
         if self.capture is not None:  # the sequencer's counters, so the replay can account for expiries (SPEC §10)
             seq = {k[4:]: v for k, v in self.stats.items() if k.startswith("seq_")}
             if seq:
-                self.capture.journal({"kind": "sequencer", "node": self.id, "time": round(now, 4), "slice": report.slice_no, **seq})
+                self.capture.journal(
+                    {"kind": "sequencer", "node": self.id, "time": round(now, 4), "slice": report.slice_no, **seq}
+                )
 
     def _send_liem(self: NodeCore, report: Any, out: list[Action]) -> None:
         liem = pm.LIEM(self.id, report.state.value, report.d, report.dc, self.me.capacity, report.slice_no)
@@ -287,9 +299,24 @@ class BalancingMixin:
             self.id, mon.d, mon.dc, self.me.capacity, max(len(self.local), 1), mon.live(), self.config.bw, self.weights
         )
         self.record(
-            "decision", now, phase="receivers", d=mon.d, dc=mon.dc, mean=mon.mean,
-            candidates=[{"node": c.node, "rank1": c.rank1, "f2": c.f2, "f3": c.f3_bw, "rank_o": c.rank_o,
-                         "rank_u": c.rank_u, "dc": c.dc} for c in cands],
+            "decision",
+            now,
+            phase="receivers",
+            d=mon.d,
+            dc=mon.dc,
+            mean=mon.mean,
+            candidates=[
+                {
+                    "node": c.node,
+                    "rank1": c.rank1,
+                    "f2": c.f2,
+                    "f3": c.f3_bw,
+                    "rank_o": c.rank_o,
+                    "rank_u": c.rank_u,
+                    "dc": c.dc,
+                }
+                for c in cands
+            ],
         )
         if not cands or not len(self.local):
             return
@@ -371,16 +398,40 @@ class BalancingMixin:
             under = [p.node for p in mon.live() if p.state is NodeState.UNDERLOADED] or [mig.receiver]
             min_cost = min(c.subscriptions / self.config.bw(self.id, j) for c in loads for j in under)
             choice = choose_channels(
-                loads, dc=mon.dc, capacity=self.me.capacity, receiver=mig.receiver, receiver_dc=peer.dc,
-                receiver_capacity=peer.capacity, mean=mon.mean, n=n, bw_ij=bw_ij, min_mig_cost=min_cost,
+                loads,
+                dc=mon.dc,
+                capacity=self.me.capacity,
+                receiver=mig.receiver,
+                receiver_dc=peer.dc,
+                receiver_capacity=peer.capacity,
+                mean=mon.mean,
+                n=n,
+                bw_ij=bw_ij,
+                min_mig_cost=min_cost,
                 weights=self.weights,
             )
             self.record(
-                "decision", now, phase="channels", session=mig.session, receiver=mig.receiver, phi=choice.phi,
-                channels=[{"id": str(s.ch_id), "load": s.load, "subscriptions": s.subscriptions, "f1": s.f1,
-                           "f3": s.f3, "f4": s.f4, "rank2": s.rank2} for s in choice.scores],
+                "decision",
+                now,
+                phase="channels",
+                session=mig.session,
+                receiver=mig.receiver,
+                phi=choice.phi,
+                channels=[
+                    {
+                        "id": str(s.ch_id),
+                        "load": s.load,
+                        "subscriptions": s.subscriptions,
+                        "f1": s.f1,
+                        "f3": s.f3,
+                        "f4": s.f4,
+                        "rank2": s.rank2,
+                    }
+                    for s in choice.scores
+                ],
                 transfer=[str(c) for c in choice.transfer],
-                split=str(choice.split) if choice.split else None, split_load=choice.split_load,
+                split=str(choice.split) if choice.split else None,
+                split_load=choice.split_load,
             )
             if choice.split is None:
                 if not choice.transfer:
@@ -447,7 +498,9 @@ class BalancingMixin:
         self._split = None
         self.stats["splits_cancelled"] += 1
 
-    def _split_ready(self: NodeCore, job: SplitJob, mig: OutgoingMigration, choice: ChannelChoice, now: float, out: list[Action]) -> None:
+    def _split_ready(
+        self: NodeCore, job: SplitJob, mig: OutgoingMigration, choice: ChannelChoice, now: float, out: list[Action]
+    ) -> None:
         """Rule 3: the split a session waited on is worked out; commit it and
         go on with the plan."""
         parent = job.parent
@@ -480,13 +533,17 @@ class BalancingMixin:
 
     # -- splits and merges (rules 3–5) ---------------------------------------------------------
 
-    def _split_local(self: NodeCore, ch: Channel, cut: Cut, now: float, out: list[Action], admin: tuple[int, int] | None = None) -> list[Channel]:
+    def _split_local(
+        self: NodeCore, ch: Channel, cut: Cut, now: float, out: list[Action], admin: tuple[int, int] | None = None
+    ) -> list[Channel]:
         """Split ``ch`` at ``cut`` at once (an operator's split: nobody waits on it)."""
         job = SplitJob(ch, (self.local.new_id(), self.local.new_id()), self.schema, cut=cut)
         job.run()
         return self._commit_split(job, now, out, admin)
 
-    def _commit_split(self: NodeCore, job: SplitJob, now: float, out: list[Action], admin: tuple[int, int] | None = None) -> list[Channel]:
+    def _commit_split(
+        self: NodeCore, job: SplitJob, now: float, out: list[Action], admin: tuple[int, int] | None = None
+    ) -> list[Channel]:
         ch, cut = job.parent, job.cut
         assert cut is not None
         # The children get the parent's slices, divided by the cut, so the
@@ -509,13 +566,25 @@ class BalancingMixin:
         self.stats["split_changes_replayed"] += job.replayed
         kids = [{"id": str(c.id), "space": c.space.text(self.schema), "subscriptions": len(c)} for c in children]
         self.record(
-            "split", now, parent=str(ch.id), attr=cut.attr, children=kids,
-            low_load=cut.low_load, high_load=cut.high_load, steps=job.steps, replayed=job.replayed,
+            "split",
+            now,
+            parent=str(ch.id),
+            attr=cut.attr,
+            children=kids,
+            low_load=cut.low_load,
+            high_load=cut.high_load,
+            steps=job.steps,
+            replayed=job.replayed,
         )
         log.info("node %d: split %s on %s into %s", self.id, ch.id, cut.attr, ", ".join(str(c.id) for c in children))
         # What an operator who asked for it is told: the new ids and spaces.
-        self._broadcast_update([ch.id], entries, out, admin=admin,
-                               result={"split": str(ch.id), "attr": cut.attr, "node": self.id, "children": kids})
+        self._broadcast_update(
+            [ch.id],
+            entries,
+            out,
+            admin=admin,
+            result={"split": str(ch.id), "attr": cut.attr, "node": self.id, "children": kids},
+        )
         return children
 
     def _idle_merges(self: NodeCore, now: float, out: list[Action]) -> None:
@@ -526,7 +595,8 @@ class BalancingMixin:
             else:
                 self._cold.pop(ch.id, None)
         cold = [
-            ch for ch in self.local
+            ch
+            for ch in self.local
             if self._cold.get(ch.id, 0) >= MERGE_SLICES and ch.id not in moving and not self.routing[ch.id].replicated
         ]
         for a, b, space in mergeable_pairs(cold, self.schema)[:1]:
@@ -546,7 +616,14 @@ class BalancingMixin:
         entry = RouteEntry(merged.space, (self.id,))
         self.routing.apply([a.id, b.id], [(merged.id, entry)])
         self.stats["merges"] += 1
-        self.record("merge", now, parts=[str(a.id), str(b.id)], merged=str(merged.id), space=merged.space.text(self.schema), subscriptions=len(merged))
+        self.record(
+            "merge",
+            now,
+            parts=[str(a.id), str(b.id)],
+            merged=str(merged.id),
+            space=merged.space.text(self.schema),
+            subscriptions=len(merged),
+        )
         self._broadcast_update([a.id, b.id], [(merged.id, entry)], out)
         return merged
 
@@ -557,5 +634,3 @@ def _slice_boundary(now: float, length: float) -> float:
     (to a tick), so their LIEMs describe the same stretch of traffic."""
     end = (math.floor(now / length) + 1) * length
     return end + length if end - now < length / 2 else end
-
-

@@ -44,7 +44,7 @@ from overlay.channels.channel import ChannelId
 from overlay.channels.routing_table import RouteEntry, RoutingTable
 from overlay.messages import peer as pm
 
-__all__ = ["Boot", "owner_entries", "MAX_BUFFERED_UPDATES"]
+__all__ = ["MAX_BUFFERED_UPDATES", "Boot", "owner_entries"]
 
 # Table updates a node without a table keeps for later (rule 5): far more
 # than a cluster makes while one node boots; past it the oldest go (the syncs

@@ -50,7 +50,7 @@ CHANGING_COMMANDS: Final = frozenset({"split", "place", "drain"})
 
 
 class _Session:
-    __slots__ = ("id", "client_id", "subs", "greeted", "n", "admin")
+    __slots__ = ("admin", "client_id", "greeted", "id", "n", "subs")
 
     def __init__(self, sid: int) -> None:
         self.id = sid
@@ -64,7 +64,7 @@ class _Session:
 class _Pending:
     """An (un)subscription waiting for its channels to apply it (rule 4)."""
 
-    __slots__ = ("session", "seq", "local_id", "subscribe", "waiting", "applied", "channels", "then")
+    __slots__ = ("applied", "channels", "local_id", "seq", "session", "subscribe", "then", "waiting")
 
     def __init__(self, session: int, seq: int, local_id: str, subscribe: bool, chans: Iterable[ChannelId]) -> None:
         self.session = session
@@ -115,14 +115,20 @@ class ClientsMixin:
             return out
         if not sess.greeted:
             if not isinstance(msg, cm.Hello):
-                out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, "the first message must be Hello", fatal=True)))
+                out.append(
+                    ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, "the first message must be Hello", fatal=True))
+                )
                 out.append(CloseClient(sid, "no Hello"))
                 return out
             sess.greeted = True
             sess.client_id = msg.client_id
             token = self.admin_token
             sess.admin = not token or hmac.compare_digest(msg.token.encode(), token.encode())
-            out.append(ToClient(sid, cm.Welcome(self.id, sid, self.ready, self.config.cluster.name, self.config.groups.ack_timeout)))
+            out.append(
+                ToClient(
+                    sid, cm.Welcome(self.id, sid, self.ready, self.config.cluster.name, self.config.groups.ack_timeout)
+                )
+            )
             return out
         match msg:
             case cm.Publish():
@@ -139,7 +145,14 @@ class ClientsMixin:
             case cm.Hello():
                 out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, "Hello sent twice")))
             case _:
-                out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, f"{type(msg).__name__} is not a client request", fatal=True)))
+                out.append(
+                    ToClient(
+                        sid,
+                        cm.Error(
+                            -1, cm.ErrorCode.PROTOCOL, f"{type(msg).__name__} is not a client request", fatal=True
+                        ),
+                    )
+                )
                 out.append(CloseClient(sid, f"sent {type(msg).__name__}"))
         return out
 
@@ -202,7 +215,14 @@ class ClientsMixin:
         if self._not_ready(sess.id, msg.seq, out):
             return
         if msg.sub_id in sess.subs:
-            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.DUPLICATE_SUBSCRIPTION, f"subscription {msg.sub_id!r} already exists")))
+            out.append(
+                ToClient(
+                    sess.id,
+                    cm.Error(
+                        msg.seq, cm.ErrorCode.DUPLICATE_SUBSCRIPTION, f"subscription {msg.sub_id!r} already exists"
+                    ),
+                )
+            )
             return
         if not self._check_group(sess, msg, out):  # bad weight or group (node_groups)
             return
@@ -227,14 +247,20 @@ class ClientsMixin:
             return
         if msg.group:
             self._group_of[gid] = msg.group
-        sub = pm.Subscription(gid, f, sess.client_id, self.id, pm.DispatchSign.SUBSCRIBE_DISPATCHED, group=msg.group, weight=msg.weight)
+        sub = pm.Subscription(
+            gid, f, sess.client_id, self.id, pm.DispatchSign.SUBSCRIBE_DISPATCHED, group=msg.group, weight=msg.weight
+        )
         for chid in chans:
             self._dispatch_sub(msgspec.structs.replace(sub, ch_id=chid), out)
 
     def _client_unsubscribe(self: NodeCore, sess: _Session, msg: cm.Unsubscribe, out: list[Action]) -> None:
         entry = sess.subs.pop(msg.sub_id, None)
         if entry is None:
-            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.UNKNOWN_SUBSCRIPTION, f"no subscription {msg.sub_id!r}")))
+            out.append(
+                ToClient(
+                    sess.id, cm.Error(msg.seq, cm.ErrorCode.UNKNOWN_SUBSCRIPTION, f"no subscription {msg.sub_id!r}")
+                )
+            )
             return
         gid, f = entry
         self._sub_owner.pop(gid, None)
@@ -242,7 +268,9 @@ class ClientsMixin:
             self.capture.unsubscribe(gid, "client")
         self._send_unsubscribe(sess.id, msg.seq, msg.sub_id, gid, f, out)
 
-    def _send_unsubscribe(self: NodeCore, sid: int, seq: int, local_id: str, gid: str, f: Filter, out: list[Action]) -> None:
+    def _send_unsubscribe(
+        self: NodeCore, sid: int, seq: int, local_id: str, gid: str, f: Filter, out: list[Action]
+    ) -> None:
         prior = self._pending.get(gid)
         if prior is not None and prior.subscribe:
             # The subscribe is still on its way, maybe by a stale route: an
@@ -264,11 +292,26 @@ class ClientsMixin:
     def _client_admin(self: NodeCore, sess: _Session, msg: cm.Admin, now: float, out: list[Action]) -> None:
         if msg.command in CHANGING_COMMANDS and not sess.admin:
             self.stats["rejected_unauthorized"] += 1
-            log.warning("node %d: client %r (session %d) sent %r without the admin token; refused",
-                        self.id, sess.client_id, sess.id, msg.command)
-            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.UNAUTHORIZED, (
-                f"{msg.command!r} changes the cluster and needs its admin token: connect with Client(token=...) "
-                "or `overlay … --token T` (or set OVERLAY_ADMIN_TOKEN)"))))
+            log.warning(
+                "node %d: client %r (session %d) sent %r without the admin token; refused",
+                self.id,
+                sess.client_id,
+                sess.id,
+                msg.command,
+            )
+            out.append(
+                ToClient(
+                    sess.id,
+                    cm.Error(
+                        msg.seq,
+                        cm.ErrorCode.UNAUTHORIZED,
+                        (
+                            f"{msg.command!r} changes the cluster and needs its admin token: connect with Client(token=...) "
+                            "or `overlay … --token T` (or set OVERLAY_ADMIN_TOKEN)"
+                        ),
+                    ),
+                )
+            )
             return
         try:
             match msg.command:
@@ -284,19 +327,42 @@ class ClientsMixin:
                     if chid not in self.local:
                         raise LocalProtocolError(self._not_owner(chid))
                     if receiver == self.id and not self.routing[chid].replicated:
-                        out.append(ToClient(sess.id, cm.AdminReply(msg.seq, {
-                            "channel": str(chid), "receiver": receiver, "moved": False,
-                            "note": f"channel {chid} is on node {receiver} already"})))
+                        out.append(
+                            ToClient(
+                                sess.id,
+                                cm.AdminReply(
+                                    msg.seq,
+                                    {
+                                        "channel": str(chid),
+                                        "receiver": receiver,
+                                        "moved": False,
+                                        "note": f"channel {chid} is on node {receiver} already",
+                                    },
+                                ),
+                            )
+                        )
                         return
                     if receiver != self.id and receiver not in self.peers:
                         raise LocalProtocolError(
                             f"node {receiver} cannot receive channels: it is not a member of the cluster "
-                            f"(members: {sorted({self.id, *self.peers})})")
+                            f"(members: {sorted({self.id, *self.peers})})"
+                        )
                     self._own_alone(chid, out)  # a replicated channel: first back to one owner
                     if receiver == self.id:
-                        out.append(ToClient(sess.id, cm.AdminReply(msg.seq, {
-                            "channel": str(chid), "receiver": receiver, "moved": False,
-                            "note": f"channel {chid} is on node {receiver} alone now (its other replicas dropped it)"})))
+                        out.append(
+                            ToClient(
+                                sess.id,
+                                cm.AdminReply(
+                                    msg.seq,
+                                    {
+                                        "channel": str(chid),
+                                        "receiver": receiver,
+                                        "moved": False,
+                                        "note": f"channel {chid} is on node {receiver} alone now (its other replicas dropped it)",
+                                    },
+                                ),
+                            )
+                        )
                         return
                     _, acts = self.start_migration([chid], receiver, now, forced=True, admin=(sess.id, msg.seq))
                     out.extend(acts)
@@ -311,7 +377,9 @@ class ClientsMixin:
                     page = list(itertools.islice(self.journal, since, since + min(limit, JOURNAL_PAGE)))
                     out.append(ToClient(sess.id, cm.AdminReply(msg.seq, page)))
                 case _:
-                    raise LocalProtocolError(f"unknown admin command {msg.command!r} (status, split, place, drain, journal)")
+                    raise LocalProtocolError(
+                        f"unknown admin command {msg.command!r} (status, split, place, drain, journal)"
+                    )
         except (OverlayError, KeyError, ValueError, TypeError) as exc:
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.ADMIN, str(exc))))
 
@@ -335,7 +403,8 @@ class ClientsMixin:
         attr_name = msg.args.get("attr")
         if not isinstance(attr_name, str) or not self.schema.is_da(attr_name):
             raise LocalProtocolError(
-                f"split needs 'attr', one of the distinguishing attributes {list(self.schema.da)}, got {attr_name!r}")
+                f"split needs 'attr', one of the distinguishing attributes {list(self.schema.da)}, got {attr_name!r}"
+            )
         attr = self.schema.attribute(attr_name)
         if "values" in msg.args:
             values = msg.args["values"]
@@ -360,11 +429,18 @@ class ClientsMixin:
         if not entry.replicated:
             return
         if entry.owner != self.id:
-            raise LocalProtocolError(f"channel {chid} is replicated on nodes {list(entry.owners)}: ask node {entry.owner}, its first owner")
+            raise LocalProtocolError(
+                f"channel {chid} is replicated on nodes {list(entry.owners)}: ask node {entry.owner}, its first owner"
+            )
         alone = RouteEntry(entry.space, (self.id,))
         self.routing.set(chid, alone)
         self.stats["replicas_collapsed"] += 1
-        log.info("node %d: channel %s back on this node alone (was on %s) for an operator's command", self.id, chid, list(entry.owners))
+        log.info(
+            "node %d: channel %s back on this node alone (was on %s) for an operator's command",
+            self.id,
+            chid,
+            list(entry.owners),
+        )
         self._broadcast_update((), [(chid, alone)], out)
 
     def _admin_done(self: NodeCore, admin: tuple[int, int], result: Any, out: list[Action]) -> None:

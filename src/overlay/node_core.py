@@ -81,11 +81,11 @@ from overlay.node_boot import Boot, owner_entries
 from overlay.node_clients import ClientsMixin, _Pending, _Session, event_prefix, sub_prefix
 from overlay.node_groups import GroupsMixin
 from overlay.node_membership import MembershipMixin
-from overlay.node_status import StatusMixin
 from overlay.node_migration import MigrationMixin
 from overlay.node_ordering import OrderingMixin
+from overlay.node_status import StatusMixin
 
-__all__ = ["NodeCore", "ToPeer", "ToClient", "CloseClient", "Action"]
+__all__ = ["Action", "CloseClient", "NodeCore", "ToClient", "ToPeer"]
 
 log = logging.getLogger("overlay.node")
 
@@ -101,7 +101,7 @@ class _TableUpdate:
     """An UpdateRoutingTable broadcast waiting for every ReplyUpdateGlobal;
     the operator who asked for it gets ``result`` then."""
 
-    __slots__ = ("waiting", "admin", "result")
+    __slots__ = ("admin", "result", "waiting")
 
     def __init__(self, waiting: set[int], admin: tuple[int, int] | None, result: dict[str, Any]) -> None:
         self.waiting = waiting
@@ -117,7 +117,9 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
     either side (SPEC §8.1).
     """
 
-    def __init__(self, config: ClusterConfig, node_id: int, *, incarnation: int = 0, admin_token: str | None = None) -> None:
+    def __init__(
+        self, config: ClusterConfig, node_id: int, *, incarnation: int = 0, admin_token: str | None = None
+    ) -> None:
         self.config = config
         self.id = node_id
         self.incarnation = incarnation
@@ -181,7 +183,9 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         if self.has_table or not self.boot_state.may_initialise(now):
             return []
         heard = sorted(self.boot_state.heard)
-        log.info("node %d: no live peer holds a table (heard from %s): initialising the cluster", self.id, heard or "none")
+        log.info(
+            "node %d: no live peer holds a table (heard from %s): initialising the cluster", self.id, heard or "none"
+        )
         return self._initialise(now, peers=heard)
 
     def _initialise(self, now: float, peers: list[int] | None = None) -> list[Action]:
@@ -213,8 +217,16 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
     def hello(self) -> pm.PeerHello:
         me = self.me  # the address lets a node that does not know us add us (node_membership rule 5)
         return pm.PeerHello(
-            self.id, self.config.cluster.name, self.has_table, me.host, me.port, me.admin_port, me.capacity,
-            self.left, self.incarnation, self.epoch,
+            self.id,
+            self.config.cluster.name,
+            self.has_table,
+            me.host,
+            me.port,
+            me.admin_port,
+            me.capacity,
+            self.left,
+            self.incarnation,
+            self.epoch,
         )
 
     def peer_hello(self, node: int, msg: pm.PeerHello, now: float) -> list[Action]:
@@ -246,8 +258,13 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         """node_boot rules 1, 3, 6."""
         if not self.has_table or msg.epoch < self.epoch:
             if self.has_table:
-                log.warning("node %d: node %d holds a table of an older epoch (%d < %d): adopting it",
-                            self.id, src, msg.epoch, self.epoch)
+                log.warning(
+                    "node %d: node %d holds a table of an older epoch (%d < %d): adopting it",
+                    self.id,
+                    src,
+                    msg.epoch,
+                    self.epoch,
+                )
             self._adopt_table(msg, out)
         elif msg.epoch > self.epoch:  # they initialised a cluster that runs already: ours wins
             out.append(ToPeer(src, self._table_init(sync=True)))
@@ -285,7 +302,9 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
             log.warning(
                 "node %d: the cluster's table names this node owner of channels it does not hold (lost when it "
                 "stopped): %s re-created empty (their subscriptions must be made again)%s",
-                self.id, ", ".join(recreated) or "none", f"; left the replica sets of {', '.join(left)}" if left else "",
+                self.id,
+                ", ".join(recreated) or "none",
+                f"; left the replica sets of {', '.join(left)}" if left else "",
             )
             self.record("rejoin", self.now, recreated=recreated, replicas_left=left)
         for upd in self.boot_state.take_buffered():
@@ -299,7 +318,12 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         delete, update = owner_entries(self.routing, src, msg.routing_table, skip)
         if delete or update:
             self.stats["table_entries_repaired"] += len(delete) + len(update)
-            log.info("node %d: node %d's table corrects %d entries of its channels here", self.id, src, len(delete) + len(update))
+            log.info(
+                "node %d: node %d's table corrects %d entries of its channels here",
+                self.id,
+                src,
+                len(delete) + len(update),
+            )
             self.routing.apply(delete, update)
 
     def _drop_subscriptions_of_old_run(self, node: int) -> None:
@@ -322,7 +346,8 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
     def _apply_update(self, msg: pm.UpdateRoutingTable) -> None:
         self._note_replaced(msg)
         dropped = [
-            i.ch_id for i in msg.update_chs
+            i.ch_id
+            for i in msg.update_chs
             if i.ch_id in self.local and self.id not in i.entry.owners and self._replica_set_shrank(i.ch_id, msg.origin)
         ]
         self.routing.apply(msg.delete_chs, ((i.ch_id, i.entry) for i in msg.update_chs))
@@ -422,7 +447,16 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
             self._subscriptions_failed(ch, msg, failed, "matching")
         self.tested_hist.observe(_tested)
         if self.capture is not None:
-            self.capture.event(msg.event_id, msg.access_node, ch.id, _tested, matched, self.monitor.slice_no, msg.key or None, msg.rank or None)
+            self.capture.event(
+                msg.event_id,
+                msg.access_node,
+                ch.id,
+                _tested,
+                matched,
+                self.monitor.slice_no,
+                msg.key or None,
+                msg.rank or None,
+            )
         stats = self.stats
         stats["events_matched"] += 1
         if msg.key or (matched and any(s.group for s in matched)):
@@ -443,7 +477,9 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
                 # clients, exactly as a Notification to ourselves would go.
                 self._notify_clients(msg.event_id, msg.event_exp, ids, msg.publish_time, out)
             else:
-                out.append(ToPeer(node, pm.Notification(msg.event_id, msg.event_exp, tuple(ids), ch.id, msg.publish_time)))
+                out.append(
+                    ToPeer(node, pm.Notification(msg.event_id, msg.event_exp, tuple(ids), ch.id, msg.publish_time))
+                )
         stats["notifications_out"] += len(matched)
 
     def _subscriptions_failed(self, ch: Channel, msg: pm.Event, subs: Sequence[Any], what: str) -> None:
@@ -453,7 +489,11 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         self.stats["subscription_errors"] += max(1, len(subs))
         log.exception(
             "node %d: %s event %s on channel %s failed for %s; the other subscriptions are served",
-            self.id, what, msg.event_id, ch.id, [getattr(s, "id", s) for s in subs] or "an unknown subscription",
+            self.id,
+            what,
+            msg.event_id,
+            ch.id,
+            [getattr(s, "id", s) for s in subs] or "an unknown subscription",
         )
 
     def _reroute_event(self, msg: pm.Event, out: list[Action]) -> None:
@@ -646,7 +686,13 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
             out.append(ToPeer(owner, msg))
 
     def _applied(
-        self, gid: str, chid: ChannelId, access: int, subscribe: bool, rerouted: tuple[ChannelId, ...], out: list[Action]
+        self,
+        gid: str,
+        chid: ChannelId,
+        access: int,
+        subscribe: bool,
+        rerouted: tuple[ChannelId, ...],
+        out: list[Action],
     ) -> None:
         note = pm.SubscriptionApplied(gid, chid, subscribe, rerouted)
         if access == self.id:
@@ -687,14 +733,18 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
     # -- table updates ------------------------------------------------------------------
 
     def _broadcast_update(
-        self, delete: Iterable[ChannelId], update: Iterable[tuple[ChannelId, RouteEntry]], out: list[Action], *,
-        session: int = -1, admin: tuple[int, int] | None = None, result: dict[str, Any] | None = None,
+        self,
+        delete: Iterable[ChannelId],
+        update: Iterable[tuple[ChannelId, RouteEntry]],
+        out: list[Action],
+        *,
+        session: int = -1,
+        admin: tuple[int, int] | None = None,
+        result: dict[str, Any] | None = None,
     ) -> int:
         self._update_seq += 1
         uid = self._update_seq if session < 0 else session
-        msg = pm.UpdateRoutingTable(
-            tuple(delete), tuple(pm.RouteItem(c, e) for c, e in update), uid, self.id
-        )
+        msg = pm.UpdateRoutingTable(tuple(delete), tuple(pm.RouteItem(c, e) for c, e in update), uid, self.id)
         self._note_replaced(msg)
         for p in self.peers:
             out.append(ToPeer(p, msg))
@@ -709,7 +759,12 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
 
     def _on_update_reply(self, src: int, msg: pm.ReplyUpdateGlobal, now: float, out: list[Action]) -> None:
         mig = self.outgoing.get(msg.session)
-        if mig is not None and mig.state is OutState.UPDATING and msg.origin == self.id and msg.session in self.outgoing:
+        if (
+            mig is not None
+            and mig.state is OutState.UPDATING
+            and msg.origin == self.id
+            and msg.session in self.outgoing
+        ):
             if mig.on_update_reply(src, now) is OutState.DONE:
                 self._finish_outgoing(mig, out)
             return
@@ -759,7 +814,9 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         for mig in list(self.outgoing.values()):
             if mig.expired(now):
                 if mig.state in (OutState.REQUESTED, OutState.TRANSFERRING):
-                    self._abort_outgoing(mig, f"no answer from node {mig.receiver} within {mig.timeout}s", out, failure=True)
+                    self._abort_outgoing(
+                        mig, f"no answer from node {mig.receiver} within {mig.timeout}s", out, failure=True
+                    )
                 elif mig.state is OutState.MOVING and mig.receiver in self.unreachable:
                     self._rollback_moving(mig, f"no answer from node {mig.receiver}: unreachable", out)
                 elif mig.state is OutState.UPDATING and mig.waiting_updates & self.unreachable:
@@ -779,7 +836,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
                 del self.incoming[key]
                 log.warning("node %d: incoming session %s timed out; rolled back", self.id, key)
 
+
 def _pick(owners: tuple[int, ...], key: str) -> int:
     """A replica for an event (SPEC §8.3): random-looking but stable per event."""
     return owners[zlib.crc32(key.encode()) % len(owners)]
-

@@ -59,8 +59,8 @@ from overlay.actions import Action, CloseClient, ToClient, ToPeer
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.expressions import parse_subscription
 from overlay.channels.groups import MAX_WEIGHT, MILLI, GroupDispatcher, GroupState
-from overlay.errors import LocalProtocolError
 from overlay.channels.subscriptions import Subscription
+from overlay.errors import LocalProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node_acks import AwaitedAcks
@@ -88,7 +88,7 @@ PRUNE_SECONDS: Final = 5.0
 class _Delivery:
     """Owner side: one event's tracked notifications (rules 2, 4, 6)."""
 
-    __slots__ = ("ev", "ch", "waiting", "gsub", "cands", "tried", "deadline")
+    __slots__ = ("cands", "ch", "deadline", "ev", "gsub", "tried", "waiting")
 
     def __init__(self, ev: pm.Event, ch: ChannelId, *, groups: bool = True) -> None:
         self.deadline = 0.0
@@ -130,8 +130,16 @@ class GroupsMixin:
         """Bad input: a weight outside (0, MAX_WEIGHT] (NaN, inf, 1e308 …) is refused."""
         if not (isinstance(msg.weight, (int, float)) and 0 < msg.weight <= MAX_WEIGHT):
             self.stats["rejected_bad_group"] += 1
-            out.append(ToClient(sess.id, cm.Error(
-                msg.seq, cm.ErrorCode.BAD_GROUP, f"weight must be a number in (0, {MAX_WEIGHT:g}], got {msg.weight!r}")))
+            out.append(
+                ToClient(
+                    sess.id,
+                    cm.Error(
+                        msg.seq,
+                        cm.ErrorCode.BAD_GROUP,
+                        f"weight must be a number in (0, {MAX_WEIGHT:g}], got {msg.weight!r}",
+                    ),
+                )
+            )
             return False
         if msg.group and not msg.group.strip():
             self.stats["rejected_bad_group"] += 1
@@ -145,15 +153,23 @@ class GroupsMixin:
         d = self._dispatchers.get((chid, group))
         if d is None:
             cfg = self.config.groups
-            parent = next((p for p, heirs in self._replaced.items() if chid in heirs and (p, group) in self._dispatchers), None)
+            parent = next(
+                (p for p, heirs in self._replaced.items() if chid in heirs and (p, group) in self._dispatchers), None
+            )
             if parent is not None:  # a split child: continue from the parent's state (rule 7)
-                d = GroupDispatcher.restore(self._dispatchers[(parent, group)].state(), fault_period=cfg.fault_period, throttle_lf=cfg.throttle_lf)
+                d = GroupDispatcher.restore(
+                    self._dispatchers[(parent, group)].state(),
+                    fault_period=cfg.fault_period,
+                    throttle_lf=cfg.throttle_lf,
+                )
             else:
                 d = GroupDispatcher(group, fault_period=cfg.fault_period, throttle_lf=cfg.throttle_lf)
             self._dispatchers[(chid, group)] = d
         return d
 
-    def _deliver_tracked(self: NodeCore, ch: Channel, msg: pm.Event, matched: Sequence[Subscription], out: list[Action]) -> bool:
+    def _deliver_tracked(
+        self: NodeCore, ch: Channel, msg: pm.Event, matched: Sequence[Subscription], out: list[Action]
+    ) -> bool:
         """Rules 1, 2, 5, 6. False: nothing to track, the caller notifies as usual."""
         keyed = bool(msg.key)
         if keyed:
@@ -218,13 +234,22 @@ class GroupsMixin:
             self._delivery_done(d, out)
         return True
 
-    def _deliver_keyed(self: NodeCore, ch: Channel, msg: pm.Event, matched: Sequence[Subscription], out: list[Action]) -> None:
+    def _deliver_keyed(
+        self: NodeCore, ch: Channel, msg: pm.Event, matched: Sequence[Subscription], out: list[Action]
+    ) -> None:
         """Rules 1, 6 for a keyed event that matched no group: every match is tracked."""
         d = _Delivery(msg, ch.id, groups=False)
         if len(matched) == 1 and matched[0].access_node != self.id:  # the common case, inline
             s = matched[0]
             node = d.waiting[s.id] = s.access_node
-            out.append(ToPeer(node, pm.Notification(msg.event_id, msg.event_exp, (s.id,), ch.id, msg.publish_time, msg.key, msg.rank, msg.home)))
+            out.append(
+                ToPeer(
+                    node,
+                    pm.Notification(
+                        msg.event_id, msg.event_exp, (s.id,), ch.id, msg.publish_time, msg.key, msg.rank, msg.home
+                    ),
+                )
+            )
             self.stats["notifications_out"] += 1
         else:
             waiting = d.waiting
@@ -239,13 +264,24 @@ class GroupsMixin:
         self._delivery_at.append(deadline)
         self._delivery_ids.append(msg.event_id)
 
-    def _send_notifications(self: NodeCore, msg: pm.Event, chid: ChannelId, targets: Sequence[Subscription], out: list[Action]) -> None:
+    def _send_notifications(
+        self: NodeCore, msg: pm.Event, chid: ChannelId, targets: Sequence[Subscription], out: list[Action]
+    ) -> None:
         if len(targets) == 1:  # the common case, without the grouping
             s = targets[0]
             if s.access_node == self.id:
-                self._access_notify(msg.event_id, msg.event_exp, (s.id,), msg.publish_time, self.id, msg.key, msg.rank, out)
+                self._access_notify(
+                    msg.event_id, msg.event_exp, (s.id,), msg.publish_time, self.id, msg.key, msg.rank, out
+                )
             else:
-                out.append(ToPeer(s.access_node, pm.Notification(msg.event_id, msg.event_exp, (s.id,), chid, msg.publish_time, msg.key, msg.rank, msg.home)))
+                out.append(
+                    ToPeer(
+                        s.access_node,
+                        pm.Notification(
+                            msg.event_id, msg.event_exp, (s.id,), chid, msg.publish_time, msg.key, msg.rank, msg.home
+                        ),
+                    )
+                )
             self.stats["notifications_out"] += 1
             return
         by_node: dict[int, list[str]] = {}
@@ -255,7 +291,14 @@ class GroupsMixin:
             if node == self.id:
                 self._access_notify(msg.event_id, msg.event_exp, ids, msg.publish_time, self.id, msg.key, msg.rank, out)
             else:
-                out.append(ToPeer(node, pm.Notification(msg.event_id, msg.event_exp, tuple(ids), chid, msg.publish_time, msg.key, msg.rank, msg.home)))
+                out.append(
+                    ToPeer(
+                        node,
+                        pm.Notification(
+                            msg.event_id, msg.event_exp, tuple(ids), chid, msg.publish_time, msg.key, msg.rank, msg.home
+                        ),
+                    )
+                )
         self.stats["notifications_out"] += len(targets)
 
     def _undeliverable(self: NodeCore, ev: pm.Event, group: str, out: list[Action]) -> None:
@@ -270,8 +313,15 @@ class GroupsMixin:
     # -- access node: notify and acks (rule 3) -------------------------------------------------
 
     def _access_notify(
-        self: NodeCore, event_id: str, event: dict[str, Any], sub_ids: Sequence[str], publish_time: float,
-        owner: int, key: str, rank: int, out: list[Action],
+        self: NodeCore,
+        event_id: str,
+        event: dict[str, Any],
+        sub_ids: Sequence[str],
+        publish_time: float,
+        owner: int,
+        key: str,
+        rank: int,
+        out: list[Action],
     ) -> None:
         """Rule 3 (``overlay.node_acks`` rule 1): each group instance's copy in
         a tagged Notify of its own; the plain subscriptions of one session in
@@ -315,8 +365,15 @@ class GroupsMixin:
             self._ack_to_owner(owner, pm.NotificationAck(event_id, tuple(orphans), failed=True), out)
 
     def _access_notify_one(
-        self: NodeCore, event_id: str, event: dict[str, Any], sub_ids: Sequence[str], publish_time: float,
-        owner: int, key: str, rank: int, out: list[Action],
+        self: NodeCore,
+        event_id: str,
+        event: dict[str, Any],
+        sub_ids: Sequence[str],
+        publish_time: float,
+        owner: int,
+        key: str,
+        rank: int,
+        out: list[Action],
     ) -> None:
         """``_access_notify`` for the common keyed case: one plain subscription."""
         now = self.now
@@ -403,11 +460,20 @@ class GroupsMixin:
         pub = self._recent_publish(msg.event_id)
         if pub is None or pub[0] not in self.sessions:
             self.stats["returned_publisher_gone"] += 1
-            log.warning("node %d: event %s undeliverable to group %r; its publisher is gone", self.id, msg.event_id, msg.detail)
+            log.warning(
+                "node %d: event %s undeliverable to group %r; its publisher is gone", self.id, msg.event_id, msg.detail
+            )
             return
-        out.append(ToClient(pub[0], cm.Error(
-            pub[1], cm.ErrorCode.UNDELIVERABLE, f"event {msg.event_id}: no instance of group {msg.detail!r} could take it"
-        )))
+        out.append(
+            ToClient(
+                pub[0],
+                cm.Error(
+                    pub[1],
+                    cm.ErrorCode.UNDELIVERABLE,
+                    f"event {msg.event_id}: no instance of group {msg.detail!r} could take it",
+                ),
+            )
+        )
 
     # -- owner: acks, faults, completion (rules 4, 6) -----------------------------------------------
 
@@ -549,11 +615,26 @@ class GroupsMixin:
         is disconnected; its client library drops the group copies it held."""
         self.stats["clients_unresponsive"] += 1
         wait = self.acks.wait
-        log.warning("node %d: client session %d answered neither a group notification nor its revoke in %.1fs; "
-                    "disconnecting it", self.id, sid, 2 * wait)
-        out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.UNRESPONSIVE, (
-            f"no answer to a group notification within {2 * wait:g}s: disconnected; its events went to other instances"
-        ), fatal=True)))
+        log.warning(
+            "node %d: client session %d answered neither a group notification nor its revoke in %.1fs; "
+            "disconnecting it",
+            self.id,
+            sid,
+            2 * wait,
+        )
+        out.append(
+            ToClient(
+                sid,
+                cm.Error(
+                    -1,
+                    cm.ErrorCode.UNRESPONSIVE,
+                    (
+                        f"no answer to a group notification within {2 * wait:g}s: disconnected; its events went to other instances"
+                    ),
+                    fatal=True,
+                ),
+            )
+        )
         out.extend(self.client_closed(sid))
         out.append(CloseClient(sid, "unresponsive"))
 
@@ -565,7 +646,9 @@ class GroupsMixin:
     def _restore_groups(self: NodeCore, cs: pm.ChannelSubscriptions) -> None:
         cfg = self.config.groups
         for st in cs.groups:
-            self._dispatchers[(cs.ch_id, st.name)] = GroupDispatcher.restore(st, fault_period=cfg.fault_period, throttle_lf=cfg.throttle_lf)
+            self._dispatchers[(cs.ch_id, st.name)] = GroupDispatcher.restore(
+                st, fault_period=cfg.fault_period, throttle_lf=cfg.throttle_lf
+            )
         if cs.groups:
             self.stats["group_states_restored"] += len(cs.groups)
 
@@ -573,8 +656,14 @@ class GroupsMixin:
         """Per (channel, group): instances with their weights, LF, sent counts."""
         return [
             {
-                "channel": str(c), "group": g, "dispatched": d.dispatched, "counters": dict(d.counters),
-                "instances": {i: {"ws": s.ws / 1000, "lf": s.lf / 1000, "sent": s.sent, "faulty_until": s.faulty_until} for i, s in d.instances.items()},
+                "channel": str(c),
+                "group": g,
+                "dispatched": d.dispatched,
+                "counters": dict(d.counters),
+                "instances": {
+                    i: {"ws": s.ws / 1000, "lf": s.lf / 1000, "sent": s.sent, "faulty_until": s.faulty_until}
+                    for i, s in d.instances.items()
+                },
             }
             for (c, g), d in self._dispatchers.items()
         ]

@@ -159,8 +159,11 @@ class MembershipMixin:
         a drain's sessions take milliseconds)."""
         dc = {p.node: p.dc for p in self.monitor.live()}
         given = self.drain_state.given if self.drain_state is not None else {}
-        return sorted((dc.get(p, 0.0) + given.get(p, 0.0) / self._capacity_of(p), p)
-                      for p in self.peers if p not in self.unreachable)
+        return sorted(
+            (dc.get(p, 0.0) + given.get(p, 0.0) / self._capacity_of(p), p)
+            for p in self.peers
+            if p not in self.unreachable
+        )
 
     def _capacity_of(self: NodeCore, node: int) -> float:
         return next((n.capacity for n in self.config.nodes if n.id == node), 1.0)
@@ -201,19 +204,32 @@ class MembershipMixin:
             self.routing.set(ch.id, new)
             self._broadcast_update((), [(ch.id, new)], out)
             dr.replicas_left.append(str(ch.id))
-            self.record("decision", now, phase="drain", action="leave_replicas", channel=str(ch.id), owners=list(owners))
+            self.record(
+                "decision", now, phase="drain", action="leave_replicas", channel=str(ch.id), owners=list(owners)
+            )
             return
         cands = [c for c in self._drain_receivers() if c[1] not in dr.excluded]
         if not cands:
-            self._drain_end(now, f"no live peer that is not draining itself is left to take the channels "
-                                 f"(draining: {sorted(dr.excluded)})", out)
+            self._drain_end(
+                now,
+                f"no live peer that is not draining itself is left to take the channels "
+                f"(draining: {sorted(dr.excluded)})",
+                out,
+            )
             return
         # Fewest refusals first, then the lowest load level (a refusing peer is
         # tried again only when every other one refused as often).
         dc, receiver = min(cands, key=lambda c: (dr.refused.get(c[1], 0), c[0], c[1]))
         self.record(
-            "decision", now, phase="drain", action="move", channel=str(ch.id), receiver=receiver, receiver_dc=dc,
-            subscriptions=len(ch), candidates=[{"node": n, "dc": d, "refused": dr.refused.get(n, 0)} for d, n in cands],
+            "decision",
+            now,
+            phase="drain",
+            action="move",
+            channel=str(ch.id),
+            receiver=receiver,
+            receiver_dc=dc,
+            subscriptions=len(ch),
+            candidates=[{"node": n, "dc": d, "refused": dr.refused.get(n, 0)} for d, n in cands],
         )
         try:
             dr.mig, acts = self.start_migration([ch.id], receiver, now, forced=True)
@@ -228,8 +244,13 @@ class MembershipMixin:
         assert dr is not None
         dr.done, dr.error, dr.finished = True, error, now
         summary = dr.summary(self.id)
-        self.record("decision", now, phase="drain", action="failed" if error else "done", **{
-            k: v for k, v in summary.items() if k not in ("node", "channels")})
+        self.record(
+            "decision",
+            now,
+            phase="drain",
+            action="failed" if error else "done",
+            **{k: v for k, v in summary.items() if k not in ("node", "channels")},
+        )
         if error:
             log.warning("node %d: drain stopped: %s", self.id, error)
         else:
@@ -237,13 +258,20 @@ class MembershipMixin:
             hello = self.hello()
             out.extend(ToPeer(p, hello) for p in self.peers)
             self._close_clients(dr, out)
-            log.info("node %d: drained: %d channels, %d subscriptions moved in %.2fs", self.id,
-                     len(dr.channels), dr.subscriptions, summary["seconds"])
+            log.info(
+                "node %d: drained: %d channels, %d subscriptions moved in %.2fs",
+                self.id,
+                len(dr.channels),
+                dr.subscriptions,
+                summary["seconds"],
+            )
         if dr.admin is not None:
             sid, seq = dr.admin
             if sid in self.sessions:
                 if error:
-                    out.append(ToClient(sid, cm.Error(seq, cm.ErrorCode.ADMIN, f"drain of node {self.id} stopped: {error}")))
+                    out.append(
+                        ToClient(sid, cm.Error(seq, cm.ErrorCode.ADMIN, f"drain of node {self.id} stopped: {error}"))
+                    )
                 else:
                     out.append(ToClient(sid, cm.AdminReply(seq, summary)))
 
@@ -257,8 +285,17 @@ class MembershipMixin:
             if dr.admin is not None and sid == dr.admin[0]:
                 continue
             out.extend(self.client_closed(sid))
-            out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.DRAINING,
-                                              f"node {self.id} drained and is leaving: reconnect to another node", fatal=True)))
+            out.append(
+                ToClient(
+                    sid,
+                    cm.Error(
+                        -1,
+                        cm.ErrorCode.DRAINING,
+                        f"node {self.id} drained and is leaving: reconnect to another node",
+                        fatal=True,
+                    ),
+                )
+            )
             out.append(CloseClient(sid, "node drained"))
             dr.clients_closed += 1
 
@@ -279,8 +316,14 @@ class MembershipMixin:
         self.peers.append(node)
         self.monitor.add_peer(node)
         self.stats["peers_joined"] += 1
-        self.record("join", self.now, peer=node, address=f"{msg.host}:{msg.port}", admin_port=msg.admin_port,
-                    capacity=peer.capacity)
+        self.record(
+            "join",
+            self.now,
+            peer=node,
+            address=f"{msg.host}:{msg.port}",
+            admin_port=msg.admin_port,
+            capacity=peer.capacity,
+        )
         log.info("node %d: node %d joined from %s:%d", self.id, node, msg.host, msg.port)
         return [AddPeer(peer)]
 

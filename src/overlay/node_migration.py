@@ -38,7 +38,13 @@ class MigrationMixin:
     # -- migration: moving-out side ---------------------------------------------------------
 
     def start_migration(
-        self: NodeCore, channels: list[ChannelId], receiver: int, now: float, *, forced: bool = False, admin: tuple[int, int] | None = None
+        self: NodeCore,
+        channels: list[ChannelId],
+        receiver: int,
+        now: float,
+        *,
+        forced: bool = False,
+        admin: tuple[int, int] | None = None,
     ) -> tuple[OutgoingMigration, list[Action]]:
         for chid in channels:
             if chid not in self.local:
@@ -50,7 +56,9 @@ class MigrationMixin:
             if chid == self._splitting():
                 raise LocalProtocolError(f"channel {chid} is being split; move it later")
             if self.routing[chid].replicated:  # its other replicas would keep a channel no table names
-                raise LocalProtocolError(f"channel {chid} is replicated on nodes {list(self.routing[chid].owners)}; it cannot move")
+                raise LocalProtocolError(
+                    f"channel {chid} is replicated on nodes {list(self.routing[chid].owners)}; it cannot move"
+                )
         if receiver == self.id or receiver not in self.peers:
             raise LocalProtocolError(f"node {receiver} cannot receive channels from node {self.id}")
         self._update_seq += 1
@@ -60,7 +68,9 @@ class MigrationMixin:
             self._admin_waits[mig.session] = admin
         d = float(self.local.load)
         req = pm.RequestLoadBalance(d, d / self.me.capacity, mig.session, forced)
-        log.info("node %d: session %d: moving %s to node %d", self.id, mig.session, [str(c) for c in channels], receiver)
+        log.info(
+            "node %d: session %d: moving %s to node %d", self.id, mig.session, [str(c) for c in channels], receiver
+        )
         return mig, [ToPeer(receiver, req)]
 
     def _on_migration_reply(self: NodeCore, src: int, msg: pm.PeerMessage, now: float, out: list[Action]) -> None:
@@ -112,7 +122,9 @@ class MigrationMixin:
                 self._finish_outgoing(mig, out)
 
     def _send_transfer(self: NodeCore, mig: OutgoingMigration, out: list[Action]) -> None:
-        specs = tuple(pm.ChannelSpec(c, self.local[c].space, self.past_owners_leaving(c, self.now)) for c in mig.channels)
+        specs = tuple(
+            pm.ChannelSpec(c, self.local[c].space, self.past_owners_leaving(c, self.now)) for c in mig.channels
+        )
         out.append(ToPeer(mig.receiver, pm.ChannelTransfer(specs, mig.session)))
 
     def _finish_outgoing(self: NodeCore, mig: OutgoingMigration, out: list[Action]) -> None:
@@ -125,10 +137,17 @@ class MigrationMixin:
         self.stats["migration_bytes"] += mig.bytes_moved
         bw = self.config.bw(self.id, mig.receiver)
         self.record(
-            "replication" if mig.replicate else "migration", mig.times.get("done", mig.started),
-            session=mig.session, receiver=mig.receiver, channels=[str(c) for c in mig.channels],
-            subscriptions=mig.subscriptions_moved, bytes=mig.bytes_moved, bw=bw,
-            mig_cost=mig.subscriptions_moved / bw, forced=mig.forced, sets=mig.five_sets(),
+            "replication" if mig.replicate else "migration",
+            mig.times.get("done", mig.started),
+            session=mig.session,
+            receiver=mig.receiver,
+            channels=[str(c) for c in mig.channels],
+            subscriptions=mig.subscriptions_moved,
+            bytes=mig.bytes_moved,
+            bw=bw,
+            mig_cost=mig.subscriptions_moved / bw,
+            forced=mig.forced,
+            sets=mig.five_sets(),
             duration=round(mig.times.get("done", mig.started) - mig.started, 6),
             times={k: round(v - mig.started, 6) for k, v in mig.times.items()},
         )
@@ -136,7 +155,11 @@ class MigrationMixin:
             self.monitor.leave_busy(completed=True)
         log.info(
             "node %d: session %d done: %d channels, %d subscriptions to node %d",
-            self.id, mig.session, len(mig.channels), mig.subscriptions_moved, mig.receiver,
+            self.id,
+            mig.session,
+            len(mig.channels),
+            mig.subscriptions_moved,
+            mig.receiver,
         )
         admin = self._admin_waits.pop(mig.session, None)
         if admin is not None:
@@ -165,10 +188,21 @@ class MigrationMixin:
         out.append(ToPeer(mig.receiver, pm.CompleteLoadBalance(mig.session, aborted=True, reason=reason)))
         self.stats["migrations_aborted"] += 1
         if failure or "<2>" in mig.times:
-            log.warning("node %d: session %d to node %d rolled back, its channels stay here: %s",
-                        self.id, mig.session, mig.receiver, reason)
+            log.warning(
+                "node %d: session %d to node %d rolled back, its channels stay here: %s",
+                self.id,
+                mig.session,
+                mig.receiver,
+                reason,
+            )
         else:
-            log.info("node %d: balancing session %d with node %d moved nothing: %s", self.id, mig.session, mig.receiver, reason)
+            log.info(
+                "node %d: balancing session %d with node %d moved nothing: %s",
+                self.id,
+                mig.session,
+                mig.receiver,
+                reason,
+            )
         self.record("abort", mig.started, session=mig.session, receiver=mig.receiver, reason=reason)
         if not mig.forced:
             if mig.candidate is not None and "<2>" not in mig.times and not mig.channels:
@@ -180,7 +214,12 @@ class MigrationMixin:
             out.append(ToClient(admin[0], cm.Error(admin[1], cm.ErrorCode.ADMIN, f"migration aborted: {reason}")))
 
     def _reforward_msg(
-        self: NodeCore, mig: OutgoingMigration, chid: ChannelId, sign: pm.ReforwardSign, msg: pm.Subscription | pm.UnSubscription | pm.Event, out: list[Action]
+        self: NodeCore,
+        mig: OutgoingMigration,
+        chid: ChannelId,
+        sign: pm.ReforwardSign,
+        msg: pm.Subscription | pm.UnSubscription | pm.Event,
+        out: list[Action],
     ) -> None:
         self.stats["reforwards"] += 1
         if mig.state is OutState.MOVING:
@@ -255,8 +294,14 @@ class MigrationMixin:
         inc.abort()
         del self.incoming[key]
         self.monitor.leave_busy(completed=bool(kept))
-        log.warning("node %d: incoming session %d/%d ended (%s): kept %s", self.id, key[0], key[1], reason,
-                    [str(c) for c in kept] or "nothing")
+        log.warning(
+            "node %d: incoming session %d/%d ended (%s): kept %s",
+            self.id,
+            key[0],
+            key[1],
+            reason,
+            [str(c) for c in kept] or "nothing",
+        )
 
     def peer_reachable(self: NodeCore, node: int) -> None:
         self.unreachable.discard(node)
@@ -307,13 +352,20 @@ class MigrationMixin:
     def _on_channel_transfer(self: NodeCore, src: int, msg: pm.ChannelTransfer, now: float, out: list[Action]) -> None:
         if (src, msg.session) not in self.incoming:  # we stopped waiting for it: the sender rolls back
             ids = tuple(c.ch_id for c in msg.channels)
-            out.append(ToPeer(src, pm.ReplyChannelTransfer(pm.ReplySign.REPLY_FAIL, ids, msg.session, "session timed out")))
+            out.append(
+                ToPeer(src, pm.ReplyChannelTransfer(pm.ReplySign.REPLY_FAIL, ids, msg.session, "session timed out"))
+            )
             return
         mig = self._incoming(src, msg.session, "ChannelTransfer")
         clash = [c.ch_id for c in msg.channels if c.ch_id in self.local]
         if clash:
             mig.abort()
-            out.append(ToPeer(src, pm.ReplyChannelTransfer(pm.ReplySign.REPLY_FAIL, tuple(clash), msg.session, "channel already here")))
+            out.append(
+                ToPeer(
+                    src,
+                    pm.ReplyChannelTransfer(pm.ReplySign.REPLY_FAIL, tuple(clash), msg.session, "channel already here"),
+                )
+            )
             return
         mig.on(msg, now)
         for spec in msg.channels:
@@ -322,7 +374,9 @@ class MigrationMixin:
                 self._past_owners[spec.ch_id] = spec.past_owners  # node_balancing rule 7
         out.append(ToPeer(src, pm.ReplyChannelTransfer(pm.ReplySign.REPLY_SUCCESS, mig.channels, msg.session)))
 
-    def _on_subscription_move(self: NodeCore, src: int, msg: pm.SubscriptionMove, now: float, out: list[Action]) -> None:
+    def _on_subscription_move(
+        self: NodeCore, src: int, msg: pm.SubscriptionMove, now: float, out: list[Action]
+    ) -> None:
         mig = self._incoming(src, msg.session, "SubscriptionMove")
         mig.on(msg, now)
         for cs in msg.ch_sub_set:
@@ -367,8 +421,13 @@ class MigrationMixin:
                     self.local.remove(c)
             mig.abort()
             # Nothing is lost: the channels it had offered stay with node src.
-            log.info("node %d: node %d called off balancing session %d (%s); its channels stay with it",
-                     self.id, src, msg.session, msg.reason or "no reason given")
+            log.info(
+                "node %d: node %d called off balancing session %d (%s); its channels stay with it",
+                self.id,
+                src,
+                msg.session,
+                msg.reason or "no reason given",
+            )
             return
         mig.on(msg, now)
         log.info("node %d: received %s from node %d", self.id, [str(c) for c in mig.channels], src)

@@ -187,7 +187,13 @@ class OrderingMixin:
         return pub if pub is not None else self._recent_pubs_old.get(event_id)
 
     def _publish_keyed(
-        self: NodeCore, sess: _Session, msg: cm.Publish, values: dict, now: float, out: list[Action], chid: ChannelId | None = None
+        self: NodeCore,
+        sess: _Session,
+        msg: cm.Publish,
+        values: dict,
+        now: float,
+        out: list[Action],
+        chid: ChannelId | None = None,
     ) -> None:
         if not msg.key or msg.rank > cm.MAX_RANK:
             self.stats["rejected_bad_rank"] += 1
@@ -337,7 +343,9 @@ class OrderingMixin:
                     self.stats["events_unroutable"] += 1
                     self._on_complete_ack(ev.event_id, out)
                     continue
-                self._dispatch_event(_replace(ev, ch_id=chid, dispatch_sign=_EVENT_DISPATCHED, rank=r.rank, home=self.id), out)
+                self._dispatch_event(
+                    _replace(ev, ch_id=chid, dispatch_sign=_EVENT_DISPATCHED, rank=r.rank, home=self.id), out
+                )
         finally:
             self._releasing = False
 

@@ -19,7 +19,7 @@ from typing import Final
 from overlay.config import ClusterConfig
 from overlay.demo import run_workload
 
-__all__ = ["run_traffic", "SETTLE"]
+__all__ = ["SETTLE", "run_traffic"]
 
 SETTLE: Final = 3.0
 REPORT_EVERY: Final = 5.0
@@ -39,8 +39,11 @@ async def run_traffic(cfg: ClusterConfig, seconds: float, *, seed: int = 7) -> t
         for end in (until, start + seconds):  # publishing, then settling
             while (left := end - time.monotonic()) > REPORT_SLACK:
                 await asyncio.sleep(min(REPORT_EVERY, left))
-                print(f"traffic: t={time.monotonic() - start:5.1f}s published {published[0]}, "
-                      f"per-subscription deliveries {delivered[0]}", flush=True)
+                print(
+                    f"traffic: t={time.monotonic() - start:5.1f}s published {published[0]}, "
+                    f"per-subscription deliveries {delivered[0]}",
+                    flush=True,
+                )
             stop.set()  # publishing stops; the last notifications arrive meanwhile and the capture ends quiet
 
     published, delivered = [0], [0]

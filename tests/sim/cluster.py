@@ -79,7 +79,7 @@ _encoder: Final = msgspec.msgpack.Encoder(order="deterministic")
 
 
 class _Link:
-    __slots__ = ("high", "normal", "reader", "blocked_until")
+    __slots__ = ("blocked_until", "high", "normal", "reader")
 
     def __init__(self) -> None:
         self.high: deque[tuple[float, pm.PeerMessage]] = deque()
@@ -153,8 +153,8 @@ class SimCluster:
             self._spy_notifications(core)
             self.cores[i] = core
         self.links: dict[tuple[int, int], _Link] = {(a, b): _Link() for a in self.ids for b in self.ids if a != b}
-        self.stall_until = {i: 0.0 for i in self.ids}
-        self.tick_pause_until = {i: 0.0 for i in self.ids}
+        self.stall_until = dict.fromkeys(self.ids, 0.0)
+        self.tick_pause_until = dict.fromkeys(self.ids, 0.0)
         self.clients: list[SimClient] = []
         self.by_session: dict[tuple[int, int], SimClient] = {}
         self.admins: dict[int, SimClient] = {}
@@ -280,7 +280,9 @@ class SimCluster:
             if self.settled():
                 return
             if self.now > deadline:
-                self.failures.append(f"not quiet {self.params.max_drain_seconds:.0f} s into the drain: {self.unsettled()}")
+                self.failures.append(
+                    f"not quiet {self.params.max_drain_seconds:.0f} s into the drain: {self.unsettled()}"
+                )
                 return
             nxt = self._next_ready()
             target = nxt if nxt is not None and nxt > self.now else self.now + self.slice / 4
@@ -394,7 +396,9 @@ class SimCluster:
             elif type(act) is ToClient:
                 self._to_client(node, act.session, act.msg)
             elif type(act) is CloseClient:
-                self.failures.append(f"step {self.step_no}: node {node} closed client session {act.session}: {act.reason}")
+                self.failures.append(
+                    f"step {self.step_no}: node {node} closed client session {act.session}: {act.reason}"
+                )
             else:  # pragma: no cover
                 raise AssertionError(f"unknown action {act!r}")
 
@@ -539,7 +543,9 @@ class SimCluster:
             case cm.Notify():
                 self.notifies += 1
                 if len(set(msg.sub_ids)) != len(msg.sub_ids):
-                    self.failures.append(f"{c.name}: Notify of {msg.event_id} lists a subscription twice: {msg.sub_ids}")
+                    self.failures.append(
+                        f"{c.name}: Notify of {msg.event_id} lists a subscription twice: {msg.sub_ids}"
+                    )
                 for lid in msg.sub_ids:
                     self.notes[(msg.event_id, c.name, lid)] += 1
                     rec = c.subs.get(lid)
@@ -552,7 +558,9 @@ class SimCluster:
                 if kind == "sub":
                     data.failed = True
                     if msg.code != cm.ErrorCode.NOT_READY:
-                        self.failures.append(f"{c.name}: subscribe {data.spec.text()!r} refused: {msg.code} {msg.message}")
+                        self.failures.append(
+                            f"{c.name}: subscribe {data.spec.text()!r} refused: {msg.code} {msg.message}"
+                        )
                 elif kind == "pub":
                     if msg.code != cm.ErrorCode.NOT_READY:
                         self.failures.append(f"{c.name}: publish {data[0]} refused: {msg.code} {msg.message}")

@@ -206,7 +206,8 @@ class ConvergenceSim:
         schema = config.schema
         # (access node, local id) -> (expression, filter)
         self.subs = {
-            (self.ids[k % len(self.ids)], f"s{k}"): (e, parse_subscription(e, schema)) for k, e in enumerate(live + dead)
+            (self.ids[k % len(self.ids)], f"s{k}"): (e, parse_subscription(e, schema))
+            for k, e in enumerate(live + dead)
         }
         self.live = list(self.subs)[: len(live)]
         self.notified: Counter[tuple[int, str, int]] = Counter()  # (node, local id, qty)
@@ -283,7 +284,9 @@ class ConvergenceSim:
         deadline = self.now + limit
         while self._pending:
             if not self._step(deadline):
-                raise AssertionError(f"seed {self.seed}: {what}: {len(self._pending)} requests unanswered at t={self.now:.2f}")
+                raise AssertionError(
+                    f"seed {self.seed}: {what}: {len(self._pending)} requests unanswered at t={self.now:.2f}"
+                )
 
     # -- traffic --------------------------------------------------------------------------
 
@@ -294,7 +297,12 @@ class ConvergenceSim:
         self.published[qty] = values
         seq = next(self._seq)
         self._pending.add(seq)
-        self._execute(node, self.cores[node].handle_client(self.publisher[node], cm.Publish(seq, values, publish_time=self.now), self.now))
+        self._execute(
+            node,
+            self.cores[node].handle_client(
+                self.publisher[node], cm.Publish(seq, values, publish_time=self.now), self.now
+            ),
+        )
         if self.now < self._stop_publishing:
             self._at(self.now + n / self.rate, "publish", node, k + 1)
 
@@ -328,7 +336,9 @@ class ConvergenceSim:
 
         journals = {i: [e for e in self.cores[i].journal if e["kind"] == "slice"] for i in self.ids}
         slice_seconds = self.config.cluster.slice_seconds
-        series = [s for s in spread_series(journals, self.config.cluster.initializer) if start + slice_seconds < s[0] <= stop]
+        series = [
+            s for s in spread_series(journals, self.config.cluster.initializer) if start + slice_seconds < s[0] <= stop
+        ]
         # Moves while traffic flowed: once it stops, the two-slice loads decay
         # unevenly for a slice or two and what follows is not balancing.
         moves = [
@@ -344,7 +354,9 @@ class ConvergenceSim:
         for c in self.cores.values():
             for k in ("migrations", "migrations_aborted", "replications", "splits", "merges", "reforwards"):
                 stats[k] += c.stats.get(k, 0)
-        return ConvergenceRun(self.seed, series, moves, [last_slice[i] for i in self.ids], self.errors + lost, pairs, stats)
+        return ConvergenceRun(
+            self.seed, series, moves, [last_slice[i] for i in self.ids], self.errors + lost, pairs, stats
+        )
 
     def _check_deliveries(self) -> tuple[list[str], int]:
         """Rule 3.  The load subscriptions (``venue prefix "zz"``) can match no

@@ -52,12 +52,12 @@ if TYPE_CHECKING:
 __all__ = [
     "check_all",
     "check_deliveries",
-    "check_requests_answered",
-    "check_subscriptions",
-    "check_routing_equal",
     "check_ownership",
     "check_partition",
     "check_quiet",
+    "check_requests_answered",
+    "check_routing_equal",
+    "check_subscriptions",
 ]
 
 
@@ -96,7 +96,9 @@ def check_deliveries(sim: SimCluster) -> list[str]:
     for ev in sim.events.values():
         m = sim.matched.get(ev.event_id, [])
         if len(m) != 1:
-            out.append(f"event {ev.event_id} {ev.values} (published at step {ev.pub_at}) matched {len(m)} times, at steps {m}")
+            out.append(
+                f"event {ev.event_id} {ev.values} (published at step {ev.pub_at}) matched {len(m)} times, at steps {m}"
+            )
         for rec in sim.subs:
             if rec.gid is None or rec.failed or rec.acked_at is None or rec.acked_at >= ev.pub_at:
                 continue  # never stored, or the event raced the subscribe: at most once (above)
@@ -185,9 +187,7 @@ def check_routing_equal(sim: SimCluster) -> list[str]:
         if core.routing == ref:
             continue
         mine, theirs = core.routing.entries(), ref.entries()
-        diff = sorted(
-            str(c) for c in set(mine) | set(theirs) if mine.get(c) != theirs.get(c)
-        )
+        diff = sorted(str(c) for c in set(mine) | set(theirs) if mine.get(c) != theirs.get(c))
         out.append(f"routing table of node {i} differs from node {ref_id} on channels {diff}")
     return out
 

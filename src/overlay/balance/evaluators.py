@@ -18,19 +18,19 @@ import math
 from collections.abc import Iterable, Sequence
 
 __all__ = [
-    "lev",
-    "phi",
-    "spread",
     "f1",
-    "rank_o",
-    "rank_u",
     "f2",
-    "mig_cost",
     "f3",
     "f3_bandwidth",
     "f4",
+    "lev",
+    "mig_cost",
+    "phi",
     "rank1",
     "rank2",
+    "rank_o",
+    "rank_u",
+    "spread",
 ]
 
 

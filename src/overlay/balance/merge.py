@@ -18,7 +18,7 @@ from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.schema import Schema
 from overlay.channels.space import EventSpace
 
-__all__ = ["sort_channels", "mergeable_pairs", "merge_pair", "merged_space"]
+__all__ = ["merge_pair", "mergeable_pairs", "merged_space", "sort_channels"]
 
 
 def sort_channels(channels: Sequence[Channel]) -> list[Channel]:

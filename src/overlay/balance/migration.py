@@ -56,7 +56,7 @@ from overlay.channels.channel import ChannelId
 from overlay.errors import RemoteProtocolError
 from overlay.messages import peer as pm
 
-__all__ = ["OutState", "InState", "OutgoingMigration", "IncomingMigration"]
+__all__ = ["InState", "IncomingMigration", "OutState", "OutgoingMigration"]
 
 
 class OutState(enum.Enum):
@@ -146,8 +146,7 @@ class OutgoingMigration:
         new = _OUT_TRANSITIONS.get(key)
         if new is None:
             raise RemoteProtocolError(
-                f"{type(msg).__name__} is not expected by moving-out session {self.session} "
-                f"in state {self.state.value}"
+                f"{type(msg).__name__} is not expected by moving-out session {self.session} in state {self.state.value}"
             )
         failed = (
             isinstance(msg, (pm.ReplyRequestLoadBalance, pm.ReplyChannelTransfer))
@@ -175,8 +174,7 @@ class OutgoingMigration:
     def on_update_reply(self, peer: int, now: float) -> OutState:
         if self.state is not OutState.UPDATING:
             raise RemoteProtocolError(
-                f"ReplyUpdateGlobal from node {peer} not expected by session {self.session} "
-                f"in state {self.state.value}"
+                f"ReplyUpdateGlobal from node {peer} not expected by session {self.session} in state {self.state.value}"
             )
         self.waiting_updates.discard(peer)
         if not self.waiting_updates:
@@ -207,8 +205,7 @@ class OutgoingMigration:
         """Rule 5: only legal before <3>."""
         if self.state in (OutState.UPDATING, OutState.DONE):
             raise RemoteProtocolError(
-                f"session {self.session} cannot abort in state {self.state.value}: "
-                "the routing tables already changed"
+                f"session {self.session} cannot abort in state {self.state.value}: the routing tables already changed"
             )
         self.reason = reason
         self.state = OutState.ABORTED

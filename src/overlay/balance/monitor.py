@@ -46,7 +46,7 @@ import msgspec
 
 from overlay.errors import LocalProtocolError
 
-__all__ = ["NodeState", "PeerLoad", "SliceReport", "Monitor"]
+__all__ = ["Monitor", "NodeState", "PeerLoad", "SliceReport"]
 
 LIVE_SLICES: Final = 3
 JITTER_RUNS: Final = 3
@@ -231,8 +231,10 @@ class Monitor:
 
     def _stretch(self) -> None:
         runs = self._runs[-JITTER_RUNS:]
-        if len(runs) == JITTER_RUNS and runs[-1] == self.slice_no and all(
-            b - a <= JITTER_GAP for a, b in zip(runs, runs[1:])
+        if (
+            len(runs) == JITTER_RUNS
+            and runs[-1] == self.slice_no
+            and all(b - a <= JITTER_GAP for a, b in zip(runs, runs[1:]))
         ):
             self.slice_seconds = self.base_slice * STRETCH
         elif self._runs and self.slice_no - self._runs[-1] >= CALM_SLICES:

@@ -32,14 +32,14 @@ from overlay.balance.monitor import NodeState, PeerLoad
 from overlay.channels.channel import ChannelId
 
 __all__ = [
-    "Weights",
-    "ChannelLoad",
-    "ReceiverScore",
-    "ChannelScore",
-    "ChannelChoice",
-    "rank_receivers",
-    "choose_channels",
     "MAX_CANDIDATES",
+    "ChannelChoice",
+    "ChannelLoad",
+    "ChannelScore",
+    "ReceiverScore",
+    "Weights",
+    "choose_channels",
+    "rank_receivers",
 ]
 
 MAX_CANDIDATES: Final = 8
@@ -154,7 +154,15 @@ def choose_channels(
         f3 = ev.f3(ev.mig_cost(ch.subscriptions, bw_ij), min_mig_cost, L)
         f4 = ev.f4(ch.access.get(receiver, 0.0), L)
         scores.append(
-            ChannelScore(ch.ch_id, ch.load, ch.subscriptions, f1, f3, f4, ev.rank2(weights.alpha, weights.beta, weights.gamma, f1, f3, f4))
+            ChannelScore(
+                ch.ch_id,
+                ch.load,
+                ch.subscriptions,
+                f1,
+                f3,
+                f4,
+                ev.rank2(weights.alpha, weights.beta, weights.gamma, f1, f3, f4),
+            )
         )
     scores.sort(key=lambda s: (-s.rank2, -s.load, s.ch_id))
     result = tuple(scores)

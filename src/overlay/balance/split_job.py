@@ -231,7 +231,12 @@ class SplitJob:
 
 
 def divide_records(
-    src: SliceStats, dsts: Sequence[SliceStats], constraints: Sequence[Constraint], attr: str, *, only: int | None = None
+    src: SliceStats,
+    dsts: Sequence[SliceStats],
+    constraints: Sequence[Constraint],
+    attr: str,
+    *,
+    only: int | None = None,
 ) -> None:
     """Give each child's slice the records of ``src`` that fall in its space
     (``constraints``: each child's constraint on the cut attribute ``attr``,

@@ -7,6 +7,7 @@ import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
+
 from overlay.channels.intervals import IntervalSet
 from overlay.channels.predicates import Filter, Op, StringConj, compile_filter
 from overlay.channels.schema import Attribute, Kind, Value
@@ -69,7 +70,7 @@ _ABSENT: Final = object()
 class _Bitmap:
     """A set of slots as an integer plus pending flips (rule 6)."""
 
-    __slots__ = ("_int", "_flips")
+    __slots__ = ("_flips", "_int")
 
     def __init__(self) -> None:
         self._int = 0
@@ -96,7 +97,7 @@ def _scan(entries: Iterable[_Entry], v: object, append: Callable[[Subscription],
     """Rule 4 on single-attribute entries: append the subscriptions ``v`` satisfies."""
     for lo, hi, s, sub in entries:
         if lo <= v <= hi and not (  # type: ignore[operator]
-            s and (s & _LO_STRICT and v == lo or s & _HI_STRICT and v == hi)
+            s and ((s & _LO_STRICT and v == lo) or (s & _HI_STRICT and v == hi))
         ):
             append(sub)
 
@@ -112,9 +113,22 @@ class _AttrIndex:
     """
 
     __slots__ = (
-        "attr", "name", "pos", "nbuckets", "wild", "buckets", "constrained",
-        "ordered", "discrete", "lo", "hi", "singles", "single_eq", "single_wild",
-        "single_buckets", "_bucket_of",
+        "_bucket_of",
+        "attr",
+        "buckets",
+        "constrained",
+        "discrete",
+        "hi",
+        "lo",
+        "name",
+        "nbuckets",
+        "ordered",
+        "pos",
+        "single_buckets",
+        "single_eq",
+        "single_wild",
+        "singles",
+        "wild",
     )
 
     def __init__(self, attr: Attribute, pos: int, nbuckets: int) -> None:
@@ -212,9 +226,7 @@ class _AttrIndex:
             return []
         return self.plain_placement(lo, hi)
 
-    def add_single(
-        self, slot: int, bound: _Bound, runs: list[tuple[int, int]] | None, sub: Subscription
-    ) -> None:
+    def add_single(self, slot: int, bound: _Bound, runs: list[tuple[int, int]] | None, sub: Subscription) -> None:
         """File an entry where ``single_runs(bound)`` (that is ``runs``) says."""
         entry: _Entry = (*bound, sub)  # type: ignore[assignment]
         self.singles[slot] = entry
@@ -252,9 +264,7 @@ class _AttrIndex:
                     # An emptied dict keeps its table; drop it.
                     self.single_buckets[b] = None
 
-    def match_singles(
-        self, v: object, values: Mapping[str, Value], append: Callable[[Subscription], None]
-    ) -> int:
+    def match_singles(self, v: object, values: Mapping[str, Value], append: Callable[[Subscription], None]) -> int:
         """Rule 5 for an event whose value here is ``v``; returns the number tested."""
         if self.bucketed(v):
             tested = 0

@@ -190,8 +190,7 @@ class Channel:
         self._type2 = tuple(
             c.attr
             for c in space.constraints
-            if isinstance(c, ExceptConstraint)
-            and schema.attributes[c.attr].kind is Kind.STRING
+            if isinstance(c, ExceptConstraint) and schema.attributes[c.attr].kind is Kind.STRING
         )
 
     def __repr__(self) -> str:
@@ -343,7 +342,11 @@ class Channel:
         """The subscriptions now, as a list (``iter`` is lazy and must not
         outlive a change)."""
         stale = self._stale
-        subs = [s for s in self.index._subs if s is not None and s.id not in stale] if stale else [s for s in self.index._subs if s is not None]
+        subs = (
+            [s for s in self.index._subs if s is not None and s.id not in stale]
+            if stale
+            else [s for s in self.index._subs if s is not None]
+        )
         subs += [entry[0] for entry in self._pending.values()]
         return subs
 

@@ -32,7 +32,7 @@ from overlay.channels.predicates import Filter, Op, Predicate, conjunction
 from overlay.channels.schema import Kind, Schema, Value, parse_rfid
 from overlay.errors import ExpressionError, SchemaError
 
-__all__ = ["parse_subscription", "parse_event", "MAX_EXPRESSION_LENGTH"]
+__all__ = ["MAX_EXPRESSION_LENGTH", "parse_event", "parse_subscription"]
 
 # Expressions arrive from the network; a bound keeps parsing cost predictable.
 MAX_EXPRESSION_LENGTH: Final = 64 * 1024
@@ -80,9 +80,7 @@ def _unescape(body: str, text: str, pos: int) -> str:
         if ch == "\\":
             nxt = body[i + 1]
             if nxt not in _ESCAPES:
-                raise ExpressionError(
-                    f"unknown escape \\{nxt} in string", text=text, position=pos + 1 + i
-                )
+                raise ExpressionError(f"unknown escape \\{nxt} in string", text=text, position=pos + 1 + i)
             out.append(_ESCAPES[nxt])
             i += 2
         else:
@@ -94,8 +92,7 @@ def _unescape(body: str, text: str, pos: int) -> str:
 def _tokens(text: str) -> Iterator[Token]:
     if len(text) > MAX_EXPRESSION_LENGTH:
         raise ExpressionError(
-            f"expression is {len(text)} characters long, over the limit of "
-            f"{MAX_EXPRESSION_LENGTH}",
+            f"expression is {len(text)} characters long, over the limit of {MAX_EXPRESSION_LENGTH}",
             text=text[:80] + "…",
             position=0,
         )
@@ -116,9 +113,7 @@ def _tokens(text: str) -> Iterator[Token]:
             if not is_float and len(raw) > _MAX_INT_DIGITS:
                 # int() refuses more than 4300 digits with a ValueError; no schema
                 # domain needs a literal anywhere near this long.
-                raise ExpressionError(
-                    f"number is too long ({len(raw)} characters)", text=text, position=pos
-                )
+                raise ExpressionError(f"number is too long ({len(raw)} characters)", text=text, position=pos)
             yield Token(Tok.NUMBER, raw, float(raw) if is_float else int(raw), pos)
         elif kind == "name":
             yield Token(Tok.NAME, raw, None, pos)
@@ -133,9 +128,7 @@ def _tokens(text: str) -> Iterator[Token]:
 class _Parser:
     def __init__(self, text: str, schema: Schema) -> None:
         if not isinstance(text, str):
-            raise ExpressionError(
-                f"expression must be text, got {type(text).__name__}", text=repr(text), position=0
-            )
+            raise ExpressionError(f"expression must be text, got {type(text).__name__}", text=repr(text), position=0)
         self.text = text
         self.schema = schema
         self.toks = list(_tokens(text))
@@ -158,9 +151,7 @@ class _Parser:
     def expect_punct(self, *symbols: str) -> Token:
         tok = self.take()
         if tok.kind is not Tok.PUNCT or tok.text not in symbols:
-            raise self.error(
-                f"expected {' or '.join(repr(s) for s in symbols)}, found {_show(tok)}", tok
-            )
+            raise self.error(f"expected {' or '.join(repr(s) for s in symbols)}, found {_show(tok)}", tok)
         return tok
 
     def is_keyword(self, tok: Token, word: str) -> bool:
@@ -179,9 +170,7 @@ class _Parser:
         value: Value
         if tok.kind is Tok.RFID:
             if attr.kind is not Kind.RFID:
-                raise self.error(
-                    f"{tok.text} is an rfid code but {attr_name!r} is {attr.kind.value}", tok
-                )
+                raise self.error(f"{tok.text} is an rfid code but {attr_name!r} is {attr.kind.value}", tok)
             try:
                 value = parse_rfid(tok.text)
             except SchemaError as exc:
@@ -227,8 +216,10 @@ class _Parser:
                 if len(on) == 1:
                     reason = f"no value of {p.attr!r} can satisfy {p.text(self.schema)}"
                 else:
-                    reason = (f"no value of {p.attr!r} satisfies both {p.text(self.schema)} and "
-                              f"{' and '.join(q.text(self.schema) for q in on[:-1])}")
+                    reason = (
+                        f"no value of {p.attr!r} satisfies both {p.text(self.schema)} and "
+                        f"{' and '.join(q.text(self.schema) for q in on[:-1])}"
+                    )
                 raise self.error(f"{reason}: this subscription can never match", tok)
 
     def predicate(self) -> Predicate:
@@ -250,7 +241,9 @@ class _Parser:
             open_tok = self.expect_punct("[", "{")
             if open_tok.text == "[":
                 if not self.schema.attributes[name].kind.ordered:
-                    raise self.error(f"operator 'in[]' does not apply to string attribute {name!r}; use in {{...}}", op_tok)
+                    raise self.error(
+                        f"operator 'in[]' does not apply to string attribute {name!r}; use in {{...}}", op_tok
+                    )
                 op = Op.IN_RANGE
                 lo = self.literal(name)
                 self.expect_punct(",")
@@ -314,9 +307,7 @@ class _Parser:
             raise self.error(f"unexpected {_show(end)} after the event", end)
         missing = [n for n in self.schema.da if n not in values]
         if missing:
-            raise self.error(
-                f"event lacks distinguishing attribute(s) {', '.join(map(repr, missing))}", close
-            )
+            raise self.error(f"event lacks distinguishing attribute(s) {', '.join(map(repr, missing))}", close)
         return values
 
 

@@ -37,7 +37,7 @@ import msgspec
 
 from overlay.errors import LocalProtocolError
 
-__all__ = ["GroupDispatcher", "InstanceState", "GroupState", "MILLI", "MAX_WEIGHT"]
+__all__ = ["MAX_WEIGHT", "MILLI", "GroupDispatcher", "GroupState", "InstanceState"]
 
 MILLI: Final = 1000
 # Weights are relative: a million to one is past any real use, and keeps

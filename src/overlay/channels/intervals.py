@@ -48,10 +48,7 @@ class Interval(msgspec.Struct, frozen=True, array_like=True):
         return True
 
     def text(self) -> str:
-        return (
-            f"{'(' if self.lo_open else '['}{self.lo}, {self.hi}"
-            f"{')' if self.hi_open else ']'}"
-        )
+        return f"{'(' if self.lo_open else '['}{self.lo}, {self.hi}{')' if self.hi_open else ']'}"
 
 
 def _lo_key(iv: Interval) -> tuple[Bound, bool]:
@@ -79,11 +76,9 @@ class IntervalSet:
     adjacent (rule 3 of the module docstring), all inside ``domain``.
     """
 
-    __slots__ = ("intervals", "domain", "discrete")
+    __slots__ = ("discrete", "domain", "intervals")
 
-    def __init__(
-        self, intervals: Iterable[Interval], domain: Interval, discrete: bool
-    ) -> None:
+    def __init__(self, intervals: Iterable[Interval], domain: Interval, discrete: bool) -> None:
         self.domain = domain
         self.discrete = discrete
         clipped = []
@@ -111,9 +106,7 @@ class IntervalSet:
         return not self.intervals
 
     def is_whole(self) -> bool:
-        return len(self.intervals) == 1 and self.intervals[0] == _normal_domain(
-            self.domain, self.discrete
-        )
+        return len(self.intervals) == 1 and self.intervals[0] == _normal_domain(self.domain, self.discrete)
 
     def __contains__(self, v: Bound) -> bool:
         return any(v in iv for iv in self.intervals)
@@ -138,9 +131,7 @@ class IntervalSet:
         return IntervalSet(out, self.domain, self.discrete)
 
     def overlaps(self, other: IntervalSet) -> bool:
-        return any(
-            _intersect(a, b) is not None for a in self.intervals for b in other.intervals
-        )
+        return any(_intersect(a, b) is not None for a in self.intervals for b in other.intervals)
 
     def union(self, other: IntervalSet) -> IntervalSet:
         return IntervalSet(self.intervals + other.intervals, self.domain, self.discrete)
@@ -148,9 +139,7 @@ class IntervalSet:
     def issubset(self, other: IntervalSet) -> bool:
         """Every value of self is in other (each interval inside one of other's,
         which suffices because other's intervals are not adjacent)."""
-        return all(
-            any(_intersect(a, b) == a for b in other.intervals) for a in self.intervals
-        )
+        return all(any(_intersect(a, b) == a for b in other.intervals) for a in self.intervals)
 
     def complement(self) -> IntervalSet:
         """The domain minus this set."""
@@ -210,4 +199,3 @@ def _normalise(ivs: list[Interval], discrete: bool) -> tuple[Interval, ...]:
         else:
             out.append(iv)
     return tuple(out)
-

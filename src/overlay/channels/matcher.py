@@ -58,24 +58,24 @@ from overlay.channels.schema import Schema, Value
 from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
 
-__all__ = ["MatchResult", "SubscriptionIndex", "LinearMatcher", "DEFAULT_BUCKETS"]
+__all__ = ["DEFAULT_BUCKETS", "LinearMatcher", "MatchResult", "SubscriptionIndex"]
 
 from overlay.channels._buckets import (
-    DEFAULT_BUCKETS,
-    MatchResult,
     _ABSENT,
-    _AttrIndex,
     _BITS,
-    _Bitmap,
     _CODE_TYPE,
-    _Compiled,
     _HI_STRICT,
     _LO_STRICT,
     _NEVER,
     _NONZERO_TO_ONE,
     _NUMBER_TYPES,
-    _Plain,
     _WILD,
+    DEFAULT_BUCKETS,
+    MatchResult,
+    _AttrIndex,
+    _Bitmap,
+    _Compiled,
+    _Plain,
     _plain_bounds,
 )
 
@@ -97,8 +97,7 @@ class SubscriptionIndex:
         self.schema = schema
         self._stride = nbuckets + 1
         self._attrs = {
-            name: _AttrIndex(attr, pos, nbuckets)
-            for pos, (name, attr) in enumerate(schema.attributes.items())
+            name: _AttrIndex(attr, pos, nbuckets) for pos, (name, attr) in enumerate(schema.attributes.items())
         }
         self._order = tuple(self._attrs.values())
         self._alive = _Bitmap()
@@ -296,7 +295,7 @@ class SubscriptionIndex:
                     hi = test[j + 2]
                     s = test[j + 3]
                     if not lo <= v <= hi or (  # type: ignore[operator]
-                        s and (s & _LO_STRICT and v == lo or s & _HI_STRICT and v == hi)  # type: ignore[operator]
+                        s and ((s & _LO_STRICT and v == lo) or (s & _HI_STRICT and v == hi))  # type: ignore[operator]
                     ):
                         break
                     j += 4

@@ -32,15 +32,15 @@ from overlay.channels.schema import Attribute, Kind, Schema, Value
 from overlay.errors import SchemaError
 
 __all__ = [
+    "MAX_SET_SIZE",
+    "Filter",
     "Op",
     "Predicate",
-    "Filter",
     "StringConj",
     "ValueSet",
-    "predicate_values",
-    "conjunction",
     "compile_filter",
-    "MAX_SET_SIZE",
+    "conjunction",
+    "predicate_values",
 ]
 
 # An in{...} set larger than this is refused: the set lives in every channel
@@ -63,9 +63,7 @@ class Op(enum.StrEnum):
 
 
 ORDERED_OPS: Final = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.IN_RANGE})
-STRING_OPS: Final = frozenset(
-    {Op.EQ, Op.NE, Op.PREFIX, Op.SUFFIX, Op.CONTAINS, Op.IN_SET}
-)
+STRING_OPS: Final = frozenset({Op.EQ, Op.NE, Op.PREFIX, Op.SUFFIX, Op.CONTAINS, Op.IN_SET})
 
 
 class Predicate(msgspec.Struct, frozen=True, array_like=True):
@@ -89,8 +87,7 @@ class Predicate(msgspec.Struct, frozen=True, array_like=True):
         allowed = STRING_OPS if attr.kind is Kind.STRING else ORDERED_OPS
         if self.op not in allowed:
             raise SchemaError(
-                f"operator {self.op.value!r} does not apply to {attr.kind.value} "
-                f"attribute {attr.name!r}",
+                f"operator {self.op.value!r} does not apply to {attr.kind.value} attribute {attr.name!r}",
                 attr=attr.name,
             )
         n = len(self.args)
@@ -104,22 +101,16 @@ class Predicate(msgspec.Struct, frozen=True, array_like=True):
                     attr=attr.name,
                 )
         elif n != 1:
-            raise SchemaError(
-                f"operator {self.op.value!r} on {attr.name!r} takes one value", attr=attr.name
-            )
+            raise SchemaError(f"operator {self.op.value!r} on {attr.name!r} takes one value", attr=attr.name)
         if self.op in (Op.PREFIX, Op.SUFFIX, Op.CONTAINS):
             # A pattern is a fragment of a value: its type matters, not its length bound.
             if type(self.args[0]) is not str:
-                raise SchemaError(
-                    f"{self.op.value} on {attr.name!r} needs a string", attr=attr.name
-                )
+                raise SchemaError(f"{self.op.value} on {attr.name!r} needs a string", attr=attr.name)
         else:
             for a in self.args:
                 attr.check(a)
         if self.op is Op.IN_RANGE and self.args[0] > self.args[1]:  # type: ignore[operator]
-            raise SchemaError(
-                f"in[lo, hi] on {attr.name!r} has lo above hi", attr=attr.name
-            )
+            raise SchemaError(f"in[lo, hi] on {attr.name!r} has lo above hi", attr=attr.name)
         return self
 
     def satisfied_by(self, value: Value) -> bool:
@@ -131,6 +122,7 @@ def _plain(v: Value) -> str:
 
 
 # -- satisfaction ------------------------------------------------------------
+
 
 def _in_set(args: tuple[Value, ...], v: Value) -> bool:
     return v in args
@@ -223,9 +215,7 @@ class Filter(msgspec.Struct, frozen=True, array_like=True):
 
     def covers(self, other: Filter, schema: Schema) -> bool:
         """Rule 4: every predicate of self covers some predicate of other."""
-        return all(
-            any(covers(p, q, schema) for q in other.predicates) for p in self.predicates
-        )
+        return all(any(covers(p, q, schema) for q in other.predicates) for p in self.predicates)
 
     def text(self, schema: Schema | None = None) -> str:
         return " and ".join(p.text(schema) for p in self.predicates)
@@ -251,7 +241,7 @@ class StringConj:
     padding is a member, and ``!=`` removes only finitely many.
     """
 
-    __slots__ = ("predicates", "finite", "_empty")
+    __slots__ = ("_empty", "finite", "predicates")
 
     def __init__(self, predicates: Sequence[Predicate]) -> None:
         self.predicates = tuple(predicates)
@@ -264,9 +254,9 @@ class StringConj:
             finite = frozenset(v for v in finite if self.contains(v))
             self._empty = not finite
         else:
-            self._empty = not (_chain(self._args(Op.PREFIX), str.startswith) and _chain(
-                self._args(Op.SUFFIX), str.endswith
-            ))
+            self._empty = not (
+                _chain(self._args(Op.PREFIX), str.startswith) and _chain(self._args(Op.SUFFIX), str.endswith)
+            )
         self.finite = finite
 
     def _args(self, op: Op) -> list[str]:
@@ -280,8 +270,7 @@ class StringConj:
 
     def is_whole(self) -> bool:
         return self.finite is None and all(
-            p.op in (Op.PREFIX, Op.SUFFIX, Op.CONTAINS) and p.args[0] == ""
-            for p in self.predicates
+            p.op in (Op.PREFIX, Op.SUFFIX, Op.CONTAINS) and p.args[0] == "" for p in self.predicates
         )
 
 
@@ -321,8 +310,7 @@ def predicate_values(p: Predicate, attr: Attribute) -> ValueSet:
             ivs = [Interval(a[0], a[1])]
         case _:
             raise SchemaError(
-                f"operator {p.op.value!r} does not apply to {attr.kind.value} "
-                f"attribute {attr.name!r}",
+                f"operator {p.op.value!r} does not apply to {attr.kind.value} attribute {attr.name!r}",
                 attr=attr.name,
             )
     return IntervalSet(ivs, dom, discrete)  # type: ignore[arg-type]
@@ -380,11 +368,13 @@ def _string_covers(p: Predicate, q: StringConj) -> bool:
             return not q.contains(x)  # type: ignore[arg-type]
         case Op.PREFIX:
             return x == "" or any(
-                r.op is Op.PREFIX and r.args[0].startswith(x) for r in qs  # type: ignore[union-attr]
+                r.op is Op.PREFIX and r.args[0].startswith(x)
+                for r in qs  # type: ignore[union-attr]
             )
         case Op.SUFFIX:
             return x == "" or any(
-                r.op is Op.SUFFIX and r.args[0].endswith(x) for r in qs  # type: ignore[union-attr]
+                r.op is Op.SUFFIX and r.args[0].endswith(x)
+                for r in qs  # type: ignore[union-attr]
             )
         case Op.CONTAINS:
             return x == "" or any(

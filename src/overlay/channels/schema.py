@@ -32,13 +32,13 @@ import msgspec
 from overlay.errors import ConfigError, SchemaError
 
 __all__ = [
-    "Kind",
+    "RFID_MAX",
     "Attribute",
+    "Kind",
     "Schema",
     "Value",
-    "parse_rfid",
     "format_rfid",
-    "RFID_MAX",
+    "parse_rfid",
 ]
 
 Value = int | float | str
@@ -82,9 +82,7 @@ def parse_rfid(text: str) -> int:
     """Map the dotted form ``H.M.C.S`` to its ordered 64-bit integer."""
     parts = text.split(".")
     if len(parts) != len(_RFID_FIELDS):
-        raise SchemaError(
-            f"rfid code {text!r} must have 4 dotted fields header.manager.class.serial"
-        )
+        raise SchemaError(f"rfid code {text!r} must have 4 dotted fields header.manager.class.serial")
     value = 0
     for part, width in zip(parts, _RFID_FIELDS):
         # isdecimal, not isdigit: int() refuses digits such as "²" that isdigit accepts.
@@ -95,9 +93,7 @@ def parse_rfid(text: str) -> int:
         digits = part.lstrip("0") or "0"
         if len(digits) > _RFID_FIELD_DIGITS or int(digits) >= 1 << width:
             shown = digits if len(digits) <= 20 else digits[:20] + "…"
-            raise SchemaError(
-                f"rfid field {shown} of {text!r} does not fit in {width} bits"
-            )
+            raise SchemaError(f"rfid field {shown} of {text!r} does not fit in {width} bits")
         value = (value << width) | int(digits)
     return value
 
@@ -133,8 +129,7 @@ class Attribute(msgspec.Struct, frozen=True):
                 )
             if not self.min <= len(value) <= self.max:
                 raise SchemaError(
-                    f"value of {self.name!r} has length {len(value)}, "
-                    f"outside [{self.min}, {self.max}]",
+                    f"value of {self.name!r} has length {len(value)}, outside [{self.min}, {self.max}]",
                     attr=self.name,
                 )
             return value
@@ -145,9 +140,7 @@ class Attribute(msgspec.Struct, frozen=True):
                     attr=self.name,
                 )
             if isinstance(value, float) and not math.isfinite(value):
-                raise SchemaError(
-                    f"value of {self.name!r} must be finite, got {value}", attr=self.name
-                )
+                raise SchemaError(f"value of {self.name!r} must be finite, got {value}", attr=self.name)
         elif type(value) is not int:
             raise SchemaError(
                 f"attribute {self.name!r} is {'an rfid code' if kind is Kind.RFID else 'an integer'}, "
@@ -185,7 +178,7 @@ class Schema:
     Invariant: ``da`` is a non-empty tuple of names of ``attributes``, no repeats.
     """
 
-    __slots__ = ("attributes", "da", "_da_set")
+    __slots__ = ("_da_set", "attributes", "da")
 
     def __init__(self, attributes: Iterable[Attribute], da: Iterable[str]) -> None:
         attrs: dict[str, Attribute] = {}
@@ -209,11 +202,7 @@ class Schema:
         return f"Schema(attributes={list(self.attributes)}, da={list(self.da)})"
 
     def __eq__(self, other: object) -> bool:
-        return (
-            isinstance(other, Schema)
-            and self.attributes == other.attributes
-            and self.da == other.da
-        )
+        return isinstance(other, Schema) and self.attributes == other.attributes and self.da == other.da
 
     def __hash__(self) -> int:
         return hash((tuple(self.attributes.values()), self.da))
@@ -302,8 +291,7 @@ def _attribute_from_dict(index: int, raw: object) -> Attribute:
         kind = Kind(raw_kind)
     except ValueError:
         raise ConfigError(
-            f"attribute {name!r}: type must be one of int, float, numeric, rfid, string"
-            f" (got {raw_kind!r})"
+            f"attribute {name!r}: type must be one of int, float, numeric, rfid, string (got {raw_kind!r})"
         ) from None
     lo = _bound(name, kind, raw.get("min"), "min")
     hi = _bound(name, kind, raw.get("max"), "max")
@@ -333,7 +321,5 @@ def _bound(name: str, kind: Kind, raw: object, which: str) -> int | float:
     if kind is Kind.STRING and raw < 0:
         raise ConfigError(f"attribute {name!r}: string length bound {which} is negative")
     if kind is Kind.RFID and not 0 <= raw <= RFID_MAX:
-        raise ConfigError(
-            f"attribute {name!r}: {which} {raw} is outside the rfid range [0, {RFID_MAX}]"
-        )
+        raise ConfigError(f"attribute {name!r}: {which} {raw} is outside the rfid range [0, {RFID_MAX}]")
     return raw

@@ -32,11 +32,11 @@ from overlay.channels.schema import Attribute, Kind, Schema, Value
 from overlay.errors import LocalProtocolError
 
 __all__ = [
-    "RangeConstraint",
-    "SetConstraint",
-    "ExceptConstraint",
     "Constraint",
     "EventSpace",
+    "ExceptConstraint",
+    "RangeConstraint",
+    "SetConstraint",
 ]
 
 
@@ -130,9 +130,7 @@ class ExceptConstraint(msgspec.Struct, frozen=True, tag="except", array_like=Tru
     def text(self, attr: Attribute) -> str:
         if not self.excluded:
             return f"{attr.name} ∈ *"
-        return (
-            f"{attr.name} ∉ {{{', '.join(attr.format(v) for v in sorted(self.excluded))}}}"
-        )
+        return f"{attr.name} ∉ {{{', '.join(attr.format(v) for v in sorted(self.excluded))}}}"
 
     def sort_key(self) -> tuple[Any, ...]:
         return (2, min(self.excluded, default=""))
@@ -163,11 +161,7 @@ class EventSpace(msgspec.Struct, frozen=True, array_like=True):
         unknown = set(by_attr) - set(schema.da)
         if unknown:
             raise LocalProtocolError(f"not distinguishing attributes: {sorted(unknown)}")
-        return cls(
-            tuple(
-                by_attr.get(n) or whole_constraint(schema.attributes[n]) for n in schema.da
-            )
-        )
+        return cls(tuple(by_attr.get(n) or whole_constraint(schema.attributes[n]) for n in schema.da))
 
     def constraint(self, attr: str) -> Constraint:
         for c in self.constraints:
@@ -228,9 +222,7 @@ class EventSpace(msgspec.Struct, frozen=True, array_like=True):
             raise LocalProtocolError(f"cannot cut string attribute {attr.name!r} at a value")
         iv = c.interval
         if at not in iv or (at == iv.hi):
-            raise LocalProtocolError(
-                f"cut point {at} of {attr.name!r} must lie inside {iv.text()} below its top"
-            )
+            raise LocalProtocolError(f"cut point {at} of {attr.name!r} must lie inside {iv.text()} below its top")
         low = Interval(iv.lo, at, iv.lo_open, False)
         if attr.kind.discrete:
             high = Interval(int(at) + 1, iv.hi, False, iv.hi_open)
@@ -265,9 +257,7 @@ class EventSpace(msgspec.Struct, frozen=True, array_like=True):
 
     def union(self, other: EventSpace, schema: Schema) -> EventSpace | None:
         """The merged space, or None when the union is not one contiguous space."""
-        diff = [
-            (a, b) for a, b in zip(self.constraints, other.constraints, strict=True) if a != b
-        ]
+        diff = [(a, b) for a, b in zip(self.constraints, other.constraints, strict=True) if a != b]
         if len(diff) != 1:
             return None
         a, b = diff[0]
@@ -280,9 +270,7 @@ class EventSpace(msgspec.Struct, frozen=True, array_like=True):
 
     def text(self, schema: Schema) -> str:
         parts = [
-            c.text(schema.attributes[c.attr])
-            for c in self.constraints
-            if not c.is_whole(schema.attributes[c.attr])
+            c.text(schema.attributes[c.attr]) for c in self.constraints if not c.is_whole(schema.attributes[c.attr])
         ]
         return "{" + ", ".join(parts) + "}" if parts else "WES"
 

@@ -9,7 +9,7 @@ import msgspec
 from overlay.channels.predicates import Filter
 from overlay.channels.schema import Schema, Value
 
-__all__ = ["Subscription", "Event"]
+__all__ = ["Event", "Subscription"]
 
 
 class Subscription(msgspec.Struct, frozen=True):

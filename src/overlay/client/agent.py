@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Hashable, Iterable, Mapping
 from typing import Final
 
-__all__ = ["RlsEstimator", "RoutingAgent", "FAILURE_FACTOR"]
+__all__ = ["FAILURE_FACTOR", "RlsEstimator", "RoutingAgent"]
 
 FAILURE_FACTOR: Final = 10.0
 _P0: Final = 1e6  # initial P = _P0·I: an uninformative prior
@@ -112,18 +112,22 @@ class RlsEstimator:
 class RoutingAgent:
     """Rules 2–4 over a set of access nodes."""
 
-    def __init__(self, nodes: Iterable[Hashable], *, window: int = 16, min_timeout: float = 0.05, max_timeout: float = 5.0) -> None:
+    def __init__(
+        self, nodes: Iterable[Hashable], *, window: int = 16, min_timeout: float = 0.05, max_timeout: float = 5.0
+    ) -> None:
         self.estimators: dict[Hashable, RlsEstimator] = {n: RlsEstimator(window) for n in nodes}
         if not self.estimators:
             raise ValueError("the routing agent needs at least one node")
         self.min_timeout = min_timeout
         self.max_timeout = max_timeout
-        self.failures: dict[Hashable, int] = {n: 0 for n in self.estimators}
+        self.failures: dict[Hashable, int] = dict.fromkeys(self.estimators, 0)
 
     def cost(self, node: Hashable, now: float) -> float:
         return self.estimators[node].predict(now)
 
-    def choose(self, now: float, exclude: Iterable[Hashable] = (), pending: Mapping[Hashable, int] | None = None) -> Hashable:
+    def choose(
+        self, now: float, exclude: Iterable[Hashable] = (), pending: Mapping[Hashable, int] | None = None
+    ) -> Hashable:
         """Rules 2 and 2b: the cheapest node not in ``exclude`` (all of them if that leaves none)."""
         skip = set(exclude)
         pool = [n for n in self.estimators if n not in skip] or list(self.estimators)

@@ -50,7 +50,6 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Final
 
-
 from overlay.channels.schema import Value
 from overlay.client.deliveries import Deliveries, Notification
 from overlay.client.load_factor import LoadFactor, LoadFactorConfig
@@ -58,7 +57,7 @@ from overlay.errors import ConnectionLost, LocalProtocolError, NotReady, RemoteP
 from overlay.messages import client as cm
 from overlay.messages.codec import DEFAULT_MAX_FRAME_SIZE, client_reader, encode_frame
 
-__all__ = ["Client", "Subscription", "Notification", "Publisher", "Subscriber"]
+__all__ = ["Client", "Notification", "Publisher", "Subscriber", "Subscription"]
 
 log = logging.getLogger("overlay.client")
 
@@ -99,7 +98,8 @@ def check_order(key: str, rank: int) -> None:
         raise LocalProtocolError(f"a sequence key has at most {MAX_KEY} characters, got {len(key)}")
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= cm.MAX_RANK:
         raise LocalProtocolError(
-            f"a rank is an integer in [1, {cm.MAX_RANK}] (0: let the key's home assign one), got {rank!r}")
+            f"a rank is an integer in [1, {cm.MAX_RANK}] (0: let the key's home assign one), got {rank!r}"
+        )
 
 
 class Subscription:
@@ -342,7 +342,9 @@ class Client:
             await self._open()
             for sub in list(self.subscriptions.values()):
                 if not sub.closed:
-                    await self._request_retrying(lambda seq, s=sub: cm.Subscribe(seq, s.sub_id, s.expression, s.group, s.weight))
+                    await self._request_retrying(
+                        lambda seq, s=sub: cm.Subscribe(seq, s.sub_id, s.expression, s.group, s.weight)
+                    )
             for msg in list(self._inflight.values()):  # rule 5: nothing pipelined is lost
                 self._send(msg)
 
@@ -392,10 +394,16 @@ class Client:
     def _on_message(self, msg: cm.ClientMessage) -> None:
         match msg:
             case cm.Notify():
-                note = Notification(msg.event_id, msg.event, msg.sub_ids, msg.publish_time, time.time(), msg.key, msg.rank, msg.tag)
-                takers = [s for s in map(self.subscriptions.get, dict.fromkeys(msg.sub_ids)) if s is not None and not s.closed]
+                note = Notification(
+                    msg.event_id, msg.event, msg.sub_ids, msg.publish_time, time.time(), msg.key, msg.rank, msg.tag
+                )
+                takers = [
+                    s for s in map(self.subscriptions.get, dict.fromkeys(msg.sub_ids)) if s is not None and not s.closed
+                ]
                 group = bool(msg.tag) and any(s.group for s in takers)
-                self._answer(self.deliveries.arrived(note, len(takers), group=group, conn=self._conn_count, now=time.monotonic()))
+                self._answer(
+                    self.deliveries.arrived(note, len(takers), group=group, conn=self._conn_count, now=time.monotonic())
+                )
                 for sub in takers:  # every listed subscription gets it (rule 4)
                     sub._deliver(note)
             case cm.Revoke():
@@ -421,7 +429,13 @@ class Client:
                 self._resend_later(seq, msg.delay)
             case cm.Error():
                 log.warning("%s: node says %s: %s", self.client_id, msg.code, msg.message)
-            case cm.PubAck(seq=seq) | cm.SubAck(seq=seq) | cm.UnsubAck(seq=seq) | cm.Choke(seq=seq) | cm.AdminReply(seq=seq):
+            case (
+                cm.PubAck(seq=seq)
+                | cm.SubAck(seq=seq)
+                | cm.UnsubAck(seq=seq)
+                | cm.Choke(seq=seq)
+                | cm.AdminReply(seq=seq)
+            ):
                 fut = self._waiting.pop(seq, None)
                 if fut is not None and not fut.done():
                     fut.set_result(msg)

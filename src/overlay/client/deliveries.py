@@ -53,7 +53,7 @@ class Notification(msgspec.Struct, frozen=True):
 
 
 class _Held:
-    __slots__ = ("pending", "lf", "declined", "revoked", "group", "conn", "at")
+    __slots__ = ("at", "conn", "declined", "group", "lf", "pending", "revoked")
 
     def __init__(self, pending: int, group: bool, conn: int, at: float) -> None:
         self.pending = pending  # subscriptions that have not taken it yet
@@ -93,7 +93,9 @@ class Deliveries:
         if not held.revoked and held.group and self.window and now - held.at > self.window:
             held.revoked = True  # rule 3: the node revokes it about now
             self.revoked += 1
-            return False, self._settle(note, held, 0.0, handed=False) or cm.Ack(note.event_id, lf, note.tag, declined=True)
+            return False, self._settle(note, held, 0.0, handed=False) or cm.Ack(
+                note.event_id, lf, note.tag, declined=True
+            )
         if held.revoked:
             return False, self._settle(note, held, 0.0, handed=False)
         return True, self._settle(note, held, lf, handed=True)

@@ -23,7 +23,7 @@ from typing import Final
 
 import msgspec
 
-__all__ = ["LoadFactorConfig", "LoadFactor"]
+__all__ = ["LoadFactor", "LoadFactorConfig"]
 
 WINDOW_SECONDS: Final = 2.0
 # The share of the node's ack window a backlog may take before LF is 1: half,

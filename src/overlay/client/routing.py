@@ -305,16 +305,19 @@ class AgentClient:
         self.addresses = list(addresses)
         # One single-address Client per node: each reconnects to its own node only.
         self.clients = [
-            Client([a], client_id=f"{self.client_id}/{i}", max_frame=max_frame, token=token) for i, a in enumerate(self.addresses)
+            Client([a], client_id=f"{self.client_id}/{i}", max_frame=max_frame, token=token)
+            for i, a in enumerate(self.addresses)
         ]
         s = self.settings
-        self.agent = RoutingAgent(range(len(self.clients)), window=s.window, min_timeout=s.min_timeout, max_timeout=s.max_timeout)
+        self.agent = RoutingAgent(
+            range(len(self.clients)), window=s.window, min_timeout=s.min_timeout, max_timeout=s.max_timeout
+        )
         self.chokes = 0
         self.timeouts = 0
         self.resent = 0
         self.probes = 0
         self.published: list[int] = [0] * len(self.clients)  # PubAcks per node
-        self._pending: dict[int, int] = {i: 0 for i in range(len(self.clients))}  # publishes awaiting an answer
+        self._pending: dict[int, int] = dict.fromkeys(range(len(self.clients)), 0)  # publishes awaiting an answer
         self._subs: dict[str, FailoverSubscription] = {}
         self._sub_seq = 0
         self._sampled: list[float] = [0.0] * len(self.clients)  # perf_counter of each node's last sample
@@ -559,8 +562,15 @@ class AgentClient:
         pause = min(PLACE_BACKOFF_MAX, PLACE_BACKOFF * 2**count)
         self._place_failures[(fs.sub_id, i)] = (count, time.monotonic() + pause, self.clients[i].connections)
         fs.last_refusal = f"node {self.addresses[i]}: {exc or type(exc).__name__}"
-        log.info("%s: cannot place %s on node %s (attempt %d of %d): %s", self.client_id, fs.sub_id,
-                 self.addresses[i], count, MAX_PLACE_ATTEMPTS, exc or type(exc).__name__)
+        log.info(
+            "%s: cannot place %s on node %s (attempt %d of %d): %s",
+            self.client_id,
+            fs.sub_id,
+            self.addresses[i],
+            count,
+            MAX_PLACE_ATTEMPTS,
+            exc or type(exc).__name__,
+        )
 
     def _check_homeless(self, fs: FailoverSubscription) -> None:
         """Rule 6: no home, and every connected node gave up on it."""

@@ -16,24 +16,24 @@ import msgspec
 from overlay.channels.schema import Value
 
 __all__ = [
-    "ClientMessage",
-    "Hello",
-    "Welcome",
-    "Publish",
-    "PubAck",
-    "Subscribe",
-    "SubAck",
-    "Unsubscribe",
-    "UnsubAck",
-    "Notify",
+    "MAX_RANK",
     "Ack",
-    "Choke",
-    "Revoke",
-    "Error",
     "Admin",
     "AdminReply",
+    "Choke",
+    "ClientMessage",
+    "Error",
     "ErrorCode",
-    "MAX_RANK",
+    "Hello",
+    "Notify",
+    "PubAck",
+    "Publish",
+    "Revoke",
+    "SubAck",
+    "Subscribe",
+    "UnsubAck",
+    "Unsubscribe",
+    "Welcome",
 ]
 
 Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]

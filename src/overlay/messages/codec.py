@@ -24,12 +24,12 @@ from overlay.messages.peer import PeerMessage, PeerUnion
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",
     "HEADER",
+    "ClientUnion",
+    "FrameReader",
+    "client_reader",
     "encode",
     "encode_frame",
-    "FrameReader",
     "peer_reader",
-    "client_reader",
-    "ClientUnion",
 ]
 
 # 1 MiB: far above any event or subscription, low enough that a bad peer cannot
@@ -72,9 +72,7 @@ def encode(msg: PeerMessage | ClientMessage) -> bytes:
 def encode_frame(msg: PeerMessage | ClientMessage, max_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
     body = _encoder.encode(msg)
     if len(body) > max_size:
-        raise LocalProtocolError(
-            f"{type(msg).__name__} encodes to {len(body)} bytes, over the frame limit {max_size}"
-        )
+        raise LocalProtocolError(f"{type(msg).__name__} encodes to {len(body)} bytes, over the frame limit {max_size}")
     return HEADER.pack(len(body)) + body
 
 
@@ -101,9 +99,7 @@ class FrameReader(Generic[M]):
         while n - pos >= size:
             (length,) = HEADER.unpack_from(buf, pos)
             if length > self.max_size:
-                raise RemoteProtocolError(
-                    f"frame of {length} bytes is over the limit of {self.max_size}"
-                )
+                raise RemoteProtocolError(f"frame of {length} bytes is over the limit of {self.max_size}")
             end = pos + size + length
             if end > n:
                 break

@@ -57,9 +57,9 @@ from overlay.config import ClusterConfig
 if TYPE_CHECKING:
     from overlay.net.node import Node
 
-__all__ = ["AdminServer", "NodeCollector", "TOKEN_ENV"]
+__all__ = ["TOKEN_ENV", "AdminServer", "NodeCollector"]
 
-from overlay.net.metrics import NodeCollector  # noqa: E402 - re-exported
+from overlay.net.metrics import NodeCollector
 
 log = logging.getLogger("overlay.admin")
 
@@ -87,8 +87,18 @@ SHUTDOWN_SECONDS: Final = 2.0
 MOVES: Final = ("decision", "split", "merge", "migration", "replication", "replicate", "abort", "state")
 # Counters of the core that the page and ``overlay status`` show per node.
 NODE_COUNTERS: Final = (
-    "events_in", "events_matched", "notifications_out", "notifies_out", "migrations", "replications",
-    "splits", "merges", "migrations_aborted", "reforwards", "subscriptions_moved", "migration_bytes",
+    "events_in",
+    "events_matched",
+    "notifications_out",
+    "notifies_out",
+    "migrations",
+    "replications",
+    "splits",
+    "merges",
+    "migrations_aborted",
+    "reforwards",
+    "subscriptions_moved",
+    "migration_bytes",
 )
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -212,8 +222,14 @@ class AdminServer:
         if not core.has_table:
             if core.is_initializer:
                 missing = sorted(set(core.peers) - set(core.boot_state.heard))
-                return False, f"waiting to hear from nodes {missing} whether the cluster runs already (node_boot rule 2)"
-            return False, "waiting for the routing table from a node that holds it (the initializer, or any node once the cluster runs)"
+                return (
+                    False,
+                    f"waiting to hear from nodes {missing} whether the cluster runs already (node_boot rule 2)",
+                )
+            return (
+                False,
+                "waiting for the routing table from a node that holds it (the initializer, or any node once the cluster runs)",
+            )
         if not core.ready:
             return False, f"waiting for ReplyRoutingTableInit from nodes {sorted(core._init_waiting)}"
         return True, "ready"
@@ -249,7 +265,12 @@ class AdminServer:
             delta=core.config.cluster.delta,
             subscriptions=sum(len(ch) for ch in core.local),
             links={
-                str(p): {"connected": l.connected.is_set(), "high": len(l.queue.high), "normal": len(l.queue.normal), "connects": l.connects}
+                str(p): {
+                    "connected": l.connected.is_set(),
+                    "high": len(l.queue.high),
+                    "normal": len(l.queue.normal),
+                    "connects": l.connects,
+                }
                 for p, l in sorted(node.links.items())
             },
             inbox={"high": len(node.inbox.high), "normal": len(node.inbox.normal)},
@@ -271,11 +292,21 @@ class AdminServer:
         return {
             "node": self.node.id,
             "da": [
-                {"name": n, "kind": schema.attributes[n].kind.value, "min": schema.attributes[n].min, "max": schema.attributes[n].max}
+                {
+                    "name": n,
+                    "kind": schema.attributes[n].kind.value,
+                    "min": schema.attributes[n].min,
+                    "max": schema.attributes[n].max,
+                }
                 for n in schema.da
             ],
             "channels": [
-                {"id": str(c), "owners": list(e.owners), "space": e.space.text(schema), "constraints": [_constraint(x) for x in e.space.constraints]}
+                {
+                    "id": str(c),
+                    "owners": list(e.owners),
+                    "space": e.space.text(schema),
+                    "constraints": [_constraint(x) for x in e.space.constraints],
+                }
                 for c, e in sorted(core.routing.items())
             ],
         }
@@ -333,7 +364,9 @@ class AdminServer:
         f = self._web / name
         if kind is None or "/" in name or name.startswith(".") or not f.is_file():
             return json_error(404, f"no such path: {request.path}")
-        return web.Response(body=f.read_bytes(), content_type=kind, charset="utf-8" if kind != "image/svg+xml" else None)
+        return web.Response(
+            body=f.read_bytes(), content_type=kind, charset="utf-8" if kind != "image/svg+xml" else None
+        )
 
     async def _favicon(self, request: web.Request) -> web.Response:
         return web.Response(body=(self._web / "favicon.svg").read_bytes(), content_type="image/svg+xml")
@@ -368,7 +401,7 @@ class AdminServer:
             async with self._http.get(f"{url}/balancing", params={"n": str(FEED_PER_NODE), "idle": "0"}) as resp:
                 resp.raise_for_status()
                 journal = (await resp.json())["entries"]
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ValueError, KeyError) as exc:
             return None, [], f"admin endpoint {url} did not answer: {type(exc).__name__} {exc}".strip()
         return status, journal, ""
 
@@ -402,13 +435,26 @@ class AdminServer:
             if st is None:
                 p = liems.get(i)
                 nodes.append(
-                    {"node": i, "reachable": False, "why": errors.get(i, ""), "admin": self.admin_url(i),
-                     "state": p.state.value if p else "UNKNOWN", "d": p.d if p else None, "dc": p.dc if p else None,
-                     "capacity": p.capacity if p else None, "channels": [], "stats": {}}
+                    {
+                        "node": i,
+                        "reachable": False,
+                        "why": errors.get(i, ""),
+                        "admin": self.admin_url(i),
+                        "state": p.state.value if p else "UNKNOWN",
+                        "d": p.d if p else None,
+                        "dc": p.dc if p else None,
+                        "capacity": p.capacity if p else None,
+                        "channels": [],
+                        "stats": {},
+                    }
                 )
                 continue
             for ch in st.get("channels", ()):
-                loads[ch["id"]] = {"load": ch.get("load", 0), "last_load": ch.get("last_load", 0), "subscriptions": ch.get("subscriptions", 0)}
+                loads[ch["id"]] = {
+                    "load": ch.get("load", 0),
+                    "last_load": ch.get("last_load", 0),
+                    "subscriptions": ch.get("subscriptions", 0),
+                }
             nodes.append(_node_summary(st, self.admin_url(i)))
         mine = statuses[self.node.id]
         assert mine is not None
@@ -438,7 +484,12 @@ class AdminServer:
         cutoff = time.time() - HISTORY_SECONDS
         out = []
         for e in self.core.journal:
-            if e["kind"] == "slice" and e["time"] >= cutoff and e.get("mean") is not None and e.get("spread") is not None:
+            if (
+                e["kind"] == "slice"
+                and e["time"] >= cutoff
+                and e.get("mean") is not None
+                and e.get("spread") is not None
+            ):
                 out.append((e["time"], e["spread"] / e["mean"] if e["mean"] > 0 else 0.0))
         return out
 
@@ -452,7 +503,9 @@ class AdminServer:
         except ValueError:
             return json_error(400, "interval must be a number of seconds")
         interval = min(max(interval, PUSH_BOUNDS[0]), PUSH_BOUNDS[1])
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
         await resp.prepare(request)
         try:
             await resp.write(f"retry: {SSE_RETRY_MS}\n\n".encode())
@@ -463,7 +516,7 @@ class AdminServer:
                 await resp.write(b"id: %d\nevent: cluster\ndata: " % n + _encoder.encode(view) + b"\n\n")
                 try:
                     await asyncio.wait_for(self._closing.wait(), interval)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         except ConnectionResetError:
             pass  # the page went away

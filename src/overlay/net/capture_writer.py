@@ -30,7 +30,7 @@ import msgspec
 from overlay.capture import CaptureBuffer, End, capture_file_name, header_for
 from overlay.config import ClusterConfig
 
-__all__ = ["CaptureWriter", "FLUSH_SECONDS"]
+__all__ = ["FLUSH_SECONDS", "CaptureWriter"]
 
 log = logging.getLogger("overlay.capture")
 
@@ -44,7 +44,9 @@ FILE_BUFFER: Final = 1 << 20
 class CaptureWriter:
     """Writes one node's capture (rules 1–3); ``buffer`` is what the core appends to."""
 
-    def __init__(self, config: ClusterConfig, node_id: int, directory: str | os.PathLike[str], *, run: str | None = None) -> None:
+    def __init__(
+        self, config: ClusterConfig, node_id: int, directory: str | os.PathLike[str], *, run: str | None = None
+    ) -> None:
         self.config = config
         self.node_id = node_id
         self.dir = Path(directory)

@@ -82,8 +82,14 @@ def install(node: Node) -> None:
     async def get_drain(request: web.Request) -> web.Response:
         core = node.core
         dr = core.drain_state
-        return json_response({"node": node.id, "draining": core.draining, "local_channels": len(core.local),
-                              **({"drain": dr.summary(node.id), "done": dr.done} if dr is not None else {})})
+        return json_response(
+            {
+                "node": node.id,
+                "draining": core.draining,
+                "local_channels": len(core.local),
+                **({"drain": dr.summary(node.id), "done": dr.done} if dr is not None else {}),
+            }
+        )
 
     node.admin.add_action("/drain", post_drain)
     node.admin.app.router.add_get("/drain", get_drain)

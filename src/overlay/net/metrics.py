@@ -24,9 +24,17 @@ __all__ = ["NodeCollector"]
 _COUNTERS: Final = (
     ("overlay_events_in", "Events accepted from publishers at this access node.", "events_in"),
     ("overlay_events_matched", "Events matched by a channel of this node.", "events_matched"),
-    ("overlay_events_notified", "(event, subscription) matches sent towards subscribers' access nodes.", "notifications_out"),
+    (
+        "overlay_events_notified",
+        "(event, subscription) matches sent towards subscribers' access nodes.",
+        "notifications_out",
+    ),
     ("overlay_notifies_sent", "Notify frames queued for this node's clients.", "notifies_out"),
-    ("overlay_events_rerouted", "Dispatched events re-routed by the current routing table (SPEC §4).", "events_rerouted"),
+    (
+        "overlay_events_rerouted",
+        "Dispatched events re-routed by the current routing table (SPEC §4).",
+        "events_rerouted",
+    ),
     ("overlay_subscriptions_in", "Subscriptions received from clients.", "subscriptions_in"),
     ("overlay_subscriptions_rerouted", "Dispatched (un)subscriptions re-routed (SPEC §4).", "subscriptions_rerouted"),
     ("overlay_client_acks", "Acks of notifications from clients.", "client_acks"),
@@ -39,18 +47,46 @@ _COUNTERS: Final = (
     ("overlay_migration_bytes", "Bytes of subscriptions moved by migrations and replications.", "migration_bytes"),
     ("overlay_subscriptions_moved", "Subscriptions moved by migrations and replications.", "subscriptions_moved"),
     ("overlay_chokes", "Publishes answered with Choke (SPEC §12).", "chokes"),
-    ("overlay_peer_queue_overflow", "Peer frames queued past a full link queue (backpressure, not dropped).", "peer_queue_overflow"),
+    (
+        "overlay_peer_queue_overflow",
+        "Peer frames queued past a full link queue (backpressure, not dropped).",
+        "peer_queue_overflow",
+    ),
     # Ordered delivery (SPEC §10, overlay.node_ordering) and groups (SPEC §11, overlay.node_groups).
-    ("overlay_ordered_released", "Keyed events released by this node's sequencer (it is their key's home).", "ordered_released"),
+    (
+        "overlay_ordered_released",
+        "Keyed events released by this node's sequencer (it is their key's home).",
+        "ordered_released",
+    ),
     ("overlay_ordered_completed", "Released keyed events delivered everywhere they matched.", "ordered_completed"),
     ("overlay_seq_gaps_skipped", "Missing ranks given up on by expiry (policy skip), per gap.", "seq_gaps_skipped"),
     ("overlay_seq_expired_dropped", "Held keyed events dropped by expiry (policy drop).", "seq_expired_dropped"),
-    ("overlay_seq_processing_timeouts", "Released keyed events whose acks never all came (the key moved on).", "seq_processing_timeouts"),
+    (
+        "overlay_seq_processing_timeouts",
+        "Released keyed events whose acks never all came (the key moved on).",
+        "seq_processing_timeouts",
+    ),
     ("overlay_group_dispatched", "Events dispatched to one instance of a subscriber group.", "group_dispatched"),
-    ("overlay_group_redispatched", "Group events moved to another instance after a failed delivery.", "group_redispatched"),
-    ("overlay_group_throttled", "Low-priority group events dropped: every instance above the throttle LF.", "group_throttled"),
-    ("overlay_group_undeliverable", "Group events no instance could take (the publisher is told).", "group_undeliverable"),
-    ("overlay_delivery_ack_timeouts", "Tracked notifications whose client did not ack within ack_timeout.", "delivery_ack_timeouts"),
+    (
+        "overlay_group_redispatched",
+        "Group events moved to another instance after a failed delivery.",
+        "group_redispatched",
+    ),
+    (
+        "overlay_group_throttled",
+        "Low-priority group events dropped: every instance above the throttle LF.",
+        "group_throttled",
+    ),
+    (
+        "overlay_group_undeliverable",
+        "Group events no instance could take (the publisher is told).",
+        "group_undeliverable",
+    ),
+    (
+        "overlay_delivery_ack_timeouts",
+        "Tracked notifications whose client did not ack within ack_timeout.",
+        "delivery_ack_timeouts",
+    ),
 )
 _DROPS: Final = (
     ("slow_consumer", "slow_consumer_drops"),
@@ -84,7 +120,9 @@ class NodeCollector:
             return g
 
         yield gauge("overlay_ready", "1 when the node is ready (SPEC §3).", 1.0 if core.ready else 0.0)
-        state = GaugeMetricFamily("overlay_state", "The node's balancing state, 1 for the current one (SPEC §5).", labels=["node", "state"])
+        state = GaugeMetricFamily(
+            "overlay_state", "The node's balancing state, 1 for the current one (SPEC §5).", labels=["node", "state"]
+        )
         for s in type(mon.state):
             state.add_metric([me, s.value], 1.0 if s is mon.state else 0.0)
         yield state
@@ -96,38 +134,63 @@ class NodeCollector:
         spread = report.spread if report is not None else None
         yield gauge("overlay_spread", "Spread S of the load levels as this node sees it (SPEC §5).", spread)
         yield gauge(
-            "overlay_spread_ratio", "S / dc̄ as this node sees it: what balancing lowers.",
+            "overlay_spread_ratio",
+            "S / dc̄ as this node sees it: what balancing lowers.",
             spread / mon.mean if spread is not None and mon.mean else None,
         )
         yield gauge("overlay_slice_seconds", "Current slice length T (anti-jitter may stretch it).", mon.slice_seconds)
         yield gauge("overlay_slice", "Slices this node has closed.", mon.slice_no)
         yield gauge("overlay_channels", "Channels in this node's localTable.", len(core.local))
         yield gauge("overlay_routing_channels", "Channels in this node's routingTable.", len(core.routing))
-        yield gauge("overlay_subscriptions_stored", "Subscriptions stored in this node's channels.", sum(len(ch) for ch in core.local))
+        yield gauge(
+            "overlay_subscriptions_stored",
+            "Subscriptions stored in this node's channels.",
+            sum(len(ch) for ch in core.local),
+        )
         yield gauge("overlay_client_sessions", "Client sessions open on this node.", len(core.sessions))
-        peer_dc = GaugeMetricFamily("overlay_peer_dc", "Load level dc of a peer, from its last LIEM.", labels=["node", "peer"])
+        peer_dc = GaugeMetricFamily(
+            "overlay_peer_dc", "Load level dc of a peer, from its last LIEM.", labels=["node", "peer"]
+        )
         for p in mon.live():
             peer_dc.add_metric([me, str(p.node)], p.dc)
         yield peer_dc
 
-        depth = GaugeMetricFamily("overlay_link_queue_depth", "Frames waiting on the outbound link to a peer (SPEC §1.1).", labels=["node", "peer", "priority"])
-        up = GaugeMetricFamily("overlay_link_connected", "1 while the outbound link to a peer is connected.", labels=["node", "peer"])
+        depth = GaugeMetricFamily(
+            "overlay_link_queue_depth",
+            "Frames waiting on the outbound link to a peer (SPEC §1.1).",
+            labels=["node", "peer", "priority"],
+        )
+        up = GaugeMetricFamily(
+            "overlay_link_connected", "1 while the outbound link to a peer is connected.", labels=["node", "peer"]
+        )
         for pid, link in sorted(node.links.items()):
             depth.add_metric([me, str(pid), "high"], len(link.queue.high))
             depth.add_metric([me, str(pid), "normal"], len(link.queue.normal))
             up.add_metric([me, str(pid)], 1.0 if link.connected.is_set() else 0.0)
         yield depth
         yield up
-        inbox = GaugeMetricFamily("overlay_inbox_depth", "Inbound messages waiting for the dispatcher (SPEC §1.1).", labels=["node", "priority"])
+        inbox = GaugeMetricFamily(
+            "overlay_inbox_depth",
+            "Inbound messages waiting for the dispatcher (SPEC §1.1).",
+            labels=["node", "priority"],
+        )
         inbox.add_metric([me, "high"], len(node.inbox.high))
         inbox.add_metric([me, "normal"], len(node.inbox.normal))
         yield inbox
         writers = list(node.clients.values())
-        cq = GaugeMetricFamily("overlay_client_queue_depth", "Frames waiting for this node's clients, summed over sessions.", labels=["node", "priority"])
+        cq = GaugeMetricFamily(
+            "overlay_client_queue_depth",
+            "Frames waiting for this node's clients, summed over sessions.",
+            labels=["node", "priority"],
+        )
         cq.add_metric([me, "high"], sum(len(w.queue.high) for w in writers))
         cq.add_metric([me, "normal"], sum(len(w.queue.normal) for w in writers))
         yield cq
-        yield gauge("overlay_client_queue_max", "Frames waiting for the most backed-up client.", max((len(w.queue) for w in writers), default=0))
+        yield gauge(
+            "overlay_client_queue_max",
+            "Frames waiting for the most backed-up client.",
+            max((len(w.queue) for w in writers), default=0),
+        )
 
         known = set()
         for name, doc, key in _COUNTERS:
@@ -135,30 +198,48 @@ class NodeCollector:
             c = CounterMetricFamily(name, doc, labels=lab)
             c.add_metric([me], stats.get(key, 0))
             yield c
-        refw = CounterMetricFamily("overlay_reforwards", "Reforwarded messages (SPEC §8.2), out as the sender, in as the receiver.", labels=["node", "direction"])
+        refw = CounterMetricFamily(
+            "overlay_reforwards",
+            "Reforwarded messages (SPEC §8.2), out as the sender, in as the receiver.",
+            labels=["node", "direction"],
+        )
         refw.add_metric([me, "out"], stats.get("reforwards", 0))
         refw.add_metric([me, "in"], stats.get("reforwards_in", 0))
         known.update(("reforwards", "reforwards_in"))
         yield refw
         rejected = CounterMetricFamily("overlay_rejected", "Inputs refused, by reason.", labels=["node", "reason"])
         for key in sorted(k for k in stats if k.startswith(_REJECTED_PREFIX)):
-            rejected.add_metric([me, key[len(_REJECTED_PREFIX):]], stats[key])
+            rejected.add_metric([me, key[len(_REJECTED_PREFIX) :]], stats[key])
             known.add(key)
         yield rejected
-        drops = CounterMetricFamily("overlay_dropped", "Messages dropped, by reason (always counted, never silent).", labels=["node", "reason"])
+        drops = CounterMetricFamily(
+            "overlay_dropped", "Messages dropped, by reason (always counted, never silent).", labels=["node", "reason"]
+        )
         for reason, key in _DROPS:
             drops.add_metric([me, reason], stats.get(key, 0))
             known.add(key)
         yield drops
         # Every other counter of the core (sequencer, groups, journal records …)
         # under its own name, so a new counter is exported without a change here.
-        other = CounterMetricFamily("overlay_node_events", "Every other counter of the node core, by name.", labels=["node", "name"])
+        other = CounterMetricFamily(
+            "overlay_node_events", "Every other counter of the node core, by name.", labels=["node", "name"]
+        )
         for key in sorted(k for k in stats if k not in known):
             other.add_metric([me, key], stats[key])
         yield other
 
-        yield _histogram("overlay_tested_subscriptions", "Subscriptions tested per matched event (SPEC §5 event cost).", core.tested_hist, me)
-        yield _histogram("overlay_publish_notify_latency_seconds", "Seconds from publish to the access node's Notify.", core.latency_hist, me)
+        yield _histogram(
+            "overlay_tested_subscriptions",
+            "Subscriptions tested per matched event (SPEC §5 event cost).",
+            core.tested_hist,
+            me,
+        )
+        yield _histogram(
+            "overlay_publish_notify_latency_seconds",
+            "Seconds from publish to the access node's Notify.",
+            core.latency_hist,
+            me,
+        )
 
 
 def _histogram(name: str, doc: str, h: BucketCounts, node: str) -> HistogramMetricFamily:

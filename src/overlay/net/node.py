@@ -65,14 +65,14 @@ from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import client_reader, encode_frame, peer_reader
-from overlay.net.admin import AdminServer, effective_admin_token
-from overlay.net.queues import TwoLevelQueue
-from overlay.net.capture_writer import CaptureWriter
 from overlay.net import membership
-from overlay.node_membership import AddPeer
+from overlay.net.admin import AdminServer, effective_admin_token
+from overlay.net.capture_writer import CaptureWriter
+from overlay.net.queues import TwoLevelQueue
 from overlay.node_core import CloseClient, NodeCore, ToClient, ToPeer
+from overlay.node_membership import AddPeer
 
-__all__ = ["Node", "PEER_MAGIC", "CLIENT_MAGIC"]
+__all__ = ["CLIENT_MAGIC", "PEER_MAGIC", "Node"]
 
 log = logging.getLogger("overlay.net")
 
@@ -182,7 +182,9 @@ class PeerLink:
                 reader, writer = await asyncio.open_connection(self.peer.host, self.peer.port)
             except OSError as exc:
                 log.debug("node %d: peer %d unreachable (%s); retry in %.2fs", self.node.id, self.peer.id, exc, backoff)
-                self.node._guarded("peer_link", self.node.core.peer_link, self.peer.id, False, time.time())  # key homes (node_ordering)
+                self.node._guarded(
+                    "peer_link", self.node.core.peer_link, self.peer.id, False, time.time()
+                )  # key homes (node_ordering)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
@@ -192,9 +194,14 @@ class PeerLink:
                 # that meets the hello failing, and the link never stopped.
                 async with asyncio.timeout(self.node.config.cluster.peer_timeout):
                     await self._handshake(reader)
-            except (OSError, asyncio.TimeoutError, RemoteProtocolError) as exc:
-                log.info("node %d: peer %d did not answer the link's hello (%s); retry in %.2fs",
-                         self.node.id, self.peer.id, exc or type(exc).__name__, backoff)
+            except (TimeoutError, OSError, RemoteProtocolError) as exc:
+                log.info(
+                    "node %d: peer %d did not answer the link's hello (%s); retry in %.2fs",
+                    self.node.id,
+                    self.peer.id,
+                    exc or type(exc).__name__,
+                    backoff,
+                )
                 writer.close()
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
@@ -203,8 +210,13 @@ class PeerLink:
             self.connects += 1
             self.down_since = None
             if self.dropped:
-                log.warning("node %d: %d frames for peer %d were dropped while its link was down (queue bound %d)",
-                            self.node.id, self.dropped, self.peer.id, self.queue.maxsize)
+                log.warning(
+                    "node %d: %d frames for peer %d were dropped while its link was down (queue bound %d)",
+                    self.node.id,
+                    self.dropped,
+                    self.peer.id,
+                    self.queue.maxsize,
+                )
                 self.dropped = 0
             if self.reported_down:
                 self.reported_down = False
@@ -320,7 +332,9 @@ class Node:
         if self._sock is not None:
             server = await asyncio.start_server(self._on_connect, sock=self._sock, limit=READ_CHUNK)
         else:
-            server = await asyncio.start_server(self._on_connect, self.me.host, self.me.port, limit=READ_CHUNK, reuse_address=True)
+            server = await asyncio.start_server(
+                self._on_connect, self.me.host, self.me.port, limit=READ_CHUNK, reuse_address=True
+            )
         self.port = server.sockets[0].getsockname()[1]
         log.info("node %d: listening on %s:%d", self.id, self.me.host, self.port)
         try:
@@ -371,8 +385,10 @@ class Node:
     async def _flush(self) -> None:
         deadline = time.monotonic() + FLUSH_SECONDS
         while time.monotonic() < deadline:
-            if not len(self.inbox) and all(not len(l.queue) for l in self.links.values() if l.connected.is_set()) and all(
-                not len(w.queue) for w in self.clients.values()
+            if (
+                not len(self.inbox)
+                and all(not len(l.queue) for l in self.links.values() if l.connected.is_set())
+                and all(not len(w.queue) for w in self.clients.values())
             ):
                 return
             await asyncio.sleep(0.01)
@@ -385,7 +401,12 @@ class Node:
             for link in self.links.values():
                 # A peer down longer than the timeout is reported once per outage
                 # (migration rule 5: a sender past <2> then takes its channels back).
-                if link.down_since is not None and not link.reported_down and now - link.down_since > limit and link.connects:
+                if (
+                    link.down_since is not None
+                    and not link.reported_down
+                    and now - link.down_since > limit
+                    and link.connects
+                ):
                     link.reported_down = True
                     log.warning("node %d: peer %d unreachable for %.1fs", self.id, link.peer.id, now - link.down_since)
                     self._guarded("peer_unreachable", self.core.peer_unreachable, link.peer.id, now)
@@ -498,7 +519,9 @@ class Node:
                     more, acts = core.background_step(INDEX_STEP, time.time())
                 except Exception:  # rule 11
                     core.stats["shell_errors"] += 1
-                    log.exception("node %d: background step (%s) failed; the node keeps serving", self.id, core.background_last)
+                    log.exception(
+                        "node %d: background step (%s) failed; the node keeps serving", self.id, core.background_last
+                    )
                     break
                 if acts:
                     self._execute(acts)
@@ -534,8 +557,12 @@ class Node:
             if not link.connected.is_set():  # rule 10: the bound holds while the peer is away
                 self.core.stats["peer_frames_dropped"] += 1
                 if not link.dropped:
-                    log.warning("node %d: link to node %d is down and its queue is full (%d): dropping frames for it",
-                                self.id, node, link.queue.maxsize)
+                    log.warning(
+                        "node %d: link to node %d is down and its queue is full (%d): dropping frames for it",
+                        self.id,
+                        node,
+                        link.queue.maxsize,
+                    )
                 link.dropped += 1
                 return
             # Backpressure without blocking the dispatcher: the frame waits past
@@ -557,7 +584,9 @@ class Node:
                     self._slow.add(sid)
                     log.warning("node %d: client session %d is a slow consumer; dropping notifications", self.id, sid)
                     w.queue.put_force(
-                        encode_frame(cm.Error(-1, cm.ErrorCode.SLOW_CONSUMER, "notification queue full; notifications dropped")),
+                        encode_frame(
+                            cm.Error(-1, cm.ErrorCode.SLOW_CONSUMER, "notification queue full; notifications dropped")
+                        ),
                         True,
                     )
                 return
@@ -583,7 +612,7 @@ class Node:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             magic = await asyncio.wait_for(reader.readexactly(4), self.config.cluster.peer_timeout)
-        except (asyncio.IncompleteReadError, asyncio.TimeoutError, OSError):
+        except (TimeoutError, asyncio.IncompleteReadError, OSError):
             writer.close()
             return
         if magic == PEER_MAGIC:
@@ -593,7 +622,12 @@ class Node:
         else:
             log.warning("node %d: connection with unknown preamble %r closed", self.id, magic)
             self.core.stats["rejected_bad_preamble"] += 1
-            writer.write(CLIENT_MAGIC + encode_frame(cm.Error(-1, cm.ErrorCode.PROTOCOL, "unknown preamble: expected OVC1 or OVP1", fatal=True)))
+            writer.write(
+                CLIENT_MAGIC
+                + encode_frame(
+                    cm.Error(-1, cm.ErrorCode.PROTOCOL, "unknown preamble: expected OVC1 or OVP1", fatal=True)
+                )
+            )
             writer.close()
 
     async def _serve_peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

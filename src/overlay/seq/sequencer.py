@@ -63,14 +63,14 @@ import msgspec
 from overlay.errors import OverlayError
 
 __all__ = [
-    "SeqStatus",
-    "ExpiryPolicy",
-    "SequencerConfig",
-    "Release",
-    "Sequencer",
     "DuplicateRank",
-    "SequencerFull",
+    "ExpiryPolicy",
     "InvalidRank",
+    "Release",
+    "SeqStatus",
+    "Sequencer",
+    "SequencerConfig",
+    "SequencerFull",
 ]
 
 
@@ -133,7 +133,7 @@ class _Context:
     release time) or None; ``timer`` is the deadline of the key's live entry
     in the timer heap (rule 7)."""
 
-    __slots__ = ("status", "seq", "last_assigned", "held", "arrived", "in_flight", "released_at", "touched", "timer")
+    __slots__ = ("arrived", "held", "in_flight", "last_assigned", "released_at", "seq", "status", "timer", "touched")
 
     def __init__(self, now: float) -> None:
         self.status = _WAITING
