@@ -1,4 +1,4 @@
-"""overlay.node_ordering / node_groups on sans-IO cores joined by CoreLink (no event loop).
+"""overlay.node.ordering / node_groups on sans-IO cores joined by CoreLink (no event loop).
 
 The exact legs of an ordered delivery: access → home (EVENT_NEW), the home's
 ``sequenced`` verdict and PubAck, release → owner → subscriber's access node,
@@ -17,7 +17,7 @@ from corelink import CoreLink
 from overlay.config import load_config
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node_ordering import rendezvous_home
+from overlay.node.ordering import rendezvous_home
 
 _LOADED = load_config(Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml")
 CONFIG = msgspec.structs.replace(_LOADED, cluster=msgspec.structs.replace(_LOADED.cluster, balancing=False))
@@ -59,7 +59,7 @@ def test_one_event_per_key_in_flight_and_the_legs_of_a_delivery() -> None:
     assert [m.seq for m in net.received(0, pub, kind=cm.PubAck)] == [1, 2]
     notes = net.received(1, sub, kind=cm.Notify)
     assert [(n.key, n.rank) for n in notes] == [(key, 1)]  # rank 2 waits for rank 1's ack
-    assert net.cores[2].sequencer.context(key)[:2] == ("PROCESSING", 1)
+    assert net.cores[2].ordering.sequencer.context(key)[:2] == ("PROCESSING", 1)
     net.client_send(1, sub, cm.Ack(notes[0].event_id, 0.0, notes[0].tag))
     mark = len(net.trace)
     _settle(net)
@@ -80,7 +80,7 @@ def test_a_duplicate_rank_is_refused_at_the_home_with_the_publish_seq() -> None:
     assert [m.seq for m in net.received(0, pub, kind=cm.PubAck)] == [7]
     (err,) = net.received(0, pub, kind=cm.Error)
     assert (err.seq, err.code) == (8, cm.ErrorCode.DUPLICATE_RANK)
-    assert net.cores[1].sequencer.counters["rejected_duplicate"] == 1
+    assert net.cores[1].ordering.sequencer.counters["rejected_duplicate"] == 1
 
 
 def test_a_home_whose_link_drops_gets_its_unsequenced_events_re_sent_to_the_new_home() -> None:
@@ -95,19 +95,19 @@ def test_a_home_whose_link_drops_gets_its_unsequenced_events_re_sent_to_the_new_
     assert net.cores[0].home_of(key) == new_home
     _settle(net)
     assert [m.seq for m in net.received(0, pub, kind=cm.PubAck)] == [1]
-    assert net.cores[new_home].sequencer.context(key) is not None
+    assert net.cores[new_home].ordering.sequencer.context(key) is not None
     assert net.cores[0].stats["ordered_rehomed"] == 1
 
 
 def test_recent_publishes_are_remembered_in_two_generations_at_constant_cost() -> None:
     from overlay.node_core import NodeCore
-    from overlay.node_ordering import RECENT_PUBLISHES
+    from overlay.node.ordering import RECENT_PUBLISHES
 
     core = NodeCore(CONFIG, 0)
     n = RECENT_PUBLISHES
     for i in range(3 * n + 5):
-        core._remember_publish(f"0-{i}", 1, i)
+        core.ordering.remember_publish(f"0-{i}", 1, i)
     last = 3 * n + 4
-    assert all(core._recent_publish(f"0-{i}") == (1, i) for i in range(last - n + 1, last + 1))  # at least the last n
-    assert core._recent_publish("0-0") is None  # and not forever
-    assert len(core._recent_pubs) + len(core._recent_pubs_old) <= 2 * n
+    assert all(core.ordering.recent_publish(f"0-{i}") == (1, i) for i in range(last - n + 1, last + 1))  # at least the last n
+    assert core.ordering.recent_publish("0-0") is None  # and not forever
+    assert len(core.ordering._recent_pubs) + len(core.ordering._recent_pubs_old) <= 2 * n

@@ -1,4 +1,4 @@
-"""Ordered delivery in the cluster (SPEC §10; overlay.node_ordering), on real nodes.
+"""Ordered delivery in the cluster (SPEC §10; overlay.node.ordering), on real nodes.
 
 Per key, every subscriber sees events in rank order, whatever node they were
 published on, while channels split and migrate, and when a key's home leaves.
@@ -14,7 +14,7 @@ import pytest
 
 from ordcluster import OrdCluster, until
 from overlay.messages import client as cm
-from overlay.node_ordering import rendezvous_home
+from overlay.node.ordering import rendezvous_home
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -173,7 +173,7 @@ async def test_home_leaves_keys_move_to_a_live_node_and_stay_ordered_after(cl):
         await asyncio.gather(*(pub.publish_nowait(ev(r), key=k) for k in keys))
     await until(lambda: len(sub.notes) == n_before * len(keys), what="pre-kill events")
     await cl.kill(2)
-    await until(lambda: 2 in cl.nodes[1].core._down and 2 in cl.nodes[0].core._down, what="node 2 seen down")
+    await until(lambda: 2 not in cl.nodes[1].core.ordering.live_nodes() and 2 not in cl.nodes[0].core.ordering.live_nodes(), what="node 2 seen down")
     assert all(cl.nodes[1].core.home_of(k) in (0, 1) for k in keys)
     for r in range(n_before, n_before + n_after):
         replies = await asyncio.gather(*(pub.publish_nowait(ev(r), key=k) for k in keys))

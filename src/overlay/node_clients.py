@@ -30,19 +30,19 @@ from overlay.channels.routing_table import RouteEntry
 from overlay.errors import ExpressionError, LocalProtocolError, OverlayError, SchemaError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
+from overlay.node.context import sub_prefix
+from overlay.node.ordering import MAX_TIME, publish_time_of
 
 if TYPE_CHECKING:
     from overlay.node_core import NodeCore
 
-__all__ = ["ClientsMixin"]
+__all__ = ["MAX_TIME", "ClientsMixin", "publish_time_of", "sub_prefix"]
 
 log = logging.getLogger("overlay.node")
 
 # Journal entries per admin("journal") reply: a few hundred bytes each, so a
 # page stays far below the 1 MiB default frame cap.
 JOURNAL_PAGE: Final = 500
-# Seconds since the epoch past which a publisher's clock is absurd (the year 5138).
-MAX_TIME: Final = 1e11
 
 
 # Admin commands that change the cluster: they need the admin token, when one is set.
@@ -198,12 +198,11 @@ class ClientsMixin:
             self.stats["rejected_no_route"] += 1
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.NO_ROUTE, "no channel holds this event")))
             return
-        if msg.key or msg.rank:  # ordered delivery: through the key's home (node_ordering)
-            self._publish_keyed(sess, msg, values, now, out, chid)
+        if msg.key or msg.rank:  # ordered delivery: through the key's home (node.ordering)
+            self.ordering.publish_keyed(sess.id, msg, values, now, out, chid)
             return
-        self._event_seq += 1
-        event_id = f"{self.event_prefix}{self._event_seq}"
-        self._remember_publish(event_id, sess.id, msg.seq)
+        event_id = self.ctx.next_event_id()
+        self.ordering.remember_publish(event_id, sess.id, msg.seq)
         self.stats["events_in"] += 1
         if self.capture is not None:
             self.capture.publish(event_id, chid, values)
@@ -233,7 +232,7 @@ class ClientsMixin:
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EXPRESSION, exc.reason, exc.position)))
             return
         sess.n += 1
-        gid = f"{self.sub_prefix}{sess.id}:{msg.sub_id}:{sess.n}"
+        gid = f"{self.ctx.sub_prefix}{sess.id}:{msg.sub_id}:{sess.n}"
         sess.subs[msg.sub_id] = (gid, f)
         self._sub_owner[gid] = (sess.id, msg.sub_id)
         if self.capture is not None:
@@ -447,36 +446,6 @@ class ClientsMixin:
         sid, seq = admin
         if sid in self.sessions:
             out.append(ToClient(sid, cm.AdminReply(seq, result)))
-
-
-def sub_prefix(node: int, incarnation: int) -> str:
-    """How every subscription id made by this run of ``node`` starts
-    (``node_core`` rule 6): ``node.incarnation:``, or ``node:`` for
-    incarnation 0 (tests and the simulator, which never restart)."""
-    return f"{node}.{base36(incarnation)}:" if incarnation else f"{node}:"
-
-
-def event_prefix(node: int, incarnation: int) -> str:
-    """How every event id named by this run of ``node`` starts: ``node-incarnation-``."""
-    return f"{node}-{base36(incarnation)}-" if incarnation else f"{node}-"
-
-
-def base36(n: int) -> str:
-    """A short spelling of a non-negative integer (an incarnation: ms since the epoch)."""
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-        if not n:
-            return out
-
-
-def publish_time_of(msg: cm.Publish, now: float) -> float:
-    """The publisher's clock, for latency figures only: one that is not a
-    plausible time (NaN, inf, 0, negative) is replaced by ours."""
-    t = msg.publish_time
-    return t if 0 < t < MAX_TIME else now
 
 
 def _parse_chid(raw: object) -> ChannelId:

@@ -78,11 +78,12 @@ from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node_balancing import BalancingMixin
 from overlay.node_boot import Boot, owner_entries
-from overlay.node_clients import ClientsMixin, _Pending, _Session, event_prefix, sub_prefix
+from overlay.node.context import NodeContext, sub_prefix
+from overlay.node.ordering import Ordering
+from overlay.node_clients import ClientsMixin, _Pending, _Session
 from overlay.node_groups import GroupsMixin
 from overlay.node_membership import MembershipMixin
 from overlay.node_migration import MigrationMixin
-from overlay.node_ordering import OrderingMixin
 from overlay.node_status import StatusMixin
 
 __all__ = ["Action", "CloseClient", "NodeCore", "ToClient", "ToPeer"]
@@ -109,7 +110,7 @@ class _TableUpdate:
         self.result = result
 
 
-class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, GroupsMixin, MembershipMixin, StatusMixin):
+class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, GroupsMixin, MembershipMixin, StatusMixin):
     """One node's state and protocol logic (module rules 1–6).
 
     Invariant: a channel is in ``local`` iff the routing table names this node
@@ -120,20 +121,19 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
     def __init__(
         self, config: ClusterConfig, node_id: int, *, incarnation: int = 0, admin_token: str | None = None
     ) -> None:
-        self.config = config
+        self.ctx = ctx = NodeContext(config, node_id, incarnation)
         self.id = node_id
         self.incarnation = incarnation
         # What the client protocol's changing admin commands need (node_clients); "" = nothing.
         self.admin_token = config.cluster.admin_token if admin_token is None else admin_token
         self.peer_incarnation: dict[int, int] = {}  # from the peers' hellos (rule 7)
         self.epoch = 0  # of the table held (node_boot rule 3)
-        self.event_prefix = event_prefix(node_id, incarnation)  # rule 6
-        self.sub_prefix = sub_prefix(node_id, incarnation)
-        self.me = config.node(node_id)
-        self.schema = config.schema
-        self.peers: list[int] = [n for n in config.node_ids if n != node_id]
-        self.routing = RoutingTable(self.schema)
-        self.local = LocalTable(node_id)
+        self.me = ctx.me
+        self.schema = ctx.schema
+        self.peers = ctx.peers
+        self.routing = ctx.routing
+        self.local = ctx.local
+        self.stats = ctx.stats
         self.has_table = False
         self.ready = False
         self._init_waiting: set[int] = set()
@@ -141,7 +141,6 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         self.sessions: dict[int, _Session] = {}
         self._sub_owner: dict[str, tuple[int, str]] = {}  # global sub id -> (session, local id)
         self._pending: dict[str, _Pending] = {}
-        self._event_seq = 0
         self._session_seq = 0
         self._update_seq = 0
         self._updates: dict[int, _TableUpdate] = {}
@@ -150,17 +149,43 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         self.incoming: dict[tuple[int, int], IncomingMigration] = {}
         self._reforward: dict[ChannelId, OutgoingMigration] = {}
         self._admin_waits: dict[int, tuple[int, int]] = {}  # migration session -> (client session, seq)
-        self.stats: Counter[str] = Counter()
         # Metrics the admin endpoint exposes (SPEC §14): filled on the hot path.
         self.tested_hist = BucketCounts(TESTED_BOUNDS)
         self.latency_hist = BucketCounts(LATENCY_BOUNDS)
-        self.now = 0.0  # the `now` of the message being handled
-        self.capture: CaptureBuffer | None = None  # set by the shell when capturing (SPEC §13)
         self.timeout = config.cluster.peer_timeout
         self.unreachable: set[int] = set()  # peers the shell reports down past the timeout
+        # SPEC §10: ordered delivery per sequence key.
+        self.ordering = Ordering(
+            ctx, dispatch_event=self._dispatch_event, deliveries_acked=self._deliveries_acked, sessions=self.sessions
+        )
         self._init_balancing()
-        self._init_ordering()  # SPEC §10: overlay.node_ordering
         self._init_groups()  # SPEC §11: overlay.node_groups
+
+    # -- the shared context (overlay.node.context) -----------------------------------------
+
+    @property
+    def config(self) -> ClusterConfig:
+        return self.ctx.config
+
+    @config.setter
+    def config(self, config: ClusterConfig) -> None:
+        self.ctx.config = config
+
+    @property
+    def now(self) -> float:
+        return self.ctx.now
+
+    @now.setter
+    def now(self, now: float) -> None:
+        self.ctx.now = now
+
+    @property
+    def capture(self) -> CaptureBuffer | None:
+        return self.ctx.capture
+
+    @capture.setter
+    def capture(self, capture: CaptureBuffer | None) -> None:
+        self.ctx.capture = capture
 
     # == lifecycle ===============================================================
 
@@ -424,8 +449,8 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
     # -- events (rules 2, 3, 5) ------------------------------------------------------
 
     def _on_event(self, msg: pm.Event, out: list[Action]) -> None:
-        if msg.dispatch_sign is pm.DispatchSign.EVENT_NEW:  # a keyed event for its home (node_ordering)
-            self._sequence(msg, out)
+        if msg.dispatch_sign is pm.DispatchSign.EVENT_NEW:  # a keyed event for its home (node.ordering)
+            self.ordering.sequence(msg, out)
             return
         chid = msg.ch_id
         assert chid is not None
@@ -777,6 +802,22 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
             if upd.admin is not None:
                 self._admin_done(upd.admin, upd.result, out)
 
+    def peer_link(self, node: int, up: bool, now: float) -> list[Action]:
+        """The shell reports a peer link's state (SPEC §10 rule 1: homes move at
+        once); a link that went down fails the deliveries tracked with it."""
+        out: list[Action] = []
+        self.now = now
+        if self.ordering.link_changed(node, up, out):
+            self._peer_down_deliveries(node, now, out)
+        return out
+
+    def end_batch(self) -> list[Action]:
+        """After each batch of inbound messages: the batched notes (SPEC §10 rule 8)."""
+        return self.ordering.end_batch()
+
+    def home_of(self, key: str) -> int:
+        return self.ordering.home_of(key)
+
     def tick(self, now: float) -> list[Action]:
         """Time-driven work: the table at start (node_boot), slices (SPEC §6),
         key and delivery timeouts, drains, session timeouts (migration rule 2).
@@ -788,7 +829,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, OrderingMixin, Grou
         parts = (
             ("boot", lambda: out.extend(self._boot_check(now))),
             ("slice", lambda: self._slice_tick(now, out)),
-            ("ordering", lambda: self._ordering_tick(now, out)),
+            ("ordering", lambda: self.ordering.tick(now, out)),
             ("groups", lambda: self._groups_tick(now, out)),
             ("drain", lambda: self._drain_tick(now, out)),  # node_membership rule 1
             ("sessions", lambda: self._session_timeouts(now, out)),

@@ -39,7 +39,7 @@ Rules this module keeps:
 6. **Completion.** When a keyed event's tracked deliveries are all answered
    (acked or failed: a failed plain subscriber does not block its key
    forever, it is counted ``ordered_delivery_failed``), the owner tells the
-   key's home (``overlay.node_ordering`` rule 4).
+   key's home (``overlay.node.ordering`` rule 4).
 7. **Migration and splits.** A channel's dispatch states travel in its
    ``ChannelSubscriptions.groups`` (SubscriptionMove) and are restored on the
    receiver, so shares continue where they left off; split children start
@@ -64,7 +64,7 @@ from overlay.errors import LocalProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node_acks import AwaitedAcks
-from overlay.node_ordering import ACKED, COMPLETE, SEQUENCED
+from overlay.node.ordering import ACKED, COMPLETE, SEQUENCED
 
 if TYPE_CHECKING:
     from overlay.node_clients import _Session
@@ -403,7 +403,7 @@ class GroupsMixin:
         """From the shell's read loop: True when this Ack must go through
         ``handle_client`` (it changes state and may emit messages).  A plain
         subscriber's ack for a remote owner is only batched (rule 8 of
-        ``node_ordering``): it is taken here, without the inbox."""
+        ``node.ordering``): it is taken here, without the inbox."""
         if not msg.tag:
             return False
         a = self.acks.get(msg.tag, sid)
@@ -412,7 +412,7 @@ class GroupsMixin:
         if a.owner == self.id or a.group or msg.declined:
             return True
         self.acks.remove(msg.tag)
-        self._batched_acks(a.owner, a.event_id, a.gids)
+        self.ordering.note_acks(a.owner, a.event_id, a.gids)
         return False
 
     def _client_acked(self: NodeCore, sid: int, msg: cm.Ack, out: list[Action]) -> None:
@@ -429,7 +429,7 @@ class GroupsMixin:
         if a.revoking:
             self.stats["revokes_answered_with_ack"] += 1
         if a.owner != self.id and not a.group:
-            self._batched_acks(a.owner, a.event_id, a.gids)  # no LF to carry: batched (node_ordering rule 8)
+            self.ordering.note_acks(a.owner, a.event_id, a.gids)  # no LF to carry: batched (node.ordering rule 8)
             return
         lf = msg.lf if isinstance(msg.lf, (int, float)) and math.isfinite(msg.lf) else 0.0
         self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, lf=min(1.0, max(0.0, lf))), out)
@@ -457,7 +457,7 @@ class GroupsMixin:
     def _on_returned(self: NodeCore, msg: pm.NotificationAck, out: list[Action]) -> None:
         """Rule 4 at the publisher's access node."""
         self.stats["returned_to_sender"] += 1
-        pub = self._recent_publish(msg.event_id)
+        pub = self.ordering.recent_publish(msg.event_id)
         if pub is None or pub[0] not in self.sessions:
             self.stats["returned_publisher_gone"] += 1
             log.warning(
@@ -481,21 +481,21 @@ class GroupsMixin:
         """Dispatch on the leg ``msg.code`` names (see ``pm.NotificationAck``)."""
         code = msg.code
         if not msg.event_id and code in (COMPLETE, SEQUENCED, ACKED):
-            self._on_batched(msg, out)
+            self.ordering.on_batched(msg, out)
         elif code == "":
             self._on_delivery_ack(msg, out)
         elif code == COMPLETE:
-            self._on_complete_ack(msg.event_id, out)
+            self.ordering.on_complete_ack(msg.event_id, out)
         elif code == UNDELIVERABLE:
             self._on_returned(msg, out)
         elif code == SEQUENCED or msg.failed:
-            self._on_verdict(msg, out)
+            self.ordering.on_verdict(msg, out)
         else:
             self.stats["notification_acks_unknown"] += 1
 
     def _deliveries_acked(self: NodeCore, pairs: Sequence[str], out: list[Action]) -> None:
         """A batched ``acked`` note: ``(event id, sub id)`` pairs of plain subscribers
-        that got their event (node_ordering rule 8)."""
+        that got their event (node.ordering rule 8)."""
         deliveries = self._deliveries
         it = iter(pairs)
         for event_id, gid in zip(it, it):  # a stray odd id is ignored
@@ -564,9 +564,9 @@ class GroupsMixin:
             return
         home = ev.home
         if home == self.id or home < 0:
-            self._on_complete_ack(ev.event_id, out)
+            self.ordering.on_complete_ack(ev.event_id, out)
         else:
-            self._batched(home, COMPLETE, ev.event_id)  # sent by end_batch (node_ordering rule 8)
+            self.ordering.note(home, COMPLETE, ev.event_id)  # sent by end_batch (node.ordering rule 8)
 
     def _peer_down_deliveries(self: NodeCore, node: int, now: float, out: list[Action]) -> None:
         """A subscribers' access node went down: what it owed us failed (rule 4)."""

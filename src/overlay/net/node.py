@@ -184,7 +184,7 @@ class PeerLink:
                 log.debug("node %d: peer %d unreachable (%s); retry in %.2fs", self.node.id, self.peer.id, exc, backoff)
                 self.node._guarded(
                     "peer_link", self.node.core.peer_link, self.peer.id, False, time.time()
-                )  # key homes (node_ordering)
+                )  # key homes (node.ordering)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
@@ -499,7 +499,7 @@ class Node:
                     self._execute(acts)
                 if time.perf_counter() - t0 > slow:
                     self._held_loop(type(msg).__name__, kind, src, now, t0)
-            acts = core.end_batch()  # notes collected over the batch (node_ordering rule 8)
+            acts = core.end_batch()  # notes collected over the batch (node.ordering rule 8)
             if acts:
                 self._execute(acts)
             if core.index_wanted:
@@ -679,7 +679,7 @@ class Node:
                     item = ("client", sid, msg)
                     if not put_nowait(item, False):  # full: wait for room (rule 3)
                         await self.inbox.put(item, False)
-                acts = self.core.end_batch()  # acks client_ack batched (node_ordering rule 8)
+                acts = self.core.end_batch()  # acks client_ack batched (node.ordering rule 8)
                 if acts:
                     self._execute(acts)
         except RemoteProtocolError as exc:

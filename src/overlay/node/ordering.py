@@ -1,6 +1,6 @@
 """Ordered delivery in the cluster (SPEC §10): key homes, sequencing, completion.
 
-The sequencer itself is the pure ``overlay.seq.Sequencer``; this mixin puts it
+The sequencer itself is the pure ``overlay.seq.Sequencer``; ``Ordering`` puts it
 on the key's home node and wires it to routing, matching and acks.
 
 Rules this module keeps:
@@ -55,22 +55,21 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Container, Sequence
+from enum import StrEnum
+from typing import Final
 
 import msgspec
 
 from overlay.actions import Action, ToClient, ToPeer
 from overlay.channels.channel import ChannelId
+from overlay.channels.schema import Value
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node_clients import publish_time_of
+from overlay.node.context import NodeContext
 from overlay.seq import DuplicateRank, ExpiryPolicy, InvalidRank, Release, Sequencer, SequencerConfig, SequencerFull
 
-if TYPE_CHECKING:
-    from overlay.node_clients import _Session
-    from overlay.node_core import NodeCore
-
-__all__ = ["OrderingMixin", "rendezvous_home"]
+__all__ = ["MAX_TIME", "NoteCode", "Ordering", "publish_time_of", "rendezvous_home"]
 
 log = logging.getLogger("overlay.node")
 
@@ -85,13 +84,35 @@ RECENT_PUBLISHES: Final = 65_536
 # Keys whose home an access node caches (cleared whenever the live set changes).
 HOME_CACHE: Final = 100_000
 
+# Seconds since the epoch past which a publisher's clock is absurd (the year 5138).
+MAX_TIME: Final = 1e11
+
 _EVENT_NEW: Final = pm.DispatchSign.EVENT_NEW
 _EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
 _replace: Final = msgspec.structs.replace
 
-SEQUENCED: Final = "sequenced"
-ACKED: Final = "acked"
-COMPLETE: Final = "complete"
+DispatchEvent = Callable[[pm.Event, list[Action]], None]
+DeliveriesAcked = Callable[[Sequence[str], list[Action]], None]
+
+
+class NoteCode(StrEnum):
+    """The ``code`` of a batched ``NotificationAck`` (rule 8)."""
+
+    SEQUENCED = "sequenced"  # home -> access node: the publishers' PubAcks
+    ACKED = "acked"  # access node -> owner: (event id, sub id) pairs of plain subscribers
+    COMPLETE = "complete"  # owner -> home: release the next rank
+
+
+SEQUENCED: Final = NoteCode.SEQUENCED
+ACKED: Final = NoteCode.ACKED
+COMPLETE: Final = NoteCode.COMPLETE
+
+
+def publish_time_of(msg: cm.Publish, now: float) -> float:
+    """The publisher's clock, for latency figures only: one that is not a
+    plausible time (NaN, inf, 0, negative) is replaced by ours."""
+    t = msg.publish_time
+    return t if 0 < t < MAX_TIME else now
 
 
 def rendezvous_home(key: str, nodes: list[int]) -> int:
@@ -105,11 +126,29 @@ def rendezvous_home(key: str, nodes: list[int]) -> int:
     return best
 
 
-class OrderingMixin:
-    """Mixed into ``NodeCore``."""
+class Ordering:
+    """Rules 1–8 for one node: the key homes it computes, the sequencer of
+    the keys it is home of, the keyed publishes it waits on as access node,
+    and the batched notes of the current batch.
 
-    def _init_ordering(self: NodeCore) -> None:
-        s = self.config.sequencer
+    ``dispatch_event`` routes a released event (``node.events``);
+    ``deliveries_acked`` takes the plain subscribers' acks an owner gets
+    (``node.groups``); ``sessions`` tells which client sessions are open.
+    """
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        *,
+        dispatch_event: DispatchEvent,
+        deliveries_acked: DeliveriesAcked,
+        sessions: Container[int],
+    ) -> None:
+        self._ctx = ctx
+        self._dispatch_event = dispatch_event
+        self._deliveries_acked = deliveries_acked
+        self._sessions = sessions
+        s = ctx.config.sequencer
         self.sequencer = Sequencer(
             SequencerConfig(ExpiryPolicy(s.policy), s.hold_ttl, s.processing_ttl, s.key_ttl, s.max_keys, s.max_held)
         )
@@ -119,10 +158,10 @@ class OrderingMixin:
         self._recent_pubs: dict[str, tuple[int, int]] = {}  # access: event id -> (session, seq)
         self._recent_pubs_old: dict[str, tuple[int, int]] = {}  # the generation before
         self._home_cache: dict[str, int] = {}
-        self._home_peers: list[int] = list(self.peers)
+        self._home_peers: list[int] = list(ctx.peers)
         # Rule 8: the notes of the current batch per code, then per destination
         # node (nested dicts: no key tuple to build per note); end_batch() sends them.
-        self._notes: dict[str, dict[int, list[str]]] = {SEQUENCED: {}, ACKED: {}, COMPLETE: {}}
+        self._notes: dict[NoteCode, dict[int, list[str]]] = {SEQUENCED: {}, ACKED: {}, COMPLETE: {}}
         self._noted = False
         self._rel_queue: deque[Release] = deque()
         self._releasing = False
@@ -130,13 +169,13 @@ class OrderingMixin:
 
     # -- homes (rule 1) -------------------------------------------------------------------
 
-    def live_nodes(self: NodeCore) -> list[int]:
+    def live_nodes(self) -> list[int]:
         """This node and its peers (as membership changes them), minus links down."""
-        return sorted({self.id, *self.peers} - self._down)
+        return sorted({self._ctx.id, *self._ctx.peers} - self._down)
 
-    def home_of(self: NodeCore, key: str) -> int:
-        if self._home_peers != self.peers:  # a node joined or left the membership
-            self._home_peers = list(self.peers)
+    def home_of(self, key: str) -> int:
+        if self._home_peers != self._ctx.peers:  # a node joined or left the membership
+            self._home_peers = list(self._ctx.peers)
             self._home_cache.clear()
         home = self._home_cache.get(key)
         if home is None:
@@ -145,105 +184,104 @@ class OrderingMixin:
             home = self._home_cache[key] = rendezvous_home(key, self.live_nodes())
         return home
 
-    def peer_link(self: NodeCore, node: int, up: bool, now: float) -> list[Action]:
+    def link_changed(self, node: int, up: bool, out: list[Action]) -> bool:
         """The shell reports a peer link's state; a home that went down hands its
-        not-yet-sequenced keyed events to the new homes (rule 2)."""
-        out: list[Action] = []
-        self.now = now
-        if node not in self.peers:
-            return out
+        not-yet-sequenced keyed events to the new homes (rule 2).  True when
+        the link just went down."""
+        if node not in self._ctx.peers:
+            return False
         if up:
             if node in self._down:
                 self._down.discard(node)
                 self._home_cache.clear()
-                self.stats["peers_up"] += 1
-            return out
+                self._ctx.stats["peers_up"] += 1
+            return False
         if node in self._down:
-            return out
+            return False
         self._down.add(node)
         self._home_cache.clear()
-        self.stats["peers_down"] += 1
+        self._ctx.stats["peers_down"] += 1
         for eid, (sid, seq, ev) in list(self._seq_waiting.items()):
             if ev.home == node:
                 fwd = msgspec.structs.replace(ev, home=self.home_of(ev.key))
                 self._seq_waiting[eid] = (sid, seq, fwd)
-                self.stats["ordered_rehomed"] += 1
+                self._ctx.stats["ordered_rehomed"] += 1
                 self._to_home(fwd, out)
-        self._peer_down_deliveries(node, now, out)
-        return out
+        return True
 
     # -- access node (rule 2) ---------------------------------------------------------------
 
-    def _remember_publish(self: NodeCore, event_id: str, sid: int, seq: int) -> None:
+    def remember_publish(self, event_id: str, sid: int, seq: int) -> None:
         recent = self._recent_pubs
         recent[event_id] = (sid, seq)
         if len(recent) >= RECENT_PUBLISHES:
             self._recent_pubs_old = recent
             self._recent_pubs = {}
 
-    def _recent_publish(self: NodeCore, event_id: str) -> tuple[int, int] | None:
+    def recent_publish(self, event_id: str) -> tuple[int, int] | None:
         """``(session, seq)`` of one of the last ``RECENT_PUBLISHES`` (at least) publishes here."""
         pub = self._recent_pubs.get(event_id)
         return pub if pub is not None else self._recent_pubs_old.get(event_id)
 
-    def _publish_keyed(
-        self: NodeCore,
-        sess: _Session,
+    def publish_keyed(
+        self,
+        sid: int,
         msg: cm.Publish,
-        values: dict,
+        values: dict[str, Value],
         now: float,
         out: list[Action],
         chid: ChannelId | None = None,
     ) -> None:
         if not msg.key or msg.rank > cm.MAX_RANK:
-            self.stats["rejected_bad_rank"] += 1
+            self._ctx.stats["rejected_bad_rank"] += 1
             why = "given without a sequence key" if not msg.key else f"is above the largest rank {cm.MAX_RANK}"
-            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_RANK, f"rank {msg.rank} {why}")))
+            out.append(ToClient(sid, cm.Error(msg.seq, cm.ErrorCode.BAD_RANK, f"rank {msg.rank} {why}")))
             return
-        self._event_seq += 1
-        event_id = f"{self.event_prefix}{self._event_seq}"
-        stats = self.stats
+        event_id = self._ctx.next_event_id()
+        stats = self._ctx.stats
         stats["events_in"] += 1
         stats["ordered_in"] += 1
-        sid, seq, key = sess.id, msg.seq, msg.key
-        self._remember_publish(event_id, sid, seq)
-        if self.capture is not None:  # SPEC §13; the home assigns the rank when none is given
-            self.capture.publish(event_id, chid, values, key, msg.rank or None)
-        home = self._home_cache.get(key) if self._home_peers == self.peers else None
+        seq, key = msg.seq, msg.key
+        self.remember_publish(event_id, sid, seq)
+        if self._ctx.capture is not None:  # SPEC §13; the home assigns the rank when none is given
+            self._ctx.capture.publish(event_id, chid, values, key, msg.rank or None)
+        home = self._home_cache.get(key) if self._home_peers == self._ctx.peers else None
         if home is None:
             home = self.home_of(key)
-        ev = pm.Event(event_id, values, self.id, _EVENT_NEW, chid, publish_time_of(msg, now), 0, key, msg.rank, home)
+        ev = pm.Event(
+            event_id, values, self._ctx.id, _EVENT_NEW, chid, publish_time_of(msg, now), 0, key, msg.rank, home
+        )
         self._seq_waiting[event_id] = (sid, seq, ev)
-        if home == self.id:
-            self._sequence(ev, out)
+        if home == self._ctx.id:
+            self.sequence(ev, out)
         else:
             out.append(ToPeer(home, ev))
 
-    def _to_home(self: NodeCore, ev: pm.Event, out: list[Action]) -> None:
-        if ev.home == self.id:
-            self._sequence(ev, out)
+    def _to_home(self, ev: pm.Event, out: list[Action]) -> None:
+        if ev.home == self._ctx.id:
+            self.sequence(ev, out)
         else:
             out.append(ToPeer(ev.home, ev))
 
-    def _on_verdict(self: NodeCore, msg: pm.NotificationAck, out: list[Action]) -> None:
+    def on_verdict(self, msg: pm.NotificationAck, out: list[Action]) -> None:
         if not msg.failed:
             self._sequenced(msg.event_id, out)
             return
         waiting = self._seq_waiting.pop(msg.event_id, None)
-        if waiting is not None and waiting[0] in self.sessions:
+        if waiting is not None and waiting[0] in self._sessions:
             out.append(ToClient(waiting[0], cm.Error(waiting[1], msg.code, msg.detail)))
 
-    def _sequenced(self: NodeCore, event_id: str, out: list[Action]) -> None:
+    def _sequenced(self, event_id: str, out: list[Action]) -> None:
         """The home's sequencer holds the event: the publisher's PubAck."""
         waiting = self._seq_waiting.pop(event_id, None)
-        if waiting is not None and waiting[0] in self.sessions:
+        if waiting is not None and waiting[0] in self._sessions:
             out.append(ToClient(waiting[0], cm.PubAck(waiting[1], event_id)))
 
     # -- home (rules 3–5) -------------------------------------------------------------------
 
-    def _sequence(self: NodeCore, ev: pm.Event, out: list[Action]) -> None:
+    def sequence(self, ev: pm.Event, out: list[Action]) -> None:
         try:
-            release = self.sequencer.arrive(ev.key, ev.rank or None, ev, self.now)
+            release = self.sequencer.arrive(ev.key, ev.rank or None, ev, self._ctx.now)
         except DuplicateRank as exc:
             self._refuse(ev, cm.ErrorCode.DUPLICATE_RANK, str(exc), out)
             return
@@ -253,25 +291,25 @@ class OrderingMixin:
         except SequencerFull as exc:
             self._refuse(ev, cm.ErrorCode.SEQUENCER_FULL, str(exc), out)
             return
-        if ev.access_node == self.id:
+        if ev.access_node == self._ctx.id:
             self._sequenced(ev.event_id, out)
         else:
-            self._batched(ev.access_node, SEQUENCED, ev.event_id)
+            self.note(ev.access_node, SEQUENCED, ev.event_id)
         if release is not None:
             self._release(release, out)
 
-    def _refuse(self: NodeCore, ev: pm.Event, code: str, text: str, out: list[Action]) -> None:
+    def _refuse(self, ev: pm.Event, code: str, text: str, out: list[Action]) -> None:
         """Rule 2: a refusal goes to the access node at once, not batched."""
-        self.stats["ordered_rejected"] += 1
+        self._ctx.stats["ordered_rejected"] += 1
         verdict = pm.NotificationAck(ev.event_id, (), failed=True, code=code, detail=text)
-        if ev.access_node == self.id:
-            self._on_verdict(verdict, out)
+        if ev.access_node == self._ctx.id:
+            self.on_verdict(verdict, out)
         else:
             out.append(ToPeer(ev.access_node, verdict))
 
     # -- batching (rule 8) -------------------------------------------------------------------
 
-    def _batched(self: NodeCore, node: int, code: str, item: str) -> None:
+    def note(self, node: int, code: NoteCode, item: str) -> None:
         self._noted = True
         to = self._notes[code]
         ids = to.get(node)
@@ -280,7 +318,7 @@ class OrderingMixin:
         else:
             ids.append(item)
 
-    def _batched_acks(self: NodeCore, owner: int, event_id: str, sub_ids: tuple[str, ...]) -> None:
+    def note_acks(self, owner: int, event_id: str, sub_ids: tuple[str, ...]) -> None:
         """Plain subscribers' acks of a keyed event: ``(event id, sub id)`` pairs."""
         self._noted = True
         to = self._notes[ACKED]
@@ -291,7 +329,7 @@ class OrderingMixin:
             ids.append(event_id)
             ids.append(g)
 
-    def end_batch(self: NodeCore) -> list[Action]:
+    def end_batch(self) -> list[Action]:
         """The shell calls this after each batch of messages it handed the core
         (and ``tick`` does too): one ``sequenced`` / ``complete`` note per
         destination for the whole batch, ``event_id = ""`` and the ids in ``sub_ids``."""
@@ -305,22 +343,22 @@ class OrderingMixin:
                 to.clear()
         return out
 
-    def _on_batched(self: NodeCore, msg: pm.NotificationAck, out: list[Action]) -> None:
+    def on_batched(self, msg: pm.NotificationAck, out: list[Action]) -> None:
         ids = msg.sub_ids
         if msg.code == ACKED:  # (event id, sub id) pairs: plain subscribers' acks (node_groups rule 3)
             self._deliveries_acked(ids, out)
         elif msg.code == COMPLETE:
-            complete = self._on_complete_ack
+            complete = self.on_complete_ack
             for eid in ids:
                 complete(eid, out)
         else:  # sequenced: the publishers' PubAcks
-            waiting, sessions = self._seq_waiting, self.sessions
+            waiting, sessions = self._seq_waiting, self._sessions
             for eid in ids:
                 w = waiting.pop(eid, None)
                 if w is not None and w[0] in sessions:
                     out.append(ToClient(w[0], cm.PubAck(w[1], eid)))
 
-    def _release(self: NodeCore, release: Release, out: list[Action]) -> None:
+    def _release(self, release: Release, out: list[Action]) -> None:
         """Rule 3: route a released event; those it releases in turn (a local
         completion releases the next rank) wait in a queue, so nothing recurses."""
         queue = self._rel_queue
@@ -335,34 +373,33 @@ class OrderingMixin:
                 # A channel id names one space for life: the access node's lookup
                 # holds while the channel exists (a split or merge replaces the id).
                 chid = ev.ch_id
-                if chid is None or chid not in self.routing:
-                    chid = self.routing.lookup_event(ev.event_exp)
+                if chid is None or chid not in self._ctx.routing:
+                    chid = self._ctx.routing.lookup_event(ev.event_exp)
                 self._released[ev.event_id] = r  # not a (key, rank) tuple: one allocation fewer
-                self.stats["ordered_released"] += 1
+                self._ctx.stats["ordered_released"] += 1
                 if chid is None:  # checked at publish; the table changed meanwhile
-                    self.stats["events_unroutable"] += 1
-                    self._on_complete_ack(ev.event_id, out)
+                    self._ctx.stats["events_unroutable"] += 1
+                    self.on_complete_ack(ev.event_id, out)
                     continue
                 self._dispatch_event(
-                    _replace(ev, ch_id=chid, dispatch_sign=_EVENT_DISPATCHED, rank=r.rank, home=self.id), out
+                    _replace(ev, ch_id=chid, dispatch_sign=_EVENT_DISPATCHED, rank=r.rank, home=self._ctx.id), out
                 )
         finally:
             self._releasing = False
 
-    def _on_complete_ack(self: NodeCore, event_id: str, out: list[Action]) -> None:
+    def on_complete_ack(self, event_id: str, out: list[Action]) -> None:
         """Rule 4: the released event was delivered everywhere it matched."""
         r = self._released.pop(event_id, None)
         if r is None:
-            self.stats["ordered_stale_completions"] += 1
+            self._ctx.stats["ordered_stale_completions"] += 1
             return
-        self.stats["ordered_completed"] += 1
-        nxt = self.sequencer.complete(r.key, r.rank, self.now)
+        self._ctx.stats["ordered_completed"] += 1
+        nxt = self.sequencer.complete(r.key, r.rank, self._ctx.now)
         if nxt is not None:
             self._release(nxt, out)
 
-    def _ordering_tick(self: NodeCore, now: float, out: list[Action]) -> None:
+    def tick(self, now: float, out: list[Action]) -> None:
         """Rule 5."""
-        self.now = now
         out.extend(self.end_batch())
         seq = self.sequencer
         if seq.next_deadline() is not None and seq.next_deadline() <= now:  # type: ignore[operator]
@@ -370,7 +407,7 @@ class OrderingMixin:
                 self._release(r, out)
         counters = seq.counters
         if counters:
-            stats = self.stats
+            stats = self._ctx.stats
             for k, v in counters.items():
                 stats["seq_" + k] = v
         if counters["processing_timeouts"] != self._seq_timeouts_seen:
