@@ -97,7 +97,7 @@ class ClientsMixin:
         out: list[Action] = []
         if sess is None:
             return out
-        self._fail_session_acks(sid, out)  # its tracked deliveries failed (node_groups)
+        self.notifier.fail_session_acks(sid, out)  # its tracked deliveries failed (node.notify)
         for local_id, (gid, f) in sess.subs.items():
             self._sub_owner.pop(gid, None)
             if self.capture is not None:
@@ -139,7 +139,7 @@ class ClientsMixin:
                 self._client_unsubscribe(sess, msg, out)
             case cm.Ack():
                 self.stats["client_acks"] += 1
-                self._client_acked(sid, msg, out)  # a tracked delivery (node_groups)
+                self.notifier.client_acked(sid, msg, out)  # a tracked delivery (node.notify)
             case cm.Admin():
                 self._client_admin(sess, msg, now, out)
             case cm.Hello():
@@ -165,7 +165,7 @@ class ClientsMixin:
         state but a counter, so it need not wait its turn in the inbox.
         """
         sess = self.sessions.get(sid)
-        if sess is None or not sess.greeted or self._tracks_ack(sid, msg):
+        if sess is None or not sess.greeted or self.notifier.tracks_ack(sid, msg):
             return False  # a tracked delivery's ack changes state: it waits its turn
         self.stats["client_acks"] += 1
         return True
@@ -223,7 +223,7 @@ class ClientsMixin:
                 )
             )
             return
-        if not self._check_group(sess, msg, out):  # bad weight or group (node_groups)
+        if not self.notifier.check_group(sess.id, msg, out):  # bad weight or group (node.notify)
             return
         try:
             f = parse_subscription(msg.expression, self.schema)
@@ -245,7 +245,7 @@ class ClientsMixin:
             out.append(ToClient(sess.id, cm.SubAck(msg.seq, msg.sub_id, 0)))
             return
         if msg.group:
-            self._group_of[gid] = msg.group
+            self.notifier.note_group(gid, msg.group)
         sub = pm.Subscription(
             gid, f, sess.client_id, self.id, pm.DispatchSign.SUBSCRIBE_DISPATCHED, group=msg.group, weight=msg.weight
         )

@@ -67,21 +67,23 @@ from overlay.actions import Action, CloseClient, ToClient, ToPeer
 from overlay.balance.migration import IncomingMigration, OutgoingMigration, OutState
 from overlay.capture import CaptureBuffer
 from overlay.channels.channel import Channel, ChannelId
+from overlay.channels.groups import GroupDispatcher
 from overlay.channels.local_table import LocalTable
 from overlay.channels.predicates import Filter
 from overlay.channels.routing_table import RouteEntry, RoutingTable
 from overlay.channels.space import EventSpace
 from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
-from overlay.histograms import LATENCY_BOUNDS, TESTED_BOUNDS, BucketCounts
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node_balancing import BalancingMixin
 from overlay.node_boot import Boot, owner_entries
+from overlay.node.acks import AwaitedAcks
 from overlay.node.context import NodeContext, sub_prefix
-from overlay.node.ordering import Ordering
+from overlay.node.groups import Groups
+from overlay.node.notify import UNDELIVERABLE, Notifier
+from overlay.node.ordering import ACKED, COMPLETE, SEQUENCED, Ordering
 from overlay.node_clients import ClientsMixin, _Pending, _Session
-from overlay.node_groups import GroupsMixin
 from overlay.node_membership import MembershipMixin
 from overlay.node_migration import MigrationMixin
 from overlay.node_status import StatusMixin
@@ -110,7 +112,7 @@ class _TableUpdate:
         self.result = result
 
 
-class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, GroupsMixin, MembershipMixin, StatusMixin):
+class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, StatusMixin):
     """One node's state and protocol logic (module rules 1–6).
 
     Invariant: a channel is in ``local`` iff the routing table names this node
@@ -149,17 +151,28 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, GroupsMixin, Member
         self.incoming: dict[tuple[int, int], IncomingMigration] = {}
         self._reforward: dict[ChannelId, OutgoingMigration] = {}
         self._admin_waits: dict[int, tuple[int, int]] = {}  # migration session -> (client session, seq)
-        # Metrics the admin endpoint exposes (SPEC §14): filled on the hot path.
-        self.tested_hist = BucketCounts(TESTED_BOUNDS)
-        self.latency_hist = BucketCounts(LATENCY_BOUNDS)
         self.timeout = config.cluster.peer_timeout
         self.unreachable: set[int] = set()  # peers the shell reports down past the timeout
         # SPEC §10: ordered delivery per sequence key.
         self.ordering = Ordering(
-            ctx, dispatch_event=self._dispatch_event, deliveries_acked=self._deliveries_acked, sessions=self.sessions
+            ctx,
+            dispatch_event=self._dispatch_event,
+            deliveries_acked=lambda pairs, out: self.groups.deliveries_acked(pairs, out),
+            sessions=self.sessions,
+        )
+        # SPEC §11 (and §10's acks): the access node's side, then the owner's.
+        self.notifier = Notifier(
+            ctx,
+            self.ordering,
+            owners=self._sub_owner,
+            sessions=self.sessions,
+            owner_ack=lambda ack, out: self.groups.on_delivery_ack(ack, out),
+            close_session=self.client_closed,
+        )
+        self.groups = Groups(
+            ctx, self.notifier, self.ordering, replaced=self._replaced, subscriptions_failed=self._subscriptions_failed
         )
         self._init_balancing()
-        self._init_groups()  # SPEC §11: overlay.node_groups
 
     # -- the shared context (overlay.node.context) -----------------------------------------
 
@@ -470,7 +483,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, GroupsMixin, Member
         except Exception:  # a bug or a poisoned subscription: serve the others (SPEC §16)
             (matched, _tested), failed = ch.match_isolating(msg.event_exp, msg.access_node)
             self._subscriptions_failed(ch, msg, failed, "matching")
-        self.tested_hist.observe(_tested)
+        self.ctx.tested_hist.observe(_tested)
         if self.capture is not None:
             self.capture.event(
                 msg.event_id,
@@ -485,7 +498,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, GroupsMixin, Member
         stats = self.stats
         stats["events_matched"] += 1
         if msg.key or (matched and any(s.group for s in matched)):
-            if self._deliver_tracked(ch, msg, matched, out):  # ordered / groups: node_groups
+            if self.groups.deliver_tracked(ch, msg, matched, out):  # ordered / groups: node.groups
                 return
         if not matched:
             return
@@ -500,7 +513,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, GroupsMixin, Member
             if node == self.id:
                 # This node is the subscribers' access node: straight to their
                 # clients, exactly as a Notification to ourselves would go.
-                self._notify_clients(msg.event_id, msg.event_exp, ids, msg.publish_time, out)
+                self.notifier.notify_clients(msg.event_id, msg.event_exp, ids, msg.publish_time, out)
             else:
                 out.append(
                     ToPeer(node, pm.Notification(msg.event_id, msg.event_exp, tuple(ids), ch.id, msg.publish_time))
@@ -544,38 +557,11 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, GroupsMixin, Member
             out.append(ToPeer(owner, msg))
 
     def _on_notification(self, msg: pm.Notification, out: list[Action], src: int = -1) -> None:
-        if msg.key or self._group_of:  # acks go back to the owner (node_groups)
-            self._access_notify(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, src, msg.key, msg.rank, out)
+        notifier = self.notifier
+        if msg.key or notifier.has_groups:  # acks go back to the owner (node.notify)
+            notifier.notify(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, src, msg.key, msg.rank, out)
             return
-        self._notify_clients(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out)
-
-    def _notify_clients(
-        self, event_id: str, event: dict[str, Any], sub_ids: Sequence[str], publish_time: float, out: list[Action]
-    ) -> None:
-        """One Notify per client session, listing its matching subscriptions (rule 5)."""
-        owners = self._sub_owner
-        latency = self.now - publish_time
-        self.latency_hist.observe(latency if latency > 0 else 0.0)
-        if self.capture is not None:
-            self.capture.deliver(event_id, sub_ids, owners)
-        if len(sub_ids) == 1:  # the common case, without the grouping
-            owner = owners.get(sub_ids[0])
-            if owner is None:
-                self.stats["notifications_orphaned"] += 1
-                return
-            out.append(ToClient(owner[0], cm.Notify(event_id, event, (owner[1],), publish_time)))
-            self.stats["notifies_out"] += 1
-            return
-        by_session: dict[int, list[str]] = {}
-        for gid in sub_ids:
-            owner = owners.get(gid)
-            if owner is None:
-                self.stats["notifications_orphaned"] += 1
-                continue
-            by_session.setdefault(owner[0], []).append(owner[1])
-        for sid, local_ids in by_session.items():
-            out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local_ids), publish_time)))
-        self.stats["notifies_out"] += len(by_session)
+        notifier.notify_clients(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out)
 
     # -- subscriptions (rules 2, 3, 4) -------------------------------------------------
 
@@ -808,7 +794,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, GroupsMixin, Member
         out: list[Action] = []
         self.now = now
         if self.ordering.link_changed(node, up, out):
-            self._peer_down_deliveries(node, now, out)
+            self.groups.peer_down(node, now, out)
         return out
 
     def end_batch(self) -> list[Action]:
@@ -817,6 +803,38 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, GroupsMixin, Member
 
     def home_of(self, key: str) -> int:
         return self.ordering.home_of(key)
+
+    # Until the integration tests move to overlay.testing (issue 15): what they read.
+    @property
+    def acks(self) -> AwaitedAcks:
+        return self.notifier.acks
+
+    @property
+    def _dispatchers(self) -> dict[tuple[ChannelId, str], GroupDispatcher]:
+        return self.groups._dispatchers
+
+    def _groups_tick(self, now: float, out: list[Action]) -> None:
+        """SPEC §11 on time: the access node's acks, the owner's deadlines, housekeeping."""
+        self.notifier.tick(now, out)
+        self.groups.tick(now, out)
+        self.groups.prune(now)
+        self.notifier.prune(now)
+
+    def _on_notification_ack(self, src: int, msg: pm.NotificationAck, out: list[Action]) -> None:
+        """To the component of the leg ``msg.code`` names (see ``pm.NotificationAck``)."""
+        code = msg.code
+        if not msg.event_id and code in (COMPLETE, SEQUENCED, ACKED):
+            self.ordering.on_batched(msg, out)
+        elif code == "":
+            self.groups.on_delivery_ack(msg, out)
+        elif code == COMPLETE:
+            self.ordering.on_complete_ack(msg.event_id, out)
+        elif code == UNDELIVERABLE:
+            self.notifier.on_returned(msg, out)
+        elif code == SEQUENCED or msg.failed:
+            self.ordering.on_verdict(msg, out)
+        else:
+            self.stats["notification_acks_unknown"] += 1
 
     def tick(self, now: float) -> list[Action]:
         """Time-driven work: the table at start (node_boot), slices (SPEC §6),

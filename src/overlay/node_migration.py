@@ -97,7 +97,7 @@ class MigrationMixin:
             for c in mig.channels:
                 subs = tuple(self.local[c])
                 mig.subscriptions_moved += len(subs)
-                sets.append(pm.ChannelSubscriptions(c, subs, self._group_states(c)))  # groups: node_groups
+                sets.append(pm.ChannelSubscriptions(c, subs, self.groups.states(c)))  # groups: node.groups
                 self._reforward[c] = mig
             move = pm.SubscriptionMove(pm.SubscriptionType.ATOMIC, tuple(sets), mig.session)
             mig.bytes_moved = len(msgspec.msgpack.encode(move))
@@ -269,7 +269,7 @@ class MigrationMixin:
         for key, inc in list(self.incoming.items()):
             if inc.origin == node:
                 self._incoming_lost(key, inc, reason)
-        self._peer_down_deliveries(node, self.now, out)  # its tracked deliveries (node_groups)
+        self.groups.peer_down(node, self.now, out)  # its tracked deliveries (node.groups)
 
     def _stop_waiting_for(self: NodeCore, node: int, out: list[Action]) -> None:
         """Take ``node``'s ReplyUpdateGlobal as given, for every update waiting on it."""
@@ -388,7 +388,7 @@ class MigrationMixin:
                 self.stats["subscriptions_of_dead_clients_removed"] += len(cs.subscriptions) - len(subs)
             self.local[cs.ch_id].add_deferred(subs)
             self.index_wanted = True
-            self._restore_groups(cs)  # the group dispatch state (node_groups)
+            self.groups.restore(cs)  # the group dispatch state (node.groups)
         out.append(ToPeer(src, pm.ReplySubscriptionMove(msg.session)))
 
     def _on_reforward(self: NodeCore, src: int, msg: pm.Reforward, now: float, out: list[Action]) -> None:

@@ -414,24 +414,15 @@ class SimCluster:
             orig_match(ch, msg, out)
 
         core._match = match  # type: ignore[method-assign]
-        if hasattr(core, "_notify_clients"):  # local matches skip _on_notification
-            orig_notify = core._notify_clients
+        notifier = core.notifier  # local matches and Notifications both end in notify_clients
+        orig_notify = notifier.notify_clients
 
-            def notify_clients(event_id: str, event: Any, sub_ids: Any, publish_time: float, out: list[Action]) -> None:
-                for gid in sub_ids:
-                    arrivals.setdefault((event_id, gid), self.step_no)
-                orig_notify(event_id, event, sub_ids, publish_time, out)
+        def notify_clients(event_id: str, event: Any, sub_ids: Any, publish_time: float, out: list[Action]) -> None:
+            for gid in sub_ids:
+                arrivals.setdefault((event_id, gid), self.step_no)
+            orig_notify(event_id, event, sub_ids, publish_time, out)
 
-            core._notify_clients = notify_clients  # type: ignore[method-assign]
-        else:
-            orig_notification = core._on_notification
-
-            def on_notification(msg: pm.Notification, out: list[Action]) -> None:
-                for gid in msg.sub_ids:
-                    arrivals.setdefault((msg.event_id, gid), self.step_no)
-                orig_notification(msg, out)
-
-            core._on_notification = on_notification  # type: ignore[method-assign]
+        notifier.notify_clients = notify_clients  # type: ignore[method-assign]
 
     # == time and faults ==================================================================
 

@@ -231,13 +231,13 @@ class NodeCollector:
         yield _histogram(
             "overlay_tested_subscriptions",
             "Subscriptions tested per matched event (SPEC §5 event cost).",
-            core.tested_hist,
+            core.ctx.tested_hist,
             me,
         )
         yield _histogram(
             "overlay_publish_notify_latency_seconds",
             "Seconds from publish to the access node's Notify.",
-            core.latency_hist,
+            core.ctx.latency_hist,
             me,
         )
 

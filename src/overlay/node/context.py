@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from overlay.channels.local_table import LocalTable
 from overlay.channels.routing_table import RoutingTable
+from overlay.histograms import LATENCY_BOUNDS, TESTED_BOUNDS, BucketCounts
 
 if TYPE_CHECKING:
     from overlay.capture import CaptureBuffer
@@ -33,6 +34,7 @@ class NodeContext:
         "event_prefix",
         "id",
         "incarnation",
+        "latency_hist",
         "local",
         "me",
         "now",
@@ -41,6 +43,7 @@ class NodeContext:
         "schema",
         "stats",
         "sub_prefix",
+        "tested_hist",
     )
 
     def __init__(self, config: ClusterConfig, node_id: int, incarnation: int) -> None:
@@ -56,6 +59,9 @@ class NodeContext:
         self.routing = RoutingTable(self.schema)
         self.local = LocalTable(node_id)
         self.stats: Counter[str] = Counter()
+        # Histograms the admin endpoint exposes (SPEC §14), filled on the hot path.
+        self.tested_hist = BucketCounts(TESTED_BOUNDS)
+        self.latency_hist = BucketCounts(LATENCY_BOUNDS)
         self.capture: CaptureBuffer | None = None  # set by the shell when capturing (SPEC §13)
         self.now = 0.0  # the `now` of the message being handled
         self.event_prefix = event_prefix(node_id, incarnation)

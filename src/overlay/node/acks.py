@@ -1,6 +1,6 @@
 """Tracked notifications at the subscribers' access node, waiting for their acks (SPEC §10, §11).
 
-Rules (``overlay.node_groups`` applies them):
+Rules (``overlay.node.notify`` applies them):
 
 1. A tracked Notify (every notification of a keyed event; a group
    instance's notification of any event) carries a *tag*, unique on this

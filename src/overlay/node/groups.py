@@ -1,0 +1,431 @@
+"""Tracked delivery: subscriber groups (SPEC §11) and the acks ordered delivery waits for (§10).
+
+The dispatch rule itself is the pure ``overlay.channels.groups.GroupDispatcher``;
+``Groups`` applies it at match time on the channel's owner and takes the acks
+the subscribers' access nodes send back (their side is ``overlay.node.notify``).
+
+Rules this module keeps:
+
+1. **Which deliveries are tracked.** Every notification of a keyed event
+   (ordered delivery needs "every matched subscriber acknowledged"), and the
+   notification of a group instance for any event.  A plain notification of
+   an unkeyed event is not tracked: that hot path is unchanged.  The owner and
+   the access node apply the same rule (the access node knows its group
+   subscriptions), so they agree on what is acked.
+2. **Groups at match time** (owner).  Non-group matches are notified as
+   before.  Per ``(channel, group)`` a ``GroupDispatcher`` picks exactly one
+   instance (a subscription id, with its static weight) among that group's
+   matching subscriptions, by ``Wd = Ws·(1 − LF)`` and the integer Bresenham
+   rule.  An instance's ``LF`` is the one its client put on its last Ack.
+3. **Acks** (access node: ``overlay.node.notify``, ``overlay.node.acks``).  A tracked Notify is
+   tagged and waits for the client's answer; a group instance's copy comes
+   alone and is *fenced*: no answer within ``ack_timeout`` sends a Revoke,
+   and only a decline (or no answer to that either, which disconnects the
+   client) fails it — so an event never reaches two instances.  The access
+   node then sends ``NotificationAck(sub_ids, lf)`` to the owner —
+   ``failed`` when declined, not answered, dropped for a full client queue,
+   when the client's session closed, or when the subscription is gone.
+4. **Fault surveillance** (owner).  A failed group delivery marks the
+   instance faulty for ``fault_period`` and the event goes to the next
+   eligible instance of the group that has not tried it.  When none can take
+   it, the publisher's access node is told (``NotificationAck`` code
+   ``undeliverable``) and answers the publisher with an ``undeliverable``
+   Error naming the event — counted (``group_undeliverable``), never silent.
+   An owner that hears nothing (the access node died) fails the delivery
+   after ``3·ack_timeout`` (longer than the access node's fence takes).
+5. **Throttling.** When every live instance of a group has ``LF`` above
+   ``throttle_lf`` and the event matches the configured ``low_priority``
+   filter, the group's copy is dropped, counted (``group_throttled``).
+6. **Completion.** When a keyed event's tracked deliveries are all answered
+   (acked or failed: a failed plain subscriber does not block its key
+   forever, it is counted ``ordered_delivery_failed``), the owner tells the
+   key's home (``overlay.node.ordering`` rule 4).
+7. **Migration and splits.** A channel's dispatch states travel in its
+   ``ChannelSubscriptions.groups`` (SubscriptionMove) and are restored on the
+   receiver, so shares continue where they left off; split children start
+   from their parent's state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Final
+
+from overlay.actions import Action, ToPeer
+from overlay.channels.channel import Channel, ChannelId
+from overlay.channels.expressions import parse_subscription
+from overlay.channels.groups import MILLI, GroupDispatcher, GroupState
+from overlay.channels.subscriptions import Subscription
+from overlay.errors import LocalProtocolError
+from overlay.messages import peer as pm
+from overlay.node.context import NodeContext
+from overlay.node.notify import PRUNE_SECONDS, UNDELIVERABLE, Notifier
+from overlay.node.ordering import COMPLETE, Ordering
+
+__all__ = ["Groups"]
+
+log = logging.getLogger("overlay.node")
+
+# The group state of a delivery without groups: read-only and shared, so one
+# ordered event allocates three dicts fewer (every allocation counts towards
+# the next collection) and a write to it raises instead of leaking.
+_NO_GROUPS: Final[Any] = MappingProxyType({})
+
+SubscriptionsFailed = Callable[[Channel, pm.Event, Sequence[Any], str], None]
+
+
+class _Delivery:
+    """Owner side: one event's tracked notifications (rules 2, 4, 6)."""
+
+    __slots__ = ("cands", "ch", "deadline", "ev", "gsub", "tried", "waiting")
+
+    def __init__(self, ev: pm.Event, ch: ChannelId, *, groups: bool = True) -> None:
+        self.deadline = 0.0
+        self.ev = ev
+        self.ch = ch
+        self.waiting: dict[str, int] = {}  # sub id -> its access node, awaiting an ack
+        if groups:
+            self.gsub: dict[str, str] = {}  # chosen instance -> its group
+            self.cands: dict[str, list[Subscription]] = {}  # group -> matching instances
+            self.tried: dict[str, set[str]] = {}  # group -> instances tried
+        else:  # a keyed event that matched no group, the common ordered case
+            self.gsub = self.cands = self.tried = _NO_GROUPS
+
+
+class Groups:
+    """The owner's tracked deliveries: group dispatch (rules 2, 4, 5, 7) and
+    the completion of keyed events (rule 6).
+
+    ``notifier`` is this node's access-node side (a match for a local
+    subscriber goes to it directly); ``ordering`` takes the completions;
+    ``replaced`` names the channels that replaced deleted ones (a split child
+    continues its parent's dispatch state); ``subscriptions_failed`` counts
+    and logs an instance that cannot be served (``node.events``).
+    """
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        notifier: Notifier,
+        ordering: Ordering,
+        *,
+        replaced: Mapping[ChannelId, tuple[ChannelId, ...]],
+        subscriptions_failed: SubscriptionsFailed,
+    ) -> None:
+        self._ctx = ctx
+        self._notifier = notifier
+        self._ordering = ordering
+        self._replaced = replaced
+        self._subscriptions_failed = subscriptions_failed
+        g = ctx.config.groups
+        self._dispatchers: dict[tuple[ChannelId, str], GroupDispatcher] = {}
+        self._low_filter = parse_subscription(g.low_priority, ctx.schema) if g.low_priority else None
+        self._deliveries: dict[str, _Delivery] = {}  # event id -> tracked delivery
+        # Deadlines in the order they come (now + a fixed wait), each with its key in
+        # a parallel deque: no (deadline, key) tuple to allocate per event, and
+        # every allocation counts towards the cyclic GC's next collection.
+        self._delivery_at: deque[float] = deque()  # deadlines ...
+        self._delivery_ids: deque[str] = deque()  # ... of these event ids
+        # How long the owner waits for the access node (rule 4): longer than the
+        # access node's own wait for an ack and then for the answer to a Revoke.
+        self._owner_wait = 3 * g.ack_timeout
+        self._next_prune = 0.0
+
+    def dispatcher(self, chid: ChannelId, group: str) -> GroupDispatcher | None:
+        """The dispatch state of ``group`` on channel ``chid``, if any (status, tests)."""
+        return self._dispatchers.get((chid, group))
+
+    def tick(self, now: float, out: list[Action]) -> None:
+        """Rule 4: deliveries nobody answered fail; housekeeping."""
+        at, ids = self._delivery_at, self._delivery_ids
+        while at and at[0] <= now:
+            deadline, eid = at.popleft(), ids.popleft()
+            d = self._deliveries.get(eid)
+            if d is not None and d.waiting and d.deadline == deadline:
+                self._ctx.stats["delivery_owner_timeouts"] += 1
+                self.on_delivery_ack(pm.NotificationAck(eid, tuple(d.waiting), failed=True), out)
+
+    def prune(self, now: float) -> None:
+        """Dispatchers of channels no longer here, instances no longer members."""
+        if now >= self._next_prune:
+            self._next_prune = now + PRUNE_SECONDS
+            local = self._ctx.local
+            for k in [k for k in self._dispatchers if k[0] not in local]:
+                del self._dispatchers[k]
+            for (chid, _), disp in self._dispatchers.items():
+                ch = local.get(chid)
+                if ch is not None:
+                    for i in [i for i in disp.instances if i not in ch]:
+                        disp.remove(i)
+
+    def _dispatcher(self, chid: ChannelId, group: str) -> GroupDispatcher:
+        d = self._dispatchers.get((chid, group))
+        if d is None:
+            cfg = self._ctx.config.groups
+            parent = next(
+                (p for p, heirs in self._replaced.items() if chid in heirs and (p, group) in self._dispatchers), None
+            )
+            if parent is not None:  # a split child: continue from the parent's state (rule 7)
+                d = GroupDispatcher.restore(
+                    self._dispatchers[(parent, group)].state(),
+                    fault_period=cfg.fault_period,
+                    throttle_lf=cfg.throttle_lf,
+                )
+            else:
+                d = GroupDispatcher(group, fault_period=cfg.fault_period, throttle_lf=cfg.throttle_lf)
+            self._dispatchers[(chid, group)] = d
+        return d
+
+    def deliver_tracked(self, ch: Channel, msg: pm.Event, matched: Sequence[Subscription], out: list[Action]) -> bool:
+        """Rules 1, 2, 5, 6. False: nothing to track, the caller notifies as usual."""
+        keyed = bool(msg.key)
+        if keyed:
+            for s in matched:
+                if s.group:
+                    break
+            else:  # an ordered event without groups, the common case
+                self._deliver_keyed(ch, msg, matched, out)
+                return True
+        groups: dict[str, list[Subscription]] = {}
+        targets: list[Subscription] = []
+        for s in matched:
+            if s.group:
+                groups.setdefault(s.group, []).append(s)
+            else:
+                targets.append(s)
+        if not keyed and not groups:
+            return False
+        now = self._ctx.now
+        d = _Delivery(msg, ch.id)
+        low: bool | None = None
+        for g, subs in groups.items():
+            disp = self._dispatcher(ch.id, g)
+            bad = []
+            for s in subs:
+                st = disp.instances.get(s.id)
+                try:
+                    if st is None or st.ws != max(1, round(s.weight * MILLI)):
+                        disp.add(s.id, s.weight)
+                except (ArithmeticError, ValueError, LocalProtocolError):  # an instance that cannot be weighed
+                    bad.append(s)
+            if bad:  # it is left out, counted; its group and every other match are served
+                self._subscriptions_failed(ch, msg, bad, "dispatching to a group")
+                subs = [s for s in subs if s not in bad]
+                if not subs:
+                    continue
+            if low is None:
+                low = self._low_filter is not None and self._low_filter.matches(msg.event_exp)
+            if low and disp.throttled(now):
+                disp.counters["throttled"] += 1
+                self._ctx.stats["group_throttled"] += 1
+                continue
+            chosen = disp.pick([s.id for s in subs], now)
+            if chosen is None:
+                self._undeliverable(msg, g, out)
+                continue
+            d.cands[g] = subs
+            d.tried[g] = {chosen}
+            d.gsub[chosen] = g
+            targets.append(next(s for s in subs if s.id == chosen))
+            self._ctx.stats["group_dispatched"] += 1
+        for s in targets:
+            if keyed or s.id in d.gsub:
+                d.waiting[s.id] = s.access_node
+        self._send_notifications(msg, ch.id, targets, out)
+        if d.waiting:
+            self._deliveries[msg.event_id] = d
+            d.deadline = now + self._owner_wait
+            self._delivery_at.append(d.deadline)
+            self._delivery_ids.append(msg.event_id)
+        else:
+            self._delivery_done(d, out)
+        return True
+
+    def _deliver_keyed(self, ch: Channel, msg: pm.Event, matched: Sequence[Subscription], out: list[Action]) -> None:
+        """Rules 1, 6 for a keyed event that matched no group: every match is tracked."""
+        d = _Delivery(msg, ch.id, groups=False)
+        if len(matched) == 1 and matched[0].access_node != self._ctx.id:  # the common case, inline
+            s = matched[0]
+            node = d.waiting[s.id] = s.access_node
+            out.append(
+                ToPeer(
+                    node,
+                    pm.Notification(
+                        msg.event_id, msg.event_exp, (s.id,), ch.id, msg.publish_time, msg.key, msg.rank, msg.home
+                    ),
+                )
+            )
+            self._ctx.stats["notifications_out"] += 1
+        else:
+            waiting = d.waiting
+            for s in matched:
+                waiting[s.id] = s.access_node
+            if not waiting:
+                self._delivery_done(d, out)
+                return
+            self._send_notifications(msg, ch.id, matched, out)
+        self._deliveries[msg.event_id] = d
+        d.deadline = deadline = self._ctx.now + self._owner_wait
+        self._delivery_at.append(deadline)
+        self._delivery_ids.append(msg.event_id)
+
+    def _send_notifications(
+        self, msg: pm.Event, chid: ChannelId, targets: Sequence[Subscription], out: list[Action]
+    ) -> None:
+        if len(targets) == 1:  # the common case, without the grouping
+            s = targets[0]
+            if s.access_node == self._ctx.id:
+                self._notifier.notify(
+                    msg.event_id, msg.event_exp, (s.id,), msg.publish_time, self._ctx.id, msg.key, msg.rank, out
+                )
+            else:
+                out.append(
+                    ToPeer(
+                        s.access_node,
+                        pm.Notification(
+                            msg.event_id, msg.event_exp, (s.id,), chid, msg.publish_time, msg.key, msg.rank, msg.home
+                        ),
+                    )
+                )
+            self._ctx.stats["notifications_out"] += 1
+            return
+        by_node: dict[int, list[str]] = {}
+        for s in targets:
+            by_node.setdefault(s.access_node, []).append(s.id)
+        for node, ids in by_node.items():
+            if node == self._ctx.id:
+                self._notifier.notify(
+                    msg.event_id, msg.event_exp, ids, msg.publish_time, self._ctx.id, msg.key, msg.rank, out
+                )
+            else:
+                out.append(
+                    ToPeer(
+                        node,
+                        pm.Notification(
+                            msg.event_id, msg.event_exp, tuple(ids), chid, msg.publish_time, msg.key, msg.rank, msg.home
+                        ),
+                    )
+                )
+        self._ctx.stats["notifications_out"] += len(targets)
+
+    def _undeliverable(self, ev: pm.Event, group: str, out: list[Action]) -> None:
+        """Rule 4: no instance of ``group`` can take ``ev``: tell the publisher."""
+        self._ctx.stats["group_undeliverable"] += 1
+        note = pm.NotificationAck(ev.event_id, (), failed=True, code=UNDELIVERABLE, detail=group)
+        if ev.access_node == self._ctx.id:
+            self._notifier.on_returned(note, out)
+        else:
+            out.append(ToPeer(ev.access_node, note))
+
+    def deliveries_acked(self, pairs: Sequence[str], out: list[Action]) -> None:
+        """A batched ``acked`` note: ``(event id, sub id)`` pairs of plain subscribers
+        that got their event (node.ordering rule 8)."""
+        deliveries = self._deliveries
+        it = iter(pairs)
+        for event_id, gid in zip(it, it):  # a stray odd id is ignored
+            d = deliveries.get(event_id)
+            if d is None:
+                self._ctx.stats["delivery_acks_stale"] += 1
+                continue
+            if d.gsub and gid in d.gsub:  # a group instance after all: its LF and faults (rule 4)
+                self.on_delivery_ack(pm.NotificationAck(event_id, (gid,)), out)
+                continue
+            waiting = d.waiting
+            waiting.pop(gid, None)
+            if not waiting:
+                self._delivery_done(d, out)
+
+    def on_delivery_ack(self, msg: pm.NotificationAck, out: list[Action]) -> None:
+        d = self._deliveries.get(msg.event_id)
+        if d is None:
+            self._ctx.stats["delivery_acks_stale"] += 1
+            return
+        now = self._ctx.now
+        retry: list[Subscription] = []
+        for gid in msg.sub_ids:
+            node = d.waiting.pop(gid, None)
+            if node is None:
+                continue
+            g = d.gsub.pop(gid, None) if d.gsub else None
+            if g is None:
+                if msg.failed:
+                    self._ctx.stats["ordered_delivery_failed"] += 1
+                continue
+            disp = self._dispatchers.get((d.ch, g))
+            if not msg.failed:
+                if disp is not None:
+                    disp.update_lf(gid, msg.lf)
+                continue
+            self._ctx.stats["group_delivery_failed"] += 1
+            if disp is not None:
+                disp.mark_faulty(gid, now)
+            left = [s for s in d.cands[g] if s.id not in d.tried[g]]
+            if disp is not None:
+                chosen = disp.pick([s.id for s in left], now) if left else None
+            else:  # the channel moved on: any instance not tried yet
+                chosen = left[0].id if left else None
+            if chosen is None:
+                self._undeliverable(d.ev, g, out)
+                continue
+            self._ctx.stats["group_redispatched"] += 1
+            d.tried[g].add(chosen)
+            d.gsub[chosen] = g
+            s = next(s for s in left if s.id == chosen)
+            d.waiting[chosen] = s.access_node
+            retry.append(s)
+        if retry:
+            self._send_notifications(d.ev, d.ch, retry, out)
+            d.deadline = now + self._owner_wait
+            self._delivery_at.append(d.deadline)
+            self._delivery_ids.append(msg.event_id)
+        if not d.waiting:
+            self._delivery_done(d, out)
+
+    def _delivery_done(self, d: _Delivery, out: list[Action]) -> None:
+        ev = d.ev
+        self._deliveries.pop(ev.event_id, None)
+        if not ev.key:
+            return
+        home = ev.home
+        if home == self._ctx.id or home < 0:
+            self._ordering.on_complete_ack(ev.event_id, out)
+        else:
+            self._ordering.note(home, COMPLETE, ev.event_id)  # sent by end_batch (node.ordering rule 8)
+
+    def peer_down(self, node: int, now: float, out: list[Action]) -> None:
+        """A subscribers' access node went down: what it owed us failed (rule 4)."""
+        for eid, d in list(self._deliveries.items()):
+            lost = tuple(g for g, n in d.waiting.items() if n == node)
+            if lost:
+                self.on_delivery_ack(pm.NotificationAck(eid, lost, failed=True), out)
+
+    def states(self, chid: ChannelId) -> tuple[GroupState, ...]:
+        return tuple(d.state() for (c, _), d in self._dispatchers.items() if c == chid)
+
+    def restore(self, cs: pm.ChannelSubscriptions) -> None:
+        cfg = self._ctx.config.groups
+        for st in cs.groups:
+            self._dispatchers[(cs.ch_id, st.name)] = GroupDispatcher.restore(
+                st, fault_period=cfg.fault_period, throttle_lf=cfg.throttle_lf
+            )
+        if cs.groups:
+            self._ctx.stats["group_states_restored"] += len(cs.groups)
+
+    def status(self) -> list[dict[str, Any]]:
+        """Per (channel, group): instances with their weights, LF, sent counts."""
+        return [
+            {
+                "channel": str(c),
+                "group": g,
+                "dispatched": d.dispatched,
+                "counters": dict(d.counters),
+                "instances": {
+                    i: {"ws": s.ws / 1000, "lf": s.lf / 1000, "sent": s.sent, "faulty_until": s.faulty_until}
+                    for i, s in d.instances.items()
+                },
+            }
+            for (c, g), d in self._dispatchers.items()
+        ]

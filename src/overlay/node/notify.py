@@ -1,0 +1,353 @@
+"""The subscribers' access node: Notifies to its clients, and the acks of tracked ones (SPEC §4, §10, §11).
+
+A Notification (or a local match) names global subscription ids; the access
+node maps them to its client sessions and sends each session one Notify
+(``node.core`` rule 5).  A tracked delivery — every notification of a keyed
+event, a group instance's copy of any event — is tagged and waits for the
+client's answer (the rules of ``overlay.node.acks``), and the outcome goes
+back to the channel's owner (``overlay.node.groups``) as a
+``NotificationAck``.
+
+Rules this module keeps (numbered as in ``overlay.node.groups``):
+
+1. The owner and the access node agree on what is tracked: a keyed event's
+   notifications, and those of subscriptions in a group (this node knows
+   its clients' group subscriptions).
+3. Each group instance's copy goes in a tagged Notify of its own; the plain
+   subscriptions of one session in one Notify, tagged when the event is
+   keyed.  A declined, dropped (queue full), unanswered or orphaned copy is
+   a failed delivery; a plain subscriber's ack of a remote owner is only
+   batched (``node.ordering`` rule 8).
+4. An event no instance could take comes back here, to its publisher's
+   access node, as an ``undeliverable`` Error to the publisher.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Container, Mapping, Sequence
+from typing import Any, Final
+
+from overlay.actions import Action, CloseClient, ToClient, ToPeer
+from overlay.channels.groups import MAX_WEIGHT
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+from overlay.node.acks import AwaitedAcks
+from overlay.node.context import NodeContext
+from overlay.node.ordering import Ordering
+
+__all__ = ["PRUNE_SECONDS", "UNDELIVERABLE", "Notifier"]
+
+log = logging.getLogger("overlay.node")
+
+UNDELIVERABLE: Final = "undeliverable"
+# How often (seconds) group ids of subscriptions gone are pruned: housekeeping.
+PRUNE_SECONDS: Final = 5.0
+
+OwnerAck = Callable[[pm.NotificationAck, list[Action]], None]
+CloseSession = Callable[[int], list[Action]]
+
+
+class Notifier:
+    """The access node's notifications and the acks it waits for.
+
+    ``owners`` maps a global subscription id to its ``(session, local id)``
+    and ``sessions`` tells which sessions are open (both ``node.sessions``);
+    ``owner_ack`` hands a NotificationAck to this node's own owner side
+    (``node.groups``); ``close_session`` ends a client's session.
+    """
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        ordering: Ordering,
+        *,
+        owners: Mapping[str, tuple[int, str]],
+        sessions: Container[int],
+        owner_ack: OwnerAck,
+        close_session: CloseSession,
+    ) -> None:
+        self._ctx = ctx
+        self._ordering = ordering
+        self._owners = owners
+        self._sessions = sessions
+        self._owner_ack = owner_ack
+        self._close_session = close_session
+        self._group_of: dict[str, str] = {}  # global sub id -> group, for this node's clients
+        # Tracked Notifies by tag, waiting for their client's answer (overlay.node.acks).
+        self.acks = AwaitedAcks(ctx.config.groups.ack_timeout)
+        self._next_prune = 0.0
+
+    @property
+    def has_groups(self) -> bool:
+        """Whether any client of this node subscribed in a group."""
+        return bool(self._group_of)
+
+    def note_group(self, gid: str, group: str) -> None:
+        self._group_of[gid] = group
+
+    def tick(self, now: float, out: list[Action]) -> None:
+        """Rules 2 and 3 of ``node.acks``: revoke, then fail, what went unanswered."""
+        for tag, a in list(self.acks.expired(now)):
+            if self.acks.get(tag, a.sid) is not a:
+                continue  # failed meanwhile with its session (an unresponsive client below)
+            if a.group and not a.revoking:
+                self._ctx.stats["deliveries_revoked"] += 1
+                self.acks.revoking(tag, now)
+                out.append(ToClient(a.sid, cm.Revoke(tag, a.event_id)))
+                continue
+            self.acks.remove(tag)
+            self._ctx.stats["delivery_ack_timeouts"] += 1
+            self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, failed=True), out)
+            if a.revoking and a.sid in self._sessions:  # it answered neither the Notify nor the Revoke
+                self._unresponsive(a.sid, out)
+
+    def prune(self, now: float) -> None:
+        if now >= self._next_prune:
+            self._next_prune = now + PRUNE_SECONDS
+            for gid in [g for g in self._group_of if g not in self._owners]:
+                del self._group_of[gid]
+
+    def notify_clients(
+        self, event_id: str, event: dict[str, Any], sub_ids: Sequence[str], publish_time: float, out: list[Action]
+    ) -> None:
+        """One Notify per client session, listing its matching subscriptions (rule 5)."""
+        owners = self._owners
+        latency = self._ctx.now - publish_time
+        self._ctx.latency_hist.observe(latency if latency > 0 else 0.0)
+        if self._ctx.capture is not None:
+            self._ctx.capture.deliver(event_id, sub_ids, owners)
+        if len(sub_ids) == 1:  # the common case, without the grouping
+            owner = owners.get(sub_ids[0])
+            if owner is None:
+                self._ctx.stats["notifications_orphaned"] += 1
+                return
+            out.append(ToClient(owner[0], cm.Notify(event_id, event, (owner[1],), publish_time)))
+            self._ctx.stats["notifies_out"] += 1
+            return
+        by_session: dict[int, list[str]] = {}
+        for gid in sub_ids:
+            owner = owners.get(gid)
+            if owner is None:
+                self._ctx.stats["notifications_orphaned"] += 1
+                continue
+            by_session.setdefault(owner[0], []).append(owner[1])
+        for sid, local_ids in by_session.items():
+            out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local_ids), publish_time)))
+        self._ctx.stats["notifies_out"] += len(by_session)
+
+    def check_group(self, sid: int, msg: cm.Subscribe, out: list[Action]) -> bool:
+        """Bad input: a weight outside (0, MAX_WEIGHT] (NaN, inf, 1e308 …) is refused."""
+        if not 0 < msg.weight <= MAX_WEIGHT:  # NaN compares false: refused
+            self._ctx.stats["rejected_bad_group"] += 1
+            out.append(
+                ToClient(
+                    sid,
+                    cm.Error(
+                        msg.seq,
+                        cm.ErrorCode.BAD_GROUP,
+                        f"weight must be a number in (0, {MAX_WEIGHT:g}], got {msg.weight!r}",
+                    ),
+                )
+            )
+            return False
+        if msg.group and not msg.group.strip():
+            self._ctx.stats["rejected_bad_group"] += 1
+            out.append(ToClient(sid, cm.Error(msg.seq, cm.ErrorCode.BAD_GROUP, "a group name must not be blank")))
+            return False
+        return True
+
+    def notify(
+        self,
+        event_id: str,
+        event: dict[str, Any],
+        sub_ids: Sequence[str],
+        publish_time: float,
+        owner: int,
+        key: str,
+        rank: int,
+        out: list[Action],
+    ) -> None:
+        """Rule 3 (``overlay.node_acks`` rule 1): each group instance's copy in
+        a tagged Notify of its own; the plain subscriptions of one session in
+        one Notify, tagged when the event is keyed (tracked for its order)."""
+        if key and len(sub_ids) == 1 and sub_ids[0] not in self._group_of:
+            self._notify_one(event_id, event, sub_ids, publish_time, owner, key, rank, out)
+            return
+        group_of = self._group_of
+        if not key and not any(g in group_of for g in sub_ids):
+            self.notify_clients(event_id, event, sub_ids, publish_time, out)
+            return
+        now = self._ctx.now
+        latency = now - publish_time
+        self._ctx.latency_hist.observe(latency if latency > 0 else 0.0)
+        owners = self._owners
+        if self._ctx.capture is not None:
+            self._ctx.capture.deliver(event_id, sub_ids, owners)
+        plain: dict[int, tuple[list[str], list[str]]] = {}
+        orphans: list[str] = []
+        notifies = 0
+        for gid in sub_ids:
+            o = owners.get(gid)
+            if o is None:
+                self._ctx.stats["notifications_orphaned"] += 1
+                if key or gid in group_of:
+                    orphans.append(gid)
+                continue
+            if gid in group_of:  # fenced on its own (node_acks rule 2)
+                tag = self.acks.add(o[0], event_id, owner, (gid,), group=True, now=now)
+                out.append(ToClient(o[0], cm.Notify(event_id, event, (o[1],), publish_time, key, rank, tag)))
+                notifies += 1
+                continue
+            local, gids = plain.setdefault(o[0], ([], []))
+            local.append(o[1])
+            gids.append(gid)
+        for sid, (local, gids) in plain.items():
+            tag = self.acks.add(sid, event_id, owner, tuple(gids), group=False, now=now) if key else 0
+            out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local), publish_time, key, rank, tag)))
+        self._ctx.stats["notifies_out"] += notifies + len(plain)
+        if orphans:
+            self._ack_to_owner(owner, pm.NotificationAck(event_id, tuple(orphans), failed=True), out)
+
+    def _notify_one(
+        self,
+        event_id: str,
+        event: dict[str, Any],
+        sub_ids: Sequence[str],
+        publish_time: float,
+        owner: int,
+        key: str,
+        rank: int,
+        out: list[Action],
+    ) -> None:
+        """``notify`` for the common keyed case: one plain subscription."""
+        now = self._ctx.now
+        latency = now - publish_time
+        self._ctx.latency_hist.observe(latency if latency > 0 else 0.0)
+        gid = sub_ids[0]
+        gids = sub_ids if type(sub_ids) is tuple else (gid,)
+        if self._ctx.capture is not None:
+            self._ctx.capture.deliver(event_id, gids, self._owners)
+        o = self._owners.get(gid)
+        if o is None:
+            self._ctx.stats["notifications_orphaned"] += 1
+            self._ack_to_owner(owner, pm.NotificationAck(event_id, gids, failed=True), out)
+            return
+        sid, local_id = o
+        tag = self.acks.add(sid, event_id, owner, gids, group=False, now=now)
+        out.append(ToClient(sid, cm.Notify(event_id, event, (local_id,), publish_time, key, rank, tag)))
+        self._ctx.stats["notifies_out"] += 1
+
+    def _ack_to_owner(self, owner: int, ack: pm.NotificationAck, out: list[Action]) -> None:
+        if owner == self._ctx.id:
+            self._owner_ack(ack, out)
+        else:
+            out.append(ToPeer(owner, ack))
+
+    def tracks_ack(self, sid: int, msg: cm.Ack) -> bool:
+        """From the shell's read loop: True when this Ack must go through
+        ``handle_client`` (it changes state and may emit messages).  A plain
+        subscriber's ack for a remote owner is only batched (rule 8 of
+        ``node.ordering``): it is taken here, without the inbox."""
+        if not msg.tag:
+            return False
+        a = self.acks.get(msg.tag, sid)
+        if a is None:
+            return False  # stale: answered already, or failed meanwhile
+        if a.owner == self._ctx.id or a.group or msg.declined:
+            return True
+        self.acks.remove(msg.tag)
+        self._ordering.note_acks(a.owner, a.event_id, a.gids)
+        return False
+
+    def client_acked(self, sid: int, msg: cm.Ack, out: list[Action]) -> None:
+        """The client's answer to a tracked Notify (node_acks rules 1, 2)."""
+        a = self.acks.pop(msg.tag, sid) if msg.tag else None
+        if a is None:
+            if msg.tag:
+                self._ctx.stats["client_acks_stale"] += 1
+            return
+        if msg.declined:  # not handed over: fail it, so a group sends it to another instance
+            self._ctx.stats["deliveries_declined"] += 1
+            self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, failed=True), out)
+            return
+        if a.revoking:
+            self._ctx.stats["revokes_answered_with_ack"] += 1
+        if a.owner != self._ctx.id and not a.group:
+            self._ordering.note_acks(a.owner, a.event_id, a.gids)  # no LF to carry: batched (node.ordering rule 8)
+            return
+        lf = msg.lf if math.isfinite(msg.lf) else 0.0
+        self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, lf=min(1.0, max(0.0, lf))), out)
+
+    def notify_dropped(self, sid: int, tag: int) -> list[Action]:
+        """The shell dropped a tracked Notify (the session's queue was full):
+        that delivery failed now, not after a timeout (a group instance's
+        event goes to another instance at once)."""
+        out: list[Action] = []
+        a = self.acks.pop(tag, sid)
+        if a is not None:
+            self._ctx.stats["deliveries_dropped_slow"] += 1
+            self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, failed=True), out)
+        return out
+
+    def fail_session_acks(self, sid: int, out: list[Action]) -> None:
+        """A closed session acks nothing more: its tracked deliveries failed."""
+        if not len(self.acks):
+            return
+        for tag, a in self.acks.of_session(sid):
+            self.acks.remove(tag)
+            self._ctx.stats["delivery_failed_closed"] += 1
+            self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, failed=True), out)
+
+    def on_returned(self, msg: pm.NotificationAck, out: list[Action]) -> None:
+        """Rule 4 at the publisher's access node."""
+        self._ctx.stats["returned_to_sender"] += 1
+        pub = self._ordering.recent_publish(msg.event_id)
+        if pub is None or pub[0] not in self._sessions:
+            self._ctx.stats["returned_publisher_gone"] += 1
+            log.warning(
+                "node %d: event %s undeliverable to group %r; its publisher is gone",
+                self._ctx.id,
+                msg.event_id,
+                msg.detail,
+            )
+            return
+        out.append(
+            ToClient(
+                pub[0],
+                cm.Error(
+                    pub[1],
+                    cm.ErrorCode.UNDELIVERABLE,
+                    f"event {msg.event_id}: no instance of group {msg.detail!r} could take it",
+                ),
+            )
+        )
+
+    def _unresponsive(self, sid: int, out: list[Action]) -> None:
+        """node_acks rule 2: a client that answers neither an ack nor a revoke
+        is disconnected; its client library drops the group copies it held."""
+        self._ctx.stats["clients_unresponsive"] += 1
+        wait = self.acks.wait
+        log.warning(
+            "node %d: client session %d answered neither a group notification nor its revoke in %.1fs; "
+            "disconnecting it",
+            self._ctx.id,
+            sid,
+            2 * wait,
+        )
+        out.append(
+            ToClient(
+                sid,
+                cm.Error(
+                    -1,
+                    cm.ErrorCode.UNRESPONSIVE,
+                    (
+                        f"no answer to a group notification within {2 * wait:g}s: disconnected; its events went to other instances"
+                    ),
+                    fatal=True,
+                ),
+            )
+        )
+        out.extend(self._close_session(sid))
+        out.append(CloseClient(sid, "unresponsive"))
