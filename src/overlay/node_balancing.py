@@ -46,7 +46,6 @@ import logging
 import math
 import random
 import zlib
-from collections import deque
 from typing import TYPE_CHECKING, Any, Final
 
 from overlay.actions import Action, ToPeer
@@ -70,11 +69,10 @@ from overlay.messages import peer as pm
 if TYPE_CHECKING:
     from overlay.node_core import NodeCore
 
-__all__ = ["JOURNAL_SIZE", "BalancingMixin"]
+__all__ = ["BalancingMixin"]
 
 log = logging.getLogger("overlay.balance")
 
-JOURNAL_SIZE: Final = 2000
 MAX_REPLANS: Final = 3
 MERGE_THRESHOLD: Final = 0
 MERGE_SLICES: Final = 5
@@ -131,7 +129,6 @@ class BalancingMixin:
         self._liem_at: dict[int, float] = {}
         self._decide: tuple[float, float, NodeState] | None = None  # (closed at, decide by, state before)
         self._start_at: float | None = None  # when a drawn session starts (rule 2)
-        self.journal: deque[dict[str, Any]] = deque(maxlen=JOURNAL_SIZE)
         self._cold: dict[ChannelId, int] = {}
         self._candidates: list[Any] = []
         self.last_report: Any = None
@@ -171,13 +168,6 @@ class BalancingMixin:
         if not left:
             self.index_wanted = False
         return left
-
-    def record(self: NodeCore, kind: str, now: float, **fields: Any) -> None:
-        entry = {"kind": kind, "node": self.id, "time": round(now, 4), "slice": self.monitor.slice_no, **fields}
-        self.journal.append(entry)
-        if self.capture is not None:
-            self.capture.journal(entry)
-        self.stats[f"journal_{kind}"] += 1
 
     # -- slices (rule 1) --------------------------------------------------------------
 

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
@@ -68,21 +67,20 @@ from overlay.balance.migration import IncomingMigration, OutgoingMigration, OutS
 from overlay.capture import CaptureBuffer
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.groups import GroupDispatcher
-from overlay.channels.local_table import LocalTable
 from overlay.channels.predicates import Filter
-from overlay.channels.routing_table import RouteEntry, RoutingTable
+from overlay.channels.routing_table import RouteEntry
 from overlay.channels.space import EventSpace
 from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node_balancing import BalancingMixin
-from overlay.node_boot import Boot, owner_entries
 from overlay.node.acks import AwaitedAcks
 from overlay.node.context import NodeContext, sub_prefix
 from overlay.node.groups import Groups
 from overlay.node.notify import UNDELIVERABLE, Notifier
 from overlay.node.ordering import ACKED, COMPLETE, SEQUENCED, Ordering
+from overlay.node_balancing import BalancingMixin
+from overlay.node_boot import Boot, owner_entries
 from overlay.node_clients import ClientsMixin, _Pending, _Session
 from overlay.node_membership import MembershipMixin
 from overlay.node_migration import MigrationMixin
@@ -136,6 +134,9 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
         self.routing = ctx.routing
         self.local = ctx.local
         self.stats = ctx.stats
+        self.journal = ctx.journal.entries  # SPEC §14: read by the admin endpoint and `admin journal`
+        self.record = ctx.journal.record
+        self.unreachable = ctx.unreachable
         self.has_table = False
         self.ready = False
         self._init_waiting: set[int] = set()
@@ -152,7 +153,6 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
         self._reforward: dict[ChannelId, OutgoingMigration] = {}
         self._admin_waits: dict[int, tuple[int, int]] = {}  # migration session -> (client session, seq)
         self.timeout = config.cluster.peer_timeout
-        self.unreachable: set[int] = set()  # peers the shell reports down past the timeout
         # SPEC §10: ordered delivery per sequence key.
         self.ordering = Ordering(
             ctx,
@@ -173,6 +173,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
             ctx, self.notifier, self.ordering, replaced=self._replaced, subscriptions_failed=self._subscriptions_failed
         )
         self._init_balancing()
+        ctx.journal.slice_no = lambda: self.monitor.slice_no
 
     # -- the shared context (overlay.node.context) -----------------------------------------
 

@@ -1,10 +1,11 @@
 """What every component of a node core shares, and nothing else.
 
-The context holds the node's identity and configuration, the two tables
-(the cluster's routing table and this node's local channels, SPEC §3), the
-counters the admin endpoint exposes, the capture buffer when the shell
-captures (SPEC §13), the clock of the message being handled, and the ids this
-run of the node names events with.  Everything else is some component's own
+The context holds the node's identity and configuration, who its peers are
+and which of them are unreachable, the two tables (the cluster's routing
+table and this node's local channels, SPEC §3), the counters and histograms
+the admin endpoint exposes, the decision journal, the capture buffer when the
+shell captures (SPEC §13), the clock of the message being handled, and the
+ids this run of the node names events with.  Everything else is some component's own
 state, reached through that component's methods.
 """
 
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from overlay.channels.local_table import LocalTable
 from overlay.channels.routing_table import RoutingTable
 from overlay.histograms import LATENCY_BOUNDS, TESTED_BOUNDS, BucketCounts
+from overlay.node.journal import Journal
 
 if TYPE_CHECKING:
     from overlay.capture import CaptureBuffer
@@ -28,12 +30,13 @@ class NodeContext:
     """One node's shared state (see the module docstring)."""
 
     __slots__ = (
+        "_capture",
         "_event_seq",
-        "capture",
         "config",
         "event_prefix",
         "id",
         "incarnation",
+        "journal",
         "latency_hist",
         "local",
         "me",
@@ -44,6 +47,7 @@ class NodeContext:
         "stats",
         "sub_prefix",
         "tested_hist",
+        "unreachable",
     )
 
     def __init__(self, config: ClusterConfig, node_id: int, incarnation: int) -> None:
@@ -56,17 +60,30 @@ class NodeContext:
         self.schema = config.schema
         # The other members; membership (drain, join) changes this list in place.
         self.peers: list[int] = [n for n in config.node_ids if n != node_id]
+        # Peers the shell reports down past the peer timeout: nothing waits for them.
+        self.unreachable: set[int] = set()
         self.routing = RoutingTable(self.schema)
         self.local = LocalTable(node_id)
         self.stats: Counter[str] = Counter()
         # Histograms the admin endpoint exposes (SPEC §14), filled on the hot path.
         self.tested_hist = BucketCounts(TESTED_BOUNDS)
         self.latency_hist = BucketCounts(LATENCY_BOUNDS)
-        self.capture: CaptureBuffer | None = None  # set by the shell when capturing (SPEC §13)
+        self.journal = Journal(node_id, self.stats)
+        self._capture: CaptureBuffer | None = None
         self.now = 0.0  # the `now` of the message being handled
         self.event_prefix = event_prefix(node_id, incarnation)
         self.sub_prefix = sub_prefix(node_id, incarnation)
         self._event_seq = 0
+
+    @property
+    def capture(self) -> CaptureBuffer | None:
+        """The capture buffer, set by the shell when it captures (SPEC §13)."""
+        return self._capture
+
+    @capture.setter
+    def capture(self, capture: CaptureBuffer | None) -> None:
+        self._capture = capture
+        self.journal.capture = capture
 
     def next_event_id(self) -> str:
         """A new event id of this run: ``node-incarnation-n``."""

@@ -1,0 +1,44 @@
+"""The node's journal of balancing and membership decisions (SPEC §7, §8, §14).
+
+Every decision a node takes — a slice closed, a state change, a migration,
+an abort, a split, a drain step, a peer joining — is one JSON-ready dict
+appended here (the last ``JOURNAL_SIZE``), mirrored into the capture when the
+shell captures (SPEC §13, kind ``journal``), and counted as
+``journal_<kind>``.  Operators read it through ``admin journal`` and the
+admin endpoint; the replay checks the decisions against the loads.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from overlay.capture import CaptureBuffer
+
+__all__ = ["JOURNAL_SIZE", "Journal"]
+
+# Entries a node keeps (a few hundred bytes each).
+JOURNAL_SIZE: Final = 2000
+
+
+class Journal:
+    """The entries, and how to stamp one: node id, time, slice number."""
+
+    __slots__ = ("_node", "_stats", "capture", "entries", "slice_no")
+
+    def __init__(self, node: int, stats: Counter[str]) -> None:
+        self._node = node
+        self._stats = stats
+        self.entries: deque[dict[str, Any]] = deque(maxlen=JOURNAL_SIZE)
+        self.capture: CaptureBuffer | None = None
+        # The current slice number: balancing's monitor owns it (set when it exists).
+        self.slice_no: Callable[[], int] = lambda: 0
+
+    def record(self, kind: str, now: float, **fields: Any) -> None:
+        entry = {"kind": kind, "node": self._node, "time": round(now, 4), "slice": self.slice_no(), **fields}
+        self.entries.append(entry)
+        if self.capture is not None:
+            self.capture.journal(entry)
+        self._stats[f"journal_{kind}"] += 1
