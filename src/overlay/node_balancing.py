@@ -319,8 +319,7 @@ class BalancingMixin:
             cand = self._candidates.pop(0)
             if cand.node not in self.peers or cand.node in self.unreachable:
                 continue
-            self._update_seq += 1
-            mig = OutgoingMigration(self._update_seq, cand.node, (), started=now, timeout=self.timeout)
+            mig = OutgoingMigration(self.updates.next_session(), cand.node, (), started=now, timeout=self.timeout)
             mig.candidate = cand
             self.outgoing[mig.session] = mig
             req = pm.RequestLoadBalance(self.monitor.d, self.monitor.dc, mig.session)
@@ -568,7 +567,7 @@ class BalancingMixin:
         )
         log.info("node %d: split %s on %s into %s", self.id, ch.id, cut.attr, ", ".join(str(c.id) for c in children))
         # What an operator who asked for it is told: the new ids and spaces.
-        self._broadcast_update(
+        self.updates.broadcast(
             [ch.id],
             entries,
             out,
@@ -614,7 +613,7 @@ class BalancingMixin:
             space=merged.space.text(self.schema),
             subscriptions=len(merged),
         )
-        self._broadcast_update([a.id, b.id], [(merged.id, entry)], out)
+        self.updates.broadcast([a.id, b.id], [(merged.id, entry)], out)
         return merged
 
 

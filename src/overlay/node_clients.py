@@ -440,7 +440,7 @@ class ClientsMixin:
             chid,
             list(entry.owners),
         )
-        self._broadcast_update((), [(chid, alone)], out)
+        self.updates.broadcast((), [(chid, alone)], out)
 
     def _admin_done(self: NodeCore, admin: tuple[int, int], result: Any, out: list[Action]) -> None:
         sid, seq = admin

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
@@ -79,6 +79,7 @@ from overlay.node.context import NodeContext, sub_prefix
 from overlay.node.groups import Groups
 from overlay.node.notify import UNDELIVERABLE, Notifier
 from overlay.node.ordering import ACKED, COMPLETE, SEQUENCED, Ordering
+from overlay.node.updates import TableUpdates
 from overlay.node_balancing import BalancingMixin
 from overlay.node_boot import Boot, owner_entries
 from overlay.node_clients import ClientsMixin, _Pending, _Session
@@ -93,21 +94,6 @@ log = logging.getLogger("overlay.node")
 # A message re-routed this many times is dropped (counted and logged): tables
 # that disagree for longer than a few hops are a bug, not a transient.
 MAX_HOPS: Final = 4
-# Deleted channels whose replacements a node remembers (for late reroutes);
-# far more than the splits and merges a late message can be behind.
-MAX_REPLACED: Final = 10_000
-
-
-class _TableUpdate:
-    """An UpdateRoutingTable broadcast waiting for every ReplyUpdateGlobal;
-    the operator who asked for it gets ``result`` then."""
-
-    __slots__ = ("admin", "result", "waiting")
-
-    def __init__(self, waiting: set[int], admin: tuple[int, int] | None, result: dict[str, Any]) -> None:
-        self.waiting = waiting
-        self.admin = admin
-        self.result = result
 
 
 class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, StatusMixin):
@@ -145,14 +131,12 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
         self._sub_owner: dict[str, tuple[int, str]] = {}  # global sub id -> (session, local id)
         self._pending: dict[str, _Pending] = {}
         self._session_seq = 0
-        self._update_seq = 0
-        self._updates: dict[int, _TableUpdate] = {}
-        self._replaced: dict[ChannelId, tuple[ChannelId, ...]] = {}  # deleted -> what replaced it
         self.outgoing: dict[int, OutgoingMigration] = {}
         self.incoming: dict[tuple[int, int], IncomingMigration] = {}
         self._reforward: dict[ChannelId, OutgoingMigration] = {}
         self._admin_waits: dict[int, tuple[int, int]] = {}  # migration session -> (client session, seq)
         self.timeout = config.cluster.peer_timeout
+        self.updates = TableUpdates(ctx, admin_done=self._admin_done)  # SPEC §3: UpdateRoutingTable
         # SPEC §10: ordered delivery per sequence key.
         self.ordering = Ordering(
             ctx,
@@ -170,7 +154,11 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
             close_session=self.client_closed,
         )
         self.groups = Groups(
-            ctx, self.notifier, self.ordering, replaced=self._replaced, subscriptions_failed=self._subscriptions_failed
+            ctx,
+            self.notifier,
+            self.ordering,
+            replaced=self.updates.replaced,
+            subscriptions_failed=self._subscriptions_failed,
         )
         self._init_balancing()
         ctx.journal.slice_no = lambda: self.monitor.slice_no
@@ -331,7 +319,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
             if entry.replicated:  # the other replicas hold its subscriptions
                 new = RouteEntry(entry.space, tuple(o for o in entry.owners if o != self.id))
                 self.routing.set(chid, new)
-                self._broadcast_update((), [(chid, new)], out)
+                self.updates.broadcast((), [(chid, new)], out)
                 left.append(str(chid))
             else:
                 self.local.add(Channel(chid, entry.space, self.schema))
@@ -347,7 +335,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
             )
             self.record("rejoin", self.now, recreated=recreated, replicas_left=left)
         for upd in self.boot_state.take_buffered():
-            self._apply_update(upd)
+            self.updates.apply(upd)
         self._init_waiting = set()  # an initialisation of ours, if any, is abandoned
         self._become_ready()
 
@@ -382,26 +370,6 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
         inc = self.incarnation if access == self.id else self.peer_incarnation.get(access)
         return inc is not None and not gid.startswith(sub_prefix(access, inc))
 
-    def _apply_update(self, msg: pm.UpdateRoutingTable) -> None:
-        self._note_replaced(msg)
-        dropped = [
-            i.ch_id
-            for i in msg.update_chs
-            if i.ch_id in self.local and self.id not in i.entry.owners and self._replica_set_shrank(i.ch_id, msg.origin)
-        ]
-        self.routing.apply(msg.delete_chs, ((i.ch_id, i.entry) for i in msg.update_chs))
-        for chid in dropped:  # rule 9
-            self.local.remove(chid)
-            self.stats["replicas_dropped"] += 1
-            log.info("node %d: channel %s is on node %d alone now; this replica dropped", self.id, chid, msg.origin)
-
-    def _replica_set_shrank(self, chid: ChannelId, origin: int) -> bool:
-        """Rule 9: the first owner of a replicated channel this node holds a
-        replica of took it back alone (only it may, so a late update from
-        anyone else never makes this node drop a channel it owns)."""
-        entry = self.routing.get(chid)
-        return entry is not None and entry.replicated and entry.owner == origin and self.id in entry.owners
-
     # == peers ===================================================================
 
     def handle_peer(self, src: int, msg: pm.PeerMessage, now: float) -> list[Action]:
@@ -431,7 +399,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
                     self._become_ready()
             case pm.UpdateRoutingTable():
                 if self.has_table:
-                    self._apply_update(msg)
+                    self.updates.apply(msg)
                 else:
                     self.boot_state.keep(msg)  # node_boot rule 5
                 out.append(ToPeer(src, pm.ReplyUpdateGlobal(msg.session, msg.origin)))
@@ -648,7 +616,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
             chans = [old]  # it moved: only its new owner(s), not every channel of the filter again
         else:
             chans = self.routing.lookup_subscription(f)
-            heirs = self._heirs(old)  # split or merged: only what replaced it
+            heirs = self.updates.heirs(old)  # split or merged: only what replaced it
             if heirs:
                 chans = [c for c in chans if c in heirs]
         self.stats["subscriptions_rerouted"] += 1
@@ -657,33 +625,6 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
         for chid in chans:
             fwd = msgspec.structs.replace(msg, ch_id=chid, hops=msg.hops + 1)
             self._dispatch_sub(fwd, out)
-
-    def _note_replaced(self, msg: pm.UpdateRoutingTable) -> None:
-        """Remember which channels replaced deleted ones (a split's children, a
-        merge's result), so a late (un)subscription for a deleted channel goes
-        on to those only — the access node sent its other copies itself."""
-        if not msg.delete_chs:
-            return
-        new = tuple(i.ch_id for i in msg.update_chs)
-        for c in msg.delete_chs:
-            self._replaced[c] = new
-        while len(self._replaced) > MAX_REPLACED:
-            del self._replaced[next(iter(self._replaced))]
-
-    def _heirs(self, chid: ChannelId) -> set[ChannelId]:
-        """The channels of the table that replaced ``chid``, through later splits and merges."""
-        heirs: set[ChannelId] = set()
-        todo, seen = [chid], set()
-        while todo:
-            c = todo.pop()
-            if c in seen:
-                continue
-            seen.add(c)
-            if c in self.routing:
-                heirs.add(c)
-            else:
-                todo.extend(self._replaced.get(c, ()))
-        return heirs
 
     def _dispatch_sub(self, msg: pm.Subscription | pm.UnSubscription, out: list[Action]) -> None:
         chid = msg.ch_id
@@ -744,31 +685,6 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
 
     # -- table updates ------------------------------------------------------------------
 
-    def _broadcast_update(
-        self,
-        delete: Iterable[ChannelId],
-        update: Iterable[tuple[ChannelId, RouteEntry]],
-        out: list[Action],
-        *,
-        session: int = -1,
-        admin: tuple[int, int] | None = None,
-        result: dict[str, Any] | None = None,
-    ) -> int:
-        self._update_seq += 1
-        uid = self._update_seq if session < 0 else session
-        msg = pm.UpdateRoutingTable(tuple(delete), tuple(pm.RouteItem(c, e) for c, e in update), uid, self.id)
-        self._note_replaced(msg)
-        for p in self.peers:
-            out.append(ToPeer(p, msg))
-        if session < 0:
-            waiting = set(self.peers) - self.unreachable
-            done = {"update": uid, **(result or {})}
-            if waiting:
-                self._updates[uid] = _TableUpdate(waiting, admin, done)
-            elif admin is not None:
-                self._admin_done(admin, done, out)
-        return uid
-
     def _on_update_reply(self, src: int, msg: pm.ReplyUpdateGlobal, now: float, out: list[Action]) -> None:
         mig = self.outgoing.get(msg.session)
         if (
@@ -780,14 +696,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
             if mig.on_update_reply(src, now) is OutState.DONE:
                 self._finish_outgoing(mig, out)
             return
-        upd = self._updates.get(msg.session)
-        if upd is None:
-            return
-        upd.waiting.discard(src)
-        if not upd.waiting:
-            del self._updates[msg.session]
-            if upd.admin is not None:
-                self._admin_done(upd.admin, upd.result, out)
+        self.updates.on_reply(src, msg.session, out)
 
     def peer_link(self, node: int, up: bool, now: float) -> list[Action]:
         """The shell reports a peer link's state (SPEC §10 rule 1: homes move at

@@ -202,7 +202,7 @@ class MembershipMixin:
             new = RouteEntry(entry.space, owners)
             self.local.remove(ch.id)
             self.routing.set(ch.id, new)
-            self._broadcast_update((), [(ch.id, new)], out)
+            self.updates.broadcast((), [(ch.id, new)], out)
             dr.replicas_left.append(str(ch.id))
             self.record(
                 "decision", now, phase="drain", action="leave_replicas", channel=str(ch.id), owners=list(owners)

@@ -61,8 +61,9 @@ class MigrationMixin:
                 )
         if receiver == self.id or receiver not in self.peers:
             raise LocalProtocolError(f"node {receiver} cannot receive channels from node {self.id}")
-        self._update_seq += 1
-        mig = OutgoingMigration(self._update_seq, receiver, channels, started=now, timeout=self.timeout, forced=forced)
+        mig = OutgoingMigration(
+            self.updates.next_session(), receiver, channels, started=now, timeout=self.timeout, forced=forced
+        )
         self.outgoing[mig.session] = mig
         if admin is not None:
             self._admin_waits[mig.session] = admin
@@ -116,7 +117,7 @@ class MigrationMixin:
                 entry = RouteEntry(ch.space, owners)
                 self.routing.set(c, entry)
                 updates.append((c, entry))
-            self._broadcast_update((), updates, out, session=mig.session)
+            self.updates.broadcast((), updates, out, session=mig.session)
             mig.updates_sent([p for p in self.peers if p not in self.unreachable], now)  # rule 5
             if mig.state is OutState.DONE:  # no live peer to wait for
                 self._finish_outgoing(mig, out)
@@ -276,9 +277,7 @@ class MigrationMixin:
         for mig in list(self.outgoing.values()):
             if mig.state is OutState.UPDATING and node in mig.waiting_updates:
                 self._on_update_reply(node, pm.ReplyUpdateGlobal(mig.session, self.id), self.now, out)
-        for session, upd in list(self._updates.items()):
-            if node in upd.waiting:
-                self._on_update_reply(node, pm.ReplyUpdateGlobal(session, self.id), self.now, out)
+        self.updates.stop_waiting_for(node, out)
 
     def _incoming_lost(self: NodeCore, key: tuple[int, int], inc: IncomingMigration, reason: str) -> None:
         """The sender of an incoming session is gone: channels the routing

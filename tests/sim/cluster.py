@@ -309,8 +309,8 @@ class SimCluster:
                 why.append(f"node {i}: outgoing sessions {active} active")
             if c.incoming:
                 why.append(f"node {i}: incoming sessions {sorted(c.incoming)}")
-            if c._updates:
-                why.append(f"node {i}: table updates {sorted(c._updates)} waiting")
+            if c.updates.waiting():
+                why.append(f"node {i}: table updates {c.updates.waiting()} waiting")
             if c._pending:
                 why.append(f"node {i}: {len(c._pending)} (un)subscriptions waiting: {sorted(c._pending)[:5]}")
             if c.monitor.busy:
