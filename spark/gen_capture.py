@@ -48,7 +48,7 @@ FLUSH_EVERY = 50_000
 
 class _NodeFile:
     def __init__(self, path: Path, buf: CaptureBuffer) -> None:
-        self.fh = open(path, "wb", buffering=1 << 20)
+        self.fh = open(path, "wb", buffering=1 << 20)  # noqa: SIM115 — open for the whole run; closed after its End record
         self.buf = buf
         self.enc = msgspec.json.Encoder()
         self.written = 0

@@ -1,13 +1,13 @@
-"""``spark-submit spark/replay_job.py RUN_DIR [--out DIR]``: the replay as a plain
-Spark application (the same job ``overlay replay`` runs), for clusters where
-jobs are submitted rather than driven from a laptop."""
+"""``spark-submit spark/replay_job.py RUN_DIR [--out DIR] …``: ``overlay replay``
+as a plain Spark application, for clusters where jobs are submitted rather
+than driven from a laptop.  The same command line, checks and exit codes as
+``overlay replay`` (0 passed, 1 a validation failed, 2 a bad argument or an
+unreadable capture); the submitting Python needs ``overlay[replay]`` installed.
+"""
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from overlay_spark.replay import main
+from overlay.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["replay", *sys.argv[1:]]))

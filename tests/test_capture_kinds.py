@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,11 +28,9 @@ import pytest
 
 from overlay import capture
 from overlay.node_membership import DrainState
+from overlay_spark import kinds
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "spark"))
-
-from overlay_spark import kinds  # noqa: E402 - spark/ is not an installed package
 
 pytestmark = pytest.mark.timeout(30)
 

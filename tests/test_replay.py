@@ -1,4 +1,4 @@
-"""The Spark replay (SPEC §13) on local Spark: ``spark/overlay_spark``.
+"""The Spark replay (SPEC §13) on local Spark: ``overlay_spark`` (src/overlay_spark).
 
 Three captures, one SparkSession for all (session-scoped, JIT at C1 so the
 JVM starts fast):
@@ -19,7 +19,6 @@ import json
 import math
 import shutil
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,11 +34,10 @@ from overlay.config import NodeConfig, load_config
 from overlay.net.node import Node
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "spark"))
 
 pytest.importorskip("pyspark")
 
-from overlay_spark.replay import run_replay  # noqa: E402
+from overlay_spark.replay import run_replay  # noqa: E402 - after the importorskip
 
 pytestmark = pytest.mark.timeout(900)  # a cold JVM on a busy 2-core machine
 

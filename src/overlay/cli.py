@@ -147,10 +147,8 @@ def _exit_now(code: int) -> None:
     after a signal is left behind (what it waits for will not come)."""
     log.debug("still closing %.1fs after the signal; exiting without waiting", INTERRUPT_GRACE)
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # closed, or a broken pipe: nothing more to say
             stream.flush()
-        except (OSError, ValueError):  # closed, or a broken pipe: nothing more to say
-            pass
     os._exit(code)
 
 
@@ -792,10 +790,8 @@ async def _sub(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        try:
+        with contextlib.suppress(TimeoutError):  # --seconds are over
             await asyncio.wait_for(_notes(sub, args.count), args.seconds)
-        except TimeoutError:
-            pass  # --seconds are over
         # Acknowledged by the nodes; a node that is gone drops the session's
         # subscriptions with the connection anyway.
         await finish_within(sub.close(), CLOSE_TIMEOUT, "unsubscribing")
@@ -862,7 +858,7 @@ async def _statuses(cfg: ClusterConfig) -> list[dict[str, Any] | None]:
 
 
 def _level_bar(x: float, top: float, width: int = 10) -> str:
-    filled = min(width, int(round(width * x / top))) if top > 0 else 0
+    filled = min(width, round(width * x / top)) if top > 0 else 0
     return "█" * filled + "·" * (width - filled)
 
 
@@ -1020,13 +1016,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UsageError(f"{run} holds no capture (node-*.ndjson): `overlay cluster up F --capture {run}` makes one")
     if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
         raise UsageError(f"--out {args.out}: exists and is not a directory")
-    # The Spark jobs live in the repository's spark/ directory (SPEC §13);
-    # OVERLAY_SPARK_DIR points elsewhere when the package is installed alone.
-    spark_dir = os.environ.get("OVERLAY_SPARK_DIR") or str(Path(__file__).resolve().parents[2] / "spark")
-    if not Path(spark_dir, "overlay_spark").is_dir():
-        raise CommandFailed(f"the Spark jobs are not in {spark_dir}; set OVERLAY_SPARK_DIR to the repository's spark/")
-    if spark_dir not in sys.path:
-        sys.path.insert(0, spark_dir)
     from overlay_spark.replay import run_from_args
 
     return run_from_args(args)

@@ -34,7 +34,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from overlay_spark.records import Capture
+from overlay_spark.records import Capture, aggregate_row
 
 __all__ = ["EXAMPLES", "audit"]
 
@@ -122,7 +122,7 @@ def audit(cap: Capture, events: DataFrame, rematched: DataFrame) -> dict[str, An
         F.array_except(m, r).alias("extra_ids"),
         F.array_except(F.array_distinct(d), m).alias("unexpected_ids"),
     ).persist(StorageLevel.MEMORY_AND_DISK)
-    totals = (
+    totals = aggregate_row(
         per.agg(
             *[F.sum(k).alias(k) for k in sets],
             *[F.sum(F.col(k).cast("long")).alias(k) for k in flags],
@@ -133,9 +133,7 @@ def audit(cap: Capture, events: DataFrame, rematched: DataFrame) -> dict[str, An
             F.sum(F.col("tail").cast("long")).alias("tail_events"),
             F.sum(F.col("key").isNotNull().cast("long")).alias("keyed"),
         )
-        .first()
-        .asDict()
-    )
+    ).asDict()
     totals = {k: int(v or 0) for k, v in totals.items()}
     examples: dict[str, list[dict[str, Any]]] = {}
     for k, ids in (
@@ -183,7 +181,9 @@ def audit(cap: Capture, events: DataFrame, rematched: DataFrame) -> dict[str, An
     # the nodes count those, and the capture has the counts, not the ids.
     evc["expired"] = 0
     if cap.has("sequencer"):
-        row = cap.df("sequencer").groupBy("node").agg(F.max("expired_dropped").alias("x")).agg(F.sum("x")).first()
+        row = aggregate_row(
+            cap.df("sequencer").groupBy("node").agg(F.max("expired_dropped").alias("x")).agg(F.sum("x"))
+        )
         evc["expired"] = int(row[0] or 0)
     order = _order(cap, events) if totals["keyed"] else None
     if order is not None:
@@ -202,15 +202,13 @@ def _order(cap: Capture, events: DataFrame) -> dict[str, Any]:
     w = Window.partitionBy("sub", "key").orderBy("node", "n")
     d = d.withColumn("prev", F.lag("rank").over(w)).withColumn("prev_event", F.lag("event").over(w))
     d = d.withColumn("bad", F.col("prev").isNotNull() & (F.col("rank") <= F.col("prev"))).persist()
-    res = (
+    res = aggregate_row(
         d.agg(
             F.count("*").alias("deliveries"),
             F.countDistinct("key").alias("keys"),
             F.sum(F.col("bad").cast("long")).alias("violations"),
         )
-        .first()
-        .asDict()
-    )
+    ).asDict()
     violations = int(res["violations"] or 0)
     ex = (
         [

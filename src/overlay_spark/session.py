@@ -80,7 +80,7 @@ def ship_code(spark: SparkSession) -> None:
     if getattr(sc, "_overlay_shipped", False):
         return
     packages = [Path(__file__).resolve().parent]
-    if not sc.master.startswith("local"):
+    if not (sc.master or "local").startswith("local"):
         import overlay
 
         packages.append(Path(overlay.__file__).resolve().parent)
@@ -146,7 +146,7 @@ class Progress:
                     info = tracker.getStageInfo(sid)
                     if info is not None:
                         parts.append(f"stage {sid}: {info.numCompletedTasks}/{info.numTasks} tasks")
-            except Exception:  # the context is stopping; progress is best effort
+            except Exception:  # noqa: BLE001 — the context is stopping; progress is best effort
                 return
             line = "      … " + ", ".join(parts) if parts else ""
             if line and line != last:

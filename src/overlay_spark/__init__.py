@@ -19,16 +19,6 @@ Everything that touches events is a DataFrame operation; only aggregates
 driver.
 """
 
-__all__ = ["main", "run_replay"]
+from overlay_spark.replay import ReplayResult, run_replay
 
-
-def run_replay(*args, **kwargs):
-    from overlay_spark.replay import run_replay as _run
-
-    return _run(*args, **kwargs)
-
-
-def main(argv=None):
-    from overlay_spark.replay import main as _main
-
-    return _main(argv)
+__all__ = ["ReplayResult", "run_replay"]

@@ -34,6 +34,7 @@ the per-slice sums (``loads.slice_cost_check``).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any, Final
 
 from pyspark import StorageLevel
@@ -249,6 +250,15 @@ def _event_keys(attrs: list[dict[str, Any]]) -> Column:
     return F.filter(F.array(*keys), lambda k: k.isNotNull())
 
 
+def _prefixed(pfx: Column, key: Callable[[Column], Column]) -> Callable[[Column], Column]:
+    """``pfx`` + ``key(x)``, as the one-argument function ``F.transform`` takes."""
+    return lambda x: F.concat(pfx, key(x))
+
+
+def _bucket_text(a: dict[str, Any]) -> Callable[[Column], Column]:
+    return lambda x: _bucket(x.cast(a["type"]), a).cast("string")
+
+
 def _sub_keys(attrs: list[dict[str, Any]]) -> Column:
     expr = F.when(F.lit(False), F.array().cast("array<string>"))
     for a in attrs:
@@ -256,21 +266,19 @@ def _sub_keys(attrs: list[dict[str, Any]]) -> Column:
         kk = F.col("parsed.key_kind")
         if a["ordered"]:
             pfx = F.lit(f"{a['i']}#")
-            points = F.transform(
-                F.col("parsed.key_vals"), lambda x: F.concat(pfx, _bucket(x.cast(a["type"]), a).cast("string"))
-            )
+            points = F.transform(F.col("parsed.key_vals"), _prefixed(pfx, _bucket_text(a)))
             rng = F.transform(
                 F.sequence(
                     _bucket(F.col("parsed.key_lo").cast(a["type"]), a),
                     _bucket(F.col("parsed.key_hi").cast(a["type"]), a),
                 ),
-                lambda b: F.concat(pfx, b.cast("string")),
+                _prefixed(pfx, lambda b: b.cast("string")),
             )
             expr = expr.when(is_attr & (kk == "points"), F.array_distinct(points)).when(is_attr & (kk == "range"), rng)
         else:
             pfx = F.lit(f"{a['i']}=")
             expr = expr.when(
-                is_attr & (kk == "points"), F.transform(F.col("parsed.key_vals"), lambda x: F.concat(pfx, x))
+                is_attr & (kk == "points"), F.transform(F.col("parsed.key_vals"), _prefixed(pfx, lambda x: x))
             )
     return expr
 

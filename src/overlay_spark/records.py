@@ -16,12 +16,20 @@ from pathlib import Path
 from typing import Any, Final
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from overlay_spark.kinds import KIND_SCHEMAS, KindReport, classify
 
-__all__ = ["KIND_SCHEMAS", "SUPPORTED_VERSIONS", "Capture", "CaptureError", "NodeInfo", "load_capture"]
+__all__ = [
+    "KIND_SCHEMAS",
+    "SUPPORTED_VERSIONS",
+    "Capture",
+    "CaptureError",
+    "NodeInfo",
+    "aggregate_row",
+    "load_capture",
+]
 
 SUPPORTED_VERSIONS: Final = frozenset({1})
 
@@ -63,6 +71,14 @@ class Capture:
     @property
     def capacity(self) -> dict[int, float]:
         return {n.id: n.capacity for n in self.nodes}
+
+
+def aggregate_row(df: DataFrame) -> Row:
+    """The one row of a global aggregate (``df.agg(…)`` without a grouping has
+    exactly one row, even over no input)."""
+    row = df.first()
+    assert row is not None, "a global aggregate has one row"
+    return row
 
 
 def capture_pattern(run_dir: str) -> str:

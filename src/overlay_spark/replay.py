@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-__all__ = ["ReplayResult", "main", "run_replay"]
+__all__ = ["ReplayResult", "run_from_args", "run_replay"]
 
 STEPS: Final = 9
 
@@ -50,7 +50,7 @@ def run_replay(
 
     from overlay_spark import audit as audit_mod
     from overlay_spark import loads, rematch
-    from overlay_spark.records import load_capture
+    from overlay_spark.records import aggregate_row, load_capture
     from overlay_spark.report import Check, plot_loads, plot_spread, write_csv, write_markdown
     from overlay_spark.session import Progress, make_session
 
@@ -71,9 +71,9 @@ def run_replay(
         nodes = [n.id for n in cap.nodes]
         guard = cap.slice_seconds if tail_guard is None else tail_guard
         end_times = [e["time"] for e in cap.ends.values()]
-        last = cap.parsed.agg(
-            F.max(F.coalesce(*[F.col(f"`{k}`.time") for k in ("publish", "event", "deliver", "slice")]))
-        ).first()[0]
+        last = aggregate_row(
+            cap.parsed.agg(F.max(F.coalesce(*[F.col(f"`{k}`.time") for k in ("publish", "event", "deliver", "slice")])))
+        )[0]
         t_end = min(end_times) if len(end_times) == len({h["node"] for h in cap.headers}) else (last or cap.t0)
         tail_from = t_end - guard
 
@@ -387,26 +387,6 @@ def _summary(
     stream.flush()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="overlay replay", description="replay a capture on Spark (SPEC §13)")
-    add_arguments(p)
-    return p
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run_dir", help="directory holding the run's node-*.ndjson files")
-    p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
-    p.add_argument("--out", default=None, help="report directory (default RUN_DIR/report)")
-    p.add_argument(
-        "--tail-guard",
-        type=float,
-        default=None,
-        help="seconds before the first node stopped whose events the loss checks skip (default: one slice)",
-    )
-    p.add_argument("--partitions", type=int, default=8, help="shuffle partitions (default 8)")
-    p.add_argument("--quiet", action="store_true", help="no progress lines")
-
-
 def run_from_args(args: argparse.Namespace) -> int:
     from overlay_spark.records import CaptureError
 
@@ -429,11 +409,3 @@ def run_from_args(args: argparse.Namespace) -> int:
         if res.failed:
             print(f"FAILED: {', '.join(res.failed)}", file=sys.stderr)
     return res.exit_code
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run_from_args(build_parser().parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -172,9 +172,11 @@ def write_markdown(path: Path, r: dict[str, Any]) -> None:
     lines = [
         f"# Replay of run `{r['run']}`",
         "",
-        f"Capture: `{r['path']}` — {len(r['nodes'])} nodes, slice T = {r['slice_seconds']} s, "
-        f"{h['duration']:.1f} s of records, initializer node {r['initializer']}. "
-        f"Replayed on Spark `{r['master']}` in {r['elapsed']:.1f} s.",
+        (
+            f"Capture: `{r['path']}` — {len(r['nodes'])} nodes, slice T = {r['slice_seconds']} s, "
+            f"{h['duration']:.1f} s of records, initializer node {r['initializer']}. "
+            f"Replayed on Spark `{r['master']}` in {r['elapsed']:.1f} s."
+        ),
         "",
         f"**Result: {'all validations passed' if not r['failed'] else 'FAILED: ' + ', '.join(r['failed'])}**",
         "",
@@ -212,17 +214,21 @@ def write_markdown(path: Path, r: dict[str, Any]) -> None:
         "",
         "![S/dc̄ with and without balancing](s_over_mean.png)",
         "",
-        f"Windows of T = {r['slice_seconds']} s from the first header; each event's tested count is charged to "
-        "the node that matched it (blue) or, in the counterfactual, to the node that owned its space at the "
-        "start — the initializer, since only migrations move space (red).  Green dots: the nodes' own slice "
-        "reports (slice records, slices every node reported).",
+        (
+            f"Windows of T = {r['slice_seconds']} s from the first header; each event's tested count is charged to "
+            "the node that matched it (blue) or, in the counterfactual, to the node that owned its space at the "
+            "start — the initializer, since only migrations move space (red).  Green dots: the nodes' own slice "
+            "reports (slice records, slices every node reported)."
+        ),
         "",
         "![per-node load](load_stacked.png)",
         "",
         "## Migrations",
         "",
-        "S/dc̄ of the last complete slice that ended before the session started and of the first that "
-        "started after it finished (`migrations.csv`).",
+        (
+            "S/dc̄ of the last complete slice that ended before the session started and of the first that "
+            "started after it finished (`migrations.csv`)."
+        ),
         "",
     ]
     lines += _table(
@@ -249,9 +255,11 @@ def write_markdown(path: Path, r: dict[str, Any]) -> None:
         "",
         "## Costs: reported against recomputed",
         "",
-        "Per node, the slice loads the node reported and the sum of the tested counts of the events it "
-        "matched (`costs.csv`, per slice in `slice_costs.csv`).  Slices in which the node split, merged "
-        "or moved a channel are `changed`: the departing channel took its slice-in-progress cost along.",
+        (
+            "Per node, the slice loads the node reported and the sum of the tested counts of the events it "
+            "matched (`costs.csv`, per slice in `slice_costs.csv`).  Slices in which the node split, merged "
+            "or moved a channel are `changed`: the departing channel took its slice-in-progress cost along."
+        ),
         "",
     ]
     lines += _table(r["costs"], ["node", "slices", "reported_d", "recomputed_d", "changed_slices", "bad_slices"])

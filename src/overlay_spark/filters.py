@@ -42,12 +42,16 @@ def _text(v: Any) -> str:
     return v if isinstance(v, str) else repr(v) if isinstance(v, float) else str(v)
 
 
-def _key(f: Any, schema: Any) -> tuple[str, str | None, list[str] | None, str | None, str | None]:
+# (kind, attr, values, lo, hi): how a subscription is looked up in the candidate join.
+Key = tuple[str, str | None, list[str] | None, str | None, str | None]
+
+
+def _key(f: Any, schema: Any) -> Key:
     """(kind, attr, values, lo, hi) of the most selective attribute of ``f``."""
     from overlay.channels.predicates import Op
     from overlay.channels.schema import Kind
 
-    best: tuple[float, tuple[str, str | None, list[str] | None, str | None, str | None]] | None = None
+    best: tuple[float, Key] | None = None
     for name in sorted(f.attrs()):
         attr = schema.attributes[name]
         points: set[Any] | None = None
@@ -63,7 +67,10 @@ def _key(f: Any, schema: Any) -> tuple[str, str | None, list[str] | None, str | 
             if not points:
                 return ("never", name, None, None, None)
             if len(points) <= MAX_KEYS:
-                cand = (len(points) * 1e-6, ("points", name, sorted(_text(v) for v in points), None, None))
+                cand: tuple[float, Key] = (
+                    len(points) * 1e-6,
+                    ("points", name, sorted(_text(v) for v in points), None, None),
+                )
                 if best is None or cand[0] < best[0]:
                     best = cand
                 continue
@@ -95,7 +102,14 @@ def parse_filter(text: str | None, schema_json: str) -> dict[str, Any]:
     from overlay.channels.expressions import parse_subscription
     from overlay.errors import OverlayError
 
-    empty = {"preds": [], "key_kind": "never", "key_attr": None, "key_vals": None, "key_lo": None, "key_hi": None}
+    empty: dict[str, Any] = {
+        "preds": [],
+        "key_kind": "never",
+        "key_attr": None,
+        "key_vals": None,
+        "key_lo": None,
+        "key_hi": None,
+    }
     if text is None:
         return {"ok": False, "error": "no filter text", **empty}
     schema = _schema(schema_json)

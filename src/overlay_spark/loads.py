@@ -45,7 +45,7 @@ def slice_table(spark: SparkSession, cap: Capture) -> DataFrame:
         F.min(F.col("time") - F.col("slice_seconds")).alias("t_start"),
         F.max("time").alias("t_end"),
     )
-    ids = [n.id for n in cap.nodes]
+    ids: list[bool | float | int | str] = [n.id for n in cap.nodes]  # (pivot's type for its values)
     wide = sl.groupBy("slice").pivot("node", ids).agg(F.first("d").alias("d"), F.first("dcx").alias("dc"))
     for i in ids:
         wide = wide.withColumnRenamed(f"{i}_d", f"d_{i}").withColumnRenamed(f"{i}_dc", f"dc_{i}")
