@@ -1,0 +1,53 @@
+"""Test helpers: real overlay nodes on loopback, in the test's own process.
+
+As ``trio.testing`` ships with trio, this ships with overlay, so the test
+suite, ``bench/`` and an application's own tests start clusters the same way::
+
+    from overlay.config import load_config
+    from overlay.testing import LoopbackCluster, wait_until
+
+    async with LoopbackCluster(load_config("cluster.toml"), 3, balancing=False) as cl:
+        sub = await (await cl.client(1)).subscribe("price < 100")
+        await (await cl.client(0)).publish({"price": 1.0, "sym": "A"})
+        note = await sub.next(5.0)
+        await cl.stop_node(2)
+        await wait_until(lambda: 2 not in cl.nodes[0].core.peers, what="node 2 gone")
+
+What is here:
+
+* ``LoopbackCluster`` — n ``overlay.net.node.Node``s on ephemeral 127.0.0.1
+  ports: admin HTTP ports, capacities, config overrides (``override``),
+  capture; stop, crash, restart or join a node; ``Client``, ``AgentClient``
+  and ``RawClient`` connections; counters, journals, quietness.
+* ``RawClient`` — the client protocol spoken directly (key, rank, group,
+  weight and load factor set by the test).
+* ``wait_until``, ``nodes_quiet``, ``bound_socket``, ``free_ports`` — bounded
+  condition waits and loopback sockets.
+* ``Ledger``/``Sub`` — the exactly-once ledger of SPEC §8.2;
+  ``Traffic``, ``skewed_price``, ``range_subscriptions`` — skewed load that
+  makes a cluster balance.
+"""
+
+from overlay.testing._cluster import LoopbackCluster, override
+from overlay.testing._ledger import Ledger, Sub
+from overlay.testing._loopback import WAIT, bound_socket, free_ports, nodes_quiet, wait_until
+from overlay.testing._raw_client import RawClient
+from overlay.testing._traffic import GOLDEN, QUEUE_SIZE, Traffic, range_subscriptions, skewed_price
+
+__all__ = [
+    "GOLDEN",
+    "QUEUE_SIZE",
+    "WAIT",
+    "Ledger",
+    "LoopbackCluster",
+    "RawClient",
+    "Sub",
+    "Traffic",
+    "bound_socket",
+    "free_ports",
+    "nodes_quiet",
+    "override",
+    "range_subscriptions",
+    "skewed_price",
+    "wait_until",
+]

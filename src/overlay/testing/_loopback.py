@@ -1,0 +1,101 @@
+"""Loopback sockets, bounded condition waits, and "nothing left to do" on real nodes.
+
+Rules this module keeps:
+
+1. A socket handed to a node is bound (and listening) before the node or the
+   cluster config exists, so its port is known and no other process can take
+   it in between; ``free_ports`` is only for node *processes*, which bind
+   their own port (a socket cannot be handed over), and it may race.
+2. Every wait is bounded and polls a condition: a loaded machine only makes
+   the condition come later, never makes a test pass on a guess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Callable, Collection, Iterable
+from typing import Final
+
+from overlay.net.node import Node
+
+HOST: Final = "127.0.0.1"
+# Connections a listening socket holds before they are accepted: a bench's
+# burst of publishers connecting at once is never refused.
+BACKLOG: Final = 512
+# How long a harness operation (a node starting, a cluster ready) may take
+# before it is a failure: seconds, generous for a loaded 2-core machine.
+WAIT: Final = 10.0
+# Between two polls of a condition: short next to any test's bound, long
+# enough that polling costs the nodes sharing the loop next to nothing.
+POLL: Final = 0.005
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports free just now, for the configs of node
+    processes (rule 1: another process may take one before the node binds it)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind((HOST, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def bound_socket(port: int = 0, *, listen: bool = True, sndbuf: int | None = None) -> socket.socket:
+    """A TCP socket bound to 127.0.0.1:``port`` (0: an ephemeral one), to hand
+    to a ``Node`` (rule 1).  ``listen=False`` leaves it bound but refusing
+    connections: a peer that is down until the test listens on it itself.
+    ``sndbuf`` sets the send buffer, which the sockets it accepts inherit
+    (Linux): small buffers make a slow reader visible at once."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # A restarted node takes its port back while connections of its last run linger in TIME_WAIT.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if sndbuf is not None:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+        s.bind((HOST, port))
+        if listen:
+            s.listen(BACKLOG)
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+async def wait_until(
+    cond: Callable[[], object], timeout: float = WAIT, what: str = "condition", step: float = POLL
+) -> None:
+    """Return once ``cond()`` is true; ``AssertionError`` naming ``what`` if it
+    is still false after ``timeout`` seconds (rule 2).  For state that has no
+    event of its own to await."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(step)
+
+
+def nodes_quiet(nodes: Iterable[Node], peers: Collection[int] | None = None) -> bool:
+    """Nothing left to do on any of these running nodes: no inbound message
+    queued, nothing queued for a client or for a connected peer (of
+    ``peers`` only, when given: a silent or dead peer's queue never drains),
+    no balancing session and no (un)subscription open.  What a test waits for
+    before it compares counters, instead of pausing for a guess at how long
+    the rest takes."""
+    for n in nodes:
+        if len(n.inbox) or any(len(w.queue) for w in n.clients.values()):
+            return False
+        for p, link in n.links.items():
+            if (peers is None or p in peers) and link.connected.is_set() and len(link.queue):
+                return False
+        core = n.core
+        # Private to the core, read as they are: the core has no "busy" of its own (yet).
+        if core.incoming or core._pending or any(m.active for m in core.outgoing.values()):
+            return False
+    return True
