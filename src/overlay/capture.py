@@ -349,7 +349,7 @@ def header_for(config: ClusterConfig, node_id: int, run: str, now: float) -> Hea
         [{"id": n.id, "capacity": n.capacity} for n in config.nodes],
         {
             "default": config.bandwidth.default,
-            "links": [{"a": l.a, "b": l.b, "bw": l.bw} for l in config.bandwidth.links],
+            "links": [{"a": link.a, "b": link.b, "bw": link.bw} for link in config.bandwidth.links],
         },
         _schema_doc(config),
         cl.balancing,

@@ -13,6 +13,7 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.schema import Schema
@@ -33,7 +34,7 @@ def mergeable_pairs(channels: Sequence[Channel], schema: Schema) -> list[tuple[C
     """Rule 1: neighbours in sort order whose union is one contiguous space."""
     ordered = sort_channels(channels)
     out = []
-    for a, b in zip(ordered, ordered[1:]):
+    for a, b in pairwise(ordered):
         space = a.space.union(b.space, schema)
         if space is not None:
             out.append((a, b, space))

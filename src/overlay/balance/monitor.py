@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import enum
 import random
+from itertools import pairwise
 from typing import Final
 
 import msgspec
@@ -234,7 +235,7 @@ class Monitor:
         if (
             len(runs) == JITTER_RUNS
             and runs[-1] == self.slice_no
-            and all(b - a <= JITTER_GAP for a, b in zip(runs, runs[1:]))
+            and all(b - a <= JITTER_GAP for a, b in pairwise(runs))
         ):
             self.slice_seconds = self.base_slice * STRETCH
         elif self._runs and self.slice_no - self._runs[-1] >= CALM_SLICES:

@@ -176,7 +176,7 @@ def choose_channels(
         if s.load <= 0:
             continue
         if abs(total + s.load - phi) <= window:
-            return ChannelChoice(phi, result, tuple(prefix + [s.ch_id]))
+            return ChannelChoice(phi, result, (*prefix, s.ch_id))
         if total + s.load > phi + window:
             if by_id[s.ch_id].splittable:
                 return ChannelChoice(phi, result, tuple(prefix), s.ch_id, phi - total)

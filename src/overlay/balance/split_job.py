@@ -281,4 +281,4 @@ def divide_records(
         else:
             st._records = SortedDict(zip(part, values))
         share = st.events / total
-        st.access = {n: int(round(cnt * share)) for n, cnt in src.access.items()}
+        st.access = {n: round(cnt * share) for n, cnt in src.access.items()}

@@ -43,9 +43,7 @@ class Interval(msgspec.Struct, frozen=True, array_like=True):
             return False
         if v == lo and self.lo_open:
             return False
-        if v == hi and self.hi_open:
-            return False
-        return True
+        return not (v == hi and self.hi_open)
 
     def text(self) -> str:
         return f"{'(' if self.lo_open else '['}{self.lo}, {self.hi}{')' if self.hi_open else ']'}"
