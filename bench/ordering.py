@@ -4,7 +4,7 @@
 
 One in-process cluster of 3 nodes on loopback (balancing off); a publisher on
 node 0 pipelines publishes; subscribers are raw protocol clients
-(``tests/ordcluster.py``) that ack every notification at once.
+(``overlay.testing.RawClient``) that ack every notification at once.
 
 * **ordered**: events/s delivered with 1, 100 and 1,000 sequence keys,
   against unordered events of the same cluster in the same run.  Target: with
@@ -23,14 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from overlay.config import load_config
+from overlay.testing import LoopbackCluster, RawClient, wait_until
 
-from ordcluster import OrdCluster, Raw, until
-
+LOCAL = load_config(Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml")
 WINDOW = 2000
 
 
@@ -38,7 +37,7 @@ def ev(i: int) -> dict:
     return {"price": float(i % 1000), "sym": "AB", "qty": i}
 
 
-async def pump(pub: Raw, n: int, key_of=None) -> None:
+async def pump(pub: RawClient, n: int, key_of=None) -> None:
     """Publish n events with at most WINDOW unanswered (a callback per reply, not
     asyncio.wait over the window: that would cost O(WINDOW) per wake-up)."""
     room = asyncio.Event()
@@ -61,7 +60,7 @@ async def pump(pub: Raw, n: int, key_of=None) -> None:
         await room.wait()
 
 
-async def throughput(cl: OrdCluster, sub: Raw, pub: Raw, n: int, keys: int) -> tuple[float, float]:
+async def throughput(cl: LoopbackCluster, sub: RawClient, pub: RawClient, n: int, keys: int) -> tuple[float, float]:
     """(events/s by the wall clock, events per CPU-second of this process).
 
     The whole cluster and its clients run in this one process, so the second
@@ -69,18 +68,18 @@ async def throughput(cl: OrdCluster, sub: Raw, pub: Raw, n: int, keys: int) -> t
     start_notes = len(sub.notes)
     t, c = time.perf_counter(), time.process_time()
     await pump(pub, n, (lambda i: f"key{i % keys}") if keys else None)
-    await until(lambda: len(sub.notes) - start_notes >= n, 120, "delivery")
+    await wait_until(lambda: len(sub.notes) - start_notes >= n, 120, "delivery")
     return n / (time.perf_counter() - t), n / (time.process_time() - c)
 
 
 async def ordered_section(n: int, rounds: int = 3) -> list[tuple[str, tuple[float, float]]]:
     """Cases interleaved over ``rounds`` rounds, medians reported: the machine's
     other load shifts every case alike."""
-    cl = await OrdCluster(3).start()
+    cl = await LoopbackCluster(LOCAL, 3, balancing=False).start()
     try:
-        sub = await cl.client(1)
+        sub = await cl.raw(1)
         await sub.subscribe("price >= 0")
-        pub = await cl.client(0)
+        pub = await cl.raw(0)
         await throughput(cl, sub, pub, 2000, 0)  # warm-up
         cases = [
             ("unordered", 0, n),
@@ -99,37 +98,37 @@ async def ordered_section(n: int, rounds: int = 3) -> list[tuple[str, tuple[floa
 
 
 async def shares_section(n: int) -> float:
-    cl = await OrdCluster(3).start()
+    cl = await LoopbackCluster(LOCAL, 3, balancing=False).start()
     try:
         weights = [1.0, 2.0, 3.0]
-        inst = [await cl.client(i) for i in range(3)]
+        inst = [await cl.raw(i) for i in range(3)]
         for c, w in zip(inst, weights):
             await c.subscribe("price >= 0", group="g", weight=w)
-        pub = await cl.client(0)
+        pub = await cl.raw(0)
         await pump(pub, n)
-        await until(lambda: sum(len(c.notes) for c in inst) >= n, 60, "group delivery")
+        await wait_until(lambda: sum(len(c.notes) for c in inst) >= n, 60, "group delivery")
         return max(abs(len(c.notes) / n - w / sum(weights)) for c, w in zip(inst, weights))
     finally:
         await cl.stop()
 
 
 async def latency_section(aware: bool, n: int = 2500, rate: float = 500.0) -> float:
-    cl = await OrdCluster(3).start()
+    cl = await LoopbackCluster(LOCAL, 3, balancing=False).start()
     try:
-        inst = [await cl.client(i) for i in range(3)]
+        inst = [await cl.raw(i) for i in range(3)]
         inst[2].delay = 0.010
         if aware:
             inst[2].lf = 0.9
         for c in inst:
             await c.subscribe("price >= 0", group="g")
-        pub = await cl.client(0)
+        pub = await cl.raw(0)
         t0 = time.perf_counter()
         for i in range(n):
             pub.publish_nowait(ev(i))
             lag = t0 + (i + 1) / rate - time.perf_counter()
             if lag > 0:
                 await asyncio.sleep(lag)
-        await until(lambda: sum(len(c.acked) for c in inst) >= n, 60, "every event acked")
+        await wait_until(lambda: sum(len(c.acked) for c in inst) >= n, 60, "every event acked")
         lat = sorted(d for c in inst for _, d in c.acked)  # receive → ack, i.e. queue + processing
         return lat[int(0.99 * (len(lat) - 1))]
     finally:

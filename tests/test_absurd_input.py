@@ -15,13 +15,14 @@ import math
 
 import pytest
 
+from conftest import LOCAL
 from coreworld import EC, World
 from overlay.channels.expressions import MAX_EXPRESSION_LENGTH
 from overlay.channels.subscriptions import Subscription
 from overlay.client import Client
 from overlay.errors import LocalProtocolError, RequestError
 from overlay.messages import client as cm
-from test_node import Cluster
+from overlay.testing import LoopbackCluster
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,7 +33,7 @@ async def _request(c: Client, make) -> cm.ClientMessage:
     return await c._request(make, 5.0)
 
 
-async def _everyone_still_publishes(cluster: Cluster) -> None:
+async def _everyone_still_publishes(cluster: LoopbackCluster) -> None:
     """A publish through each node reaches a subscriber on each node."""
     subs = []
     for node in cluster.nodes:
@@ -100,8 +101,7 @@ async def _everyone_still_publishes(cluster: Cluster) -> None:
     ],
 )
 async def test_an_absurd_request_is_refused_by_name_and_every_node_keeps_serving(request_, code, words) -> None:
-    cluster = await Cluster().start()
-    try:
+    async with LoopbackCluster(LOCAL, balancing=False) as cluster:
         c = await cluster.client(0, client_id="absurd")
         reply = await _request(c, request_)
         assert isinstance(reply, cm.Error) and reply.code == code, reply
@@ -109,13 +109,10 @@ async def test_an_absurd_request_is_refused_by_name_and_every_node_keeps_serving
         assert c.connected  # the session stays open
         await _everyone_still_publishes(cluster)
         assert all(len(n.core.routing) == 1 for n in cluster.nodes.values())
-    finally:
-        await cluster.stop()
 
 
 async def test_a_nan_publish_time_is_replaced_by_the_node_clock() -> None:
-    cluster = await Cluster().start()
-    try:
+    async with LoopbackCluster(LOCAL, balancing=False) as cluster:
         c = await cluster.client(1, client_id="clock")
         sub = await c.subscribe("price < 10")
         reply = await _request(c, lambda seq: cm.Publish(seq, {"price": 1.0, "sym": "A"}, NAN))
@@ -123,8 +120,6 @@ async def test_a_nan_publish_time_is_replaced_by_the_node_clock() -> None:
         note = await sub.next(5.0)
         assert math.isfinite(note.publish_time) and note.publish_time > 0
         await _everyone_still_publishes(cluster)
-    finally:
-        await cluster.stop()
 
 
 def test_one_subscription_that_cannot_be_dispatched_does_not_cost_the_others_their_event() -> None:
@@ -175,26 +170,20 @@ def test_matching_that_raises_for_one_subscription_serves_the_others(caplog: pyt
 
 
 async def test_the_client_refuses_a_rank_past_the_bound_before_sending() -> None:
-    cluster = await Cluster().start()
-    try:
+    async with LoopbackCluster(LOCAL, balancing=False) as cluster:
         c = await cluster.client(0, client_id="ranks")
         with pytest.raises(Exception, match="rank"):
             await c.publish({"price": 1.0, "sym": "A"}, key="k", rank=2**60)
         with pytest.raises(RequestError, match="bad_group"):
             await c.subscribe("price < 1", group="g", weight=1e308)
-    finally:
-        await cluster.stop()
 
 
 @pytest.mark.parametrize("timeout", [NAN, math.inf, 1e308, 0.0, -1.0])
 async def test_a_client_refuses_an_absurd_timeout_before_it_sends(timeout: float) -> None:
-    cluster = await Cluster().start()
-    try:
+    async with LoopbackCluster(LOCAL, balancing=False) as cluster:
         c = await cluster.client(0, client_id="timeouts")
         with pytest.raises(LocalProtocolError, match="timeout"):
             await c.publish({"price": 1.0, "sym": "A"}, timeout=timeout)
         with pytest.raises(LocalProtocolError, match="timeout"):
             await c.subscribe("price < 1", timeout=timeout)
         assert c.connected and not c.subscriptions
-    finally:
-        await cluster.stop()

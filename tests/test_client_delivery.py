@@ -19,16 +19,14 @@ from collections import Counter
 
 import pytest
 
-from loopback import wait_until as until
-from ordcluster import OrdCluster
+from conftest import LOCAL
 from overlay.channels import parse_subscription
 from overlay.client import AgentClient, AgentSettings, Client
-from overlay.config import load_config
-from test_node import Cluster
+from overlay.testing import LoopbackCluster, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
-SCHEMA = load_config("cluster_configs/local.toml").schema
+SCHEMA = LOCAL.schema
 OVERLAPPING = ("price < 600", "price >= 300 and price < 900", 'sym = "IBM"')
 
 
@@ -45,8 +43,7 @@ async def _drain(sub, expected: int, timeout: float = 10.0) -> list[str]:
 
 
 async def test_every_subscription_of_a_client_gets_each_of_its_events_once() -> None:
-    cluster = await Cluster().start()
-    try:
+    async with LoopbackCluster(LOCAL, balancing=False) as cluster:
         sub_client = await cluster.client(1, client_id="three-subs")
         subs = [await sub_client.subscribe(e, sub_id=f"s{k}", queue_size=10_000) for k, e in enumerate(OVERLAPPING)]
         pub = await cluster.client(0, client_id="pub")
@@ -60,15 +57,12 @@ async def test_every_subscription_of_a_client_gets_each_of_its_events_once() -> 
             assert sub.queue.empty()
         # One answer per Notify, not one per subscription (node side counts client acks).
         notifies = cluster.nodes[1].core.stats["notifies_out"]
-        await until(lambda: cluster.nodes[1].core.stats["client_acks"] == notifies)
+        await wait_until(lambda: cluster.nodes[1].core.stats["client_acks"] == notifies)
         assert notifies < sum(len({i for i, e in zip(ids, events) if f.matches(e)}) for f in filters)
-    finally:
-        await cluster.stop()
 
 
 async def test_an_agent_client_gives_each_of_its_subscriptions_its_events_once() -> None:
-    cluster = await Cluster().start()
-    try:
+    async with LoopbackCluster(LOCAL, balancing=False) as cluster:
         agent = await AgentClient(
             [cluster.addr(1), cluster.addr(2)], settings=AgentSettings(probe_interval=0)
         ).connect()
@@ -84,13 +78,10 @@ async def test_an_agent_client_gives_each_of_its_subscriptions_its_events_once()
                 assert len(got) == len(set(got)) and set(got) == want, text
         finally:
             await agent.close()
-    finally:
-        await cluster.stop()
 
 
 async def test_notifications_carry_the_key_and_rank_of_an_ordered_event() -> None:
-    cluster = await Cluster().start()
-    try:
+    async with LoopbackCluster(LOCAL, balancing=False) as cluster:
         c = await cluster.client(2, client_id="ordered")
         sub = await c.subscribe("price < 10")
         pub = await cluster.client(0, client_id="pub")
@@ -98,13 +89,11 @@ async def test_notifications_carry_the_key_and_rank_of_an_ordered_event() -> Non
             await pub.publish({"price": 1.0, "sym": "A"}, key="order-17", rank=rank)
         notes = [await sub.next(5.0) for _ in range(3)]
         assert [(n.key, n.rank) for n in notes] == [("order-17", 1), ("order-17", 2), ("order-17", 3)]
-    finally:
-        await cluster.stop()
 
 
 async def test_each_event_reaches_exactly_one_instance_even_when_one_is_slow() -> None:
     # A short ack window so that the slow instance's backlog outlasts it.
-    cl = await OrdCluster(3, groups={"ack_timeout": 0.4, "fault_period": 0.5}).start()
+    cl = await LoopbackCluster(LOCAL, 3, balancing=False, groups={"ack_timeout": 0.4, "fault_period": 0.5}).start()
     clients: list[Client] = []
     try:
         handed: Counter[str] = Counter()
@@ -129,7 +118,7 @@ async def test_each_event_reaches_exactly_one_instance_even_when_one_is_slow() -
         for k in range(n):
             await pub.publish_windowed({"price": float(k % 1000), "sym": "A"})
         await pub.flush()
-        await until(lambda: len(handed) == n, 60.0)
+        await wait_until(lambda: len(handed) == n, 60.0)
         await asyncio.sleep(1.0)  # room for a late second copy, had there been one
         for t in consumers:
             t.cancel()
@@ -161,11 +150,11 @@ async def test_placing_a_subscription_never_spins_and_a_duplicate_left_behind_is
     from overlay.messages import client as cm
 
     caplog.set_level(logging.INFO, logger="overlay")
-    cluster = await Cluster().start()
+    cluster = await LoopbackCluster(LOCAL, balancing=False).start()
     agent = AgentClient([cluster.addr(1), cluster.addr(2)], settings=AgentSettings(probe_interval=0, redundancy=2))
     try:
         await agent.connect()
-        await until(lambda: len(agent.connected) == 2)
+        await wait_until(lambda: len(agent.connected) == 2)
         core = cluster.nodes[2].core
         # Node 2 holds a stale copy of the id (as after a timed-out attempt): the first
         # subscribe there is refused as a duplicate; the agent unsubscribes it and retries.
@@ -181,7 +170,7 @@ async def test_placing_a_subscription_never_spins_and_a_duplicate_left_behind_is
 
         core._client_subscribe = duplicate_once  # type: ignore[method-assign]
         sub = await agent.subscribe("price < 10", sub_id="f")
-        await until(lambda: len(sub.homes) == 2, 10.0)
+        await wait_until(lambda: len(sub.homes) == 2, 10.0)
         assert refusals == ["f"]
         # A node that always refuses: attempts stay bounded and paced, no traceback.
         core._client_subscribe = lambda sess, msg, out: out.append(  # type: ignore[method-assign]

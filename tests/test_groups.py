@@ -7,9 +7,10 @@ from collections import Counter
 
 import pytest
 
-from ordcluster import OrdCluster, until
+from conftest import LOCAL
 from overlay.channels import ChannelId
 from overlay.messages import client as cm
+from overlay.testing import LoopbackCluster, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 EC = ChannelId(0, 0)
@@ -26,18 +27,17 @@ async def publish_all(pub, n: int, start: int = 0, batch: int = 200) -> None:
 
 
 async def test_each_event_once_to_the_group_in_proportion_to_static_weights():
-    cl = await OrdCluster(3).start()
-    try:
+    async with LoopbackCluster(LOCAL, 3, balancing=False) as cl:
         weights = {0: 1.0, 1: 2.0, 2: 3.0}
-        inst = {i: await cl.client(i) for i in weights}
+        inst = {i: await cl.raw(i) for i in weights}
         for i, w in weights.items():
             assert isinstance(await inst[i].subscribe("price >= 0", group="g", weight=w), cm.SubAck)
-        plain = await cl.client(1)
+        plain = await cl.raw(1)
         await plain.subscribe("price >= 0")
-        pub = await cl.client(0)
+        pub = await cl.raw(0)
         n = 1200
         await publish_all(pub, n)
-        await until(
+        await wait_until(
             lambda: sum(len(c.notes) for c in inst.values()) == n and len(plain.notes) == n, what="all delivered"
         )
         await asyncio.sleep(0.1)
@@ -46,130 +46,117 @@ async def test_each_event_once_to_the_group_in_proportion_to_static_weights():
         total = sum(weights.values())
         for i, w in weights.items():
             assert abs(len(inst[i].notes) / n - w / total) < 0.02, (i, len(inst[i].notes))
-    finally:
-        await cl.stop()
 
 
 async def test_dispatch_shifts_away_from_an_instance_reporting_high_load():
-    cl = await OrdCluster(3).start()
-    try:
-        fast = await cl.client(1, lf=0.0)
-        slow = await cl.client(2, lf=0.8)  # Wd = 1·(1 − 0.8)
+    async with LoopbackCluster(LOCAL, 3, balancing=False) as cl:
+        fast = await cl.raw(1, lf=0.0)
+        slow = await cl.raw(2, lf=0.8)  # Wd = 1·(1 − 0.8)
         for c in (fast, slow):
             await c.subscribe("price >= 0", group="g")
-        pub = await cl.client(0)
+        pub = await cl.raw(0)
         await publish_all(pub, 100)
-        await until(lambda: cl.stat("notification_acks") >= 100, what="acks with LF back at the owner")
+        await wait_until(lambda: cl.stat("notification_acks") >= 100, what="acks with LF back at the owner")
         before = len(slow.notes)
         await publish_all(pub, 600, start=100)
-        await until(lambda: len(fast.notes) + len(slow.notes) == 700, what="all delivered")
+        await wait_until(lambda: len(fast.notes) + len(slow.notes) == 700, what="all delivered")
         share = (len(slow.notes) - before) / 600
         assert share < 0.25, share  # ≈ 0.2/1.2 once the LF is known, vs 0.5 before
-    finally:
-        await cl.stop()
 
 
 async def test_all_instances_overloaded_low_priority_events_are_throttled_and_counted():
-    cl = await OrdCluster(3, groups={"low_priority": "qty < 1000", "throttle_lf": 0.5}).start()
-    try:
-        a = await cl.client(1, lf=0.9)
-        b = await cl.client(2, lf=0.95)
+    async with LoopbackCluster(
+        LOCAL, 3, balancing=False, groups={"low_priority": "qty < 1000", "throttle_lf": 0.5}
+    ) as cl:
+        a = await cl.raw(1, lf=0.9)
+        b = await cl.raw(2, lf=0.95)
         for c in (a, b):
             await c.subscribe("price >= 0", group="g")
-        pub = await cl.client(0)
+        pub = await cl.raw(0)
         await publish_all(pub, 10, start=5000)  # normal priority: teaches the LFs
-        await until(lambda: cl.stat("notification_acks") >= 10, what="LFs known")
+        await wait_until(lambda: cl.stat("notification_acks") >= 10, what="LFs known")
         await publish_all(pub, 50)  # low priority (qty < 1000): dropped
         await publish_all(pub, 20, start=6000)  # normal: delivered
-        await until(lambda: len(a.notes) + len(b.notes) == 30, what="normal events delivered")
+        await wait_until(lambda: len(a.notes) + len(b.notes) == 30, what="normal events delivered")
         await asyncio.sleep(0.2)
         assert len(a.notes) + len(b.notes) == 30
         assert all(n.event["qty"] >= 1000 for c in (a, b) for n in c.notes)
         assert cl.stat("group_throttled") == 50
-    finally:
-        await cl.stop()
 
 
 async def test_a_dead_instance_s_events_go_to_the_others_and_none_left_tells_the_publisher():
     # ack_timeout: long enough that the live instance's auto-acks (same loop as
     # the nodes) always make it on a loaded machine — one late ack would mark
     # it faulty for fault_period — and short enough to keep the test quick.
-    cl = await OrdCluster(3, groups={"ack_timeout": 1.0, "fault_period": 30.0}).start()
-    try:
-        live = await cl.client(1)
-        dead = await cl.client(2, auto_ack=False)  # receives, never acks: times out
+    async with LoopbackCluster(LOCAL, 3, balancing=False, groups={"ack_timeout": 1.0, "fault_period": 30.0}) as cl:
+        live = await cl.raw(1)
+        dead = await cl.raw(2, auto_ack=False)  # receives, never acks: times out
         for c in (live, dead):
             await c.subscribe("price >= 0", group="g")
-        pub = await cl.client(0)
+        pub = await cl.raw(0)
         await publish_all(pub, 40)
-        await until(lambda: len({n.event_id for n in live.notes}) == 40, what="every event at the live instance")
+        await wait_until(lambda: len({n.event_id for n in live.notes}) == 40, what="every event at the live instance")
         assert len(live.notes) == 40  # each once
         # Everything it got before its first timeout went on to the live one.
         first = len(dead.notes)
         assert first >= 1
-        await until(lambda: cl.stat("group_redispatched") == first, what="its events redispatched")
+        await wait_until(lambda: cl.stat("group_redispatched") == first, what="its events redispatched")
         # Each was revoked (it never took it) and its client gave it back.
         assert cl.stat("deliveries_revoked") == first and cl.stat("deliveries_declined") == first
         await publish_all(pub, 40, start=100)  # now marked faulty: nothing more for it
-        await until(lambda: len(live.notes) == 80, what="second batch at the live instance")
+        await wait_until(lambda: len(live.notes) == 80, what="second batch at the live instance")
         assert len(dead.notes) == first
         # Now the last live instance goes away: its events cannot be delivered.
         await live.close()
-        await until(
+        await wait_until(
             lambda: cl.nodes[1].core.sessions.keys().isdisjoint(cl.nodes[1].core.acks.sessions()), what="session gone"
         )
         await asyncio.sleep(0.1)
         r = await pub.publish(ev(7))
         # The owner is the publisher's access node here: the Error may overtake the PubAck.
         if isinstance(r, cm.PubAck):
-            await until(lambda: any(e.code == cm.ErrorCode.UNDELIVERABLE for e in pub.errors), what="publisher told")
+            await wait_until(
+                lambda: any(e.code == cm.ErrorCode.UNDELIVERABLE for e in pub.errors), what="publisher told"
+            )
             r = next(e for e in pub.errors if e.code == cm.ErrorCode.UNDELIVERABLE)
         assert isinstance(r, cm.Error) and r.code == cm.ErrorCode.UNDELIVERABLE
         assert "no instance of group 'g'" in r.message
         assert cl.stat("group_undeliverable") >= 1
-    finally:
-        await cl.stop()
 
 
 async def test_dispatch_state_survives_a_migration():
-    cl = await OrdCluster(3).start()
-    try:
-        a = await cl.client(1)
-        b = await cl.client(2)
+    async with LoopbackCluster(LOCAL, 3, balancing=False) as cl:
+        a = await cl.raw(1)
+        b = await cl.raw(2)
         await a.subscribe("price >= 0", group="g", weight=1.0)
         await b.subscribe("price >= 0", group="g", weight=3.0)
-        pub = await cl.client(0)
+        pub = await cl.raw(0)
         await publish_all(pub, 203)
-        await until(lambda: len(a.notes) + len(b.notes) == 203, what="first batch")
+        await wait_until(lambda: len(a.notes) + len(b.notes) == 203, what="first batch")
         before = cl.nodes[0].core._dispatchers[(EC, "g")].state()
         await cl.admin(0, "place", channel="0.0", node=1)
-        await until(lambda: (EC, "g") in cl.nodes[1].core._dispatchers, what="state restored on the receiver")
+        await wait_until(lambda: (EC, "g") in cl.nodes[1].core._dispatchers, what="state restored on the receiver")
         after = cl.nodes[1].core._dispatchers[(EC, "g")].state()
         assert after.dispatched == before.dispatched == 203
         assert {i: (s.acc, s.sent) for i, s in after.instances.items()} == {
             i: (s.acc, s.sent) for i, s in before.instances.items()
         }
         await publish_all(pub, 197, start=203)
-        await until(lambda: len(a.notes) + len(b.notes) == 400, what="second batch")
+        await wait_until(lambda: len(a.notes) + len(b.notes) == 400, what="second batch")
         assert abs(len(a.notes) - 100) <= 1 and abs(len(b.notes) - 300) <= 1
         assert cl.stat("group_states_restored") == 1
-    finally:
-        await cl.stop()
 
 
 async def test_ordered_events_to_a_group_keep_key_order():
-    cl = await OrdCluster(3).start()
-    try:
-        inst = [await cl.client(i) for i in range(3)]
+    async with LoopbackCluster(LOCAL, 3, balancing=False) as cl:
+        inst = [await cl.raw(i) for i in range(3)]
         for c in inst:
             await c.subscribe("price >= 0", group="g")
-        pub = await cl.client(0)
+        pub = await cl.raw(0)
         futs = [pub.publish_nowait(ev(r), key=f"k{j}") for r in range(10) for j in range(10)]
         assert all(isinstance(x, cm.PubAck) for x in await asyncio.gather(*futs))
-        await until(lambda: sum(len(c.notes) for c in inst) == 100, what="all delivered")
+        await wait_until(lambda: sum(len(c.notes) for c in inst) == 100, what="all delivered")
         # Merged in delivery order (the next rank is released only after the ack).
         for j in range(10):
             seen = sorted((n.rank, n.event["qty"]) for c in inst for n in c.notes if n.key == f"k{j}")
             assert seen == [(r + 1, r) for r in range(10)]
-    finally:
-        await cl.stop()

@@ -9,112 +9,42 @@ first, the config rewritten with the real ports) and talks to it through
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import random
 import socket
 import struct
-from collections.abc import Iterable
-from pathlib import Path
 
 import msgspec
 import pytest
 
-from loopback import wait_until
+from conftest import LOCAL
 from overlay.channels import ChannelId, parse_subscription
-from overlay.client import Client
-from overlay.config import ClusterConfig, NodeConfig, load_config
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import HEADER, client_reader, encode_frame, peer_reader
-from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC, Node, _Writer
+from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC, _Writer
 from overlay.node_core import ToPeer
+from overlay.testing import WAIT, LoopbackCluster, bound_socket, override, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
-_LOADED = load_config(Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml")
 # No balancer: channels move only when a test says so.
-BASE = msgspec.structs.replace(_LOADED, cluster=msgspec.structs.replace(_LOADED.cluster, balancing=False))
+BASE = override(LOCAL, cluster={"balancing": False})
 SCHEMA = BASE.schema
 EC = ChannelId(0, 0)
-WAIT = 10.0
-
-
-def bound_socket(listen: bool = True, sndbuf: int | None = None) -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if sndbuf is not None:  # accepted sockets inherit it (Linux)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
-    s.bind(("127.0.0.1", 0))
-    if listen:
-        s.listen(128)
-    return s
-
-
-class Cluster:
-    """Nodes of one config running as tasks of the test's event loop."""
-
-    def __init__(self, n: int = 3, *, fake: Iterable[int] = (), sndbuf: int | None = None) -> None:
-        fake = set(fake)
-        self.socks = {i: bound_socket(listen=i not in fake, sndbuf=sndbuf) for i in range(n)}
-        nodes = tuple(
-            NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, BASE.nodes[i].capacity) for i, s in self.socks.items()
-        )
-        self.config: ClusterConfig = BASE.with_nodes(nodes)
-        self.nodes = {i: Node(self.config, i, sock=self.socks[i]) for i in range(n) if i not in fake}
-        self.tasks: list[asyncio.Task[None]] = []
-        self.clients: list[Client] = []
-
-    def addr(self, i: int) -> tuple[str, int]:
-        return ("127.0.0.1", self.socks[i].getsockname()[1])
-
-    async def start(self, *, ready: bool = True) -> Cluster:
-        for i, node in self.nodes.items():
-            self.tasks.append(asyncio.create_task(node.run(), name=f"node-{i}"))
-        await asyncio.wait_for(asyncio.gather(*(n.started.wait() for n in self.nodes.values())), WAIT)
-        if ready:
-            await wait_until(lambda: all(n.core.ready for n in self.nodes.values()), what="cluster ready")
-        return self
-
-    async def client(self, *nodes: int, **kw) -> Client:
-        c = await Client([self.addr(i) for i in nodes], **kw).connect()
-        self.clients.append(c)
-        return c
-
-    async def stop(self) -> None:
-        for c in self.clients:
-            with contextlib.suppress(Exception):
-                await c.close()
-        for n in self.nodes.values():
-            n.stop()
-        await asyncio.wait_for(asyncio.gather(*self.tasks, return_exceptions=True), WAIT)
-        for t in self.tasks:
-            assert t.done() and (t.cancelled() or t.exception() is None), t
-        for s in self.socks.values():
-            s.close()
-
-    def idle(self) -> bool:
-        """Nothing waits in any inbox, link or client queue."""
-        return all(
-            not len(n.inbox)
-            and all(not len(l.queue) for l in n.links.values())
-            and all(not len(w.queue) for w in n.clients.values())
-            for n in self.nodes.values()
-        )
-
-    def stat(self, name: str) -> int:
-        return sum(n.core.stats[name] for n in self.nodes.values())
+# test_peer_queue_bound imports BASE, EC, WAIT and bound_socket from here, and
+# test_cli the cluster of these tests by its old name.
+Cluster = functools.partial(LoopbackCluster, BASE)
+__all__ = ["BASE", "EC", "WAIT", "Cluster", "bound_socket"]
 
 
 @pytest.fixture
 async def cluster():
-    c = await Cluster().start()
-    try:
+    async with LoopbackCluster(BASE) as c:
         yield c
-    finally:
-        await c.stop()
 
 
-async def assert_serving(cluster: Cluster, node: int = 0) -> None:
+async def assert_serving(cluster: LoopbackCluster, node: int = 0) -> None:
     """A well-behaved subscriber and publisher still get through ``node``."""
     sub_client = await cluster.client(node)
     pub_client = await cluster.client((node + 1) % len(cluster.nodes))
@@ -195,7 +125,7 @@ async def test_subscribers_on_every_node_get_exactly_their_events(cluster):
 
     deliveries = {i: sum(map(len, expected[i].values())) for i in range(3)}
     await wait_until(lambda: all(received(i) >= deliveries[i] for i in range(3)), what="every notification")
-    await wait_until(cluster.idle, what="quiescence")
+    await wait_until(cluster.quiet, what="quiescence")
     # The nodes sent exactly one Notify per (subscriber, event): no extras in flight.
     assert cluster.stat("notifies_out") == total
     assert cluster.stat("events_matched") == 300
@@ -221,7 +151,7 @@ async def test_subscribers_on_every_node_get_exactly_their_events(cluster):
 async def test_high_priority_frame_overtakes_normal_ones_queued_for_a_peer():
     # Node 1 is a socket that refuses connections until we listen on it, so
     # node 0's link to it queues frames; then we accept and read the wire.
-    c = Cluster(2, fake=[1])
+    c = LoopbackCluster(BASE, 2, placeholders=[1])
     await c.start(ready=False)
     try:
         node = c.nodes[0]
@@ -287,7 +217,7 @@ async def test_dispatcher_takes_a_high_priority_message_before_queued_normal_one
         return ok
 
     node.inbox.put_nowait = put_spy  # type: ignore[method-assign]
-    reader, writer = await asyncio.open_connection(*cluster.addr(0))
+    _reader, writer = await asyncio.open_connection(*cluster.addr(0))
     normals = [
         pm.Event(f"x{i}", {"price": 1.0, "sym": "Z"}, 1, pm.DispatchSign.EVENT_DISPATCHED, EC) for i in range(200)
     ]
@@ -376,7 +306,7 @@ async def test_bad_frame_before_hello_is_refused_too(cluster):
     reader, writer = await asyncio.open_connection(*cluster.addr(1))
     writer.write(CLIENT_MAGIC + frame(b"\xc1"))
     try:
-        magic, msgs = await read_until_closed(reader)
+        _magic, msgs = await read_until_closed(reader)
     finally:
         writer.close()
     assert [type(m) for m in msgs] == [cm.Error] and msgs[0].fatal
@@ -442,7 +372,7 @@ async def test_bad_expression_and_bad_event_leave_the_connection_open(cluster):
 
 
 async def test_client_reconnects_to_its_next_node_and_resubscribes(cluster):
-    c = await cluster.client(0, 1, client_id="mover")
+    c = await cluster.client(0, 1, client_id="mover", reconnect=True)
     pub = await cluster.client(2)
     sub = await c.subscribe("price < 100", sub_id="s")
     e1 = await pub.publish({"price": 1.0, "sym": "A"})
@@ -468,7 +398,7 @@ async def test_client_reconnects_to_its_next_node_and_resubscribes(cluster):
     e2 = await pub.publish({"price": 2.0, "sym": "A"})
     e3 = await pub.publish({"price": 3.0, "sym": "A"})
     assert [(await sub.next(WAIT)).event_id for _ in range(2)] == [e2, e3]
-    await wait_until(cluster.idle, what="quiescence")
+    await wait_until(cluster.quiet, what="quiescence")
     assert sub.queue.empty()  # nothing twice
     assert c.subscriptions["s"] is sub and not sub.closed
 
@@ -480,7 +410,7 @@ async def test_slow_subscriber_that_resets_its_connection_does_not_stop_the_node
     # Small socket buffers on both ends, so the node's writer for this client
     # blocks in drain() with notifications still queued; then the client
     # resets the connection.  The node drops that client only.
-    c = await Cluster(sndbuf=4096).start()
+    c = await LoopbackCluster(BASE, sndbuf=4096).start()
     try:
         raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
@@ -499,7 +429,7 @@ async def test_slow_subscriber_that_resets_its_connection_does_not_stop_the_node
         out = node.clients[sid]
         pub = await c.client(1)
         # Stop reading; publish until the node's writer for "slow" is stuck.
-        for i in range(20000):
+        for _i in range(20000):
             await pub.publish({"price": 1.0, "sym": "FLOOD", "venue": "x" * 16})
             if len(out.queue) > 10:
                 break
@@ -508,7 +438,7 @@ async def test_slow_subscriber_that_resets_its_connection_does_not_stop_the_node
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.close()
         await wait_until(lambda: sid not in node.clients, what="the slow client dropped")
-        assert not any(t.done() for t in c.tasks), "a node stopped"
+        assert not any(t.done() for t in c.tasks.values()), "a node stopped"
         await assert_serving(c, 0)
     finally:
         await c.stop()

@@ -12,9 +12,10 @@ from collections import defaultdict
 
 import pytest
 
-from ordcluster import OrdCluster, until
+from conftest import LOCAL
 from overlay.messages import client as cm
 from overlay.node.ordering import rendezvous_home
+from overlay.testing import LoopbackCluster, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -32,18 +33,15 @@ def per_key(notes: list[cm.Notify]) -> dict[str, list[tuple[int, int]]]:
 
 @pytest.fixture
 async def cl():
-    c = await OrdCluster(3).start()
-    try:
+    async with LoopbackCluster(LOCAL, 3, balancing=False) as c:
         yield c
-    finally:
-        await c.stop()
 
 
 async def test_many_keys_interleaved_keep_order_at_every_subscriber(cl):
-    subs = [await cl.client(i) for i in range(3)]
+    subs = [await cl.raw(i) for i in range(3)]
     for s in subs:
         assert isinstance(await s.subscribe("price >= 0"), cm.SubAck)
-    pubs = [await cl.client(i) for i in range(3)]
+    pubs = [await cl.raw(i) for i in range(3)]
     keys, per = [f"k{i}" for i in range(30)], 12
     futs = []
     # Each key is published from one client (its order is that client's), keys interleave.
@@ -53,23 +51,23 @@ async def test_many_keys_interleaved_keep_order_at_every_subscriber(cl):
     replies = await asyncio.wait_for(asyncio.gather(*futs), 20)
     assert all(isinstance(r, cm.PubAck) for r in replies), [r for r in replies if not isinstance(r, cm.PubAck)][:3]
     total = len(keys) * per
-    await until(lambda: all(len(s.notes) == total for s in subs), 20, "every event at every subscriber")
+    await wait_until(lambda: all(len(s.notes) == total for s in subs), 20, "every event at every subscriber")
     for s in subs:
         got = per_key(s.notes)
         assert set(got) == set(keys)
         for k, seq in got.items():
             assert [r for r, _ in seq] == list(range(1, per + 1)), k
             assert [q for _, q in seq] == list(range(per)), k
-    await until(lambda: cl.stat("ordered_completed") == total, what="every delivery completed at its home")
+    await wait_until(lambda: cl.stat("ordered_completed") == total, what="every delivery completed at its home")
 
 
 async def test_explicit_ranks_out_of_order_are_released_in_rank_order(cl):
-    sub = await cl.client(2)
+    sub = await cl.raw(2)
     await sub.subscribe("price >= 0")
-    pub = await cl.client(0)
+    pub = await cl.raw(0)
     for rank in (3, 1, 5, 2, 4):
         assert isinstance(await pub.publish(ev(rank), key="x", rank=rank), cm.PubAck)
-    await until(lambda: len(sub.notes) == 5, what="five notifications")
+    await wait_until(lambda: len(sub.notes) == 5, what="five notifications")
     assert [n.rank for n in sub.notes] == [1, 2, 3, 4, 5]
     assert [n.event["qty"] for n in sub.notes] == [1, 2, 3, 4, 5]
 
@@ -78,32 +76,29 @@ async def test_explicit_ranks_out_of_order_are_released_in_rank_order(cl):
 async def test_a_missing_rank_expires_per_policy(policy):
     # hold_ttl: the "held" check below comes 0.1 s after the PubAcks; a loaded
     # machine can stall the loop past a short TTL (it was 0.3 s) in between.
-    cl = await OrdCluster(3, sequencer={"policy": policy, "hold_ttl": 1.0}).start()
-    try:
-        sub = await cl.client(1)
+    async with LoopbackCluster(LOCAL, 3, balancing=False, sequencer={"policy": policy, "hold_ttl": 1.0}) as cl:
+        sub = await cl.raw(1)
         await sub.subscribe("price >= 0")
-        pub = await cl.client(0)
+        pub = await cl.raw(0)
         for rank in (2, 3):  # rank 1 never comes
             assert isinstance(await pub.publish(ev(rank), key="gap", rank=rank), cm.PubAck)
         await asyncio.sleep(0.1)
         assert sub.notes == []  # held
         if policy == "skip":
-            await until(lambda: len(sub.notes) == 2, what="the gap skipped")
+            await wait_until(lambda: len(sub.notes) == 2, what="the gap skipped")
             assert [n.rank for n in sub.notes] == [2, 3]
-            await until(lambda: cl.stat("seq_gaps_skipped") == 1, what="gap counted")
+            await wait_until(lambda: cl.stat("seq_gaps_skipped") == 1, what="gap counted")
             assert cl.stat("seq_ranks_skipped") == 1
         else:
-            await until(lambda: cl.stat("seq_expired_dropped") == 2, what="held events dropped and counted")
+            await wait_until(lambda: cl.stat("seq_expired_dropped") == 2, what="held events dropped and counted")
             assert sub.notes == []
             assert isinstance(await pub.publish(ev(1), key="gap", rank=1), cm.PubAck)
-            await until(lambda: len(sub.notes) == 1, what="rank 1 delivered")
+            await wait_until(lambda: len(sub.notes) == 1, what="rank 1 delivered")
             assert sub.notes[0].rank == 1
-    finally:
-        await cl.stop()
 
 
 async def test_bad_input_gets_specific_errors(cl):
-    pub = await cl.client(0)
+    pub = await cl.raw(0)
     r = await pub.publish(ev(1), rank=3)
     assert isinstance(r, cm.Error) and r.code == cm.ErrorCode.BAD_RANK
     assert isinstance(await pub.publish(ev(1), key="d", rank=1), cm.PubAck)
@@ -114,16 +109,16 @@ async def test_bad_input_gets_specific_errors(cl):
         assert isinstance(r, cm.Error) and r.code == cm.ErrorCode.BAD_GROUP, r
     r = await pub.subscribe("price >= 0", group="  ")
     assert isinstance(r, cm.Error) and r.code == cm.ErrorCode.BAD_GROUP
-    await until(lambda: cl.stat("seq_rejected_duplicate") == 1, what="the duplicate counted")
+    await wait_until(lambda: cl.stat("seq_rejected_duplicate") == 1, what="the duplicate counted")
     # The session is still usable.
     assert isinstance(await pub.publish(ev(2), key="d"), cm.PubAck)
 
 
 async def test_order_kept_while_the_channel_splits_and_migrates_under_traffic(cl):
-    subs = [await cl.client(i) for i in range(3)]
+    subs = [await cl.raw(i) for i in range(3)]
     for s in subs:
         await s.subscribe("price >= 0")
-    pub = await cl.client(1)
+    pub = await cl.raw(1)
     keys = [f"m{i}" for i in range(20)]
     rng = random.Random(7)
     sent: dict[str, int] = defaultdict(int)
@@ -151,7 +146,7 @@ async def test_order_kept_while_the_channel_splits_and_migrates_under_traffic(cl
     stop.set()
     await t
     total = sum(sent.values())
-    await until(lambda: all(len(s.notes) == total for s in subs), 20, "every event delivered")
+    await wait_until(lambda: all(len(s.notes) == total for s in subs), 20, "every event delivered")
     assert cl.stat("migrations") == 3 and cl.stat("reforwards") + cl.stat("events_rerouted") >= 0
     for s in subs:
         for k, seq in per_key(s.notes).items():
@@ -165,20 +160,23 @@ async def test_home_leaves_keys_move_to_a_live_node_and_stay_ordered_after(cl):
     home, and events published after the access node saw the loss arrive in order."""
     keys = [k for k in (f"h{i}" for i in range(200)) if rendezvous_home(k, [0, 1, 2]) == 2][:10]
     assert len(keys) == 10
-    sub = await cl.client(0)
+    sub = await cl.raw(0)
     await sub.subscribe("price >= 0")
-    pub = await cl.client(1)
+    pub = await cl.raw(1)
     n_before, n_after = 8, 8
     for r in range(n_before):
         await asyncio.gather(*(pub.publish_nowait(ev(r), key=k) for k in keys))
-    await until(lambda: len(sub.notes) == n_before * len(keys), what="pre-kill events")
-    await cl.kill(2)
-    await until(lambda: 2 not in cl.nodes[1].core.ordering.live_nodes() and 2 not in cl.nodes[0].core.ordering.live_nodes(), what="node 2 seen down")
+    await wait_until(lambda: len(sub.notes) == n_before * len(keys), what="pre-kill events")
+    await cl.stop_node(2)
+    await wait_until(
+        lambda: 2 not in cl.nodes[1].core.ordering.live_nodes() and 2 not in cl.nodes[0].core.ordering.live_nodes(),
+        what="node 2 seen down",
+    )
     assert all(cl.nodes[1].core.home_of(k) in (0, 1) for k in keys)
     for r in range(n_before, n_before + n_after):
         replies = await asyncio.gather(*(pub.publish_nowait(ev(r), key=k) for k in keys))
         assert all(isinstance(x, cm.PubAck) for x in replies)
-    await until(lambda: len(sub.notes) == (n_before + n_after) * len(keys), what="post-kill events")
+    await wait_until(lambda: len(sub.notes) == (n_before + n_after) * len(keys), what="post-kill events")
     for k, seq in per_key(sub.notes).items():
         assert [q for _, q in seq] == list(range(n_before + n_after)), k
         # The new home starts the key's ranks afresh.

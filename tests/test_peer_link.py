@@ -9,11 +9,11 @@ import asyncio
 
 import pytest
 
-from loopback import wait_until
+from conftest import LOCAL
 from overlay.messages import peer as pm
 from overlay.messages.codec import encode_frame
 from overlay.net.node import PEER_MAGIC
-from test_node import WAIT, Cluster
+from overlay.testing import WAIT, LoopbackCluster, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 
@@ -22,18 +22,20 @@ def link_tasks(prefix: str) -> set[str]:
     return {t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith(prefix) and not t.done()}
 
 
-async def _accepting(cl: Cluster, peer: int, on_connect) -> asyncio.Server:
+async def _accepting(cl: LoopbackCluster, peer: int, on_connect) -> asyncio.Server:
     return await asyncio.start_server(on_connect, sock=cl.socks[peer])
 
 
-async def _answer_hello(cl: Cluster, peer: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _answer_hello(
+    cl: LoopbackCluster, peer: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
     """The fake peer's side of the link's opening (net.node rule 9)."""
     assert await reader.readexactly(4) == PEER_MAGIC
     writer.write(encode_frame(pm.PeerHello(peer, cl.config.cluster.name, incarnation=1)))
 
 
 async def test_a_peer_closing_the_link_is_reconnected_and_the_old_link_leaves_no_task() -> None:
-    cl = Cluster(2, fake=[1])
+    cl = LoopbackCluster(LOCAL, 2, placeholders=[1], balancing=False)
     await cl.start(ready=False)
     try:
         link = cl.nodes[0].links[1]
@@ -59,7 +61,7 @@ async def test_a_peer_closing_the_link_is_reconnected_and_the_old_link_leaves_no
 
 
 async def test_a_stop_that_meets_the_link_failing_still_stops_the_link() -> None:
-    cl = Cluster(2, fake=[1])
+    cl = LoopbackCluster(LOCAL, 2, placeholders=[1], balancing=False)
     await cl.start(ready=False)
     fail = asyncio.Event()
     try:
