@@ -18,84 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import time
 from pathlib import Path
 
-import msgspec
 import pytest
 
-from loopback import listening_socket, wait_until
-from overlay.client import AgentClient, AgentSettings, Client
-from overlay.config import ClusterConfig, NodeConfig, load_config
+from conftest import CONFIGS, LOCAL
 from overlay.errors import LocalProtocolError, RequestError
 from overlay.messages import client as cm
 from overlay.net.node import Node
+from overlay.testing import WAIT, LoopbackCluster, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
-_LOADED = load_config(Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml")
 CHOKE_AT = 20
-BASE = msgspec.structs.replace(
-    _LOADED, cluster=msgspec.structs.replace(_LOADED.cluster, balancing=False, choke_threshold=CHOKE_AT)
-)
-WAIT = 10.0
 
 
-class Cluster:
-    """``n`` nodes of one config as tasks of the test's loop; node 0 owns EC."""
-
-    def __init__(self, n: int) -> None:
-        self.socks: dict[int, socket.socket] = {}
-        for i in range(n):
-            s = listening_socket()
-            self.socks[i] = s
-        nodes = tuple(NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, 1.0) for i, s in self.socks.items())
-        self.config: ClusterConfig = BASE.with_nodes(nodes)
-        self.nodes = {i: Node(self.config, i, sock=self.socks[i]) for i in range(n)}
-        self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.closers: list[Client | AgentClient] = []
-
-    def addr(self, i: int) -> tuple[str, int]:
-        return ("127.0.0.1", self.socks[i].getsockname()[1])
-
-    async def start(self) -> Cluster:
-        for i, node in self.nodes.items():
-            self.tasks[i] = asyncio.create_task(node.run(), name=f"node-{i}")
-        await asyncio.wait_for(asyncio.gather(*(n.started.wait() for n in self.nodes.values())), WAIT)
-        await wait_until(lambda: all(n.core.ready for n in self.nodes.values()), what="cluster ready")
-        return self
-
-    async def agent(self, *nodes: int, **settings: object) -> AgentClient:
-        a = AgentClient([self.addr(i) for i in nodes], settings=AgentSettings(**settings))  # type: ignore[arg-type]
-        self.closers.append(a)
-        await a.connect()
-        await wait_until(lambda: len(a.connected) == len(nodes), what="agent connected everywhere")
-        return a
-
-    async def client(self, node: int) -> Client:
-        c = await Client([self.addr(node)]).connect()
-        self.closers.append(c)
-        return c
-
-    async def stop(self) -> None:
-        for c in self.closers:
-            with contextlib.suppress(Exception):
-                await c.close()
-        for n in self.nodes.values():
-            n.stop()
-        await asyncio.wait_for(asyncio.gather(*self.tasks.values(), return_exceptions=True), WAIT)
-        for s in self.socks.values():
-            s.close()
-
-
-@contextlib.asynccontextmanager
-async def running(n: int):
-    c = await Cluster(n).start()
-    try:
-        yield c
-    finally:
-        await c.stop()
+def running(n: int) -> LoopbackCluster:
+    """``n`` nodes of local.toml, balancing off: node 0 owns EC."""
+    return LoopbackCluster(LOCAL, n, balancing=False, choke_threshold=CHOKE_AT)
 
 
 def slow_down(node: Node, delay: float) -> None:
@@ -363,10 +304,10 @@ async def test_group_subscription_has_one_home_and_reports_load() -> None:
 # -- the command line (overlay pub --key/--rank, overlay sub --group/--weight) ------------
 
 
-def cluster_toml(cluster: Cluster, tmp_path: Path, extra: str = "") -> Path:
+def cluster_toml(cluster: LoopbackCluster, tmp_path: Path, extra: str = "") -> Path:
     import re
 
-    text = (Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml").read_text()
+    text = (CONFIGS / "local.toml").read_text()
     for i in range(len(cluster.nodes)):
         text = re.sub(rf"port = 710{i}\n", f"port = {cluster.addr(i)[1]}\n", text)
     text = re.sub(r"admin_port = \d+", "admin_port = 0", text)
