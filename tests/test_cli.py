@@ -28,7 +28,8 @@ import msgspec
 import pytest
 
 from loopback import listening_socket
-from overlay import cli, demo
+from overlay import cli
+from overlay.cli import demo, local_cluster, status, workload
 from overlay.client import Notification
 from overlay.config import load_config
 from overlay.net.node import Node
@@ -222,7 +223,7 @@ def test_an_unexpected_exception_is_one_line_unless_debug(
     def boom(args: object) -> int:
         raise error
 
-    monkeypatch.setattr(cli, "cmd_status", boom)
+    monkeypatch.setattr(status, "cmd_status", boom)
     assert cli.main(["status", "--config", str(LOCAL)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("overlay: internal error: RuntimeError: boom") and len(err.splitlines()) == 1, err
@@ -295,19 +296,19 @@ async def test_demo_counts_per_subscription_deliveries() -> None:
     for _ in note.sub_ids:
         s = Sub()
         s.left = 1
-        await demo._consumer(s, counter)  # type: ignore[arg-type]
+        await workload._consumer(s, counter)  # type: ignore[arg-type]
     assert counter == [3]
 
 
 def test_tail_keeps_the_last_lines_bounded() -> None:
-    tail = cli._Tail()
-    for i in range(cli.TAIL_LINES * 3):
+    tail = local_cluster._Tail()
+    for i in range(local_cluster.TAIL_LINES * 3):
         tail.feed(f"line {i}\n".encode())
-    tail.feed(b"x" * (cli.TAIL_LINE_MAX * 10))
+    tail.feed(b"x" * (local_cluster.TAIL_LINE_MAX * 10))
     tail.close()
     lines = list(tail.lines)
-    assert len(lines) == cli.TAIL_LINES and lines[-2] == f"line {cli.TAIL_LINES * 3 - 1}"
-    assert len(lines[-1]) == cli.TAIL_LINE_MAX
+    assert len(lines) == local_cluster.TAIL_LINES and lines[-2] == f"line {local_cluster.TAIL_LINES * 3 - 1}"
+    assert len(lines[-1]) == local_cluster.TAIL_LINE_MAX
 
 
 # -- 2. signals end a client command within 2 s ---------------------------------------------
@@ -368,7 +369,7 @@ async def one_node(tmp_path: Path) -> AsyncIterator[tuple[Node, Path]]:
 
 
 async def test_sub_ends_on_ctrl_c_after_its_node_went_away(tmp_path: Path) -> None:
-    async with one_node(tmp_path) as (node, cfg):
+    async with one_node(tmp_path) as (_node, cfg):
         proc = await asyncio.create_subprocess_exec(
             *overlay("sub", "--config", str(cfg), "price < 5"),
             stdout=asyncio.subprocess.PIPE,
@@ -405,16 +406,16 @@ def test_cluster_up_refuses_a_taken_port_and_names_its_holder(tmp_path: Path) ->
 
 
 async def test_ready_means_the_node_of_our_config(tmp_path: Path) -> None:
-    async with one_node(tmp_path) as (node, path):
+    async with one_node(tmp_path) as (_node, path):
         theirs = load_config(path)
         renamed = msgspec.structs.replace(theirs, cluster=msgspec.structs.replace(theirs.cluster, name="ours"))
         with pytest.raises(cli.CommandFailed, match="node 0 of cluster 'clitest', not as node 0 of 'ours'"):
-            await cli._wait_ready(renamed, 5.0)
+            await local_cluster.wait_ready(renamed, 5.0)
         other_id = renamed.with_nodes((msgspec.structs.replace(theirs.nodes[0], id=1),))
         other_id = msgspec.structs.replace(other_id, cluster=theirs.cluster)
-        with pytest.raises(cli.CommandFailed, match="answers as node 0 .* not as node 1"):
-            await cli._wait_ready(other_id, 5.0)
-        await cli._wait_ready(theirs, 5.0)  # and ours is
+        with pytest.raises(cli.CommandFailed, match=r"answers as node 0 .* not as node 1"):
+            await local_cluster.wait_ready(other_id, 5.0)
+        await local_cluster.wait_ready(theirs, 5.0)  # and ours is
 
 
 @contextlib.contextmanager
@@ -459,10 +460,10 @@ def test_cluster_up_reports_a_node_that_dies_at_start(tmp_path: Path) -> None:
 
 
 async def test_the_traffic_of_cluster_up_runs_against_a_cluster_and_counts_what_it_did() -> None:
-    """``overlay cluster up F --traffic`` drives ``overlay.traffic``: it
+    """``overlay cluster up F --traffic`` drives ``overlay.cli.traffic``: it
     publishes, every subscription gets its events, and the clients close."""
     from loopback import wait_until
-    from overlay import traffic
+    from overlay.cli import traffic
     from test_node import Cluster
 
     cluster = await Cluster().start()

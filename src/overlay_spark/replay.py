@@ -1,21 +1,21 @@
-"""The replay driver: ``overlay replay RUN_DIR [--master URL] [--out DIR]``.
+"""The replay driver behind ``overlay replay RUN_DIR`` (its command line: ``overlay.cli.replay``).
 
 Reads every node's capture of a run, runs the jobs of ``loads``,
-``rematch`` and ``audit``, writes the report, and returns the exit code:
-0 when every validation passed, 1 when one failed (each failed one is named
-on stderr and in the report), 2 when the capture cannot be read.
+``rematch`` and ``audit``, writes the report, and returns a ``ReplayResult``
+whose exit code is 0 when every validation passed, 1 when one failed (each
+failed one is named on stderr and in the report); a capture that cannot be
+read raises ``records.CaptureError`` (the command exits 2).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, TextIO
 
-__all__ = ["ReplayResult", "run_from_args", "run_replay"]
+__all__ = ["ReplayResult", "run_replay"]
 
 STEPS: Final = 9
 
@@ -385,27 +385,3 @@ def _summary(
     if failed:
         print(f"FAILED: {', '.join(failed)}", file=stream)
     stream.flush()
-
-
-def run_from_args(args: argparse.Namespace) -> int:
-    from overlay_spark.records import CaptureError
-
-    try:
-        res = run_replay(
-            args.run_dir,
-            master=args.master,
-            out=args.out,
-            tail_guard=args.tail_guard,
-            partitions=args.partitions,
-            stream=None if args.quiet else sys.stderr,
-        )
-    except CaptureError as exc:
-        print(f"overlay replay: {exc}", file=sys.stderr)
-        return 2
-    if args.quiet:  # no progress, but warnings and failures are still said
-        for note in res.details["notes"]:
-            if note.startswith("warning: "):
-                print(note, file=sys.stderr)
-        if res.failed:
-            print(f"FAILED: {', '.join(res.failed)}", file=sys.stderr)
-    return res.exit_code

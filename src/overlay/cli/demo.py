@@ -17,36 +17,27 @@ notifications still in flight or dropped for a slow consumer.  (The node's
 
 Bounded by ``seconds`` and by ``MAX_EVENTS``; Ctrl-C stops everything cleanly;
 a node that dies ends the demo with its exit status and last lines of log
-(``overlay.cli.LocalCluster``).
+(``overlay.cli.local_cluster.LocalCluster``).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import random
 import time
 import unicodedata
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
-from overlay.cli import (
-    CLOSE_TIMEOUT,
-    LocalCluster,
-    _statuses,
-    check_ports_free,
-    finish_within,
-    ready_lines,
-    traffic_failed,
-)
-from overlay.client import Client, Subscription
-from overlay.config import ClusterConfig
+from overlay.cli.args import add_command, positive_float
+from overlay.cli.local_cluster import LocalCluster, ready_lines
+from overlay.cli.ports import check_ports_free
+from overlay.cli.running import run_command
+from overlay.cli.status import statuses
+from overlay.cli.workload import MAX_EVENTS, PUBLISHERS, SUBSCRIBERS_PER_NODE, run_workload
+from overlay.config import ClusterConfig, load_config
 
-__all__ = ["LEGEND", "run_demo"]
+__all__ = ["LEGEND", "cmd_demo", "register", "run_demo"]
 
-MAX_EVENTS: Final = 500_000
-PUBLISHERS: Final = 2
-SUBSCRIBERS_PER_NODE: Final = 40
-SYMBOLS: Final = ("AAPL", "MSFT", "GOOG", "AMZN", "NVDA", "META", "TSLA", "IBM")
 # A terminal's width that every printed line fits in (a split window, a CI log).
 LINE_WIDTH: Final = 100
 # S/dc̄ at which the spread bar is full: √(n−1) with everything on one node is
@@ -60,81 +51,12 @@ STATE_MARK: Final = {"OVERLOADED": "▲", "STABLE": "=", "UNDERLOADED": "▼", "
 LEGEND: Final = "    t pub/s del/s | node+state (▲over =stable ▼under ◆busy) dc ch | del: per-subscription deliveries"
 
 
-def demo_event(rng: random.Random) -> dict[str, Any]:
-    hot = rng.random() < 0.7
-    price = rng.uniform(0, 100) if hot else rng.uniform(0, 1000)
-    return {"price": round(price, 2), "sym": rng.choice(SYMBOLS), "qty": rng.randint(1, 5000)}
+EXAMPLES: Final = """\
+examples:
+  overlay demo cluster_configs/local.toml                       (what `make run` does)
+  overlay demo cluster_configs/hetero5.toml --seconds 120
 
-
-def demo_subscriptions(rng: random.Random, n: int) -> list[str]:
-    out = []
-    for _ in range(n):
-        lo = rng.uniform(0, 900)
-        kind = rng.random()
-        if kind < 0.4:
-            out.append(f"price >= {lo:.1f} and price < {lo + rng.uniform(5, 100):.1f}")
-        elif kind < 0.8:
-            out.append(f'sym = "{rng.choice(SYMBOLS)}" and price < {rng.uniform(10, 500):.1f}')
-        else:
-            out.append(f"qty > {rng.randint(1000, 4900)}")
-    return out
-
-
-async def _publisher(client: Client, seed: int, stop: asyncio.Event, counter: list[int]) -> None:
-    rng = random.Random(seed)
-    while not stop.is_set() and counter[0] < MAX_EVENTS:
-        await client.publish(demo_event(rng))
-        counter[0] += 1
-
-
-async def _consumer(sub: Subscription, counter: list[int]) -> None:
-    async for _note in sub:  # each subscription gets its own: one delivery
-        counter[0] += 1
-
-
-async def _close_all(clients: Sequence[Client]) -> None:
-    await asyncio.gather(*(finish_within(c.close(), CLOSE_TIMEOUT, f"closing {c.client_id}") for c in clients))
-
-
-Report = Callable[[list[int], list[int], asyncio.Event], Awaitable[None]]
-
-
-async def run_workload(
-    cfg: ClusterConfig, name: str, seed: int, report: Report, published: list[int], delivered: list[int]
-) -> None:
-    """The demo's workload, for ``make run`` and ``cluster up --traffic``:
-    ``SUBSCRIBERS_PER_NODE`` subscriptions on every node and ``PUBLISHERS``
-    publishers of skewed events, counted in ``published`` and ``delivered``
-    (per subscription), while ``report(published, delivered, stop)`` runs;
-    publishing stops when it sets ``stop`` or returns (or at ``MAX_EVENTS``),
-    then the clients close — within ``CLOSE_TIMEOUT`` on Ctrl-C or a failure too."""
-    rng = random.Random(seed)
-    stop = asyncio.Event()
-    clients: list[Client] = []
-    try:
-        async with asyncio.TaskGroup() as tg:
-            for n in cfg.nodes:
-                c = await Client([(n.host, n.port)], client_id=f"{name}-sub-{n.id}").connect()
-                clients.append(c)
-                for expr in demo_subscriptions(rng, SUBSCRIBERS_PER_NODE):
-                    tg.create_task(_consumer(await c.subscribe(expr), delivered))
-            publishers = []
-            for i in range(PUBLISHERS):
-                n = cfg.nodes[i % len(cfg.nodes)]
-                c = await Client([(n.host, n.port)], client_id=f"{name}-pub-{i}").connect()
-                clients.append(c)
-                publishers.append(tg.create_task(_publisher(c, seed + i, stop, published)))
-            await report(published, delivered, stop)
-            stop.set()
-            # Publishers finish their publish in flight, then the connections close,
-            # which ends the consumers' iteration.
-            await asyncio.gather(*publishers)
-            await _close_all(clients)
-            clients.clear()
-    except ExceptionGroup as group:  # a publish that timed out, a refused subscription
-        raise traffic_failed(group) from None
-    finally:
-        await _close_all(clients)  # after Ctrl-C or a failure: bounded, errors ignored
+Ctrl-C stops the traffic and every node cleanly (exit 0)."""
 
 
 async def _drive(cfg: ClusterConfig, seconds: float, published: list[int], delivered: list[int]) -> None:
@@ -152,11 +74,9 @@ async def _drive(cfg: ClusterConfig, seconds: float, published: list[int], deliv
         while time.monotonic() - start < seconds and published[0] < MAX_EVENTS:
             await asyncio.sleep(1.0)
             now = time.monotonic()
-            statuses = await _statuses(cfg)
+            answers = await statuses(cfg)
             dt = now - last[0]
-            print(
-                _line(now - start, (published[0] - last[1]) / dt, (delivered[0] - last[2]) / dt, statuses), flush=True
-            )
+            print(_line(now - start, (published[0] - last[1]) / dt, (delivered[0] - last[2]) / dt, answers), flush=True)
             last = (now, published[0], delivered[0])
 
     await run_workload(cfg, "demo", 7, report, published, delivered)
@@ -226,5 +146,18 @@ def _line(t: float, pub_rate: float, del_rate: float, statuses: list[dict[str, A
 
 
 def _bar(x: float, width: int = BAR_WIDTH) -> str:
-    filled = min(width, int(round(x / BAR_FULL * width)))
+    filled = min(width, round(x / BAR_FULL * width))
     return "█" * filled + "·" * (width - filled)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    load_config(args.config)
+    return run_command(run_demo(args.config, args.seconds, args.log_level), server=True)
+
+
+def register(sub: Any) -> None:
+    """The ``demo`` subcommand."""
+    d = add_command(sub, "demo", "local cluster with bounded demo traffic, shown live (make run)", EXAMPLES)
+    d.add_argument("config")
+    d.add_argument("--seconds", type=positive_float, default=60.0, help="stop after this many seconds (default 60)")
+    d.set_defaults(func=cmd_demo)

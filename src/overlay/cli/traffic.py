@@ -1,13 +1,13 @@
 """Demo traffic against a running cluster: ``overlay cluster up F --traffic``.
 
-The workload of ``make run`` (``overlay.demo``): subscribers on every node
+The workload of ``make run`` (``overlay.cli.workload``): subscribers on every node
 with a mix of narrow and wide filters, publishers whose events crowd one
 region of the event space, so the initializer is overloaded and balancing
 has work to do.  Publishing stops ``SETTLE`` seconds before the end, so the
 last notifications arrive and the capture ends quiet; then the clients
 close (their subscriptions end, as in any run).  Ctrl-C cancels it (the
 command's signal handling, ``overlay.cli`` rule 2): the clients are closed
-within ``overlay.cli.CLOSE_TIMEOUT`` all the same.
+within ``overlay.cli.running.CLOSE_TIMEOUT`` all the same.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import asyncio
 import time
 from typing import Final
 
+from overlay.cli.workload import run_workload
 from overlay.config import ClusterConfig
-from overlay.demo import run_workload
 
 __all__ = ["SETTLE", "run_traffic"]
 
