@@ -277,6 +277,8 @@ class CaptureBuffer:
         maps the subscriptions it still serves to their sessions."""
         self.n += 1
         if len(self.records) < ENCODE_EVERY or self._room():
+            subs: tuple[str, ...]
+            orphans: tuple[str, ...]
             if all(map(owners.__contains__, sub_ids)):  # the common case, at C speed
                 subs, orphans = (sub_ids if type(sub_ids) is tuple else tuple(sub_ids)), ()
             else:

@@ -59,8 +59,9 @@ ClientUnion = (
     | _c.AdminReply
 )
 
-_peer_decoder: Final = msgspec.msgpack.Decoder(PeerUnion)
-_client_decoder: Final = msgspec.msgpack.Decoder(ClientUnion)
+# Every member of each union is a subclass of its protocol's base message.
+_peer_decoder: Final[msgspec.msgpack.Decoder[PeerMessage]] = msgspec.msgpack.Decoder(PeerUnion)
+_client_decoder: Final[msgspec.msgpack.Decoder[ClientMessage]] = msgspec.msgpack.Decoder(ClientUnion)
 
 M = TypeVar("M", PeerMessage, ClientMessage)
 
@@ -83,8 +84,8 @@ class FrameReader(Generic[M]):
     at most ``max_size`` bytes beyond what ``feed`` was just given.
     """
 
-    def __init__(self, decoder: msgspec.msgpack.Decoder, max_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
-        self._decoder = decoder
+    def __init__(self, decoder: msgspec.msgpack.Decoder[M], max_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self._decoder: msgspec.msgpack.Decoder[M] = decoder
         self.max_size = max_size
         self._buf = bytearray()
 

@@ -180,9 +180,11 @@ class Sequencer:
 
     # -- arrivals (rules 2, 3, 5) --------------------------------------------------------
 
-    def arrive(self, key: str, rank: int | None, event: Any, now: float) -> Release | None:
+    def arrive(self, key: object, rank: int | None, event: Any, now: float) -> Release | None:
         """The event ``rank`` of ``key`` (None: the next one, rule 3) arrived: it is
-        released at once or held.  At most one event is released per arrival."""
+        released at once or held.  At most one event is released per arrival.
+        A key that is not a string of 1 to ``MAX_KEY_LENGTH`` characters is
+        refused and counted, whoever the caller (hence ``object``)."""
         if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LENGTH:
             self.counters["rejected_bad_key"] += 1
             raise InvalidRank(f"a sequence key must be 1 to {MAX_KEY_LENGTH} characters")
@@ -239,11 +241,12 @@ class Sequencer:
             self.counters["stale_completions"] += 1
             return None
         self.counters["completed"] += 1
-        return self._advance(key, ctx, now)
+        return self._advance(key, ctx, rank, now)
 
-    def _advance(self, key: str, ctx: _Context, now: float) -> Release | None:
-        """The in-flight event is done (delivered or timed out): release the next rank if held."""
-        nxt = ctx.seq = ctx.in_flight + 1  # type: ignore[operator]  # callers check in_flight
+    def _advance(self, key: str, ctx: _Context, done: int, now: float) -> Release | None:
+        """The in-flight event ``done`` (``ctx.in_flight``) is done (delivered or
+        timed out): release the next rank if held."""
+        nxt = ctx.seq = done + 1
         ctx.in_flight = None
         ctx.touched = now
         if nxt in ctx.held:
@@ -294,7 +297,7 @@ class Sequencer:
         if ctx.in_flight is not None:
             if ctx.released_at + cfg.processing_ttl <= now:
                 self.counters["processing_timeouts"] += 1
-                return self._advance(key, ctx, now)
+                return self._advance(key, ctx, ctx.in_flight, now)
             return None
         if ctx.held:
             oldest = min(ctx.arrived.values())
