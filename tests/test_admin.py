@@ -11,6 +11,7 @@ whole-cluster view with a node down, and ``overlay status`` reading it all.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 from typing import Any
@@ -20,11 +21,11 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from admincluster import AdminCluster, Traffic, until
-from loopback import nodes_quiet
+from conftest import LOCAL
 from overlay.cli import format_status, node_statuses
 from overlay.errors import OverlayError
 from overlay.net.admin import TOKEN_ENV
+from overlay.testing import LoopbackCluster, Traffic, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,25 +50,27 @@ async def get_json(url: str) -> Any:
 
 
 async def test_healthz_is_503_with_the_reason_until_ready_then_200() -> None:
-    async with AdminCluster(3, only=(1,), wait_ready=False) as cl:
+    async with LoopbackCluster(LOCAL, 3, admin=True, autostart=False) as cl:
+        await cl.start_node(1)
         status, body, _ = await fetch(cl.url(1) + "/healthz")
         assert status == 503 and body["ready"] is False
         assert "waiting for the routing table" in body["why"]
         # (Links count as up here: the idle nodes' sockets are bound and listening.)
         assert sorted(body["links_up"] + body["links_down"]) == [0, 2]
 
-        cl.start(0)  # the initializer: node 2 is still missing
-        await cl.nodes[0].started.wait()
-        await until(lambda: 1 in cl.nodes[0].core.boot_state.heard, 10, "node 0 heard from node 1")
+        await cl.start_node(0)  # the initializer: node 2 is still missing
+        await wait_until(lambda: 1 in cl.nodes[0].core.boot_state.heard, 10, "node 0 heard from node 1")
         status, body, _ = await fetch(cl.url(0) + "/healthz")
         # It waits to hear from node 2 (or the grace, peer_timeout) before it initialises.
         assert status == 503 and "waiting to hear from nodes [2]" in body["why"]
-        await until(lambda: cl.nodes[1].core.ready, 10, "node 1 has the table")
+        await wait_until(lambda: cl.nodes[1].core.ready, 10, "node 1 has the table")
         assert (await fetch(cl.url(1) + "/healthz"))[0] == 200
 
-        cl.start(2)
-        await until(lambda: cl.nodes[0].core.ready, 10, "the initializer ready")
-        await until(lambda: all(l.connected.is_set() for l in cl.nodes[0].links.values()), 10, "node 0's links up")
+        await cl.start_node(2)
+        await wait_until(lambda: cl.nodes[0].core.ready, 10, "the initializer ready")
+        await wait_until(
+            lambda: all(link.connected.is_set() for link in cl.nodes[0].links.values()), 10, "node 0's links up"
+        )
         status, body, _ = await fetch(cl.url(0) + "/healthz")
         assert status == 200 and body == {
             "node": 0,
@@ -88,10 +91,10 @@ async def test_healthz_is_503_with_the_reason_until_ready_then_200() -> None:
 
 
 async def test_status_routing_and_balancing_show_a_migration_with_every_score() -> None:
-    async with AdminCluster(3, **BALANCING) as cl:
+    async with LoopbackCluster(LOCAL, 3, admin=True, **BALANCING) as cl:
         traffic = await Traffic(cl, rate=1500).start()
         try:
-            await until(lambda: cl.stat("migrations") > 0, 30, "a natural migration")
+            await wait_until(lambda: cl.stat("migrations") > 0, 30, "a natural migration")
         finally:
             await traffic.stop()
 
@@ -171,7 +174,7 @@ async def test_status_routing_and_balancing_show_a_migration_with_every_score() 
 
 
 async def test_unknown_paths_and_methods_answer_json_errors_and_the_page_is_served() -> None:
-    async with AdminCluster(1) as cl:
+    async with LoopbackCluster(LOCAL, 1, admin=True) as cl:
         for path in ("/nope", "/status/extra", "/static/nope.js", "/static/..%2Fcli.py", "/static/index.html"):
             status, body, kind = await fetch(cl.url(0) + path)
             assert status == 404 and kind == "application/json", path
@@ -194,7 +197,7 @@ async def _drill(request: web.Request) -> web.Response:
 
 async def test_the_admin_token_guards_routes_that_change_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TOKEN_ENV, raising=False)
-    cl = AdminCluster(1, admin_token="s3cret")
+    cl = LoopbackCluster(LOCAL, 1, admin=True, admin_token="s3cret")
     cl.nodes[0].admin.add_action("/drill", _drill)
     async with cl:
         url = cl.url(0) + "/drill"
@@ -211,14 +214,14 @@ async def test_the_admin_token_guards_routes_that_change_the_cluster(monkeypatch
         assert (await fetch(cl.url(0) + "/status"))[0] == 200  # reading needs no token
 
     monkeypatch.setenv(TOKEN_ENV, "from-env")  # the environment wins over the file
-    cl = AdminCluster(1, admin_token="s3cret")
+    cl = LoopbackCluster(LOCAL, 1, admin=True, admin_token="s3cret")
     cl.nodes[0].admin.add_action("/drill", _drill)
     async with cl:
         assert (await fetch(cl.url(0) + "/drill", "POST", headers={"Authorization": "Bearer s3cret"}))[0] == 401
         assert (await fetch(cl.url(0) + "/drill", "POST", headers={"Authorization": "Bearer from-env"}))[0] == 200
 
     monkeypatch.delenv(TOKEN_ENV)
-    cl = AdminCluster(1)  # no token configured: no auth
+    cl = LoopbackCluster(LOCAL, 1, admin=True)  # no token configured: no auth
     cl.nodes[0].admin.add_action("/drill", _drill)
     async with cl:
         assert (await fetch(cl.url(0) + "/drill", "POST"))[0] == 200
@@ -267,19 +270,19 @@ def _samples(families: dict[str, Any], name: str) -> dict[tuple[str, tuple[tuple
 
 
 async def test_metrics_parse_and_hold_every_family() -> None:
-    async with AdminCluster(3, **BALANCING) as cl:
+    async with LoopbackCluster(LOCAL, 3, admin=True, **BALANCING) as cl:
         traffic = await Traffic(cl, rate=1500).start()
-        pub = await cl.client(0, "bad-publisher")
+        pub = await cl.client(0, client_id="bad-publisher")
         for bad in ({"price": 5000.0, "sym": "A"}, {"sym": "A"}):
             with pytest.raises(OverlayError):
                 await pub.publish(bad)
         try:
-            await until(lambda: cl.stat("migrations") > 0, 30, "a natural migration")
+            await wait_until(lambda: cl.stat("migrations") > 0, 30, "a natural migration")
         finally:
             await traffic.stop()
         # Events PubAck'ed by nodes 1 and 2 may still be on their way to their
         # channel's owner: the counters compared below must have stopped.
-        await until(lambda: nodes_quiet(cl.nodes.values()), 30, "the nodes quiet")
+        await wait_until(lambda: cl.quiet(), 30, "the nodes quiet")
 
         status, text, kind = await fetch(cl.url(0) + "/metrics")
         assert status == 200 and kind == "text/plain"
@@ -314,7 +317,7 @@ async def test_metrics_parse_and_hold_every_family() -> None:
                 ]
             if cl.stat("migrations") == before:
                 break
-            await until(lambda: nodes_quiet(cl.nodes.values()), 30, "the nodes quiet")
+            await wait_until(lambda: cl.quiet(), 30, "the nodes quiet")
         assert total_migrations == cl.stat("migrations") > 0
 
         # Histograms: every matched event counted once, with its tested subscriptions.
@@ -324,7 +327,7 @@ async def test_metrics_parse_and_hold_every_family() -> None:
         assert tested[("overlay_tested_subscriptions_sum", node0)] > 0
         buckets = sorted((float(dict(k[1])["le"]), v) for k, v in tested.items() if k[0].endswith("_bucket"))
         assert buckets[-1] == (float("inf"), core.stats["events_matched"])
-        assert all(a[1] <= b[1] for a, b in zip(buckets, buckets[1:]))
+        assert all(a[1] <= b[1] for a, b in itertools.pairwise(buckets))
         latency = _samples(families, "overlay_publish_notify_latency_seconds")
         assert latency[("overlay_publish_notify_latency_seconds_count", node0)] > 0
         assert (
@@ -356,34 +359,33 @@ async def _read_events(resp: aiohttp.ClientResponse, n: int) -> list[dict[str, A
 
 
 async def test_event_stream_yields_cluster_updates_and_ends_when_the_node_stops() -> None:
-    async with AdminCluster(3, **BALANCING) as cl:
+    async with LoopbackCluster(LOCAL, 3, admin=True, **BALANCING) as cl:
         traffic = await Traffic(cl, rate=600).start()
         try:
-            async with aiohttp.ClientSession() as http:
-                async with http.get(cl.url(2) + "/events?interval=0.2") as resp:
-                    assert resp.status == 200 and resp.content_type == "text/event-stream"
-                    first, *_, last = await _read_events(resp, 8)
-                    assert [n["node"] for n in first["nodes"]] == [0, 1, 2]
-                    assert all(n["reachable"] for n in first["nodes"]) and first["served_by"] == 2
-                    assert last["time"] > first["time"]
-                    assert last["totals"]["events_in"] > first["totals"]["events_in"]
-                    assert first["placement"] and first["da"][0]["name"] == "price"
-                    # The stream is still open: stopping the node must end it, promptly.
-                    await traffic.stop()
-                    started = time.monotonic()
-                    await cl.stop_node(2)
-                    assert time.monotonic() - started < 5
-                    rest = await asyncio.wait_for(resp.content.read(), 5)
-                    assert resp.content.at_eof(), rest[-200:]
+            async with aiohttp.ClientSession() as http, http.get(cl.url(2) + "/events?interval=0.2") as resp:
+                assert resp.status == 200 and resp.content_type == "text/event-stream"
+                first, *_, last = await _read_events(resp, 8)
+                assert [n["node"] for n in first["nodes"]] == [0, 1, 2]
+                assert all(n["reachable"] for n in first["nodes"]) and first["served_by"] == 2
+                assert last["time"] > first["time"]
+                assert last["totals"]["events_in"] > first["totals"]["events_in"]
+                assert first["placement"] and first["da"][0]["name"] == "price"
+                # The stream is still open: stopping the node must end it, promptly.
+                await traffic.stop()
+                started = time.monotonic()
+                await cl.stop_node(2)
+                assert time.monotonic() - started < 5
+                rest = await asyncio.wait_for(resp.content.read(), 5)
+                assert resp.content.at_eof(), rest[-200:]
         finally:
             await traffic.stop()
 
 
 async def test_cluster_view_shows_a_node_that_is_down_from_its_last_liem() -> None:
-    async with AdminCluster(3, slice_seconds=0.3, balancing=False) as cl:
+    async with LoopbackCluster(LOCAL, 3, admin=True, slice_seconds=0.3, balancing=False) as cl:
         # A slice enters the history once the peers' LIEMs of that slice are in:
         # LIEMs of an earlier slice alone do not make one.
-        await until(
+        await wait_until(
             lambda: len(cl.nodes[0].core.monitor.live()) == 2 and cl.nodes[0].admin.history(),
             10,
             "LIEMs from both peers",
@@ -405,15 +407,17 @@ async def test_cluster_view_shows_a_node_that_is_down_from_its_last_liem() -> No
 
 
 async def test_overlay_status_prints_a_table_from_the_admin_endpoints() -> None:
-    async with AdminCluster(3, slice_seconds=0.3, balancing=False) as cl:
-        await until(lambda: all(n.core.last_report is not None for n in cl.nodes.values()), 10, "a slice on every node")
+    async with LoopbackCluster(LOCAL, 3, admin=True, slice_seconds=0.3, balancing=False) as cl:
+        await wait_until(
+            lambda: all(n.core.last_report is not None for n in cl.nodes.values()), 10, "a slice on every node"
+        )
         answers = await node_statuses(cl.config)
         assert all(st is not None for st, _ in answers)
         table = format_status(cl.config, [st for st, _ in answers], [why for _, why in answers])
         lines = table.splitlines()
         assert lines[0].split()[:3] == ["node", "admin", "state"] and "S/dc̄" in lines[0]
         for i in cl.nodes:
-            row = next(l for l in lines if l.split()[0] == str(i))
+            row = next(line for line in lines if line.split()[0] == str(i))
             assert f"http://127.0.0.1:{cl.nodes[i].admin_port}" in row
             assert cl.nodes[i].core.monitor.state.value in row
         assert "cluster 'local': 3/3 nodes answer, 1 channels" in table
@@ -421,6 +425,6 @@ async def test_overlay_status_prints_a_table_from_the_admin_endpoints() -> None:
         await cl.stop_node(1)
         answers = await node_statuses(cl.config)
         table = format_status(cl.config, [st for st, _ in answers], [why for _, why in answers])
-        row = next(l for l in table.splitlines() if l.split()[0] == "1")
+        row = next(line for line in table.splitlines() if line.split()[0] == "1")
         assert "down: nothing listens on http://127.0.0.1:" in row
         assert "2/3 nodes answer" in table

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from admincluster import AdminCluster
+from conftest import LOCAL
 from overlay.client import Client
 from overlay.errors import RequestError
 from overlay.messages import client as cm
+from overlay.testing import LoopbackCluster
 from test_admin import fetch
 
 pytestmark = pytest.mark.timeout(60)
@@ -29,7 +30,7 @@ async def test_a_changing_command_without_the_token_is_refused_on_every_protocol
     command: str, args: dict, monkeypatch
 ) -> None:
     monkeypatch.delenv("OVERLAY_ADMIN_TOKEN", raising=False)
-    async with AdminCluster(3, balancing=False, admin_token=TOKEN) as cl:
+    async with LoopbackCluster(LOCAL, 3, admin=True, balancing=False, admin_token=TOKEN) as cl:
         for token in ("", "wrong"):
             async with Client([cl.addr(0)], token=token, reconnect=False) as anon:
                 with pytest.raises(RequestError) as info:
@@ -48,7 +49,7 @@ async def test_a_changing_command_without_the_token_is_refused_on_every_protocol
 
 async def test_without_a_configured_token_every_client_may_operate(monkeypatch) -> None:
     monkeypatch.delenv("OVERLAY_ADMIN_TOKEN", raising=False)
-    async with AdminCluster(3, balancing=False) as cl:
+    async with LoopbackCluster(LOCAL, 3, admin=True, balancing=False) as cl:
         async with Client([cl.addr(0)], reconnect=False) as anon:
             await anon.admin("split", channel="0.0", attr="price", at=500.0)
         assert len(cl.nodes[0].core.routing) == 2

@@ -1,7 +1,7 @@
 """Balancing on real nodes: exactly once across migrations (SPEC §8.2).
 
 Integration tests (STYLE habit 10): real ``Node``s on 127.0.0.1 in this
-process (``balcluster.Cluster``), driven with real ``Client``s.  Slices are
+process (``overlay.testing.LoopbackCluster``), driven with real ``Client``s.  Slices are
 short (T = 0.3–0.4 s) and the scheduling probability is 1, so natural splits
 and migrations happen within a few seconds (SPEC §6, §8).  Convergence is in
 test_balancing_convergence, rollback in test_balancing_rollback.
@@ -24,14 +24,13 @@ import random
 import time
 from typing import Any
 
-from balcluster import QUEUE, Cluster, Ledger, Sub
-from loopback import wait_until as until
+from conftest import LOCAL
 from overlay.channels import parse_subscription
 from overlay.channels.channel import ChannelId
 from overlay.client import Client
 from overlay.errors import RequestError
 from overlay.messages import client as cm
-from sim.workload import skewed_price
+from overlay.testing import QUEUE_SIZE, Ledger, LoopbackCluster, Sub, skewed_price, wait_until
 
 # -- test 1: exactly once ------------------------------------------------------------------
 
@@ -58,24 +57,24 @@ async def test_exactly_once_across_migrations() -> None:
     RATE = 2_500  # events/s over all publishers: the run lasts 8 s, ~20 slices
     WORKERS = 12  # concurrent publish() calls per publisher
     rng = random.Random(20240611)
-    async with Cluster("local.toml", slice_seconds=0.4, probability=1.0, peer_timeout=5.0) as cl:
+    async with LoopbackCluster(LOCAL, slice_seconds=0.4, probability=1.0, peer_timeout=5.0) as cl:
         ids = cl.ids
         led = Ledger()
         subscribers: list[Client] = []
         for k in range(2 * len(ids)):  # two subscriber clients per node
-            c = await cl.client(ids[k % len(ids)], f"sub-{k}")
+            c = await cl.client(ids[k % len(ids)], client_id=f"sub-{k}")
             led.hook(k, c, ids[k % len(ids)])
             subscribers.append(c)
-        publishers = [await cl.client(i, f"pub-{i}") for i in ids]
-        admin = await cl.client(cl.config.cluster.initializer, "admin")
+        publishers = [await cl.client(i, client_id=f"pub-{i}") for i in ids]
+        admin = await cl.client(cl.config.cluster.initializer, client_id="admin")
         sub_seq = iter(range(1_000_000))
 
         async def subscribe(ci: int) -> None:
             expr = _sub_expression(rng)
             sid = f"s{next(sub_seq)}"
-            s = Sub(ci, sid, expr, parse_subscription(expr, cl.schema), time.time())
+            s = Sub(ci, sid, expr, parse_subscription(expr, cl.config.schema), time.time())
             led.subs[(ci, sid)] = s
-            await subscribers[ci].subscribe(expr, sub_id=sid, queue_size=QUEUE)
+            await subscribers[ci].subscribe(expr, sub_id=sid, queue_size=QUEUE_SIZE)
             s.acked = time.time()
 
         async def unsubscribe(ci: int, sid: str) -> None:
@@ -127,20 +126,20 @@ async def test_exactly_once_across_migrations() -> None:
             """Admin splits and placements at chosen points of the run."""
             marks = [EVENTS * f // 10 for f in (1, 2, 3, 5, 6, 8)]
             for mark in marks:
-                await until(lambda m=mark: published >= m, 30, f"{mark} events published")
-                node = max(ids, key=lambda i: cl.core(i).local.load or len(cl.core(i).local))
-                chans = [ch for ch in cl.core(node).local if ch.last.events > 2]
+                await wait_until(lambda m=mark: published >= m, 30, f"{mark} events published")
+                node = max(ids, key=lambda i: cl.nodes[i].core.local.load or len(cl.nodes[i].core.local))
+                chans = [ch for ch in cl.nodes[node].core.local if ch.last.events > 2]
                 if not chans:
                     continue
                 ch = max(chans, key=lambda c: c.last.load)
                 prices = sorted(r.point[ch.last.priority.index("price")] for r in ch.last.records())
                 at = prices[len(prices) // 2]
-                c = await cl.client(node, f"admin-{mark}")
+                c = await cl.client(node, client_id=f"admin-{mark}")
                 try:
                     await c.admin("split", channel=str(ch.id), attr="price", at=at)
                     forced["split"] += 1
-                    target = min((i for i in ids if i != node), key=lambda i: cl.core(i).local.load)
-                    mine = sorted(cl.core(node).local, key=lambda x: -x.last.load)
+                    target = min((i for i in ids if i != node), key=lambda i: cl.nodes[i].core.local.load)
+                    mine = sorted(cl.nodes[node].core.local, key=lambda x: -x.last.load)
                     if mine:
                         await c.admin("place", channel=str(mine[-1].id), node=target)
                         forced["place"] += 1
@@ -152,7 +151,7 @@ async def test_exactly_once_across_migrations() -> None:
         assert published == EVENTS
 
         # Quiet: every delivery in, no session open, tables settled.
-        await cl.quiet(led)
+        await cl.wait_settled(progress=led.received)
 
         migrations = cl.journal("migration")
         natural = [m for m in migrations if not m["forced"]]
@@ -176,11 +175,11 @@ async def test_exactly_once_across_migrations() -> None:
         await _check_status(cl, admin)
 
 
-def _check_subscription_placement(cl: Cluster, led: Ledger, subscribers: list[Client]) -> None:
-    routing = cl.core(cl.ids[0]).routing
+def _check_subscription_placement(cl: LoopbackCluster, led: Ledger, subscribers: list[Client]) -> None:
+    routing = cl.nodes[cl.ids[0]].core.routing
     stored: dict[tuple[str, str], set[ChannelId]] = collections.defaultdict(set)
     for i in cl.ids:
-        core = cl.core(i)
+        core = cl.nodes[i].core
         for ch in core.local:
             entry = routing.get(ch.id)
             assert entry is not None and i in entry.owners, (
@@ -190,7 +189,7 @@ def _check_subscription_placement(cl: Cluster, led: Ledger, subscribers: list[Cl
                 stored[(sub.subscriber, sub.id.split(":")[2])].add(ch.id)
     for chid, entry in routing.items():
         for owner in entry.owners:
-            assert chid in cl.core(owner).local, f"{chid} is routed to node {owner}, which does not hold it"
+            assert chid in cl.nodes[owner].core.local, f"{chid} is routed to node {owner}, which does not hold it"
     for (ci, sid), s in led.subs.items():
         key = (subscribers[ci].client_id, sid)
         if s.unsub_started < float("inf"):
@@ -202,13 +201,13 @@ def _check_subscription_placement(cl: Cluster, led: Ledger, subscribers: list[Cl
             )
 
 
-async def _check_status(cl: Cluster, admin: Client) -> None:
+async def _check_status(cl: LoopbackCluster, admin: Client) -> None:
     """The operator's view agrees: one routing table, channels where it says.
     (Idle channels merge once traffic stops, so a view taken while an update
     is on its way is taken again.)"""
-    clients = [await cl.client(i, f"status-{i}") for i in cl.ids]
+    clients = [await cl.client(i, client_id=f"status-{i}") for i in cl.ids]
     for _ in range(10):
-        await until(cl.settled, 15, "tables to settle")
+        await wait_until(cl.settled, 15, "tables to settle")
         views = await asyncio.gather(*(c.admin("status") for c in clients))
         tables = [v["routing"] for v in views]
         if all(t == tables[0] for t in tables):

@@ -46,14 +46,13 @@ from typing import Final
 import msgspec
 import pytest
 
-from balcluster import QUEUE, Cluster, Ledger, Sub
-from loopback import wait_until as until
+from conftest import LOCAL
 from overlay.channels import parse_subscription
 from overlay.client import Client
 from overlay.config import ClusterConfig, load_config
+from overlay.testing import QUEUE_SIZE, Ledger, LoopbackCluster, Sub, range_subscriptions, skewed_price, wait_until
 from sim import golden
 from sim.convergence import SPREAD_TARGET, ConvergenceRun, ConvergenceSim, oscillations
-from sim.workload import range_subscriptions, skewed_price
 
 CONFIGS: Final = Path(__file__).resolve().parent.parent / "cluster_configs"
 SEEDS: Final = range(6)
@@ -153,26 +152,28 @@ async def test_balancing_works_over_sockets() -> None:
     another node then reports load of its own; every live subscription gets
     every matching event exactly once.  Balancing quality is judged above, in
     virtual time."""
-    async with Cluster("local.toml", slice_seconds=0.4, probability=1.0) as cl:
+    async with LoopbackCluster(LOCAL, slice_seconds=0.4, probability=1.0) as cl:
         ids = cl.ids
         first = cl.config.cluster.initializer
         led = Ledger()
         subscribers: list[Client] = []
         for k, i in enumerate(ids):
-            c = await cl.client(i, f"sub-{i}")
+            c = await cl.client(i, client_id=f"sub-{i}")
             led.hook(k, c, i)
             subscribers.append(c)
         live = range_subscriptions(20, seed=7)
         for k, expr in enumerate(live):
             ci = k % len(subscribers)
-            s = Sub(ci, f"live{k}", expr, parse_subscription(expr, cl.schema), time.time())
+            s = Sub(ci, f"live{k}", expr, parse_subscription(expr, cl.config.schema), time.time())
             led.subs[(ci, s.sub_id)] = s
-            await subscribers[ci].subscribe(expr, sub_id=s.sub_id, queue_size=QUEUE)
+            await subscribers[ci].subscribe(expr, sub_id=s.sub_id, queue_size=QUEUE_SIZE)
             s.acked = time.time()
         load = range_subscriptions(240, seed=8, venue="zz")  # tested, never notified
-        await asyncio.gather(*(subscribers[k % len(ids)].subscribe(e, queue_size=QUEUE) for k, e in enumerate(load)))
+        await asyncio.gather(
+            *(subscribers[k % len(ids)].subscribe(e, queue_size=QUEUE_SIZE) for k, e in enumerate(load))
+        )
 
-        publishers = [await cl.client(i, f"pub-{i}") for i in ids]
+        publishers = [await cl.client(i, client_id=f"pub-{i}") for i in ids]
         stop = asyncio.Event()
 
         async def publish(k0: int, c: Client) -> None:
@@ -199,20 +200,20 @@ async def test_balancing_works_over_sockets() -> None:
 
         tasks = [asyncio.create_task(publish(k0, c)) for k0, c in enumerate(publishers)]
         try:
-            await until(moved_and_loaded, MOVE_TIMEOUT, "a natural migration, then load on its receiver")
+            await wait_until(moved_and_loaded, MOVE_TIMEOUT, "a natural migration, then load on its receiver")
         finally:
             stop.set()
             await asyncio.gather(*tasks)
 
         due = _due(led)
         with contextlib.suppress(AssertionError):  # a loss is reported below, with the events
-            await until(lambda: sum(led.delivered.values()) >= due, QUIET_TIMEOUT, f"{due} notifications")
-        await until(cl.settled, QUIET_TIMEOUT, "tables to settle")
+            await wait_until(lambda: sum(led.delivered.values()) >= due, QUIET_TIMEOUT, f"{due} notifications")
+        await wait_until(cl.settled, QUIET_TIMEOUT, "tables to settle")
         bad, exact, _ = led.violations()
         assert not bad, f"{len(bad)} violations, e.g.:\n" + "\n".join(bad[:20])
         assert exact == due > 100, (exact, due)
         natural = [m for m in cl.journal("migration") if not m["forced"]]
-        owners = {o for _, e in cl.core(first).routing.items() for o in e.owners}
+        owners = {o for _, e in cl.nodes[first].core.routing.items() for o in e.owners}
         assert natural and owners - {first}, (natural, owners)
         print(
             f"{len(led.events)} events, {exact} pairs exactly once; {len(natural)} natural migrations; owners {sorted(owners)}"

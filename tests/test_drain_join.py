@@ -21,13 +21,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from admincluster import CONFIGS, AdminCluster, Traffic, listening_socket, until
+from conftest import CONFIGS, LOCAL
 from overlay.cli import main
 from overlay.client import Client
 from overlay.client.connection import RequestError
-from overlay.config import ClusterConfig, NodeConfig
+from overlay.config import ClusterConfig
 from overlay.net.admin import TOKEN_ENV
-from overlay.net.node import Node
+from overlay.testing import LoopbackCluster, Traffic, wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -115,8 +115,8 @@ async def publish_until(client: Client, venue: str, stop: asyncio.Event, ledger:
 
 
 async def test_drain_under_traffic_moves_every_channel_and_delivers_exactly_once() -> None:
-    async with AdminCluster(3, balancing=False, slice_seconds=0.4) as cl:
-        ops = await cl.client(0, "ops")
+    async with LoopbackCluster(LOCAL, 3, admin=True, balancing=False, slice_seconds=0.4) as cl:
+        ops = await cl.client(0, client_id="ops")
         assert (await ops.admin("split", channel="0.0", attr="price", at=300.0))["update"]
         await ops.admin("split", channel="0.2", attr="price", at=600.0)
         await ops.admin("place", channel="0.1", node=1)
@@ -124,14 +124,14 @@ async def test_drain_under_traffic_moves_every_channel_and_delivers_exactly_once
         assert sorted(str(c.id) for c in cl.nodes[1].core.local) == ["0.1", "0.3"]
 
         ledger = Ledger()
-        subs = [await cl.client(0, "sub-0"), await cl.client(2, "sub-2")]
+        subs = [await cl.client(0, client_id="sub-0"), await cl.client(2, client_id="sub-2")]
         for i in range(24):
             lo = round((i * 0.37) % 1.0 * 900.0, 1)
             await ledger.subscribe(subs[i % 2], lo, round(lo + 50.0 + 13.0 * (i % 7), 1))
         # A client of node 1: told to go elsewhere once node 1 is drained, its subscription dropped.
-        away = await cl.client(1, "sub-1")
+        away = await cl.client(1, client_id="sub-1")
         await away.subscribe("price >= 0 and price < 1000")
-        pubs = [await cl.client(0, "pub-0"), await cl.client(2, "pub-2")]
+        pubs = [await cl.client(0, client_id="pub-0"), await cl.client(2, client_id="pub-2")]
         stop = asyncio.Event()
         publishers = [asyncio.create_task(publish_until(p, v, stop, ledger, 400.0)) for p, v in zip(pubs, ("p0", "p2"))]
         await asyncio.sleep(0.7)
@@ -154,9 +154,9 @@ async def test_drain_under_traffic_moves_every_channel_and_delivers_exactly_once
             assert e["receiver"] == min(e["candidates"], key=lambda c: (c["dc"], c["node"]))["node"]
         assert (await get(cl.url(1) + "/drain"))["done"] is True
         # It left: the others no longer count it among their peers; its client was closed.
-        await until(lambda: all(1 not in cl.nodes[i].core.peers for i in (0, 2)), 5, "node 1 left")
+        await wait_until(lambda: all(1 not in cl.nodes[i].core.peers for i in (0, 2)), 5, "node 1 left")
         assert summary["clients_closed"] == 1
-        await until(lambda: not away.connected, 5, "node 1's client closed")
+        await wait_until(lambda: not away.connected, 5, "node 1's client closed")
 
         def left_behind() -> list[str]:
             return [
@@ -164,7 +164,7 @@ async def test_drain_under_traffic_moves_every_channel_and_delivers_exactly_once
             ]
 
         with contextlib.suppress(AssertionError):
-            await until(lambda: not left_behind(), 5, "its subscription dropped")
+            await wait_until(lambda: not left_behind(), 5, "its subscription dropped")
         assert not left_behind(), (left_behind(), dict(cl.nodes[1].core.stats), cl.nodes[1].core._pending)
 
         # Node 1 can stop now; traffic goes on without it.
@@ -175,7 +175,7 @@ async def test_drain_under_traffic_moves_every_channel_and_delivers_exactly_once
         await asyncio.gather(*publishers)
         assert len(ledger.published) > 500
         with contextlib.suppress(AssertionError):
-            await until(ledger.complete, 10, "every matching event delivered")
+            await wait_until(ledger.complete, 10, "every matching event delivered")
         missing = [sorted(e - set(g))[:5] for g, e in zip(ledger.got, ledger.expected())]
         extra = [sorted(set(g) - e)[:5] for g, e in zip(ledger.got, ledger.expected())]
         prices = {(v, q): p for v, q, p in ledger.published}
@@ -198,7 +198,7 @@ async def test_drain_under_traffic_moves_every_channel_and_delivers_exactly_once
 
 
 async def test_drain_refusals_unknown_node_second_drain_left_node_last_node(tmp_path: Path) -> None:
-    async with AdminCluster(3, balancing=False) as cl:
+    async with LoopbackCluster(LOCAL, 3, admin=True, balancing=False) as cl:
         status, body = await post(cl.url(0) + "/drain", json={"node": 9})
         assert status == 404 and "unknown node 9" in body["error"]
         status, body = await post(cl.url(0) + "/drain", json={"node": 2})
@@ -208,7 +208,7 @@ async def test_drain_refusals_unknown_node_second_drain_left_node_last_node(tmp_
         assert main(["node", "drain", "9", "--config", str(cfg)]) == 2
 
         # Node 2 (empty) drains at once, by the client protocol's Admin command too.
-        c2 = await cl.client(2, "ops-2")
+        c2 = await cl.client(2, client_id="ops-2")
         summary = await c2.admin("drain")
         assert summary["drained"] and summary["channels_moved"] == 0
         with pytest.raises(RequestError, match="already draining"):
@@ -216,8 +216,8 @@ async def test_drain_refusals_unknown_node_second_drain_left_node_last_node(tmp_
         status, body = await post(cl.url(2) + "/drain")
         assert status == 409 and "already draining" in body["error"]
         # A drained node left: it takes nothing, not even a forced placement.
-        await until(lambda: all(2 not in cl.nodes[i].core.peers for i in (0, 1)), 5, "node 2 left")
-        ops = await cl.client(0, "ops")
+        await wait_until(lambda: all(2 not in cl.nodes[i].core.peers for i in (0, 1)), 5, "node 2 left")
+        ops = await cl.client(0, client_id="ops")
         await ops.admin("split", channel="0.0", attr="price", at=500.0)
         with pytest.raises(RequestError, match="node 2 cannot receive"):
             await ops.admin("place", channel="0.1", node=2)
@@ -230,7 +230,7 @@ async def test_drain_refusals_unknown_node_second_drain_left_node_last_node(tmp_
 
 
 async def test_drain_of_the_last_node_is_refused() -> None:
-    async with AdminCluster(1) as cl:
+    async with LoopbackCluster(LOCAL, 1, admin=True) as cl:
         status, body = await post(cl.url(0) + "/drain")
         assert status == 409 and "last node of the cluster" in body["error"]
         assert not cl.nodes[0].core.draining
@@ -238,7 +238,7 @@ async def test_drain_of_the_last_node_is_refused() -> None:
 
 async def test_drain_needs_the_token_when_one_is_configured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(TOKEN_ENV, "s3cret")
-    async with AdminCluster(3, balancing=False) as cl:
+    async with LoopbackCluster(LOCAL, 3, admin=True, balancing=False) as cl:
         for token in (None, "wrong"):
             status, body = await post(cl.url(1) + "/drain", token)
             assert status == 401 and "Bearer" in body["error"]
@@ -254,52 +254,39 @@ async def test_drain_needs_the_token_when_one_is_configured(monkeypatch: pytest.
 
 
 async def test_a_fourth_node_joins_gets_the_table_and_takes_load_through_balancing() -> None:
-    async with AdminCluster(3, slice_seconds=0.4, probability=1.0) as cl:
-        sock, admin_sock = listening_socket(), listening_socket()
-        new = NodeConfig(3, "127.0.0.1", sock.getsockname()[1], admin_sock.getsockname()[1], 1.0)
-        joined = Node(cl.config.with_nodes(cl.config.nodes + (new,)), 3, sock=sock, admin_sock=admin_sock)
-        task = asyncio.create_task(joined.run())
-        try:
-            await until(lambda: joined.core.ready, 10, "the joined node holds the routing table")
-            assert len(joined.core.routing) == len(cl.nodes[0].core.routing)
-            await until(
-                lambda: all(3 in n.core.peers and 3 in n.links for n in cl.nodes.values()), 5, "every node knows node 3"
+    async with LoopbackCluster(LOCAL, 3, admin=True, slice_seconds=0.4, probability=1.0) as cl:
+        old = [cl.nodes[i] for i in (0, 1, 2)]
+        joined = await cl.join(3)  # its config lists the three running nodes; theirs does not list it
+        await wait_until(lambda: joined.core.ready, 10, "the joined node holds the routing table")
+        assert len(joined.core.routing) == len(cl.nodes[0].core.routing)
+        await wait_until(lambda: all(3 in n.core.peers and 3 in n.links for n in old), 5, "every node knows node 3")
+        assert all(n.core.config.node(3).admin_port == joined.me.admin_port for n in old)
+        assert any(e["kind"] == "join" and e["peer"] == 3 for e in cl.nodes[1].core.journal)
+        view = await get(cl.url(0) + "/cluster")
+        assert sorted(int(n["node"]) for n in view["nodes"]) == [0, 1, 2, 3], view["nodes"]
+
+        # Skewed traffic on the three old nodes: node 3, empty, is UNDERLOADED (as it
+        # and its peers see it: a poll of the monitors) and takes load through balancing.
+        seen: set[str] = set()
+
+        async def watch() -> None:
+            while True:
+                seen.add(joined.core.monitor.state.value)
+                seen.update(p.state.value for n in old for p in n.core.monitor.live() if p.node == 3)
+                await asyncio.sleep(0.01)
+
+        def received() -> bool:  # non-forced: node 3 accepted it as UNDERLOADED (SPEC §8.1 step 2)
+            return any(
+                e["kind"] == "migration" and e["receiver"] == 3 and not e["forced"] for n in old for e in n.core.journal
             )
-            assert all(n.core.config.node(3).admin_port == new.admin_port for n in cl.nodes.values())
-            assert any(e["kind"] == "join" and e["peer"] == 3 for e in cl.nodes[1].core.journal)
-            view = await get(cl.url(0) + "/cluster")
-            assert sorted(int(n["node"]) for n in view["nodes"]) == [0, 1, 2, 3], view["nodes"]
 
-            # Skewed traffic on the three old nodes: node 3, empty, is UNDERLOADED (as it
-            # and its peers see it: a poll of the monitors) and takes load through balancing.
-            seen: set[str] = set()
-
-            async def watch() -> None:
-                while True:
-                    seen.add(joined.core.monitor.state.value)
-                    seen.update(p.state.value for n in cl.nodes.values() for p in n.core.monitor.live() if p.node == 3)
-                    await asyncio.sleep(0.01)
-
-            def received() -> bool:  # non-forced: node 3 accepted it as UNDERLOADED (SPEC §8.1 step 2)
-                return any(
-                    e["kind"] == "migration" and e["receiver"] == 3 and not e["forced"]
-                    for n in cl.nodes.values()
-                    for e in n.core.journal
-                )
-
-            watcher = asyncio.create_task(watch())
-            traffic = await Traffic(cl, rate=1500.0).start()
-            try:
-                await until(received, 20, "node 3 receives a channel through balancing")
-            finally:
-                await traffic.stop()
-                watcher.cancel()
-            assert "UNDERLOADED" in seen and len(joined.core.local) > 0
-            st = await get(f"http://127.0.0.1:{joined.admin_port}/status")
-            assert st["channels"] and st["ready"]
+        watcher = asyncio.create_task(watch())
+        traffic = await Traffic(cl, rate=1500.0, nodes=(0, 1, 2)).start()
+        try:
+            await wait_until(received, 20, "node 3 receives a channel through balancing")
         finally:
-            joined.stop()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(task, 10)
-            sock.close()
-            admin_sock.close()
+            await traffic.stop()
+            watcher.cancel()
+        assert "UNDERLOADED" in seen and len(joined.core.local) > 0
+        st = await get(f"http://127.0.0.1:{joined.admin_port}/status")
+        assert st["channels"] and st["ready"]

@@ -5,28 +5,28 @@ from __future__ import annotations
 
 import pytest
 
-from admincluster import AdminCluster
-from loopback import wait_until as until
+from conftest import LOCAL
+from overlay.testing import LoopbackCluster, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
 
-def slow_entries(cl: AdminCluster, node: int = 0) -> list[dict]:
+def slow_entries(cl: LoopbackCluster, node: int = 0) -> list[dict]:
     return [e for e in cl.nodes[node].core.journal if e["kind"] == "slow"]
 
 
 async def test_every_handler_past_the_threshold_is_journalled() -> None:
     # 0.1 µs: every message and tick is "slow".
-    async with AdminCluster(2, slice_seconds=0.3, slow_ms=0.0001) as cl:
-        await until(lambda: {"tick", "LIEM"} <= {e["what"] for e in slow_entries(cl)}, 10, "a slow tick and LIEM")
+    async with LoopbackCluster(LOCAL, 2, admin=True, slice_seconds=0.3, slow_ms=0.0001) as cl:
+        await wait_until(lambda: {"tick", "LIEM"} <= {e["what"] for e in slow_entries(cl)}, 10, "a slow tick and LIEM")
         liem = next(e for e in slow_entries(cl) if e["what"] == "LIEM")
         assert liem["source"] == "peer 1" and liem["ms"] >= 0 and liem["node"] == 0
         assert cl.nodes[0].core.stats["journal_slow"] >= 2
 
 
 async def test_off_at_zero_and_quiet_under_the_threshold() -> None:
-    async with AdminCluster(2, slice_seconds=0.3, slow_ms=0) as cl:
-        await until(lambda: len(cl.nodes[0].core.monitor.live()) == 1, 10, "a LIEM")
+    async with LoopbackCluster(LOCAL, 2, admin=True, slice_seconds=0.3, slow_ms=0) as cl:
+        await wait_until(lambda: len(cl.nodes[0].core.monitor.live()) == 1, 10, "a LIEM")
         node = cl.nodes[0]
         assert not slow_entries(cl)
         # A GC pass is timed like a handler (the callback a node process installs).

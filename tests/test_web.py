@@ -27,7 +27,8 @@ from typing import Any, Final
 
 import pytest
 
-from admincluster import AdminCluster, Traffic
+from conftest import LOCAL
+from overlay.testing import LoopbackCluster, Traffic
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is a test dependency: pip install -e '.[test]'")
 from selenium.webdriver.chrome.options import Options  # noqa: E402
@@ -104,7 +105,7 @@ class Page:
 
 
 async def test_live_page_shows_the_cluster_balancing(tmp_path: Path) -> None:
-    async with AdminCluster(3, slice_seconds=0.4, probability=1.0) as cl:
+    async with LoopbackCluster(LOCAL, 3, admin=True, slice_seconds=0.4, probability=1.0) as cl:
         driver = await asyncio.to_thread(_browser, tmp_path / "profile")
         page = Page(driver)
         try:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import random
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Final
 
 from overlay.client import Client, Subscription
@@ -60,12 +61,19 @@ def range_subscriptions(n: int, seed: int, venue: str | None = None) -> list[str
 
 
 class Traffic:
-    """Range subscriptions spread over every node of ``cluster`` and one
-    publisher per node, ``rate`` skewed events/s in all, from ``start`` until
-    ``stop``; notifications are consumed and counted (``delivered``)."""
+    """Range subscriptions spread over ``nodes`` of ``cluster`` (default: every
+    node) and one publisher per node, ``rate`` skewed events/s in all, from
+    ``start`` until ``stop``; notifications are consumed and counted (``delivered``)."""
 
-    def __init__(self, cluster: LoopbackCluster, rate: float = 1500.0, subscriptions: int = 60) -> None:
+    def __init__(
+        self,
+        cluster: LoopbackCluster,
+        rate: float = 1500.0,
+        subscriptions: int = 60,
+        nodes: Iterable[int] | None = None,
+    ) -> None:
         self.cluster = cluster
+        self.nodes = cluster.ids if nodes is None else list(nodes)
         self.rate = rate
         self.n_subs = subscriptions
         self.published = 0
@@ -75,7 +83,7 @@ class Traffic:
         self._consumers: list[asyncio.Task[None]] = []
 
     async def start(self) -> Traffic:
-        ids = self.cluster.ids
+        ids = self.nodes
         subs = [await self.cluster.client(i, client_id=f"sub-{i}") for i in ids]
         for k, expr in enumerate(range_subscriptions(self.n_subs, seed=11)):
             sub = await subs[k % len(subs)].subscribe(expr, queue_size=QUEUE_SIZE)
