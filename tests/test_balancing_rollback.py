@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 
-from balcluster import QUEUE, Cluster, Ledger, Sub
-from loopback import wait_until as until
+from conftest import LOCAL
 from overlay.channels import parse_subscription
 from overlay.client import Client
 from overlay.errors import RequestError
 from overlay.messages import peer as pm
-from sim.workload import GOLDEN
+from overlay.testing import GOLDEN, QUEUE_SIZE, Ledger, LoopbackCluster, Sub, wait_until
 
 # -- test 4: a failure in mid-session ------------------------------------------------------
 
@@ -56,28 +55,28 @@ async def test_failure_mid_session_rolls_back(failure: str) -> None:
     reforwarding, then the node stops).  Publishing from nodes 0 and 1 goes on
     throughout; their subscribers must lose nothing."""
     TIMEOUT = 1.0
-    async with Cluster("local.toml", balancing=False, peer_timeout=TIMEOUT, slice_seconds=0.5) as cl:
+    async with LoopbackCluster(LOCAL, balancing=False, peer_timeout=TIMEOUT, slice_seconds=0.5) as cl:
         sender, receiver = 0, 2
-        admin = await cl.client(sender, "admin")
+        admin = await cl.client(sender, client_id="admin")
         await admin.admin("split", channel="0.0", attr="price", at=500.0)
-        moving = next(ch for ch in cl.core(sender).local if ch.space.contains({"price": 750.0, "sym": "A"}))
+        moving = next(ch for ch in cl.nodes[sender].core.local if ch.space.contains({"price": 750.0, "sym": "A"}))
         led = Ledger()
         subscribers = []
         for k, node in enumerate([0, 1, 0, 1]):
-            c = await cl.client(node, f"sub-{k}")
+            c = await cl.client(node, client_id=f"sub-{k}")
             led.hook(k, c, node)
             subscribers.append(c)
         exprs = ["price >= 600", "price < 400", 'sym = "B"', "price > 100 and price < 900"]
         for k, expr in enumerate(exprs * 2):
             ci = k % len(subscribers)
             sid = f"s{k}"
-            s = Sub(ci, sid, expr, parse_subscription(expr, cl.schema), time.time())
+            s = Sub(ci, sid, expr, parse_subscription(expr, cl.config.schema), time.time())
             led.subs[(ci, sid)] = s
-            await subscribers[ci].subscribe(expr, sub_id=sid, queue_size=QUEUE)
+            await subscribers[ci].subscribe(expr, sub_id=sid, queue_size=QUEUE_SIZE)
             s.acked = time.time()
 
         # The receiver stops answering once ChannelTransfer reaches it.
-        core2 = cl.core(receiver)
+        core2 = cl.nodes[receiver].core
         inner = core2.handle_peer
         seen: list[str] = []
 
@@ -89,13 +88,13 @@ async def test_failure_mid_session_rolls_back(failure: str) -> None:
                 if failure == "silent_after_transfer":
                     return []
                 out = inner(src, msg, now)  # answers SUCCESS, then the node stops
-                asyncio.get_running_loop().call_soon(cl.stop_node, receiver)
+                asyncio.get_running_loop().call_soon(cl.nodes[receiver].stop)
                 return out
             return inner(src, msg, now)
 
         core2.handle_peer = handle_peer
 
-        publishers = [await cl.client(i, f"pub-{i}") for i in (0, 1)]
+        publishers = [await cl.client(i, client_id=f"pub-{i}") for i in (0, 1)]
         stop = asyncio.Event()
         counter = iter(range(1_000_000))
 
@@ -109,8 +108,8 @@ async def test_failure_mid_session_rolls_back(failure: str) -> None:
                 await asyncio.sleep(0.002)
 
         tasks = [asyncio.create_task(publish(c)) for c in publishers for _ in range(2)]
-        await until(lambda: len(led.events) >= 100, 15, "publishing under way")
-        at1 = _tables(cl.core(sender))  # <1>: nothing changes the tables from here but the session
+        await wait_until(lambda: len(led.events) >= 100, 15, "publishing under way")
+        at1 = _tables(cl.nodes[sender].core)  # <1>: nothing changes the tables from here but the session
         t = time.time()
         try:
             await _place_must_abort(admin, str(moving.id), receiver, 5 * TIMEOUT)
@@ -125,25 +124,25 @@ async def test_failure_mid_session_rolls_back(failure: str) -> None:
         assert TIMEOUT * 0.9 <= waited <= TIMEOUT * 4, waited
 
         # Rolled back: the sender's tables are those of <1>, no session left.
-        core = cl.core(sender)
+        core = cl.nodes[sender].core
         assert _tables(core) == at1
         assert not any(m.active for m in core.outgoing.values()) and not core._reforward
         assert core.monitor.state is not core.monitor.state.BUSY
         aborts = cl.journal("abort", [sender])
         assert aborts and "no answer" in aborts[-1]["reason"], aborts
         # Node 1 never heard of a change either.
-        assert _tables(cl.core(1))[0] == at1[0]
+        assert _tables(cl.nodes[1].core)[0] == at1[0]
 
         # The channel is still served: publishing goes on, then everything is checked.
         def served() -> list[int]:
             return [q for q, (ev, start, _) in led.events.items() if start > t + waited and ev["price"] > 500]
 
         try:
-            await until(lambda: len(served()) >= 100, 15, "events for the moving channel after the rollback")
+            await wait_until(lambda: len(served()) >= 100, 15, "events for the moving channel after the rollback")
         finally:
             stop.set()
             await asyncio.gather(*tasks)
-        await cl.quiet(led, nodes=(0, 1))  # node 2 is silent or gone
+        await cl.wait_settled((0, 1), progress=led.received)  # node 2 is silent or gone
         bad, exact, _ = led.violations()
         assert not bad, f"{len(bad)} violations, e.g.:\n" + "\n".join(bad[:20])
         assert exact > len(led.events), exact
