@@ -10,11 +10,14 @@ BENCH_STAMP := $(VENV)/.bench-installed
 venv: $(STAMP)
 
 # Reinstall when the project metadata changes; the editable install keeps
-# src/ live, so code edits need no reinstall.
+# src/ live, so code edits need no reinstall.  Everything a developer runs:
+# the tests, the linters, and the replay extra (pyspark, matplotlib) that
+# `overlay replay` and tests/test_replay.py need.  (`pip install .` alone is
+# a node, its client and the CLI, without Spark.)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,lint]'
+	$(BIN)/python -m pip install --quiet -e '.[test,lint,replay]'
 	touch $(STAMP)
 
 run: $(STAMP)

@@ -44,7 +44,7 @@ def _check_extra() -> None:
             missing.append(module)
     if missing:
         raise UsageError(
-            f"overlay replay needs {' and '.join(missing)}, not installed here: "
+            f"replay needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not installed: "
             f"install overlay[replay] (pip install 'overlay[replay]')"
         )
 
