@@ -34,62 +34,25 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import socket
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any, Final
 
-import msgspec
+from overlay.client import AgentClient, AgentSettings, Client
+from overlay.config import load_config
+from overlay.net.node import Node
+from overlay.testing import LoopbackCluster, wait_until
 
 ROOT: Final = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from overlay.client import AgentClient, AgentSettings, Client
-from overlay.config import NodeConfig, load_config
-from overlay.net.node import Node
-
+LOCAL: Final = load_config(ROOT / "cluster_configs" / "local.toml")
 SLOW_NODE: Final = 1
 
 
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p / 100 * len(xs)))]
-
-
-class Cluster:
-    def __init__(self, n: int = 3) -> None:
-        base = load_config(ROOT / "cluster_configs" / "local.toml")
-        base = msgspec.structs.replace(base, cluster=msgspec.structs.replace(base.cluster, balancing=False))
-        self.socks = {}
-        for i in range(n):
-            s = socket.socket()
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", 0))
-            s.listen(512)
-            self.socks[i] = s
-        cfg = base.with_nodes(
-            tuple(NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, 1.0) for i, s in self.socks.items())
-        )
-        self.nodes = {i: Node(cfg, i, sock=self.socks[i]) for i in range(n)}
-        self.tasks: list[asyncio.Task[None]] = []
-
-    def addrs(self) -> list[tuple[str, int]]:
-        return [("127.0.0.1", s.getsockname()[1]) for s in self.socks.values()]
-
-    async def start(self) -> None:
-        self.tasks = [asyncio.create_task(n.run()) for n in self.nodes.values()]
-        await asyncio.gather(*(n.started.wait() for n in self.nodes.values()))
-        while not all(n.core.ready for n in self.nodes.values()):
-            await asyncio.sleep(0.01)
-
-    async def stop(self) -> None:
-        for n in self.nodes.values():
-            n.stop()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
-        for s in self.socks.values():
-            s.close()
 
 
 def make_slow(node: Node, mode: str, slow_ms: float, stall_ms: float) -> None:
@@ -123,11 +86,9 @@ async def drive(publish: Any, events: int, concurrency: int) -> list[float]:
 
 
 async def run_one(mode: str, policy: str, args: argparse.Namespace) -> dict[str, Any]:
-    cluster = Cluster()
-    await cluster.start()
-    try:
+    async with LoopbackCluster(LOCAL, balancing=False) as cluster:
         make_slow(cluster.nodes[SLOW_NODE], mode, args.slow_ms, args.stall_ms)
-        addrs = cluster.addrs()
+        addrs = [cluster.addr(i) for i in cluster.ids]
         extra: dict[str, Any] = {}
         if policy == "round robin":
             clients = [await Client([a]).connect() for a in addrs]
@@ -146,8 +107,7 @@ async def run_one(mode: str, policy: str, args: argparse.Namespace) -> dict[str,
         else:
             agent = AgentClient(addrs, settings=AgentSettings(window=args.window))
             await agent.connect()
-            while len(agent.connected) < len(addrs):
-                await asyncio.sleep(0.01)
+            await wait_until(lambda: len(agent.connected) == len(addrs), what="the agent connected everywhere")
 
             async def publish(i: int, ev: dict[str, Any]) -> None:
                 await agent.publish(ev)
@@ -171,8 +131,6 @@ async def run_one(mode: str, policy: str, args: argparse.Namespace) -> dict[str,
             "share": [c / max(1, sum(carried)) for c in carried],
             **extra,
         }
-    finally:
-        await cluster.stop()
 
 
 async def main(args: argparse.Namespace) -> int:

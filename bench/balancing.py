@@ -51,7 +51,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,17 +60,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-ROOT: Final = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
 from overlay.channels import parse_subscription
 from overlay.client import Client
 from overlay.config import load_config
 from overlay.messages import client as cm
+from overlay.testing import free_ports, skewed_price
 
+ROOT: Final = Path(__file__).resolve().parent.parent
 CONFIG: Final = ROOT / "cluster_configs" / "hetero5.toml"
-HOST: Final = "127.0.0.1"
-GOLDEN: Final = 0.6180339887498949
 # Load subscriptions (tested, never notified) and timed ones.
 COST_SUBS: Final = 400
 LIVE_SUBS: Final = 12
@@ -93,18 +89,6 @@ TARGET_P99_RATIO: Final = 2.0
 
 
 # == the cluster ========================================================================
-
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind((HOST, 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def write_config(
@@ -149,7 +133,6 @@ class Processes:
                         stdout=log,
                         stderr=subprocess.STDOUT,
                         cwd=ROOT,
-                        env=os.environ | {"PYTHONPATH": str(ROOT / "src")},
                     )
                 )
 
@@ -195,11 +178,6 @@ class Processes:
 
 
 # == one run ==============================================================================
-
-
-def skewed_price(k: int, offset: float) -> float:
-    u = (offset + k * GOLDEN) % 1.0
-    return round(200.0 * u / 0.7 if u < 0.7 else 1000.0 * (u - 0.7) / 0.3, 3)
 
 
 def subscriptions() -> tuple[list[str], list[str]]:
@@ -499,8 +477,8 @@ def report(on: Run, off: Run) -> bool:
         ("lost / duplicated", f"{on.lost} / {on.duplicated}", f"{off.lost} / {off.duplicated}", "0 / 0"),
     ]
     w0 = max(len(r[0]) for r in rows)
-    w1 = max(len(r[1]) for r in rows + [("", "balancing on", "", "")])
-    w2 = max(len(r[2]) for r in rows + [("", "", "balancing off", "")])
+    w1 = max(len(r[1]) for r in [*rows, ("", "balancing on", "", "")])
+    w2 = max(len(r[2]) for r in [*rows, ("", "", "balancing off", "")])
     print(f"{'':{w0}}  {'balancing on':>{w1}}  {'balancing off':>{w2}}  target")
     for name, a, b, t in rows:
         print(f"{name:{w0}}  {a:>{w1}}  {b:>{w2}}  {t}")

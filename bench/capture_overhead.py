@@ -42,8 +42,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 ROOT = Path(__file__).resolve().parent.parent
 SUBS_PER_NODE = 12
 
@@ -68,18 +66,15 @@ def _node_main(cfg: Any, node_id: int, sock: socket.socket) -> None:
 
 def _config(nodes: int, capture_dir: str) -> tuple[Any, list[socket.socket]]:
     from overlay.config import NodeConfig, load_config
+    from overlay.testing import bound_socket, override
 
-    cfg = load_config(ROOT / "cluster_configs" / "local.toml")
-    cl = msgspec.structs.replace(cfg.cluster, balancing=False, capture_dir=capture_dir)
-    socks, ncfg = [], []
-    for i in range(nodes):
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", 0))
-        s.listen(512)
-        socks.append(s)
-        ncfg.append(NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, 1.0))
-    return msgspec.structs.replace(cfg, cluster=cl, nodes=tuple(ncfg)), socks
+    cfg = override(
+        load_config(ROOT / "cluster_configs" / "local.toml"), cluster={"balancing": False, "capture_dir": capture_dir}
+    )
+    socks = [bound_socket() for _ in range(nodes)]
+    return cfg.with_nodes(
+        tuple(NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, 1.0) for i, s in enumerate(socks))
+    ), socks
 
 
 async def _drive(cfg: Any, events: int, mark: Any) -> float:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from loopback import free_ports
 from overlay.client import AgentClient, AgentSettings, Client
 from overlay.errors import OverlayError
+from overlay.testing import free_ports
 
 pytestmark = pytest.mark.timeout(120)
 
