@@ -156,7 +156,7 @@ class CoreLink:
     def finish_split(self, node: int) -> None:
         """Work out the split ``node``'s session waits on, if any, to the end."""
         core = self.cores[node]
-        while core._split is not None:
+        while core.balancing.splitting() is not None:
             _more, acts = core.background_step(0, self.now)
             self.execute(node, acts)
 

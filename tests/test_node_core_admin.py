@@ -113,7 +113,7 @@ def test_an_operator_splits_and_places_a_replicated_channel_its_first_owner_taki
     w.subscribe(1, sid, "s", "price < 900")
     # Replicate EC to node 2, as the balancer does when a slice's events are all one point.
     core = w.cores[0]
-    mig, acts = core.start_migration([EC], 2, 0.0, forced=True)
+    mig, acts = core.migration.start([EC], 2, 0.0, forced=True)
     mig.replicate = True
     w.net.execute(0, acts)
     w.net.run()
@@ -170,7 +170,7 @@ def test_admin_place_emits_the_exact_migration_sequence():
     assert all(m.session == session for m in msgs)
     assert msgs[0].forced
     assert msgs[1].status is pm.ReplySign.REPLY_SUCCESS
-    # It travels with the node it leaves (node_balancing rule 7).
+    # It travels with the node it leaves (node.balancing rule 7).
     assert msgs[2].channels == (pm.ChannelSpec(HIGH, w.cores[1].routing[HIGH].space, (pm.PastOwner(0, w.net.now),)),)
     assert msgs[3] == pm.ReplyChannelTransfer(pm.ReplySign.REPLY_SUCCESS, (HIGH,), session)
     assert msgs[4].ch_sub_set == (pm.ChannelSubscriptions(HIGH, (stored,)),)
@@ -220,7 +220,7 @@ def test_refused_request_aborts_and_changes_no_table():
     w = World()
     net = w.net
     # An unforced request (the balancer's) is refused by a node that is not underloaded.
-    mig, acts = w.cores[0].start_migration([EC], 1, 0.0, forced=False)
+    mig, acts = w.cores[0].migration.start([EC], 1, 0.0, forced=False)
     net.execute(0, acts)
     mark = len(net.trace)
     net.run()
@@ -235,10 +235,10 @@ def test_refused_request_aborts_and_changes_no_table():
 
 
 def test_balancing_never_sends_a_channel_back_to_a_node_it_left_lately():
-    """node_balancing rule 7: the nodes a channel left travel with it; the
+    """node.balancing rule 7: the nodes a channel left travel with it; the
     balancer does not send it back to one within RETURN_SLICES slices (an
     operator may), split children are channels of their own."""
-    from overlay.node_balancing import RETURN_SLICES
+    from overlay.node.loads import RETURN_SLICES
 
     w = World()
     ops = w.client(0, "ops")
@@ -246,11 +246,11 @@ def test_balancing_never_sends_a_channel_back_to_a_node_it_left_lately():
     assert isinstance(w.admin(0, ops, "place", channel="0.2", node=1), cm.AdminReply)
     core = w.cores[1]
     now = w.net.now
-    assert [p.node for p in core._past_owners[HIGH]] == [0]
-    assert HIGH not in {c.ch_id for c in core._channel_loads(receiver=0, now=now + 1.0)}
-    assert HIGH in {c.ch_id for c in core._channel_loads(receiver=2, now=now + 1.0)}
+    assert [p.node for p in core.loads.past_owners(HIGH)] == [0]
+    assert HIGH not in {c.ch_id for c in core.balancing.channel_loads(receiver=0, now=now + 1.0)}
+    assert HIGH in {c.ch_id for c in core.balancing.channel_loads(receiver=2, now=now + 1.0)}
     later = now + (RETURN_SLICES + 1) * core.monitor.base_slice
-    assert HIGH in {c.ch_id for c in core._channel_loads(receiver=0, now=later)}
+    assert HIGH in {c.ch_id for c in core.balancing.channel_loads(receiver=0, now=later)}
     # The operator is not bound by it.
     assert isinstance(w.admin(1, w.client(1, "ops1"), "place", channel="0.2", node=0), cm.AdminReply)
-    assert HIGH in w.cores[0].local and [p.node for p in w.cores[0]._past_owners[HIGH]] == [0, 1]
+    assert HIGH in w.cores[0].local and [p.node for p in w.cores[0].loads.past_owners(HIGH)] == [0, 1]

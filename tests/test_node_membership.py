@@ -67,7 +67,7 @@ def test_drain_moves_every_channel_by_the_migration_protocol_then_leaves():
     # Rule 6: the leaving hello; the others drop node 0 from their peers and monitors.
     assert core.left and all(0 not in net.cores[i].peers and 0 not in net.cores[i].monitor.peers for i in (1, 2))
     # A draining node refuses every request, forced or not.
-    assert core._accepts(pm.RequestLoadBalance(0.0, 0.0, 7, True)) == (False, "node 0 is draining")
+    assert core.balancing.accepts(pm.RequestLoadBalance(0.0, 0.0, 7, True)) == (False, "node 0 is draining")
 
 
 def test_a_hello_from_an_unknown_node_with_its_address_adds_it_before_the_table():

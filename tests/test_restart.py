@@ -171,8 +171,10 @@ def test_a_third_node_lost_in_updating_does_not_hold_the_session_forever() -> No
     assert isinstance(w.net.received(0, op)[-1], cm.AdminReply)
 
 
-@pytest.mark.parametrize("part", ["_slice_tick", "_groups_tick", "_session_timeouts"])
-def test_one_failing_part_of_a_tick_does_not_stop_the_others(part: str, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(("component", "part"), [("balancing", "tick"), ("", "_groups_tick"), ("migration", "tick")])
+def test_one_failing_part_of_a_tick_does_not_stop_the_others(
+    component: str, part: str, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.ERROR, logger="overlay.node")  # the simulator's tests silence "overlay"
     w = World()
     core = w.cores[0]
@@ -181,7 +183,7 @@ def test_one_failing_part_of_a_tick_does_not_stop_the_others(part: str, caplog: 
     def broken(*args: object) -> None:
         raise ValueError("a bad state")
 
-    setattr(core, part, broken)
+    setattr(getattr(core, component) if component else core, part, broken)
     real_drain = core._drain_tick
     core._drain_tick = lambda now, out: calls.append("drain") or real_drain(now, out)  # type: ignore[method-assign]
     core.tick(1.0)

@@ -1,4 +1,4 @@
-"""A drawn balancing session starts spread over START_SPREAD of a slice (node_balancing rule 2).
+"""A drawn balancing session starts spread over START_SPREAD of a slice (node.balancing rule 2).
 
 Cores only (``CoreLink``), time driven by hand: node 0 holds every channel and
 all the load; with p = 1 it draws at every slice, and its RequestLoadBalance
@@ -17,7 +17,7 @@ from corelink import CoreLink
 from overlay.config import load_config
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node_balancing import START_SPREAD
+from overlay.node.balancing import START_SPREAD
 
 T = 1.0
 TICK = 0.01

@@ -24,6 +24,7 @@ from typing import Final
 
 import pytest
 
+from overlay.node.migration import Migration
 from overlay.node_core import NodeCore
 from sim.cluster import SimCluster
 from sim.golden import REGRESSIONS, SEEDS, expected_sim
@@ -127,7 +128,7 @@ def _fails_somewhere(seeds: range) -> list[str]:
 
 
 def test_lost_reforwards_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(NodeCore, "_reforward_msg", lambda self, mig, chid, sign, msg, out: None)
+    monkeypatch.setattr(Migration, "reforward", lambda self, mig, chid, sign, msg, out: None)
     failures = _fails_somewhere(range(40))
     assert failures, "dropping every Reforward went unnoticed"
 
@@ -162,7 +163,7 @@ def test_resurrected_subscriptions_are_caught(monkeypatch: pytest.MonkeyPatch) -
 
 def test_splitting_an_arriving_channel_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let split, merge and moves touch channels still arriving (the bug of seed 164)."""
-    monkeypatch.setattr(NodeCore, "_arriving", lambda self: set())
+    monkeypatch.setattr(Migration, "arriving", lambda self: set())
     failures = _fails_somewhere(range(40))
     assert failures, "splitting/moving arriving channels went unnoticed"
 

@@ -363,7 +363,7 @@ class ClientsMixin:
                             )
                         )
                         return
-                    _, acts = self.start_migration([chid], receiver, now, forced=True, admin=(sess.id, msg.seq))
+                    _, acts = self.migration.start([chid], receiver, now, forced=True, admin=(sess.id, msg.seq))
                     out.extend(acts)
                 case "drain":  # answered when the localTable is empty (node_membership)
                     out.extend(self.drain(now, admin=(sess.id, msg.seq)))
@@ -393,11 +393,11 @@ class ClientsMixin:
         ch = self.local.get(chid)
         if ch is None:
             raise LocalProtocolError(self._not_owner(chid))
-        if chid in self._reforward or any(chid in m.channels and m.active for m in self.outgoing.values()):
+        if self.migration.moving(chid):
             raise LocalProtocolError(f"channel {chid} is moving; split it later")
-        if chid in self._arriving():
+        if chid in self.migration.arriving():
             raise LocalProtocolError(f"channel {chid} is still arriving; split it later")
-        if chid == self._splitting():
+        if chid == self.balancing.splitting():
             raise LocalProtocolError(f"channel {chid} is being split already; try again later")
         attr_name = msg.args.get("attr")
         if not isinstance(attr_name, str) or not self.schema.is_da(attr_name):
@@ -417,7 +417,7 @@ class ClientsMixin:
             at = attr.check(at)  # finite, of the attribute's type, in its domain (SPEC §16): NaN split everything
             low, high = ch.space.cut(attr, at)
         self._own_alone(chid, out)  # a replicated channel: its other replicas would keep the parent
-        self._split_local(ch, Cut(attr.name, low, high, 0, 0), now, out, admin=(sid, msg.seq))
+        self.splits.split_now(ch, Cut(attr.name, low, high, 0, 0), now, out, admin=(sid, msg.seq))
 
     def _own_alone(self: NodeCore, chid: ChannelId, out: list[Action]) -> None:
         """An operator splits or places a replicated channel: its first owner

@@ -56,14 +56,16 @@ Rules this module keeps (SPEC §3, §4, §8):
 from __future__ import annotations
 
 import logging
+import random
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
 
 from overlay.actions import Action, CloseClient, ToClient, ToPeer
-from overlay.balance.migration import IncomingMigration, OutgoingMigration, OutState
+from overlay.balance.migration import IncomingMigration, OutgoingMigration
+from overlay.balance.monitor import Monitor, SliceReport
 from overlay.capture import CaptureBuffer
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.groups import GroupDispatcher
@@ -75,16 +77,19 @@ from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node.acks import AwaitedAcks
+from overlay.node.balancing import Balancing
 from overlay.node.context import NodeContext, sub_prefix
 from overlay.node.groups import Groups
+from overlay.node.indexing import Indexing
+from overlay.node.loads import ChannelLoads
+from overlay.node.migration import Migration
 from overlay.node.notify import UNDELIVERABLE, Notifier
 from overlay.node.ordering import ACKED, COMPLETE, SEQUENCED, Ordering
+from overlay.node.splits import Splits
 from overlay.node.updates import TableUpdates
-from overlay.node_balancing import BalancingMixin
 from overlay.node_boot import Boot, owner_entries
 from overlay.node_clients import ClientsMixin, _Pending, _Session
 from overlay.node_membership import MembershipMixin
-from overlay.node_migration import MigrationMixin
 from overlay.node_status import StatusMixin
 
 __all__ = ["Action", "CloseClient", "NodeCore", "ToClient", "ToPeer"]
@@ -96,7 +101,7 @@ log = logging.getLogger("overlay.node")
 MAX_HOPS: Final = 4
 
 
-class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, StatusMixin):
+class NodeCore(ClientsMixin, MembershipMixin, StatusMixin):
     """One node's state and protocol logic (module rules 1–6).
 
     Invariant: a channel is in ``local`` iff the routing table names this node
@@ -131,10 +136,6 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
         self._sub_owner: dict[str, tuple[int, str]] = {}  # global sub id -> (session, local id)
         self._pending: dict[str, _Pending] = {}
         self._session_seq = 0
-        self.outgoing: dict[int, OutgoingMigration] = {}
-        self.incoming: dict[tuple[int, int], IncomingMigration] = {}
-        self._reforward: dict[ChannelId, OutgoingMigration] = {}
-        self._admin_waits: dict[int, tuple[int, int]] = {}  # migration session -> (client session, seq)
         self.timeout = config.cluster.peer_timeout
         self.updates = TableUpdates(ctx, admin_done=self._admin_done)  # SPEC §3: UpdateRoutingTable
         # SPEC §10: ordered delivery per sequence key.
@@ -160,8 +161,30 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
             replaced=self.updates.replaced,
             subscriptions_failed=self._subscriptions_failed,
         )
-        self._init_balancing()
-        ctx.journal.slice_no = lambda: self.monitor.slice_no
+        # SPEC §5-8: background indexing, loads, splits and merges, migration sessions, balancing.
+        self.indexing = Indexing(ctx)
+        self.loads = ChannelLoads(node_id)
+        self.splits = Splits(ctx, self.loads, self.updates, self.indexing)
+        self.migration = Migration(
+            ctx,
+            self.updates,
+            self.groups,
+            self.indexing,
+            reapply=self._reapply,
+            stale_sub=self._stale_sub,
+            admin_done=self._admin_done,
+        )
+        self.balancing = Balancing(
+            ctx,
+            self.migration,
+            self.splits,
+            self.loads,
+            self.indexing,
+            ready=lambda: self.ready,
+            draining=lambda: self.draining,
+        )
+        self.migration.planner = self.balancing  # the two sides of a session need each other
+        ctx.journal.slice_no = lambda: self.balancing.monitor.slice_no
 
     # -- the shared context (overlay.node.context) -----------------------------------------
 
@@ -271,7 +294,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
             if known is not None:
                 log.warning("node %d: node %d restarted; dropping what its previous run left here", self.id, node)
                 self.stats["peers_restarted"] += 1
-                self._peer_gone(node, f"node {node} restarted", out)
+                self.migration.peer_gone(node, f"node {node} restarted", out)
                 self._drop_subscriptions_of_old_run(node)
         self.boot_state.hello(node, msg.has_routing_table)
         if self.has_table and (not msg.has_routing_table or (msg.epoch != self.epoch and self.epoch < msg.epoch)):
@@ -341,7 +364,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
 
     def _merge_owner_table(self, src: int, msg: pm.RoutingTableInit, out: list[Action]) -> None:
         """node_boot rule 6."""
-        skip = set(self.local.ids()) | self._engaged()
+        skip = set(self.local.ids()) | self.balancing.engaged()
         delete, update = owner_entries(self.routing, src, msg.routing_table, skip)
         if delete or update:
             self.stats["table_entries_repaired"] += len(delete) + len(update)
@@ -406,20 +429,20 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
             case pm.ReplyUpdateGlobal():
                 self._on_update_reply(src, msg, now, out)
             case pm.RequestLoadBalance():
-                self._on_request(src, msg, now, out)
+                self.migration.on_request(src, msg, now, out)
             case pm.ChannelTransfer():
-                self._on_channel_transfer(src, msg, now, out)
+                self.migration.on_channel_transfer(src, msg, now, out)
             case pm.SubscriptionMove():
-                self._on_subscription_move(src, msg, now, out)
+                self.migration.on_subscription_move(src, msg, now, out)
             case pm.Reforward():
-                self._on_reforward(src, msg, now, out)
+                self.migration.on_reforward(src, msg, now, out)
             case pm.CompleteLoadBalance():
-                self._on_complete(src, msg, now, out)
+                self.migration.on_complete(src, msg, now, out)
             case pm.ReplyRequestLoadBalance() | pm.ReplyChannelTransfer() | pm.ReplySubscriptionMove():
-                self._on_migration_reply(src, msg, now, out)
+                self.migration.on_reply(src, msg, now, out)
             case pm.LIEM():
                 self.stats["liems_in"] += 1
-                self._on_liem(src, msg)
+                self.balancing.on_liem(src, msg)
             case pm.PeerHello():
                 out.extend(self.peer_hello(src, msg, now))
             case pm.PeerError():
@@ -436,12 +459,12 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
             return
         chid = msg.ch_id
         assert chid is not None
-        mig = self._reforward.get(chid)
+        mig = self.migration.reforwarding.get(chid)
         if mig is not None and not mig.replicate:  # a replica's events stay here
-            self._reforward_msg(mig, chid, pm.ReforwardSign.EVENT_MESSAGE, msg, out)
+            self.migration.reforward(mig, chid, pm.ReforwardSign.EVENT_MESSAGE, msg, out)
             return
         ch = self.local.get(chid)
-        if ch is None or (self.incoming and self._unfilled(chid, event=True)):
+        if ch is None or (self.migration.incoming and self.migration.unfilled(chid, event=True)):
             self._reroute_event(msg, out)
             return
         self._match(ch, msg, out)
@@ -540,13 +563,13 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
         if self._stale_sub(msg.sub_id, msg.access_node):  # rule 7: a late copy from a dead client
             self.stats["subscriptions_of_dead_clients_removed"] += 1
             return
-        mig = self._reforward.get(chid)
+        mig = self.migration.reforwarding.get(chid)
         if mig is not None:
-            self._reforward_msg(mig, chid, pm.ReforwardSign.SUBSCRIBE, msg, out)
+            self.migration.reforward(mig, chid, pm.ReforwardSign.SUBSCRIBE, msg, out)
             if not mig.replicate:
                 return
         ch = self.local.get(chid)
-        if ch is None or (self.incoming and self._unfilled(chid)):
+        if ch is None or (self.migration.incoming and self.migration.unfilled(chid)):
             self._reroute_sub(msg, msg.sub_exp, out, subscribe=True)
             return
         if self._to_first_replica(chid, msg, out):
@@ -559,13 +582,13 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
     def _on_unsubscription(self, msg: pm.UnSubscription, out: list[Action]) -> None:
         chid = msg.ch_id
         assert chid is not None
-        mig = self._reforward.get(chid)
+        mig = self.migration.reforwarding.get(chid)
         if mig is not None:
-            self._reforward_msg(mig, chid, pm.ReforwardSign.UNSUBSCRIBE, msg, out)
+            self.migration.reforward(mig, chid, pm.ReforwardSign.UNSUBSCRIBE, msg, out)
             if not mig.replicate:
                 return
         ch = self.local.get(chid)
-        if ch is None or (self.incoming and self._unfilled(chid)):
+        if ch is None or (self.migration.incoming and self.migration.unfilled(chid)):
             self._reroute_sub(msg, msg.unsub_exp, out, subscribe=False)
             return
         if self._to_first_replica(chid, msg, out):
@@ -594,7 +617,7 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
     def _to_first_replica(self, chid: ChannelId, msg: pm.Subscription | pm.UnSubscription, out: list[Action]) -> bool:
         """A later replica got an (un)subscription straight, not along the chain
         (an old route from when it owned the channel alone): to the first owner."""
-        if self._in_reforward:
+        if self.migration.in_reforward:
             return False
         entry = self.routing.get(chid)
         if entry is None or not entry.replicated or entry.owner == self.id or self.id not in entry.owners:
@@ -686,17 +709,8 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
     # -- table updates ------------------------------------------------------------------
 
     def _on_update_reply(self, src: int, msg: pm.ReplyUpdateGlobal, now: float, out: list[Action]) -> None:
-        mig = self.outgoing.get(msg.session)
-        if (
-            mig is not None
-            and mig.state is OutState.UPDATING
-            and msg.origin == self.id
-            and msg.session in self.outgoing
-        ):
-            if mig.on_update_reply(src, now) is OutState.DONE:
-                self._finish_outgoing(mig, out)
-            return
-        self.updates.on_reply(src, msg.session, out)
+        if not self.migration.on_update_reply(src, msg, now, out):
+            self.updates.on_reply(src, msg.session, out)
 
     def peer_link(self, node: int, up: bool, now: float) -> list[Action]:
         """The shell reports a peer link's state (SPEC §10 rule 1: homes move at
@@ -714,7 +728,74 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
     def home_of(self, key: str) -> int:
         return self.ordering.home_of(key)
 
+    # -- peers' liveness, migration and balancing (overlay.node.migration, .balancing) ------------
+
+    def peer_unreachable(self, node: int, now: float) -> list[Action]:
+        """The shell lost its link to ``node`` for longer than the peer timeout."""
+        self.unreachable.add(node)
+        self.now = now
+        out: list[Action] = []
+        self.migration.peer_gone(node, f"no answer from node {node}: unreachable for {self.timeout}s", out)
+        return out
+
+    def peer_reachable(self, node: int) -> None:
+        self.unreachable.discard(node)
+
+    def _stop_waiting_for(self, node: int, out: list[Action]) -> None:
+        self.migration.stop_waiting_for(node, out)
+
+    def _reapply(self, msg: pm.Event | pm.Subscription | pm.UnSubscription, out: list[Action]) -> None:
+        """A message handled as if it had just come (a Reforward's, a rollback's)."""
+        match msg:
+            case pm.Event():
+                self._on_event(msg, out)
+            case pm.Subscription():
+                self._on_subscription(msg, out)
+            case pm.UnSubscription():
+                self._on_unsubscription(msg, out)
+
+    @property
+    def rng(self) -> random.Random:
+        """The core's one random source (balancing's draws): the simulator reseeds it."""
+        return self.balancing.rng
+
+    @property
+    def monitor(self) -> Monitor:
+        return self.balancing.monitor
+
+    @property
+    def last_report(self) -> SliceReport | None:
+        """The monitor's report of the last slice (SPEC §6), None before the first."""
+        return self.balancing.last_report
+
+    @property
+    def index_wanted(self) -> bool:
+        """Subscriptions wait to be indexed: the shell runs ``background_step``."""
+        return self.indexing.wanted
+
+    @property
+    def background_last(self) -> str:
+        return self.balancing.background_last
+
+    def background_step(self, limit: int, now: float) -> tuple[bool, list[Action]]:
+        return self.balancing.background_step(limit, now)
+
+    def index_pending(self, limit: int) -> int:
+        return self.indexing.step(limit, self.migration.leaving())
+
     # Until the integration tests move to overlay.testing (issue 15): what they read.
+    @property
+    def outgoing(self) -> dict[int, OutgoingMigration]:
+        return self.migration.outgoing
+
+    @property
+    def incoming(self) -> dict[tuple[int, int], IncomingMigration]:
+        return self.migration.incoming
+
+    @property
+    def _channel_load(self) -> Mapping[ChannelId, float]:
+        return self.loads.all()
+
     @property
     def acks(self) -> AwaitedAcks:
         return self.notifier.acks
@@ -756,11 +837,11 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
             self.capture.now = now
         parts = (
             ("boot", lambda: out.extend(self._boot_check(now))),
-            ("slice", lambda: self._slice_tick(now, out)),
+            ("slice", lambda: self.balancing.tick(now, out)),
             ("ordering", lambda: self.ordering.tick(now, out)),
             ("groups", lambda: self._groups_tick(now, out)),
             ("drain", lambda: self._drain_tick(now, out)),  # node_membership rule 1
-            ("sessions", lambda: self._session_timeouts(now, out)),
+            ("sessions", lambda: self.migration.tick(now, out)),
         )
         for name, part in parts:
             try:
@@ -774,36 +855,10 @@ class NodeCore(ClientsMixin, MigrationMixin, BalancingMixin, MembershipMixin, St
         """What an operator needs to read a failure in the log (rule 8)."""
         return (
             f"ready={self.ready} state={self.monitor.state.value} channels={[str(c) for c in self.local.ids()]} "
-            f"outgoing={[(m.session, m.receiver, m.state.value) for m in self.outgoing.values()]} "
-            f"incoming={[(k, m.state.value) for k, m in self.incoming.items()]} "
-            f"splitting={self._splitting()} unreachable={sorted(self.unreachable)}"
+            f"outgoing={[(m.session, m.receiver, m.state.value) for m in self.migration.outgoing.values()]} "
+            f"incoming={[(k, m.state.value) for k, m in self.migration.incoming.items()]} "
+            f"splitting={self.balancing.splitting()} unreachable={sorted(self.unreachable)}"
         )
-
-    def _session_timeouts(self, now: float, out: list[Action]) -> None:
-        for mig in list(self.outgoing.values()):
-            if mig.expired(now):
-                if mig.state in (OutState.REQUESTED, OutState.TRANSFERRING):
-                    self._abort_outgoing(
-                        mig, f"no answer from node {mig.receiver} within {mig.timeout}s", out, failure=True
-                    )
-                elif mig.state is OutState.MOVING and mig.receiver in self.unreachable:
-                    self._rollback_moving(mig, f"no answer from node {mig.receiver}: unreachable", out)
-                elif mig.state is OutState.UPDATING and mig.waiting_updates & self.unreachable:
-                    for node in sorted(mig.waiting_updates & self.unreachable):  # migration rule 5
-                        self._stop_waiting_for(node, out)
-                else:
-                    mig.deadline = now + mig.timeout
-                    log.warning("node %d: session %d still waiting in %s", self.id, mig.session, mig.state.value)
-            if not mig.active:
-                self.outgoing.pop(mig.session, None)
-        for key, inc in list(self.incoming.items()):
-            if inc.expired(now):
-                for c in inc.channels:
-                    self.local.remove(c)
-                inc.abort()
-                self.monitor.leave_busy(completed=False)
-                del self.incoming[key]
-                log.warning("node %d: incoming session %s timed out; rolled back", self.id, key)
 
 
 def _pick(owners: tuple[int, ...], key: str) -> int:

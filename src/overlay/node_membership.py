@@ -190,7 +190,7 @@ class MembershipMixin:
                     self._drain_end(now, f"gave up after {dr.aborts} aborted sessions (last: {mig.reason})", out)
                     return
         # A session begun before the drain (either side) finishes first.
-        if self.incoming or any(m.active for m in self.outgoing.values()):
+        if self.migration.busy():
             return
         if not len(self.local):
             self._drain_end(now, "", out)
@@ -232,8 +232,9 @@ class MembershipMixin:
             candidates=[{"node": n, "dc": d, "refused": dr.refused.get(n, 0)} for d, n in cands],
         )
         try:
-            dr.mig, acts = self.start_migration([ch.id], receiver, now, forced=True)
-            dr.given[receiver] = dr.given.get(receiver, 0.0) + self._channel_load.get(ch.id, float(ch.last.load))
+            dr.mig, acts = self.migration.start([ch.id], receiver, now, forced=True)
+            load = self.loads.get(ch.id)
+            dr.given[receiver] = dr.given.get(receiver, 0.0) + (float(ch.last.load) if load is None else load)
         except LocalProtocolError as exc:  # cannot happen with the checks above; end rather than spin
             self._drain_end(now, str(exc), out)
             return

@@ -31,7 +31,7 @@ class StatusMixin:
             "d": self.monitor.d,
             "dc": self.monitor.dc,
             "mean_dc": self.monitor.mean,
-            "spread": self.last_report.spread if self.last_report else None,
+            "spread": self.balancing.last_report.spread if self.balancing.last_report else None,
             "peers": {str(p.node): {"state": p.state.value, "dc": p.dc, "d": p.d} for p in self.monitor.live()},
             "channels": [
                 {**ch.summary(), "replicas": list(self.routing[ch.id].owners) if ch.id in self.routing else [self.id]}

@@ -269,7 +269,7 @@ class ConvergenceSim:
             self._indexing.discard(node)
             more, acts = core.background_step(INDEX_STEP, when)
             if more:
-                core.index_wanted = True
+                core.indexing.want()
             self._execute(node, acts)
         elif kind == "publish":
             self._publish(node, what)

@@ -251,10 +251,10 @@ def check_quiet(sim: SimCluster) -> list[str]:
     """Rule 5."""
     out = list(sim.unsettled())
     for i, core in sim.cores.items():
-        if core._reforward:
-            out.append(f"node {i} still reforwards {sorted(str(c) for c in core._reforward)}")
-        if core._admin_waits:
-            out.append(f"node {i} has operator commands waiting on sessions {sorted(core._admin_waits)}")
+        if core.migration.reforwarding:
+            out.append(f"node {i} still reforwards {sorted(str(c) for c in core.migration.reforwarding)}")
+        if core.migration.operators_waiting():
+            out.append(f"node {i} has operator commands waiting on sessions {core.migration.operators_waiting()}")
         for key in ("events_unroutable", "subscriptions_unroutable"):
             if core.stats.get(key):
                 out.append(f"node {i}: {key} = {core.stats[key]}")

@@ -130,7 +130,7 @@ class NodeCollector:
         yield gauge("overlay_load_dc", "Load level dc = d / c of the last slice (SPEC §5).", mon.dc)
         yield gauge("overlay_capacity", "Configured capacity c.", node.me.capacity)
         yield gauge("overlay_mean_dc", "Mean load level dc̄ as this node sees it (SPEC §5).", mon.mean)
-        report = core.last_report
+        report = core.balancing.last_report
         spread = report.spread if report is not None else None
         yield gauge("overlay_spread", "Spread S of the load levels as this node sees it (SPEC §5).", spread)
         yield gauge(
