@@ -28,7 +28,7 @@ from typing import Final
 import msgspec
 
 from overlay.channels.intervals import Interval, IntervalSet
-from overlay.channels.schema import Attribute, Kind, Schema, Value
+from overlay.channels.schema import Attribute, Kind, Schema, Value, as_number, as_string
 from overlay.errors import SchemaError
 
 __all__ = [
@@ -109,7 +109,8 @@ class Predicate(msgspec.Struct, frozen=True, array_like=True):
         else:
             for a in self.args:
                 attr.check(a)
-        if self.op is Op.IN_RANGE and self.args[0] > self.args[1]:  # type: ignore[operator]
+        # attr.check passed both bounds of in[] (an ordered operator): numbers.
+        if self.op is Op.IN_RANGE and as_number(self.args[0]) > as_number(self.args[1]):
             raise SchemaError(f"in[lo, hi] on {attr.name!r} has lo above hi", attr=attr.name)
         return self
 
@@ -122,6 +123,15 @@ def _plain(v: Value) -> str:
 
 
 # -- satisfaction ------------------------------------------------------------
+#
+# The tests below apply Python's own operators to an event's value, whatever
+# its type: an event need not have been checked against the schema (a caller
+# may pass any mapping), and ``LinearMatcher``, the reference the index is
+# held to, is these closures.  A value of the wrong kind makes them raise
+# (``"a" < 5`` a TypeError, ``(5).startswith`` an AttributeError) instead of
+# answering — narrowing the value first would change that answer, and cost a
+# check per predicate on the hottest path.  So each comparison of an event's
+# value carries an ignore saying so.
 
 
 def _in_set(args: tuple[Value, ...], v: Value) -> bool:
@@ -131,14 +141,14 @@ def _in_set(args: tuple[Value, ...], v: Value) -> bool:
 _TESTS: Final[dict[Op, Callable[[tuple[Value, ...], Value], bool]]] = {
     Op.EQ: lambda a, v: v == a[0],
     Op.NE: lambda a, v: v != a[0],
-    Op.LT: lambda a, v: v < a[0],  # type: ignore[operator]
-    Op.LE: lambda a, v: v <= a[0],  # type: ignore[operator]
-    Op.GT: lambda a, v: v > a[0],  # type: ignore[operator]
-    Op.GE: lambda a, v: v >= a[0],  # type: ignore[operator]
-    Op.IN_RANGE: lambda a, v: a[0] <= v <= a[1],  # type: ignore[operator]
-    Op.PREFIX: lambda a, v: v.startswith(a[0]),  # type: ignore[union-attr, arg-type]
-    Op.SUFFIX: lambda a, v: v.endswith(a[0]),  # type: ignore[union-attr, arg-type]
-    Op.CONTAINS: lambda a, v: a[0] in v,  # type: ignore[operator]
+    Op.LT: lambda a, v: v < a[0],  # type: ignore[operator]  # any event value: Python decides, or raises
+    Op.LE: lambda a, v: v <= a[0],  # type: ignore[operator]  # any event value: Python decides, or raises
+    Op.GT: lambda a, v: v > a[0],  # type: ignore[operator]  # any event value: Python decides, or raises
+    Op.GE: lambda a, v: v >= a[0],  # type: ignore[operator]  # any event value: Python decides, or raises
+    Op.IN_RANGE: lambda a, v: a[0] <= v <= a[1],  # type: ignore[operator]  # any event value: Python decides, or raises
+    Op.PREFIX: lambda a, v: v.startswith(a[0]),  # type: ignore[union-attr, arg-type]  # any event value: its own method decides, or raises
+    Op.SUFFIX: lambda a, v: v.endswith(a[0]),  # type: ignore[union-attr, arg-type]  # any event value: its own method decides, or raises
+    Op.CONTAINS: lambda a, v: a[0] in v,  # type: ignore[operator]  # any event value: Python decides, or raises
     Op.IN_SET: _in_set,
 }
 
@@ -153,22 +163,22 @@ def _compile_predicate(p: Predicate) -> Callable[[Value], bool]:
         case Op.NE:
             return lambda v: v != x
         case Op.LT:
-            return lambda v: v < x  # type: ignore[operator]
+            return lambda v: v < x  # type: ignore[operator]  # any event value: Python decides, or raises
         case Op.LE:
-            return lambda v: v <= x  # type: ignore[operator]
+            return lambda v: v <= x  # type: ignore[operator]  # any event value: Python decides, or raises
         case Op.GT:
-            return lambda v: v > x  # type: ignore[operator]
+            return lambda v: v > x  # type: ignore[operator]  # any event value: Python decides, or raises
         case Op.GE:
-            return lambda v: v >= x  # type: ignore[operator]
+            return lambda v: v >= x  # type: ignore[operator]  # any event value: Python decides, or raises
         case Op.IN_RANGE:
             y = a[1]
-            return lambda v: x <= v <= y  # type: ignore[operator]
+            return lambda v: x <= v <= y  # type: ignore[operator]  # any event value: Python decides, or raises
         case Op.PREFIX:
-            return lambda v: v.startswith(x)  # type: ignore[union-attr, arg-type]
+            return lambda v: v.startswith(x)  # type: ignore[union-attr, arg-type]  # any event value: its own method decides, or raises
         case Op.SUFFIX:
-            return lambda v: v.endswith(x)  # type: ignore[union-attr, arg-type]
+            return lambda v: v.endswith(x)  # type: ignore[union-attr, arg-type]  # any event value: its own method decides, or raises
         case Op.CONTAINS:
-            return lambda v: x in v  # type: ignore[operator]
+            return lambda v: x in v  # type: ignore[operator]  # any event value: Python decides, or raises
         case Op.IN_SET:
             s = frozenset(a)
             return lambda v: v in s
@@ -191,7 +201,13 @@ def compile_filter(f: Filter) -> Callable[[Mapping[str, Value]], bool]:
     return matches
 
 
-_MISSING: Final = object()
+class _Missing(enum.Enum):
+    """The value of an attribute the event lacks (no predicate on it holds)."""
+
+    MISSING = enum.auto()
+
+
+_MISSING: Final = _Missing.MISSING
 
 
 class Filter(msgspec.Struct, frozen=True, array_like=True):
@@ -203,7 +219,7 @@ class Filter(msgspec.Struct, frozen=True, array_like=True):
         """Rule 3."""
         for p in self.predicates:
             v = values.get(p.attr, _MISSING)
-            if v is _MISSING or not p.satisfied_by(v):  # type: ignore[arg-type]
+            if v is _MISSING or not p.satisfied_by(v):
                 return False
         return True
 
@@ -235,7 +251,9 @@ class StringConj:
     """``L`` of a conjunction of string predicates, decided exactly.
 
     Either finite (some ``=``/``in{}`` present: ``finite`` holds exactly the
-    values satisfying every predicate) or infinite: then it is non-empty iff
+    values satisfying every predicate — strings, when the predicates passed
+    ``Predicate.check``; ``Value`` is what an unchecked one may hold, which
+    the matcher's placement skips) or infinite: then it is non-empty iff
     the prefixes are pairwise prefix-consistent and the suffixes
     suffix-consistent — ``longest prefix + contains… + longest suffix`` plus any
     padding is a member, and ``!=`` removes only finitely many.
@@ -245,10 +263,10 @@ class StringConj:
 
     def __init__(self, predicates: Sequence[Predicate]) -> None:
         self.predicates = tuple(predicates)
-        finite: frozenset[str] | None = None
+        finite: frozenset[Value] | None = None
         for p in self.predicates:
             if p.op is Op.EQ or p.op is Op.IN_SET:
-                vals = frozenset(p.args)  # type: ignore[arg-type]
+                vals = frozenset(p.args)
                 finite = vals if finite is None else finite & vals
         if finite is not None:
             finite = frozenset(v for v in finite if self.contains(v))
@@ -260,9 +278,10 @@ class StringConj:
         self.finite = finite
 
     def _args(self, op: Op) -> list[str]:
-        return [p.args[0] for p in self.predicates if p.op is op]  # type: ignore[misc]
+        """The patterns of the ``op`` predicates (strings, rule 1)."""
+        return [as_string(p.args[0]) for p in self.predicates if p.op is op]
 
-    def contains(self, value: str) -> bool:
+    def contains(self, value: Value) -> bool:
         return all(p.satisfied_by(value) for p in self.predicates)
 
     def is_empty(self) -> bool:
@@ -290,30 +309,37 @@ def predicate_values(p: Predicate, attr: Attribute) -> ValueSet:
     """``L(f)`` (rule 2)."""
     if attr.kind is Kind.STRING:
         return StringConj((p,))
+    return _interval_values(p, attr)
+
+
+def _interval_values(p: Predicate, attr: Attribute) -> IntervalSet:
+    """``L(f)`` on an ordered attribute, whose values are numbers (rule 1)."""
     dom = _domain(attr)
     discrete = attr.kind.discrete
     a = p.args
     match p.op:
         case Op.EQ:
-            ivs = [Interval(a[0], a[0])]
+            x = as_number(a[0])
+            ivs = [Interval(x, x)]
         case Op.NE:
-            return IntervalSet([Interval(a[0], a[0])], dom, discrete).complement()
+            x = as_number(a[0])
+            return IntervalSet([Interval(x, x)], dom, discrete).complement()
         case Op.LT:
-            ivs = [Interval(attr.min, a[0], False, True)]
+            ivs = [Interval(attr.min, as_number(a[0]), False, True)]
         case Op.LE:
-            ivs = [Interval(attr.min, a[0])]
+            ivs = [Interval(attr.min, as_number(a[0]))]
         case Op.GT:
-            ivs = [Interval(a[0], attr.max, True, False)]
+            ivs = [Interval(as_number(a[0]), attr.max, True, False)]
         case Op.GE:
-            ivs = [Interval(a[0], attr.max)]
+            ivs = [Interval(as_number(a[0]), attr.max)]
         case Op.IN_RANGE:
-            ivs = [Interval(a[0], a[1])]
+            ivs = [Interval(as_number(a[0]), as_number(a[1]))]
         case _:
             raise SchemaError(
                 f"operator {p.op.value!r} does not apply to {attr.kind.value} attribute {attr.name!r}",
                 attr=attr.name,
             )
-    return IntervalSet(ivs, dom, discrete)  # type: ignore[arg-type]
+    return IntervalSet(ivs, dom, discrete)
 
 
 def conjunction(preds: Iterable[Predicate], attr: Attribute) -> ValueSet:
@@ -323,7 +349,7 @@ def conjunction(preds: Iterable[Predicate], attr: Attribute) -> ValueSet:
         return StringConj(preds)
     out = IntervalSet.whole(_domain(attr), attr.kind.discrete)
     for p in preds:
-        out = out.intersection(predicate_values(p, attr))  # type: ignore[arg-type]
+        out = out.intersection(_interval_values(p, attr))
     return out
 
 
@@ -337,9 +363,9 @@ def covers(p: Predicate, q: Predicate, schema: Schema) -> bool:
     attr = schema.attribute(p.attr)
     if attr.kind is Kind.STRING:
         return _string_covers(p, StringConj((q,)))
-    lp = predicate_values(p, attr)
-    lq = predicate_values(q, attr)
-    return lq.issubset(lp)  # type: ignore[arg-type]
+    lp = _interval_values(p, attr)
+    lq = _interval_values(q, attr)
+    return lq.issubset(lp)
 
 
 def overlaps(p: Predicate, q: Predicate, schema: Schema) -> bool:
@@ -349,7 +375,7 @@ def overlaps(p: Predicate, q: Predicate, schema: Schema) -> bool:
     attr = schema.attribute(p.attr)
     if attr.kind is Kind.STRING:
         return not StringConj((p, q)).is_empty()
-    return predicate_values(p, attr).overlaps(predicate_values(q, attr))  # type: ignore[arg-type]
+    return _interval_values(p, attr).overlaps(_interval_values(q, attr))
 
 
 def _string_covers(p: Predicate, q: StringConj) -> bool:
@@ -358,27 +384,20 @@ def _string_covers(p: Predicate, q: StringConj) -> bool:
         return True
     if q.finite is not None:
         return all(p.satisfied_by(v) for v in q.finite)
-    # q is infinite from here on.
+    # q is infinite from here on.  Patterns are strings (rule 1).
     x = p.args[0]
     qs = q.predicates
     match p.op:
         case Op.EQ | Op.IN_SET:
             return False
         case Op.NE:
-            return not q.contains(x)  # type: ignore[arg-type]
+            return not q.contains(x)
         case Op.PREFIX:
-            return x == "" or any(
-                r.op is Op.PREFIX and r.args[0].startswith(x)
-                for r in qs  # type: ignore[union-attr]
-            )
+            return x == "" or any(r.op is Op.PREFIX and as_string(r.args[0]).startswith(as_string(x)) for r in qs)
         case Op.SUFFIX:
-            return x == "" or any(
-                r.op is Op.SUFFIX and r.args[0].endswith(x)
-                for r in qs  # type: ignore[union-attr]
-            )
+            return x == "" or any(r.op is Op.SUFFIX and as_string(r.args[0]).endswith(as_string(x)) for r in qs)
         case Op.CONTAINS:
             return x == "" or any(
-                r.op in (Op.PREFIX, Op.SUFFIX, Op.CONTAINS) and x in r.args[0]  # type: ignore[operator]
-                for r in qs
+                r.op in (Op.PREFIX, Op.SUFFIX, Op.CONTAINS) and as_string(x) in as_string(r.args[0]) for r in qs
             )
     raise AssertionError(p.op)  # pragma: no cover

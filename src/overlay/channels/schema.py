@@ -37,6 +37,8 @@ __all__ = [
     "Kind",
     "Schema",
     "Value",
+    "as_number",
+    "as_string",
     "format_rfid",
     "parse_rfid",
 ]
@@ -147,13 +149,13 @@ class Attribute(msgspec.Struct, frozen=True):
                 f"got {_describe(value)}",
                 attr=self.name,
             )
-        if not self.min <= value <= self.max:  # type: ignore[operator]
+        if not self.min <= value <= self.max:
             raise SchemaError(
-                f"value {self.format(value)} of {self.name!r} is outside "  # type: ignore[arg-type]
+                f"value {self.format(value)} of {self.name!r} is outside "
                 f"[{self.format(self.min)}, {self.format(self.max)}]",
                 attr=self.name,
             )
-        return value  # type: ignore[return-value]
+        return value
 
     def format(self, value: Value) -> str:
         """The value as it is written in an expression."""
@@ -162,6 +164,30 @@ class Attribute(msgspec.Struct, frozen=True):
         if isinstance(value, str):
             return _quote(value)
         return repr(value)
+
+
+def as_number(value: Value) -> int | float:
+    """``value`` as the number it is: the value of an ordered attribute (int,
+    float, rfid), which ``Attribute.check`` and ``Predicate.check`` make sure of.
+
+    A string here means the value never went through the check; it is refused
+    with the ``TypeError`` Python raises when such a value meets a number.
+    """
+    if isinstance(value, str):
+        raise TypeError(f"expected a number, got the string {value!r}")
+    return value
+
+
+def as_string(value: Value) -> str:
+    """``value`` as the string it is: the value of a string attribute or a
+    pattern, which ``Attribute.check`` and ``Predicate.check`` make sure of.
+
+    A number here means the value never went through the check; it is refused
+    with a ``TypeError``, as Python refuses a number where a string is needed.
+    """
+    if isinstance(value, str):
+        return value
+    raise TypeError(f"expected a string, got {_describe(value)}")
 
 
 def _quote(text: str) -> str:
@@ -287,17 +313,26 @@ def _attribute_from_dict(index: int, raw: object) -> Attribute:
     raw_kind = raw.get("type")
     if raw_kind == "numeric":  # the spec's word; a numeric attribute takes floats
         raw_kind = "float"
-    try:
-        kind = Kind(raw_kind)
-    except ValueError:
+    kind = _kind_named(raw_kind)
+    if kind is None:
         raise ConfigError(
             f"attribute {name!r}: type must be one of int, float, numeric, rfid, string (got {raw_kind!r})"
-        ) from None
+        )
     lo = _bound(name, kind, raw.get("min"), "min")
     hi = _bound(name, kind, raw.get("max"), "max")
     if lo > hi:
         raise ConfigError(f"attribute {name!r}: min {lo} is above max {hi}")
     return Attribute(name=name, kind=kind, min=lo, max=hi)
+
+
+def _kind_named(raw: object) -> Kind | None:
+    """The kind whose name is ``raw`` (None: not a kind's name)."""
+    if not isinstance(raw, str):
+        return None
+    try:
+        return Kind(raw)
+    except ValueError:
+        return None
 
 
 def _bound(name: str, kind: Kind, raw: object, which: str) -> int | float:
