@@ -20,7 +20,7 @@ from typing import Final
 
 from overlay.channels.intervals import Interval
 from overlay.channels.predicates import Op, Predicate
-from overlay.channels.schema import Attribute
+from overlay.channels.schema import Attribute, as_number
 
 __all__ = ["Bound", "bound_of", "bound_overlaps"]
 
@@ -47,17 +47,18 @@ def bound_of(preds: tuple[Predicate, ...], name: str, attr: Attribute) -> Bound 
             t = type(a)
             if (t is not int and t is not float) or a != a:
                 return None
+        # Every arg is an int or a float from here on (as_number only narrows).
         if op is not Op.LE and op is not Op.LT:  # =, in[], >=, >: a lower end
-            v = args[0]
+            v = as_number(args[0])
             is_open = op is Op.GT
             if v > lo or (v == lo and is_open):
                 lo, lo_open = v, is_open
         if op is not Op.GE and op is not Op.GT:  # =, in[], <=, <: an upper end
-            v = args[-1]
+            v = as_number(args[-1])
             is_open = op is Op.LT
             if v < hi or (v == hi and is_open):
                 hi, hi_open = v, is_open
-    return lo, lo_open, hi, hi_open  # type: ignore[return-value]
+    return lo, lo_open, hi, hi_open
 
 
 def bound_overlaps(bound: Bound, iv: Interval, discrete: bool) -> bool:

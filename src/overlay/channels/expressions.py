@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import Final, NamedTuple
 
 from overlay.channels.predicates import Filter, Op, Predicate, conjunction
-from overlay.channels.schema import Kind, Schema, Value, parse_rfid
+from overlay.channels.schema import Kind, Schema, Value, as_number, parse_rfid
 from overlay.errors import ExpressionError, SchemaError
 
 __all__ = ["MAX_EXPRESSION_LENGTH", "parse_event", "parse_subscription"]
@@ -176,7 +176,8 @@ class _Parser:
             except SchemaError as exc:
                 raise self.error(str(exc), tok) from None
         else:
-            value = tok.value  # type: ignore[assignment]
+            assert tok.value is not None  # a NUMBER or STRING token carries its value
+            value = tok.value
         try:
             return attr.check(value)
         except SchemaError as exc:
@@ -184,9 +185,10 @@ class _Parser:
 
     def pattern(self, attr_name: str) -> str:
         tok = self.take()
-        if tok.kind is not Tok.STRING:
+        # A STRING token's value is its unescaped text, a str.
+        if tok.kind is not Tok.STRING or not isinstance(tok.value, str):
             raise self.error(f"expected a quoted string, found {_show(tok)}", tok)
-        return tok.value  # type: ignore[return-value]
+        return tok.value
 
     # -- subscriptions -------------------------------------------------------------
 
@@ -249,7 +251,7 @@ class _Parser:
                 self.expect_punct(",")
                 hi = self.literal(name)
                 self.expect_punct("]")
-                if lo > hi:  # type: ignore[operator]
+                if as_number(lo) > as_number(hi):  # literals of an ordered attribute: numbers
                     raise self.error(f"range of {name!r} has its low end above its high end", open_tok)
                 args = (lo, hi)
             else:
@@ -287,8 +289,8 @@ class _Parser:
             key_tok = self.take()
             if key_tok.kind is Tok.NAME:
                 key = key_tok.text
-            elif key_tok.kind is Tok.STRING:
-                key = key_tok.value  # type: ignore[assignment]
+            elif key_tok.kind is Tok.STRING and isinstance(key_tok.value, str):  # always a str
+                key = key_tok.value
             else:
                 raise self.error(f"expected an attribute name, found {_show(key_tok)}", key_tok)
             if key not in self.schema.attributes:

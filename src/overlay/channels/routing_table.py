@@ -193,8 +193,7 @@ class _Index:
         if not preds:
             return self.all
         conj = conjunction(preds, self.attr)
-        if self.ordered:
-            assert isinstance(conj, IntervalSet)
+        if isinstance(conj, IntervalSet):  # an ordered attribute (self.ordered)
             out: set[ChannelId] = set()
             for iv in conj.intervals:
                 start = max(self.points.bisect_right(iv.lo) - 1, 0)

@@ -28,7 +28,7 @@ import msgspec
 
 from overlay.channels.intervals import Interval, IntervalSet
 from overlay.channels.predicates import Filter, StringConj, conjunction
-from overlay.channels.schema import Attribute, Kind, Schema, Value
+from overlay.channels.schema import Attribute, Kind, Schema, Value, as_number
 from overlay.errors import LocalProtocolError
 
 __all__ = [
@@ -47,7 +47,7 @@ class RangeConstraint(msgspec.Struct, frozen=True, tag="range", array_like=True)
     interval: Interval
 
     def contains_value(self, v: Value) -> bool:
-        return v in self.interval  # type: ignore[operator]
+        return as_number(v) in self.interval
 
     def values(self, attr: Attribute) -> IntervalSet:
         return IntervalSet((self.interval,), Interval(attr.min, attr.max), attr.kind.discrete)
@@ -56,10 +56,12 @@ class RangeConstraint(msgspec.Struct, frozen=True, tag="range", array_like=True)
         return self.values(attr).is_whole()
 
     def covers_conj(self, conj: IntervalSet | StringConj, attr: Attribute) -> bool:
-        return conj.issubset(self.values(attr))  # type: ignore[union-attr]
+        assert isinstance(conj, IntervalSet)
+        return conj.issubset(self.values(attr))
 
     def overlaps_conj(self, conj: IntervalSet | StringConj, attr: Attribute) -> bool:
-        return conj.overlaps(self.values(attr))  # type: ignore[union-attr]
+        assert isinstance(conj, IntervalSet)
+        return conj.overlaps(self.values(attr))
 
     def text(self, attr: Attribute) -> str:
         iv = self.interval
