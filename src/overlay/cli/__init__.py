@@ -19,12 +19,13 @@ Rules every command keeps:
    connects.  A bad one is one line on stderr and exit 2 — argparse's own
    errors too (``args.Parser``).
 2. SIGINT and SIGTERM cancel the command's main task; the handlers are the
-   first thing installed in its event loop (``running.run_command``).  A client command
-   (pub, sub, status, channel, node drain) closes its connections within
-   ``CLOSE_TIMEOUT`` and exits 130 (SIGINT) or 143 (SIGTERM); one that still
-   has not ended ``INTERRUPT_GRACE`` after the signal exits anyway.  A server
-   (node, cluster up, demo) stops its node(s) and exits 0: a signal is how it
-   is meant to end; a second signal hurries it (``LocalCluster.stop`` kills).
+   first thing installed in its event loop (``running.run_command``).  A
+   client command (pub, sub, status, channel, node drain) closes its
+   connections within ``CLOSE_TIMEOUT`` and exits 130 (SIGINT) or 143
+   (SIGTERM); one that still has not ended ``INTERRUPT_GRACE`` after the
+   signal exits anyway.  A server (node, cluster up, demo) stops its node(s)
+   and exits 0: a signal is how it is meant to end; a second signal hurries
+   it (``LocalCluster.stop`` kills).
 3. No traceback reaches the user: an ``OverlayError`` is one line
    ``overlay: …`` (exit 2 when the command line or the config is at fault, 1
    when the cluster or the machine failed the command); anything else is
@@ -51,8 +52,9 @@ The modules, one per command group, and what they share:
 * ``replay``        — ``replay`` (the Spark jobs: ``overlay_spark``, the replay extra);
 * ``parser``        — ``build_parser``, assembling the commands above.
 
-Imports go one way, from ``parser`` down to ``running``: no module of the
-package imports ``overlay.cli`` itself (``tests/test_import_graph.py``).
+Imports go one way, from ``parser`` down to ``running``, and no module of
+the package takes a name from this ``__init__``: no circle
+(``tests/test_import_graph.py``).
 """
 
 from __future__ import annotations
