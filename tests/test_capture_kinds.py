@@ -65,10 +65,17 @@ def _drain_summary_fields() -> set[str]:
     return set(DrainState(0.0, None).summary(0)) - {"node", "channels"} | {"error"}
 
 
-# ``**`` spreads whose keys the source does not show: (file name, kind) -> their keys.
+# What ``….record("kind", now, …)`` is called on to journal a record: the node
+# core itself (``self``, a mixin's or a test's ``core``) or a component's
+# ``Journal`` (``self._ctx.journal``, ``ctx.journal``).
+RECORDERS = ("self", "core", "journal")
+
+# ``**`` spreads whose keys the source does not show: kind -> their keys, for
+# the one module that spreads into records of that kind (wherever the node
+# core puts it: a second module spreading into the same kind fails the test).
 SPREADS = {
-    ("node_balancing.py", "sequencer"): _sequencer_fields,
-    ("node_membership.py", "decision"): _drain_summary_fields,
+    "sequencer": _sequencer_fields,
+    "decision": _drain_summary_fields,
 }
 
 
@@ -98,6 +105,7 @@ def _calls(tree: ast.AST) -> Iterator[tuple[ast.Call, str]]:
 def _journal_kinds() -> dict[str, set[str]]:
     """Journal records written under src/overlay: kind -> fields (rule 2's source read)."""
     out: dict[str, set[str]] = defaultdict(set)
+    spreaders: dict[str, set[Path]] = defaultdict(set)
     for path in sorted(SRC.rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         for call, fn in _calls(tree):
@@ -106,7 +114,7 @@ def _journal_kinds() -> dict[str, set[str]]:
                 continue
             where = f"{path.relative_to(ROOT)}:{call.lineno}"
             receiver = ast.unparse(f.value)
-            if f.attr == "record" and receiver.split(".")[-1] in ("self", "core"):
+            if f.attr == "record" and receiver.split(".")[-1] in RECORDERS:
                 found = _literal_kinds(call.args[0])
                 assert found is not None, (
                     f"{where}: a journal record whose kind is not a literal; this test cannot see it"
@@ -132,8 +140,13 @@ def _journal_kinds() -> dict[str, set[str]]:
                 continue
             for kind in found:
                 if spread:
-                    resolve = SPREADS.get((path.name, kind))
+                    resolve = SPREADS.get(kind)
                     assert resolve is not None, f"{where}: `**` spread in a {kind!r} record; add its keys to SPREADS"
+                    spreaders[kind].add(path)
+                    assert len(spreaders[kind]) == 1, (
+                        f"{where}: a second module spreads into {kind!r} records "
+                        f"({', '.join(sorted(p.name for p in spreaders[kind]))}); SPREADS cannot tell their keys apart"
+                    )
                     keys = keys | resolve()
                 out[kind] |= keys - COMMON
     return dict(out)
