@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping
-from typing import Final
+from typing import Final, TypeGuard
 
 from overlay.channels.intervals import IntervalSet
 from overlay.channels.predicates import Filter, Op, StringConj, compile_filter
-from overlay.channels.schema import Attribute, Kind, Value
+from overlay.channels.schema import Attribute, Kind, Value, as_number, as_string
 from overlay.channels.subscriptions import Subscription
 
 # Buckets per attribute.  More buckets prune better (a range over a few
@@ -59,7 +59,7 @@ class _Never:
     def __eq__(self, other: object) -> bool:
         return False
 
-    __lt__ = __le__ = __gt__ = __ge__ = __eq__  # type: ignore[assignment]
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__
     __hash__ = object.__hash__
 
 
@@ -96,7 +96,9 @@ class _Bitmap:
 def _scan(entries: Iterable[_Entry], v: object, append: Callable[[Subscription], None]) -> None:
     """Rule 4 on single-attribute entries: append the subscriptions ``v`` satisfies."""
     for lo, hi, s, sub in entries:
-        if lo <= v <= hi and not (  # type: ignore[operator]
+        # v has the entries' kind (the callers check its type): strings with
+        # strings, numbers with numbers — Python's comparison, inline, for speed.
+        if lo <= v <= hi and not (  # type: ignore[operator]  # see the comment above
             s and ((s & _LO_STRICT and v == lo) or (s & _HI_STRICT and v == hi))
         ):
             append(sub)
@@ -190,23 +192,22 @@ class _AttrIndex:
                 return []
             b = self._bucket_of(lo)
             return [(b, b)]
-        lo = max(lo, self.lo)  # type: ignore[type-var]
-        hi = min(hi, self.hi)  # type: ignore[type-var]
-        if lo > hi:  # type: ignore[operator]
+        lo = max(as_number(lo), self.lo)  # an ordered attribute's bounds are numbers
+        hi = min(as_number(hi), self.hi)
+        if lo > hi:
             return []
         first, last = self._bucket_of(lo), self._bucket_of(hi)
         if first == 0 and last == self.nbuckets - 1:
             return [(_WILD, _WILD)]
         return [(first, last)]
 
-    def bucketed(self, value: object) -> bool:
+    def bucketed(self, value: object) -> TypeGuard[Value]:
         """Whether ``value`` has a bucket holding every slot it can satisfy
         (rule 2): the attribute's own type and, when ordered, in the domain."""
-        t = type(value)
         if not self.ordered:
-            return t is str
-        if t is int or (t is float and not self.discrete):
-            return self.lo <= value <= self.hi  # type: ignore[operator]
+            return type(value) is str
+        if type(value) is int or (type(value) is float and not self.discrete):
+            return self.lo <= value <= self.hi
         return False
 
     def mask(self, value: Value) -> int:
@@ -222,13 +223,13 @@ class _AttrIndex:
         lo, hi, strict = bound
         if lo == hi and not strict:
             return None
-        if lo > hi or (lo == hi and strict):  # type: ignore[operator]
+        if _above(lo, hi) or (lo == hi and strict):
             return []
         return self.plain_placement(lo, hi)
 
     def add_single(self, slot: int, bound: _Bound, runs: list[tuple[int, int]] | None, sub: Subscription) -> None:
         """File an entry where ``single_runs(bound)`` (that is ``runs``) says."""
-        entry: _Entry = (*bound, sub)  # type: ignore[assignment]
+        entry: _Entry = (*bound, sub)
         self.singles[slot] = entry
         if runs is None:
             self.single_eq.setdefault(bound[0], {})[slot] = entry
@@ -243,8 +244,9 @@ class _AttrIndex:
                     d = self.single_buckets[b] = {}
                 d[slot] = entry
 
-    def remove_single(self, slot: int, bound: _Bound) -> None:
-        del self.singles[slot]
+    def remove_single(self, slot: int) -> None:
+        lo, hi, strict, _ = self.singles.pop(slot)
+        bound = (lo, hi, strict)
         runs = self.single_runs(bound)
         if runs is None:
             d = self.single_eq[bound[0]]
@@ -257,10 +259,10 @@ class _AttrIndex:
                 del self.single_wild[slot]
                 continue
             for b in range(first, last + 1):
-                d = self.single_buckets[b]
-                assert d is not None
-                del d[slot]
-                if not d:
+                bucket = self.single_buckets[b]
+                assert bucket is not None
+                del bucket[slot]
+                if not bucket:
                     # An emptied dict keeps its table; drop it.
                     self.single_buckets[b] = None
 
@@ -268,13 +270,13 @@ class _AttrIndex:
         """Rule 5 for an event whose value here is ``v``; returns the number tested."""
         if self.bucketed(v):
             tested = 0
-            eq = self.single_eq.get(v) if self.single_eq else None  # type: ignore[call-overload]
+            eq = self.single_eq.get(v) if self.single_eq else None
             if eq:
                 tested += len(eq)
                 _scan(eq.values(), v, append)
             if not self.ordered:
                 return tested  # a plain string bound is an = (or unsatisfiable)
-            d = self.single_buckets[self._bucket_of(v)]  # type: ignore[arg-type]
+            d = self.single_buckets[self._bucket_of(v)]
             if d:
                 tested += len(d)
                 _scan(d.values(), v, append)
@@ -292,25 +294,35 @@ class _AttrIndex:
         return len(self.singles)
 
 
+def _above(a: Value, b: Value) -> bool:
+    """``a > b`` for two values of one kind: two strings or two numbers."""
+    if isinstance(a, str) or isinstance(b, str):
+        return as_string(a) > as_string(b)
+    return a > b
+
+
 def _bucket_function(attr: Attribute, n: int) -> Callable[[Value], int]:
+    """The bucket of a value of ``attr``'s own kind: ``bucketed``, the
+    placements and ``_plain_bounds`` check the type before they ask, so the
+    functions below take the value as it is (one call per event and attribute)."""
     if attr.kind is Kind.STRING:
         # crc32, not hash(): stable across processes, so bucket stats are
         # comparable; surrogatepass, so every str has bytes.
-        return lambda v: zlib.crc32(v.encode("utf-8", "surrogatepass")) % n  # type: ignore[union-attr]
+        return lambda v: zlib.crc32(v.encode("utf-8", "surrogatepass")) % n  # type: ignore[union-attr]  # a str (see above)
     lo, hi = attr.min, attr.max
     last = n - 1
     if attr.kind.discrete:
         span = int(hi) - int(lo) + 1
 
         def discrete_bucket(v: Value) -> int:
-            i = (v - lo) * n // span  # type: ignore[operator]
+            i: int = (v - lo) * n // span  # type: ignore[operator, assignment]  # ints here (see above)
             return last if i > last else (0 if i < 0 else i)
 
         return discrete_bucket
     width = (hi - lo) / n or 1.0
 
     def float_bucket(v: Value) -> int:
-        i = int((v - lo) / width)  # type: ignore[operator]
+        i = int((v - lo) / width)  # type: ignore[operator]  # a number (see above)
         return last if i > last else (0 if i < 0 else i)
 
     return float_bucket
@@ -335,7 +347,7 @@ def _plain_bounds(f: Filter, attrs: Mapping[str, _AttrIndex]) -> dict[str, _Boun
             prev = bounds.get(p.attr)
             # x <= v <= x is v == x for strings; two different = leave lo > hi,
             # which no string satisfies, as none satisfies the filter.
-            bounds[p.attr] = (x, x, 0) if prev is None else (max(prev[0], x), min(prev[1], x), 0)  # type: ignore[type-var]
+            bounds[p.attr] = (x, x, 0) if prev is None else (max(prev[0], x), min(prev[1], x), 0)
             continue
         # Numbers of the attribute's own kind only: a float bound on an int
         # attribute, a bool or a NaN is left to compile_filter.
@@ -343,24 +355,25 @@ def _plain_bounds(f: Filter, attrs: Mapping[str, _AttrIndex]) -> dict[str, _Boun
             return None
         if any(a != a for a in args):
             return None
-        lowers: tuple[tuple[Value, int], ...]
-        uppers: tuple[tuple[Value, int], ...]
+        lowers: tuple[tuple[int | float, int], ...]
+        uppers: tuple[tuple[int | float, int], ...]
         if p.op is Op.EQ or p.op is Op.IN_RANGE:
-            lowers, uppers = ((args[0], 0),), ((args[-1], 0),)
+            lowers, uppers = ((as_number(args[0]), 0),), ((as_number(args[-1]), 0),)
         elif p.op in _LOWER_OPS:
-            lowers, uppers = ((args[0], _LOWER_OPS[p.op]),), ()
+            lowers, uppers = ((as_number(args[0]), _LOWER_OPS[p.op]),), ()
         elif p.op in _UPPER_OPS:
-            lowers, uppers = (), ((args[0], _UPPER_OPS[p.op]),)
+            lowers, uppers = (), ((as_number(args[0]), _UPPER_OPS[p.op]),)
         else:
             return None
         lo, hi, strict = bounds.get(p.attr, (_NEG_INF, _POS_INF, 0))
+        lo, hi = as_number(lo), as_number(hi)  # this attribute's bounds so far: numbers
         for x, s in lowers:  # the tightest lower bound; strict wins a tie
-            if x > lo:  # type: ignore[operator]
+            if x > lo:
                 lo, strict = x, (strict & _HI_STRICT) | s
             elif x == lo:
                 strict |= s
         for x, s in uppers:
-            if x < hi:  # type: ignore[operator]
+            if x < hi:
                 hi, strict = x, (strict & _LO_STRICT) | s
             elif x == hi:
                 strict |= s

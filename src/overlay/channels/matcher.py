@@ -174,12 +174,12 @@ class SubscriptionIndex:
             if plain is not None:
                 flat: list[object] = []
                 for ai in self._order:
-                    bound = plain.get(ai.name)
-                    if bound is None:
+                    on_ai = plain.get(ai.name)
+                    if on_ai is None:
                         runs = [(_WILD, _WILD)]
                     else:
-                        flat += (ai.pos, *bound)
-                        runs = ai.plain_placement(bound[0], bound[1])
+                        flat += (ai.pos, *on_ai)
+                        runs = ai.plain_placement(on_ai[0], on_ai[1])
                     for first, last in runs:
                         codes.append(ai.pos * stride + first + 1)
                         codes.append(ai.pos * stride + last + 1)
@@ -195,9 +195,9 @@ class SubscriptionIndex:
             slot = self._new_slot()
             self._flip(slot, placed)
             for name in names:
-                ai = self._attrs.get(name)  # type: ignore[assignment]
-                if ai is not None:
-                    ai.constrained += 1
+                named = self._attrs.get(name)
+                if named is not None:
+                    named.constrained += 1
             self._placed[slot] = placed
             self._tests[slot] = test
             self._alive.flip(slot)
@@ -217,8 +217,9 @@ class SubscriptionIndex:
         assert sub is not None
         placed = self._placed[slot]
         if placed is None:
-            pos, *bound = self._tests[slot]  # type: ignore[misc]
-            self._order[pos].remove_single(slot, tuple(bound))  # type: ignore[arg-type]
+            # A single's filter constrains one attribute, whose index holds its entry.
+            (name,) = sub.filter.attrs()
+            self._attrs[name].remove_single(slot)
         else:
             self._flip(slot, placed)
             for name in sub.filter.attrs():
@@ -257,10 +258,14 @@ class SubscriptionIndex:
             if ai.singles:
                 tested += ai.match_singles(v, values, append)
             if cand and ai.constrained and ai.bucketed(v):
-                cand &= ai.mask(v)  # type: ignore[arg-type]
+                cand &= ai.mask(v)
         if not cand:
             return matched, tested
         # Every bitmapped candidate goes through exactly one exact test below.
+        # A candidate's slot is in use (the class invariant): its subscription
+        # is set and its test is a closure or a plain tuple (rule 4).  The
+        # loops index by slot without re-checking that, for speed; the ignores
+        # below say "in use" for it.
         tested += cand.bit_count()
         subs = self._subs
         tests = self._tests
@@ -273,9 +278,9 @@ class SubscriptionIndex:
                     slot = i << 3 | bit
                     test = tests[slot]
                     if type(test) is tuple:
-                        test = compile_filter(subs[slot].filter)  # type: ignore[union-attr]
-                    if test(values):  # type: ignore[misc, operator]
-                        append(subs[slot])  # type: ignore[arg-type]
+                        test = compile_filter(subs[slot].filter)  # type: ignore[union-attr]  # in use
+                    if test(values):  # type: ignore[operator, misc]  # in use, and a tuple was replaced
+                        append(subs[slot])  # type: ignore[arg-type]  # in use
                 i = find(1, i + 1)
             return matched, tested
         while i >= 0:
@@ -283,24 +288,24 @@ class SubscriptionIndex:
                 slot = i << 3 | bit
                 test = tests[slot]
                 if type(test) is not tuple:
-                    if test(values):  # type: ignore[misc]
-                        append(subs[slot])  # type: ignore[arg-type]
+                    if test(values):  # type: ignore[operator, misc]  # in use, and not a tuple: a closure
+                        append(subs[slot])  # type: ignore[arg-type]  # in use
                     continue
                 # Rule 4, inline: (pos, lo, hi, strict) per constrained attribute.
                 j = 0
                 n = len(test)
                 while j < n:
-                    v = vals[test[j]]  # type: ignore[index]
+                    v = vals[test[j]]  # type: ignore[call-overload]  # test[j] is a position, an int
                     lo = test[j + 1]
                     hi = test[j + 2]
                     s = test[j + 3]
-                    if not lo <= v <= hi or (  # type: ignore[operator]
-                        s and ((s & _LO_STRICT and v == lo) or (s & _HI_STRICT and v == hi))  # type: ignore[operator]
+                    if not lo <= v <= hi or (
+                        s and ((s & _LO_STRICT and v == lo) or (s & _HI_STRICT and v == hi))  # type: ignore[operator]  # s: the flags, an int
                     ):
                         break
                     j += 4
                 else:
-                    append(subs[slot])  # type: ignore[arg-type]
+                    append(subs[slot])  # type: ignore[arg-type]  # in use
             i = find(1, i + 1)
         return matched, tested
 
