@@ -39,7 +39,7 @@ from overlay.channels.bounds import bound_of, bound_overlaps
 from overlay.channels.channel import Channel, ChannelId, EventRecord, SliceStats
 from overlay.channels.intervals import Interval
 from overlay.channels.predicates import conjunction
-from overlay.channels.schema import Kind, Schema, Value
+from overlay.channels.schema import Kind, Schema, Value, as_number, as_string
 from overlay.channels.space import Constraint, EventSpace, RangeConstraint
 from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
@@ -125,11 +125,13 @@ def choose_points(
         end = start - 1
     value, low_load = points[end][pos], cum[end]
     attr = schema.attributes[name]
+    # The points are checked events' values: strings of a string attribute,
+    # numbers of an ordered one.
     if attr.kind is Kind.STRING:
-        str_set = {p[pos] for p in points[: end + 1]}
-        low, high = space.take_strings(name, str_set)  # type: ignore[arg-type]
+        str_set = {as_string(p[pos]) for p in points[: end + 1]}
+        low, high = space.take_strings(name, str_set)
     else:
-        low, high = space.cut(attr, value)  # type: ignore[arg-type]
+        low, high = space.cut(attr, as_number(value))
     return Cut(name, low, high, low_load, total - low_load)
 
 

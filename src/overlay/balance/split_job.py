@@ -200,9 +200,9 @@ class SplitJob:
         tests = parent.tests_lookup()
         changes = parent.unwatch()
         self.replayed = len(changes)
-        for added, item in changes:
-            if added:
-                sub: Subscription = item  # type: ignore[assignment]
+        for _added, item in changes:
+            if isinstance(item, Subscription):  # added; an id: removed
+                sub = item
                 mask = self._belongs(sub)
                 if mask >> (1 - self._adopt) & 1:
                     other.add_deferred([sub], tests)
@@ -211,7 +211,7 @@ class SplitJob:
                 else:
                     drop[sub.id] = None
             else:
-                sid: str = item  # type: ignore[assignment]
+                sid = item
                 other.remove(sid)
                 drop.pop(sid, None)
         for child in children:

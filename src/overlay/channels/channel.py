@@ -41,6 +41,7 @@ Rules this module keeps (SPEC §2.3, §5, §8.3):
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Final
 
@@ -63,7 +64,15 @@ __all__ = ["MAX_RECORDS", "MAX_SEEN", "Channel", "ChannelId", "EventRecord", "Sl
 MAX_RECORDS: Final = 4096
 # Distinct values remembered per type-2 string attribute.
 MAX_SEEN: Final = 4096
-_UNKNOWN: Final = object()
+
+
+class _Unknown(enum.Enum):
+    """A bound not worked out yet (None is a known answer: no plain bound)."""
+
+    UNKNOWN = enum.auto()
+
+
+_UNKNOWN: Final = _Unknown.UNKNOWN
 
 
 class ChannelId(msgspec.Struct, frozen=True, array_like=True, order=True):
@@ -148,7 +157,8 @@ class SliceStats:
 def _nearest(recs: SortedDict, point: tuple[Value, ...]) -> tuple[Value, ...]:
     i = recs.bisect_left(point)
     keys = recs.keys()
-    return keys[i] if i < len(keys) else keys[i - 1]
+    key: tuple[Value, ...] = keys[i] if i < len(keys) else keys[i - 1]
+    return key
 
 
 class Channel:
@@ -186,7 +196,9 @@ class Channel:
         self.priority = schema.da_priority()
         self.current = SliceStats(self.priority)
         self.last: SliceStats = SliceStats(self.priority)
-        self.seen: dict[str, set[str]] = {}
+        # Strings once the events are checked (Schema.check_event_values);
+        # match records whatever value an event brings.
+        self.seen: dict[str, set[Value]] = {}
         self._type2 = tuple(
             c.attr
             for c in space.constraints
@@ -254,7 +266,7 @@ class Channel:
             b = bound_of(sub.filter.predicates, name, self.schema.attributes[name])
             if known is not None:
                 known[sub.id] = b
-        return b  # type: ignore[return-value]
+        return b
 
     def share_bounds(self, parent: Channel) -> None:
         """Use ``parent``'s bounds (a split child: the same subscriptions)."""
@@ -324,16 +336,17 @@ class Channel:
     def remove(self, sub_id: str) -> Subscription | None:
         entry = self._pending.pop(sub_id, None)
         if entry is not None:
-            sub: Subscription | None = entry[0]
+            sub = entry[0]
         elif sub_id in self._stale:
             del self._stale[sub_id]
             self.index.remove(sub_id)
             return None
         else:
-            sub = self.index.remove(sub_id)
-            if sub is None:
+            indexed = self.index.remove(sub_id)
+            if indexed is None:
                 return None
-        self._count(sub, -1)  # type: ignore[arg-type]
+            sub = indexed
+        self._count(sub, -1)
         if self._changes is not None:
             self._changes.append((False, sub_id))
         return sub
@@ -412,7 +425,7 @@ class Channel:
         for name in self._type2:
             seen = self.seen.setdefault(name, set())
             if len(seen) < MAX_SEEN:
-                seen.add(values[name])  # type: ignore[arg-type]
+                seen.add(values[name])
         return result
 
     def match_isolating(self, values: Mapping[str, Value], access_node: int) -> tuple[MatchResult, list[Subscription]]:
