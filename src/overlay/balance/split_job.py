@@ -36,7 +36,7 @@ from sortedcontainers import SortedDict
 
 from overlay.balance.split import Cut, choose_points, sorter
 from overlay.channels.channel import Channel, ChannelId, SliceStats
-from overlay.channels.schema import Schema, Value
+from overlay.channels.schema import Schema, Value, as_number
 from overlay.channels.space import Constraint, RangeConstraint
 from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
@@ -254,7 +254,7 @@ def divide_records(
         a, b = 0, len(keys)
         while a < b:
             mid = (a + b) // 2
-            v = keys[mid][0]
+            v = as_number(keys[mid][0])  # a range constraint's attribute: numbers
             if v < hi or (v == hi and not hi_open):
                 a = mid + 1
             else:
