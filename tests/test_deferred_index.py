@@ -175,7 +175,7 @@ def test_quick_bound_overlap_agrees_with_the_conjunction(attr, data):
     if iv.empty():
         return
     # A predicate on another attribute is no part of this one's bound.
-    mixed = preds + (Predicate("elsewhere", Op.NE, (1,)),)
+    mixed = (*preds, Predicate("elsewhere", Op.NE, (1,)))
     bound = bound_of(mixed, attr.name, attr)
     assert bound is not None
     want = RangeConstraint(attr.name, iv).overlaps_conj(conjunction(preds, attr), attr)

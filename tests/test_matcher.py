@@ -72,7 +72,7 @@ def test_add_many_counts_new_subscriptions(schema):
     ix = SubscriptionIndex(schema)
     subs = [S(f"s{i}", f"qty = {i}", schema) for i in range(5)]
     assert ix.add_many(subs) == 5
-    assert ix.add_many(subs[:2] + [S("s9", "qty = 9", schema)]) == 1
+    assert ix.add_many([*subs[:2], S("s9", "qty = 9", schema)]) == 1
     assert len(ix) == 6
 
 
@@ -262,7 +262,7 @@ ODD_VALUES = [True, False, float("nan"), float("inf"), -1, 10**20, -(10**20), 1.
 def unchecked_events(draw):
     """Events as a caller might pass them unvalidated: wrong types, NaN, out of domain."""
     out = {}
-    for name, attr in SMALL.attributes.items():
+    for name in SMALL.attributes:
         if draw(st.booleans()):
             continue
         out[name] = draw(st.one_of(st.sampled_from(ODD_VALUES), events(SMALL).map(lambda e, n=name: e.get(n))))

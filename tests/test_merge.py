@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -195,7 +197,7 @@ def test_a_merged_space_is_exactly_the_union_of_its_parts(data):
     assert [c.space.sort_key() for c in ordered] == sorted(c.space.sort_key() for c in chans)
     pairs = mergeable_pairs(chans, SMALL)
     event(f"{min(len(pairs), 3)} pairs")
-    neighbours = list(zip(ordered, ordered[1:]))
+    neighbours = list(pairwise(ordered))
     for a, b, space in pairs:
         assert (a, b) in neighbours  # only neighbours in sort order
         assert space == a.space.union(b.space, SMALL)

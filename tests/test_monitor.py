@@ -26,7 +26,7 @@ from overlay.balance.monitor import (
 from overlay.errors import LocalProtocolError
 
 PROPS = settings(max_examples=150, deadline=None)
-U, S, O, B = NodeState.UNDERLOADED, NodeState.STABLE, NodeState.OVERLOADED, NodeState.BUSY
+U, S, OV, B = NodeState.UNDERLOADED, NodeState.STABLE, NodeState.OVERLOADED, NodeState.BUSY
 BASE = 2.0
 
 
@@ -49,7 +49,7 @@ PEERS = {1: 10.0, 2: 10.0, 3: 10.0}
 
 def overloaded(m: Monitor) -> None:
     slice_with(m, 40.0, PEERS)
-    assert m.state is O
+    assert m.state is OV
 
 
 def underloaded(m: Monitor) -> None:
@@ -67,7 +67,7 @@ def test_starts_underloaded_and_not_busy():
 
 @pytest.mark.parametrize(
     ("dc", "want"),
-    [(0.0, U), (8.9, U), (9.0, S), (10.0, S), (11.0, S), (11.1, O), (100.0, O)],
+    [(0.0, U), (8.9, U), (9.0, S), (10.0, S), (11.0, S), (11.1, OV), (100.0, OV)],
 )
 def test_classify_against_mean_plus_minus_delta(dc, want):
     # dc̄ = 10, δ = 0.1 → Δd = 1: UNDERLOADED below 9, OVERLOADED above 11, both ends STABLE.
@@ -79,7 +79,7 @@ def test_classify_against_mean_plus_minus_delta(dc, want):
 def test_classify_reference(dc, mean, delta):
     m = monitor(delta=delta)
     dd = delta * mean
-    want = U if dc < mean - dd else O if dc > mean + dd else S
+    want = U if dc < mean - dd else OV if dc > mean + dd else S
     assert m.classify(dc, mean) is want
 
 
@@ -89,7 +89,7 @@ def test_end_slice_computes_dc_mean_and_state():
     # dc = 40 / 2 = 20; dc̄ = (20 + 10 + 10 + 4)/4 = 11; Δd = 1.1.
     assert (r.slice_no, r.d, r.dc) == (1, 40.0, 20.0)
     assert r.mean == pytest.approx(11.0) and m.mean == r.mean
-    assert r.state is O and m.state is O
+    assert r.state is OV and m.state is OV
     assert r.spread == pytest.approx(ev.spread([20.0, 10.0, 10.0, 4.0]))
     r = slice_with(m, 20.0, {1: 10.0, 2: 10.0, 3: 10.0})
     assert r.dc == 10.0 and r.state is S
@@ -108,7 +108,7 @@ def test_below_the_minimum_load_a_node_is_never_overloaded_and_an_idle_cluster_i
     # Real work elsewhere: this idle node is a receiver; a busy node above the minimum is overloaded.
     assert slice_with(m, 0.0, {1: 500.0, 2: 500.0, 3: 500.0}).state is U
     r = slice_with(m, 2000.0, {1: 500.0, 2: 500.0, 3: 500.0})
-    assert r.state is O and r.schedule
+    assert r.state is OV and r.schedule
     # Above the others but under the minimum itself: stable, however uneven.
     assert slice_with(m, 90.0, {1: 150.0, 2: 0.0, 3: 0.0}).state is S  # mean 60: above it, but idle
 
@@ -143,7 +143,7 @@ def test_busy_as_sender_from_overloaded_both_ways():
     m.enter_busy(as_sender=True)
     assert m.state is B
     m.leave_busy(completed=False)
-    assert m.state is O
+    assert m.state is OV
     m.enter_busy(as_sender=True)
     m.leave_busy(completed=True)
     assert m.state is S
@@ -152,7 +152,7 @@ def test_busy_as_sender_from_overloaded_both_ways():
 def _put_in(m: Monitor, state: NodeState) -> None:
     if state is U:
         underloaded(m)
-    elif state is O:
+    elif state is OV:
         overloaded(m)
     elif state is S:
         slice_with(m, 10.0, PEERS)
@@ -164,7 +164,7 @@ def _put_in(m: Monitor, state: NodeState) -> None:
 
 @pytest.mark.parametrize(
     ("state", "as_sender"),
-    [(U, True), (S, True), (S, False), (O, False), (B, True), (B, False)],
+    [(U, True), (S, True), (S, False), (OV, False), (B, True), (B, False)],
 )
 def test_illegal_enter_busy_raises_and_changes_nothing(state, as_sender):
     m = monitor()
@@ -181,9 +181,9 @@ def test_leave_busy_when_not_busy_changes_nothing():
     m = monitor()
     overloaded(m)
     m.leave_busy(completed=True)
-    assert m.state is O
+    assert m.state is OV
     m.leave_busy(completed=False)
-    assert m.state is O
+    assert m.state is OV
 
 
 def test_slices_while_busy_keep_busy_and_never_schedule():
@@ -194,7 +194,7 @@ def test_slices_while_busy_keep_busy_and_never_schedule():
         r = slice_with(m, d, PEERS)
         assert r.state is B and m.state is B and not r.schedule
     m.leave_busy(completed=False)
-    assert m.state is O  # the state from before BUSY, not the last slice's
+    assert m.state is OV  # the state from before BUSY, not the last slice's
     r = slice_with(m, 0.0, PEERS)
     assert r.state is U  # and the next slice reclassifies
 
@@ -283,14 +283,14 @@ def test_p_zero_never_schedules():
     m = monitor(p=0.0)
     for _ in range(50):
         r = slice_with(m, 40.0, PEERS)
-        assert r.state is O and not r.schedule
+        assert r.state is OV and not r.schedule
 
 
 def test_p_one_always_schedules_when_overloaded_with_live_peers():
     m = monitor(p=1.0)
     for _ in range(20):
         r = slice_with(m, 40.0, PEERS)
-        assert r.state is O and r.schedule
+        assert r.state is OV and r.schedule
 
 
 @pytest.mark.parametrize("d", [0.0, 10.0])

@@ -57,7 +57,7 @@ def test_content_operations(schema):
     assert len(rt) == 1 and C(0, 0) in rt and list(rt) == [C(0, 0)]
     assert rt[C(0, 0)] == rt.get(C(0, 0)) == RouteEntry(wes, (0,))
     assert rt.get(C(9, 9)) is None
-    with pytest.raises(LocalProtocolError, match="9.9 is not in the routing table"):
+    with pytest.raises(LocalProtocolError, match=r"9\.9 is not in the routing table"):
         rt[C(9, 9)]
     with pytest.raises(LocalProtocolError, match="at least one owner"):
         rt.set(C(1, 0), RouteEntry(wes, ()))
@@ -114,7 +114,7 @@ def test_lookup_event(schema):
 
 def test_lookup_event_in_a_gap_is_none(schema):
     wes = EventSpace.whole(schema)
-    low, high = wes.cut(schema.attributes["price"], 20)
+    low, _ = wes.cut(schema.attributes["price"], 20)
     rt = RoutingTable(schema, {C(0, 0): RouteEntry(low, (0,))})
     assert rt.lookup_event({**EVENT, "price": 30}) is None
     assert rt.lookup_event({**EVENT, "price": 10}) == C(0, 0)

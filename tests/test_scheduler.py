@@ -22,7 +22,7 @@ from overlay.balance.scheduler import (
 from overlay.channels import ChannelId
 
 PROPS = settings(max_examples=150, deadline=None)
-U, S, O, B = NodeState.UNDERLOADED, NodeState.STABLE, NodeState.OVERLOADED, NodeState.BUSY
+U, S, OV, B = NodeState.UNDERLOADED, NodeState.STABLE, NodeState.OVERLOADED, NodeState.BUSY
 W = Weights()
 
 
@@ -46,7 +46,7 @@ def test_only_underloaded_peers_lighter_than_me_are_offered():
         peer(1, 2.0),  # underloaded, lighter: yes
         peer(2, 3.0, S),  # stable
         peer(3, 1.0, B),  # busy
-        peer(4, 30.0, O),  # overloaded
+        peer(4, 30.0, OV),  # overloaded
         peer(5, 25.0, U),  # claims underloaded but heavier than me (a stale LIEM)
         peer(6, 20.0, U),  # as heavy as me: not lighter
         peer(7, 5.0),
@@ -56,12 +56,12 @@ def test_only_underloaded_peers_lighter_than_me_are_offered():
 
 
 def test_no_underloaded_peer_no_candidate():
-    assert rank_receivers(0, 20.0, 20.0, 1.0, 4, [peer(1, 5.0, S), peer(2, 30.0, O)], flat_bw, W) == []
+    assert rank_receivers(0, 20.0, 20.0, 1.0, 4, [peer(1, 5.0, S), peer(2, 30.0, OV)], flat_bw, W) == []
     assert rank_receivers(0, 20.0, 20.0, 1.0, 4, [], flat_bw, W) == []
 
 
 def test_rank1_scores_are_the_spec_formula():
-    peers = [peer(1, 2.0), peer(2, 6.0, capacity=2.0), peer(3, 40.0, O), peer(4, 4.0)]
+    peers = [peer(1, 2.0), peer(2, 6.0, capacity=2.0), peer(3, 40.0, OV), peer(4, 4.0)]
     bw = {1: 50.0, 2: 100.0, 4: 80.0}
     got = rank_receivers(0, 60.0, 30.0, 2.0, 3, peers, lambda i, j: bw[j], W)
     x = 60.0 / 3  # avg(g_i) = d_i / m_i
@@ -98,11 +98,11 @@ def test_omega_weighs_load_matching_against_bandwidth():
 
 
 def test_a_mildly_overloaded_node_prefers_a_mildly_underloaded_one():
-    peers = [peer(1, 1.0), peer(2, 8.0), peer(3, 40.0, O)]
+    peers = [peer(1, 1.0), peer(2, 8.0), peer(3, 40.0, OV)]
     got = rank_receivers(0, 12.0, 12.0, 1.0, 1, peers, flat_bw, Weights(omega=1.0))
     assert got[0].node == 2
     top = rank_receivers(
-        3, 40.0, 40.0, 1.0, 1, [peer(1, 1.0), peer(2, 8.0), peer(0, 12.0, O)], flat_bw, Weights(omega=1.0)
+        3, 40.0, 40.0, 1.0, 1, [peer(1, 1.0), peer(2, 8.0), peer(0, 12.0, OV)], flat_bw, Weights(omega=1.0)
     )
     assert top[0].node == 1
 

@@ -368,9 +368,11 @@ def attr_toml(fields: str, da: str = '["a"]') -> str:
         (attr_toml('name = "a", type = "int", min = 0, max = 1', da='["b"]'), "'b' is not declared"),
         (attr_toml('name = "a", type = "int", min = 0, max = 1', da='["a", "a"]'), "listed twice"),
         (
-            '[schema]\ndistinguishing = ["a"]\nattributes = [\n'
-            '  { name = "a", type = "int", min = 0, max = 1 },\n'
-            '  { name = "a", type = "int", min = 0, max = 1 },\n]\n',
+            (
+                '[schema]\ndistinguishing = ["a"]\nattributes = [\n'
+                '  { name = "a", type = "int", min = 0, max = 1 },\n'
+                '  { name = "a", type = "int", min = 0, max = 1 },\n]\n'
+            ),
             "declared twice",
         ),
         ("[schema\n", "is not valid TOML"),

@@ -354,7 +354,7 @@ def space_and_records(draw):
 @PROPS
 @given(space_and_records(), st.floats(-5.0, 250.0), st.data())
 def test_cut_agrees_with_brute_force_over_the_records(sr, delta, data):
-    space, narrow, raw = sr
+    space, _, raw = sr
     recs = stats_of(raw, PRIO).records()
     cut = choose_cut(space, recs, PRIO, delta, SMALL)
     if len(recs) < 2:
@@ -388,7 +388,7 @@ def test_cut_agrees_with_brute_force_over_the_records(sr, delta, data):
 @settings(max_examples=60, deadline=None)
 @given(space_and_records(), st.floats(0.0, 250.0), st.data())
 def test_divide_partitions_the_parent_and_keeps_every_subscription_where_it_matches(sr, delta, data):
-    space, narrow, raw = sr
+    space, _, raw = sr
     recs = stats_of(raw, PRIO).records()
     cut = choose_cut(space, recs, PRIO, delta, SMALL)
     if cut is None:
