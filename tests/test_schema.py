@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import make_schema
 from overlay.channels import Attribute, Kind, Schema, format_rfid, parse_rfid
-from overlay.channels.schema import DEFAULT_STRING_MAX_LEN, RFID_MAX
+from overlay.channels.schema import DEFAULT_STRING_MAX_LEN, RFID_MAX, as_number, as_string
 from overlay.errors import ConfigError, OverlayError, SchemaError
 
 PROPS = settings(max_examples=200, deadline=None)
@@ -194,6 +194,25 @@ def test_format_values_as_written_in_expressions(attrs):
     # Out-of-range rfid values (in error messages) print as plain integers.
     assert attrs["tag"].format(-1) == "-1"
     assert attrs["tag"].format(RFID_MAX + 1) == str(RFID_MAX + 1)
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, math.inf, RFID_MAX, True])
+def test_as_number_returns_a_number_as_it_is(value):
+    assert as_number(value) is value
+
+
+@pytest.mark.parametrize("value", ["", "12"])
+def test_as_number_refuses_a_string_as_python_would(value):
+    with pytest.raises(TypeError, match="expected a number"):
+        as_number(value)
+
+
+def test_as_string_returns_a_string_and_refuses_a_number():
+    text = "AB"
+    assert as_string(text) is text
+    for value in (0, 1.5, True):
+        with pytest.raises(TypeError, match="expected a string"):
+            as_string(value)
 
 
 # -- the schema ------------------------------------------------------------------------------
