@@ -126,7 +126,7 @@ def anchors(path: Path) -> set[str]:
 
 
 def pages() -> list[Path]:
-    return sorted(DOCS.glob("*.md")) + [ROOT / "README.md", ROOT / "spark" / "SCHEMA.md"]
+    return [*sorted(DOCS.glob("*.md")), ROOT / "README.md", ROOT / "spark" / "SCHEMA.md"]
 
 
 @pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
