@@ -65,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from overlay.actions import ToPeer
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node_core import NodeCore
+from overlay.node import NodeCore
 from sim.cluster import SimCluster
 from sim.setup import make_config, random_config
 

@@ -17,7 +17,7 @@ Delivery model (SPEC §1.1):
   That is how a test opens the window between two steps of a migration;
 * a ``RemoteProtocolError`` raised by a core is recorded in ``errors`` and
   answered with ``PeerError``, as the node's dispatcher does;
-* a split a migration session waits on (``node_balancing`` rule 3), which the
+* a split a migration session waits on (``node.balancing`` rule 3), which the
   shell works out in background steps, is finished right after the delivery
   that started it (the simulator interleaves its steps instead); indexing is
   left to the test (``index_pending``).
@@ -38,7 +38,8 @@ from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import encode_frame, peer_reader
-from overlay.node_core import Action, CloseClient, NodeCore, ToClient, ToPeer
+from overlay.actions import Action, CloseClient, ToClient, ToPeer
+from overlay.node import NodeCore
 
 __all__ = ["CoreLink", "Delivery", "HoldPredicate"]
 

@@ -17,7 +17,7 @@ from overlay.channels import ChannelId, parse_subscription
 from overlay.config import load_config
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node_core import NodeCore
+from overlay.node import NodeCore
 
 _LOADED = load_config(Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml")
 # The balancer stays off: these tests drive every session themselves.

@@ -1,4 +1,4 @@
-"""One rule for admin rights (``overlay.node_clients``): with an admin token
+"""One rule for admin rights (``overlay.node.clients``): with an admin token
 configured, the client protocol's commands that change the cluster need it,
 as the admin HTTP endpoint's do; reading does not."""
 

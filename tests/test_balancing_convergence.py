@@ -61,7 +61,7 @@ SCENARIOS: Final = {
     "local.toml": (10.0, 12, 8),
     "hetero5.toml": (14.0, 20, 5),
 }
-# Seeds on which, before node_balancing rule 7 (a channel does not go back to
+# Seeds on which, before node.balancing rule 7 (a channel does not go back to
 # a node it left lately), a small channel came back to a node it left after
 # convergence: a slow cycle 1→3→2→1 (seed 1) and a ping-pong 0→2→0→2 between
 # two equal nodes (seed 20), 2 of the first 60 hetero5 seeds.  Kept as

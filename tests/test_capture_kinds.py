@@ -27,7 +27,7 @@ import msgspec
 import pytest
 
 from overlay import capture
-from overlay.node_membership import DrainState
+from overlay.node.membership import DrainState
 from overlay_spark import kinds
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
 """What the client library hands the application (``overlay.client.deliveries``,
-``overlay.node_acks``), on real nodes with the real client library.
+``overlay.node.acks``), on real nodes with the real client library.
 
 * Every subscription of a client gets every event it matches, once, however
   many of the client's subscriptions one Notify lists; the ack goes back
@@ -158,7 +158,7 @@ async def test_placing_a_subscription_never_spins_and_a_duplicate_left_behind_is
         core = cluster.nodes[2].core
         # Node 2 holds a stale copy of the id (as after a timed-out attempt): the first
         # subscribe there is refused as a duplicate; the agent unsubscribes it and retries.
-        real = core._client_subscribe
+        real = core.clients._subscribe
         refusals = []
 
         def duplicate_once(sess, msg, out):
@@ -168,12 +168,12 @@ async def test_placing_a_subscription_never_spins_and_a_duplicate_left_behind_is
                 return
             real(sess, msg, out)
 
-        core._client_subscribe = duplicate_once  # type: ignore[method-assign]
+        core.clients._subscribe = duplicate_once  # type: ignore[method-assign]
         sub = await agent.subscribe("price < 10", sub_id="f")
         await wait_until(lambda: len(sub.homes) == 2, 10.0)
         assert refusals == ["f"]
         # A node that always refuses: attempts stay bounded and paced, no traceback.
-        core._client_subscribe = lambda sess, msg, out: out.append(  # type: ignore[method-assign]
+        core.clients._subscribe = lambda sess, msg, out: out.append(  # type: ignore[method-assign]
             ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.DRAINING, "leaving"))
         )
         attempts = []

@@ -1,4 +1,4 @@
-"""Drain and join on real in-process nodes (overlay.node_membership, overlay.net.membership).
+"""Drain and join on real in-process nodes (overlay.node.membership, overlay.net.membership).
 
 Drain: node 1 gives its channels away through the ordinary migration path
 while two publishers run, and every (event, matching subscription) pair is
@@ -165,7 +165,7 @@ async def test_drain_under_traffic_moves_every_channel_and_delivers_exactly_once
 
         with contextlib.suppress(AssertionError):
             await wait_until(lambda: not left_behind(), 5, "its subscription dropped")
-        assert not left_behind(), (left_behind(), dict(cl.nodes[1].core.stats), cl.nodes[1].core._pending)
+        assert not left_behind(), (left_behind(), dict(cl.nodes[1].core.stats), cl.nodes[1].core.sessions.pending_ids())
 
         # Node 1 can stop now; traffic goes on without it.
         await asyncio.sleep(0.3)

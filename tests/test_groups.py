@@ -1,4 +1,4 @@
-"""Subscriber groups in the cluster (SPEC §11; overlay.node_groups), on real nodes."""
+"""Subscriber groups in the cluster (SPEC §11; overlay.node.groups), on real nodes."""
 
 from __future__ import annotations
 

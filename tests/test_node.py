@@ -18,12 +18,12 @@ import msgspec
 import pytest
 
 from conftest import LOCAL
+from overlay.actions import ToPeer
 from overlay.channels import ChannelId, parse_subscription
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import HEADER, client_reader, encode_frame, peer_reader
 from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC, _Writer
-from overlay.node_core import ToPeer
 from overlay.testing import WAIT, LoopbackCluster, bound_socket, override, wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -164,7 +164,7 @@ async def test_high_priority_frame_overtakes_normal_ones_queued_for_a_peer():
         high = pm.LIEM(0, "STABLE", 1.0, 1.0, 1.0, 7)
         node._execute([ToPeer(1, m) for m in normals] + [ToPeer(1, high)])
         # Only the LIEM is high: the initializer waits to hear from node 1
-        # before it initialises (node_boot rule 2), so no RoutingTableInit yet.
+        # before it initialises (node.boot rule 2), so no RoutingTableInit yet.
         assert list(map(len, (link.queue.high, link.queue.normal))) == [1, 50]
 
         got: list[pm.PeerMessage] = []

@@ -1,4 +1,4 @@
-"""overlay.node_core.NodeCore: cores joined by in-memory links, no event loop.
+"""overlay.node.core.NodeCore: cores joined by in-memory links, no event loop.
 
 SPEC §3 (initialisation), §4 (subscriptions, events, re-routing).  Operator
 commands are in test_node_core_admin, migration with Reforward and its
@@ -17,7 +17,8 @@ from overlay.channels import ChannelId, EventSpace, RouteEntry, parse_subscripti
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node_core import CloseClient, NodeCore, ToClient, ToPeer
+from overlay.actions import CloseClient, ToClient, ToPeer
+from overlay.node import NodeCore
 
 # -- initialisation (SPEC §3) -------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""overlay.node_core.NodeCore: operator commands (split, place, status) and
+"""overlay.node.core.NodeCore: operator commands (split, place, status) and
 the exact migration message sequence they start (SPEC §8.1, §13)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""overlay.node_core.NodeCore: Reforward around the three time points, and a
+"""overlay.node.core.NodeCore: Reforward around the three time points, and a
 session failing before <2>, between <2> and <3>, after <3> (SPEC §8.2)."""
 
 from __future__ import annotations

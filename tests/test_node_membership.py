@@ -1,4 +1,4 @@
-"""overlay.node_membership on cores joined by in-memory links (no event loop).
+"""overlay.node.membership on cores joined by in-memory links (no event loop).
 
 Drain: the refusals (last node, twice, before ready), the moves through the
 ordinary migration messages to the lightest peer, the journal, the leaving
@@ -15,8 +15,8 @@ from coreworld import CONFIG
 from overlay.channels.channel import ChannelId
 from overlay.errors import LocalProtocolError
 from overlay.messages import peer as pm
-from overlay.node_core import ToPeer
-from overlay.node_membership import AddPeer
+from overlay.actions import ToPeer
+from overlay.actions import AddPeer
 
 EC = ChannelId(0, 0)
 
@@ -65,7 +65,7 @@ def test_drain_moves_every_channel_by_the_migration_protocol_then_leaves():
     assert [e["action"] for e in drain] == ["start", "move", "done"]
     assert drain[1]["receiver"] == 1 and {c["node"] for c in drain[1]["candidates"]} == {1, 2}
     # Rule 6: the leaving hello; the others drop node 0 from their peers and monitors.
-    assert core.left and all(0 not in net.cores[i].peers and 0 not in net.cores[i].monitor.peers for i in (1, 2))
+    assert core.membership.left and all(0 not in net.cores[i].peers and 0 not in net.cores[i].monitor.peers for i in (1, 2))
     # A draining node refuses every request, forced or not.
     assert core.balancing.accepts(pm.RequestLoadBalance(0.0, 0.0, 7, True)) == (False, "node 0 is draining")
 
@@ -80,7 +80,7 @@ def test_a_hello_from_an_unknown_node_with_its_address_adds_it_before_the_table(
     core = net.cores[0]
     assert 3 in core.peers and 3 in core.monitor.peers and core.config.node(3).port == 7999
     # Again (a reconnect, still without a table): the table only.  Any node
-    # holding a table adds it, then hands it the table (node_boot rule 1).
+    # holding a table adds it, then hands it the table (node.boot rule 1).
     assert [type(a.msg) for a in core.peer_hello(3, hello, 1.0)] == [pm.RoutingTableInit]
     add, table = net.cores[1].peer_hello(3, hello, 1.0)
     assert isinstance(add, AddPeer) and 3 in net.cores[1].peers

@@ -1,4 +1,4 @@
-"""overlay.node.ordering / node_groups on sans-IO cores joined by CoreLink (no event loop).
+"""overlay.node.ordering / node.groups on sans-IO cores joined by CoreLink (no event loop).
 
 The exact legs of an ordered delivery: access → home (EVENT_NEW), the home's
 ``sequenced`` verdict and PubAck, release → owner → subscriber's access node,
@@ -100,7 +100,7 @@ def test_a_home_whose_link_drops_gets_its_unsequenced_events_re_sent_to_the_new_
 
 
 def test_recent_publishes_are_remembered_in_two_generations_at_constant_cost() -> None:
-    from overlay.node_core import NodeCore
+    from overlay.node import NodeCore
     from overlay.node.ordering import RECENT_PUBLISHES
 
     core = NodeCore(CONFIG, 0)
@@ -108,6 +108,8 @@ def test_recent_publishes_are_remembered_in_two_generations_at_constant_cost() -
     for i in range(3 * n + 5):
         core.ordering.remember_publish(f"0-{i}", 1, i)
     last = 3 * n + 4
-    assert all(core.ordering.recent_publish(f"0-{i}") == (1, i) for i in range(last - n + 1, last + 1))  # at least the last n
+    assert all(
+        core.ordering.recent_publish(f"0-{i}") == (1, i) for i in range(last - n + 1, last + 1)
+    )  # at least the last n
     assert core.ordering.recent_publish("0-0") is None  # and not forever
     assert len(core.ordering._recent_pubs) + len(core.ordering._recent_pubs_old) <= 2 * n

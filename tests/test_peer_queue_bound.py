@@ -13,7 +13,7 @@ from overlay.config import NodeConfig
 from overlay.messages import peer as pm
 from overlay.messages.codec import encode_frame, peer_reader
 from overlay.net.node import PEER_MAGIC, Node
-from overlay.node_core import ToPeer
+from overlay.actions import ToPeer
 from test_node import BASE, EC, WAIT, bound_socket
 
 pytestmark = pytest.mark.timeout(30)

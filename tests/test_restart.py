@@ -1,5 +1,5 @@
-"""A node that restarts never makes the cluster worse (``overlay.node_boot``,
-``overlay.node_core`` rules 6–8), on sans-IO cores joined by ``CoreLink``.
+"""A node that restarts never makes the cluster worse (``overlay.node.boot``,
+``overlay.node.core`` rules 6–8), on sans-IO cores joined by ``CoreLink``.
 
 A restart is a new ``NodeCore`` for the same id with a new incarnation: its
 memory is gone, its peers remember its previous run.
@@ -18,8 +18,8 @@ from overlay.balance.migration import OutState
 from overlay.channels import ChannelId, parse_subscription
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node_clients import sub_prefix
-from overlay.node_core import NodeCore
+from overlay.node.context import sub_prefix
+from overlay.node import NodeCore
 
 
 def restart(net: CoreLink, node: int, incarnation: int) -> NodeCore:
@@ -184,8 +184,8 @@ def test_one_failing_part_of_a_tick_does_not_stop_the_others(
         raise ValueError("a bad state")
 
     setattr(getattr(core, component) if component else core, part, broken)
-    real_drain = core._drain_tick
-    core._drain_tick = lambda now, out: calls.append("drain") or real_drain(now, out)  # type: ignore[method-assign]
+    real_drain = core.membership.tick
+    core.membership.tick = lambda now, out: calls.append("drain") or real_drain(now, out)  # type: ignore[method-assign]
     core.tick(1.0)
     core.tick(2.0)
     assert calls == ["drain", "drain"] and core.stats["tick_errors"] == 2

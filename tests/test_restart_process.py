@@ -1,5 +1,5 @@
 """A node process killed with SIGKILL and started again never corrupts the
-cluster (``overlay.node_boot``; ``overlay.node_core`` rules 6–8): real node
+cluster (``overlay.node.boot``; ``overlay.node.core`` rules 6–8): real node
 processes on loopback, as an operator runs them.
 
 * The initializer restarts: it joins the running cluster instead of

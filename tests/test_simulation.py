@@ -4,7 +4,6 @@ cluster of real node cores, with the invariants of ``sim.invariants``.
 Every failure names its seed.  To replay one exactly, with a readable trace::
 
     from sim.cluster import SimCluster
-from sim.golden import REGRESSIONS, SEEDS, expected_sim
     from sim.setup import random_config
     sim = SimCluster(random_config(SEED), SEED, keep_trace=True)
     result = sim.run()          # result.describe(); sim.trace
@@ -24,8 +23,13 @@ from typing import Final
 
 import pytest
 
+from overlay.actions import Action
+from overlay.channels.channel import Channel
+from overlay.channels.predicates import Filter
+from overlay.messages import peer as pm
 from overlay.node.migration import Migration
-from overlay.node_core import NodeCore
+from overlay.node.router import Router
+from overlay.node.sessions import Sessions
 from sim.cluster import SimCluster
 from sim.golden import REGRESSIONS, SEEDS, expected_sim
 from sim.records import SimResult
@@ -134,29 +138,29 @@ def test_lost_reforwards_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_double_notifications_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    orig = NodeCore._match
+    orig = Router.match
 
-    def twice(self: NodeCore, ch, msg, out) -> None:  # type: ignore[no-untyped-def]
+    def twice(self: Router, ch: Channel, msg: pm.Event, out: list[Action]) -> None:
         orig(self, ch, msg, out)
         if msg.event_id.endswith("7"):
             orig(self, ch, msg, out)
 
-    monkeypatch.setattr(NodeCore, "_match", twice)
+    monkeypatch.setattr(Router, "match", twice)
     failures = _fails_somewhere(range(10))
     assert any("2 times" in f or "matched 2 times" in f for f in failures), failures[:3]
 
 
 def test_resurrected_subscriptions_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     """Unsubscribe without waiting for the subscribe in flight (the bug of seed 85)."""
-    orig = NodeCore._send_unsubscribe
+    orig = Sessions.send_unsubscribe
 
-    def eager(self: NodeCore, sid, seq, local_id, gid, f, out) -> None:  # type: ignore[no-untyped-def]
-        p = self._pending.get(gid)
+    def eager(self: Sessions, sid: int, seq: int, local_id: str, gid: str, f: Filter, out: list[Action]) -> None:
+        p = self.pending_for(gid)
         if p is not None and p.subscribe:
-            del self._pending[gid]
+            self.forget_pending(gid)
         orig(self, sid, seq, local_id, gid, f, out)
 
-    monkeypatch.setattr(NodeCore, "_send_unsubscribe", eager)
+    monkeypatch.setattr(Sessions, "send_unsubscribe", eager)
     failures = _fails_somewhere(range(40))
     assert any("still stored" in f for f in failures), failures[:3]
 

@@ -4,25 +4,38 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from overlay.config import NodeConfig
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 
-__all__ = ["Action", "CloseClient", "ToClient", "ToPeer"]
+__all__ = ["Action", "AddPeer", "CloseClient", "ToClient", "ToPeer"]
 
 
 class ToPeer(NamedTuple):
+    """Send ``msg`` to peer ``node``."""
+
     node: int
     msg: pm.PeerMessage
 
 
 class ToClient(NamedTuple):
+    """Send ``msg`` to the client of session ``session``."""
+
     session: int
     msg: cm.ClientMessage
 
 
 class CloseClient(NamedTuple):
+    """Close a client's session (after what was queued for it), saying why in the log."""
+
     session: int
     reason: str
 
 
-Action = ToPeer | ToClient | CloseClient
+class AddPeer(NamedTuple):
+    """Open an outbound peer link to a node that joined (``node.membership`` rule 5)."""
+
+    peer: NodeConfig
+
+
+Action = ToPeer | ToClient | CloseClient | AddPeer

@@ -62,7 +62,7 @@ from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import HEADER, client_reader, peer_reader
-from overlay.node_core import NodeCore
+from overlay.node import NodeCore
 
 from .invariants import check_all
 from .records import EventRec, SimClient, SimResult, SubRec
@@ -304,15 +304,17 @@ class SimCluster:
         if self.pending_messages():
             why.append(f"{self.pending_messages()} messages queued")
         for i, c in self.cores.items():
-            active = [m.session for m in c.outgoing.values() if m.active]
+            active = [m.session for m in c.migration.outgoing.values() if m.active]
             if active:
                 why.append(f"node {i}: outgoing sessions {active} active")
-            if c.incoming:
-                why.append(f"node {i}: incoming sessions {sorted(c.incoming)}")
+            if c.migration.incoming:
+                why.append(f"node {i}: incoming sessions {sorted(c.migration.incoming)}")
             if c.updates.waiting():
                 why.append(f"node {i}: table updates {c.updates.waiting()} waiting")
-            if c._pending:
-                why.append(f"node {i}: {len(c._pending)} (un)subscriptions waiting: {sorted(c._pending)[:5]}")
+            if c.sessions.pending():
+                why.append(
+                    f"node {i}: {c.sessions.pending()} (un)subscriptions waiting: {c.sessions.pending_ids()[:5]}"
+                )
             if c.monitor.busy:
                 why.append(f"node {i}: BUSY")
         return why
@@ -383,7 +385,7 @@ class SimCluster:
 
     def _background(self, node: int) -> None:
         """The shell's background task, sometimes: a step of the split a session
-        waits on, or of indexing (node_balancing rule 3, Channel rule 5)."""
+        waits on, or of indexing (node.balancing rule 3, Channel rule 5)."""
         core = self.cores[node]
         if core.index_wanted and self.index_rng.random() < 0.5:
             _more, acts = core.background_step(self.index_rng.randint(1, 6), self.now)
@@ -405,7 +407,8 @@ class SimCluster:
     def _spy_notifications(self, core: NodeCore) -> None:
         """Record when a channel matches each event, and when each notification
         reaches the subscriber's access node (white-box: wraps two methods)."""
-        orig_match = core._match
+        router = core.router  # every match goes through Router.match
+        orig_match = router.match
         arrivals = self.arrivals
         matched = self.matched
 
@@ -413,7 +416,7 @@ class SimCluster:
             matched.setdefault(msg.event_id, []).append(self.step_no)
             orig_match(ch, msg, out)
 
-        core._match = match  # type: ignore[method-assign]
+        router.match = match  # type: ignore[method-assign]
         notifier = core.notifier  # local matches and Notifications both end in notify_clients
         orig_notify = notifier.notify_clients
 

@@ -49,7 +49,7 @@ from overlay.config import ClusterConfig
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.net.node import INDEX_PAUSE, INDEX_STEP, TICK_SECONDS
-from overlay.node_core import NodeCore
+from overlay.node import NodeCore
 
 from .workload import range_subscriptions, skewed_price
 

@@ -116,7 +116,7 @@ class OutgoingMigration:
         # here too, and only subscriptions are reforwarded after <2>.
         self.replicate = False
         self.candidate: Any = None  # the receiver's scores, for the balancing log
-        self.replans = 0  # channel choices made so far (node_balancing rule 3)
+        self.replans = 0  # channel choices made so far (node.balancing rule 3)
         # What was reforwarded while MOVING, in order: re-applied here if the
         # receiver is lost before <3> (rule 5).
         self.log: list[tuple[ChannelId, pm.Subscription | pm.UnSubscription | pm.Event]] = []
@@ -188,7 +188,7 @@ class OutgoingMigration:
     def five_sets(self) -> dict[str, list[str]]:
         """SPEC §8.1 step 7 from transferChannels, splitInfos and newedChannels.
 
-        Splits are committed when planned (``overlay.node_balancing`` rule 3)
+        Splits are committed when planned (``overlay.node.balancing`` rule 3)
         and moves at <3>; the sets describe the session's whole change.
         """
         moved = set(self.channels)

@@ -1,5 +1,5 @@
 """Operator commands: ``overlay channel split|place`` and ``overlay node drain N``
-(``overlay.node_membership``), each presenting the admin token.
+(``overlay.node.membership``), each presenting the admin token.
 
 ``channel`` sends the client protocol's Admin command to the channel's owner
 (found in ``overlay status``'s routing table).  ``node drain`` asks node N on

@@ -1,6 +1,6 @@
 """What a client holds of each Notify until its subscriptions took it (sans-IO).
 
-Rules (the node's side is ``overlay.node_acks``):
+Rules (the node's side is ``overlay.node.acks``):
 
 1. A Notify lists every subscription of this client that matched; each of
    them gets the notification once.  The answer goes back once, when every

@@ -88,7 +88,7 @@ class Welcome(ClientMessage, frozen=True):
     ready: bool
     cluster: str = ""
     # Seconds the node waits for the answer to a tracked Notify before it
-    # revokes a group copy (node_acks rule 2); the client declines copies older.
+    # revokes a group copy (node.acks rule 2); the client declines copies older.
     ack_timeout: float = 0.0
 
 
@@ -140,7 +140,7 @@ class Notify(ClientMessage, frozen=True):
     ``tag`` is non-zero when the node tracks this notification (a keyed
     event, or a group instance's copy, which comes alone): the client
     answers it with one ``Ack`` carrying the tag, once every listed
-    subscription took it (``node_acks`` rule 1)."""
+    subscription took it (``node.acks`` rule 1)."""
 
     event_id: str
     event: dict[str, Value]
@@ -164,7 +164,7 @@ class Ack(ClientMessage, frozen=True):
 class Revoke(ClientMessage, frozen=True):
     """Give back the group copy ``tag`` if it was not handed over yet: answer
     ``Ack(tag, declined=True)``; if it was, the Ack already sent stands
-    (``node_acks`` rule 2)."""
+    (``node.acks`` rule 2)."""
 
     tag: int
     event_id: str

@@ -113,7 +113,7 @@ class PastOwner(msgspec.Struct, frozen=True, array_like=True):
 
 class ChannelSpec(msgspec.Struct, frozen=True, array_like=True):
     """A channel as ChannelTransfer names it: id and space, and the nodes it
-    left lately, so balancing does not send it back (node_balancing rule 7)."""
+    left lately, so balancing does not send it back (node.balancing rule 7)."""
 
     ch_id: ChannelId
     space: EventSpace
@@ -139,19 +139,19 @@ class PeerHello(PeerMessage, frozen=True):
     cluster: Ident
     has_routing_table: bool = False
     # The caller's address, so a node that does not know it can add it (a node
-    # joining a running cluster, overlay.node_membership rule 5).  Optional
+    # joining a running cluster, overlay.node.membership rule 5).  Optional
     # and trailing: an old peer's hello still decodes.
     host: str = ""
     port: int = 0
     admin_port: int = 0
     capacity: Capacity = 0.0
-    # The caller drained and is leaving: drop it from the peers (node_membership rule 6).
+    # The caller drained and is leaving: drop it from the peers (node.membership rule 6).
     leaving: bool = False
     # This run of the caller's process (its start time in ms): a new value means
     # it restarted, and what was queued for or held on behalf of the old run
-    # is stale (node_core rule 7).  0: unknown (tests, the simulator).
+    # is stale (node.core rule 7).  0: unknown (tests, the simulator).
     incarnation: Annotated[int, msgspec.Meta(ge=0)] = 0
-    # The epoch of the caller's table (node_boot rule 3), when it holds one.
+    # The epoch of the caller's table (node.boot rule 3), when it holds one.
     epoch: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
@@ -167,10 +167,10 @@ class PeerError(PeerMessage, frozen=True):
 
 class RoutingTableInit(PeerMessage, frozen=True):
     routing_table: tuple[RouteItem, ...]
-    # The table's epoch: the initializer's incarnation when it created it (node_boot rule 3).
+    # The table's epoch: the initializer's incarnation when it created it (node.boot rule 3).
     epoch: Annotated[int, msgspec.Meta(ge=0)] = 0
     # Not the initializer's offer but a running node's answer to a hello
-    # without a table (node_boot rule 1): adopted or merged, never replied to.
+    # without a table (node.boot rule 1): adopted or merged, never replied to.
     sync: bool = False
 
 
@@ -247,7 +247,7 @@ class Notification(PeerMessage, frozen=True):
 class NotificationAck(PeerMessage, frozen=True):
     """The outcome of a tracked delivery (ordered events, group instances).
 
-    ``code`` says which leg it is (``overlay.node_groups``, ``overlay.node_ordering``):
+    ``code`` says which leg it is (``overlay.node.groups``, ``overlay.node.ordering``):
 
     * ``""`` — access node → owner: the notification reached the clients of
       ``sub_ids`` (or failed / timed out: ``failed``), with their ``lf``;

@@ -224,14 +224,14 @@ class AdminServer:
                 missing = sorted(set(core.peers) - set(core.boot_state.heard))
                 return (
                     False,
-                    f"waiting to hear from nodes {missing} whether the cluster runs already (node_boot rule 2)",
+                    f"waiting to hear from nodes {missing} whether the cluster runs already (node.boot rule 2)",
                 )
             return (
                 False,
                 "waiting for the routing table from a node that holds it (the initializer, or any node once the cluster runs)",
             )
         if not core.ready:
-            return False, f"waiting for ReplyRoutingTableInit from nodes {sorted(core._init_waiting)}"
+            return False, f"waiting for ReplyRoutingTableInit from nodes {core.startup.waiting_for()}"
         return True, "ready"
 
     async def _healthz(self, request: web.Request) -> web.Response:
@@ -546,7 +546,7 @@ def _node_summary(st: dict[str, Any], admin: str | None) -> dict[str, Any]:
         "ready": st.get("ready"),
         "health": st.get("health"),
         "state": st.get("state"),
-        "draining": bool(st.get("draining")),  # node_membership: shown as a badge on the page
+        "draining": bool(st.get("draining")),  # node.membership: shown as a badge on the page
         "d": st.get("d"),
         "dc": st.get("dc"),
         "capacity": st.get("capacity"),

@@ -1,4 +1,4 @@
-"""The shell half of drain and join (``overlay.node_membership``).
+"""The shell half of drain and join (``overlay.node.membership``).
 
 1. ``POST /drain`` on a node's admin endpoint drains that node (token-checked
    by the admin server's auth, registered with ``add_action``).  Optional
@@ -26,8 +26,8 @@ from overlay.errors import LocalProtocolError
 from overlay.net.admin import json_error, json_response
 
 if TYPE_CHECKING:
+    from overlay.actions import AddPeer
     from overlay.net.node import Node
-    from overlay.node_membership import AddPeer
 
 __all__ = ["add_peer", "install"]
 

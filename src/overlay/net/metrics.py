@@ -52,7 +52,7 @@ _COUNTERS: Final = (
         "Peer frames queued past a full link queue (backpressure, not dropped).",
         "peer_queue_overflow",
     ),
-    # Ordered delivery (SPEC §10, overlay.node.ordering) and groups (SPEC §11, overlay.node_groups).
+    # Ordered delivery (SPEC §10, overlay.node.ordering) and groups (SPEC §11, overlay.node.groups).
     (
         "overlay_ordered_released",
         "Keyed events released by this node's sequencer (it is their key's home).",

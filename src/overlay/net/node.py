@@ -60,6 +60,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
+from overlay.actions import AddPeer, CloseClient, ToClient, ToPeer
 from overlay.config import ClusterConfig, NodeConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
@@ -69,8 +70,7 @@ from overlay.net import membership
 from overlay.net.admin import AdminServer, effective_admin_token
 from overlay.net.capture_writer import CaptureWriter
 from overlay.net.queues import TwoLevelQueue
-from overlay.node_core import CloseClient, NodeCore, ToClient, ToPeer
-from overlay.node_membership import AddPeer
+from overlay.node import NodeCore
 
 __all__ = ["CLIENT_MAGIC", "PEER_MAGIC", "Node"]
 
@@ -102,7 +102,7 @@ _last_incarnation = 0
 
 
 def new_incarnation() -> int:
-    """This run's incarnation (node_core rule 6): the start time in ms, and
+    """This run's incarnation (node.core rule 6): the start time in ms, and
     never the same twice in one process (tests restart nodes quickly)."""
     global _last_incarnation
     _last_incarnation = max(int(time.time() * 1000), _last_incarnation + 1)
@@ -451,7 +451,7 @@ class Node:
     def _held_loop(self, what: str, kind: str, src: int, now: float, t0: float) -> None:
         ms = (time.perf_counter() - t0) * 1000
         log.info("node %d: %s from %s %d held the loop %.1f ms", self.id, what, kind, src, ms)
-        self.core.record("slow", now, what=what, source=f"{kind} {src}", ms=round(ms, 3))
+        self.core.ctx.journal.record("slow", now, what=what, source=f"{kind} {src}", ms=round(ms, 3))
 
     # -- dispatch (rule 3) ------------------------------------------------------------
 
@@ -507,7 +507,7 @@ class Node:
 
     async def _indexer(self) -> None:
         """Background work, a step at a time between dispatch batches (rule 7):
-        the split a session waits on (``node_balancing`` rule 3), then what
+        the split a session waits on (``node.balancing`` rule 3), then what
         splits, merges and SubscriptionMoves left to index (``Channel`` rule 5)."""
         core = self.core
         while True:

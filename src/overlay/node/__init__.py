@@ -1,8 +1,11 @@
-"""The node core, one SPEC concept per module (see the README's table).
+"""The node core: one node's protocol logic, one SPEC concept per module.
 
-``overlay.node.core.NodeCore`` is the thin dispatcher the shell and the
-simulator drive; each component it composes owns its state:
-
-* ``context``  — what every component shares: config, tables, stats, clock, ids;
-* ``ordering`` — ordered delivery per sequence key (SPEC §10).
+``NodeCore`` (``node.core``) is the thin dispatcher the asyncio shell
+(``overlay.net.node``) and the deterministic simulator drive: messages and
+``now`` in, ``overlay.actions`` out.  Each component it composes owns its
+state; the README maps every SPEC section to its module.
 """
+
+from overlay.node.core import NodeCore
+
+__all__ = ["NodeCore"]

@@ -300,7 +300,7 @@ class Balancing:
 
     def accepts(self, msg: pm.RequestLoadBalance) -> tuple[bool, str]:
         """Rule 2, receiver side."""
-        if self._draining():  # node_membership rule 1: nothing moves onto a draining node
+        if self._draining():  # node.membership rule 1: nothing moves onto a draining node
             return False, f"node {self._ctx.id} is draining"
         if msg.forced:
             return True, ""

@@ -54,7 +54,7 @@ class NodeContext:
         self.config = config
         self.id = node_id
         # The process's start time (ms), given by the shell: ids of this run
-        # never repeat those of an earlier one (node_core rule 6).
+        # never repeat those of an earlier one (node.core rule 6).
         self.incarnation = incarnation
         self.me = config.node(node_id)
         self.schema = config.schema
@@ -93,7 +93,7 @@ class NodeContext:
 
 def sub_prefix(node: int, incarnation: int) -> str:
     """How every subscription id made by this run of ``node`` starts
-    (``node_core`` rule 6): ``node.incarnation:``, or ``node:`` for
+    (``node.core`` rule 6): ``node.incarnation:``, or ``node:`` for
     incarnation 0 (tests and the simulator, which never restart)."""
     return f"{node}.{base36(incarnation)}:" if incarnation else f"{node}:"
 

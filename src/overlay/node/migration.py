@@ -339,7 +339,7 @@ class Migration:
         self._ctx.stats["reforwards_reapplied"] += len(log_items)
 
     def peer_gone(self, node: int, reason: str, out: list[Action]) -> None:
-        """Rule 5, and node_core rule 7: a session with a peer that is gone
+        """Rule 5, and node.core rule 7: a session with a peer that is gone
         (unreachable past the timeout, or restarted) ends on this side, and
         nothing waits for its replies any more, so balancing goes on among
         the live nodes.  Before <3> the session rolls back (past <2> with
@@ -461,7 +461,7 @@ class Migration:
         for cs in msg.ch_sub_set:
             # Stored at once, indexed in the background (Channel rule 5): indexing
             # thousands here would hold up every event behind this message.
-            # Those of a dead client (node_core rule 7) are not taken.
+            # Those of a dead client (node.core rule 7) are not taken.
             subs = [s for s in cs.subscriptions if not self._stale_sub(s.id, s.access_node)]
             if len(subs) < len(cs.subscriptions):
                 self._ctx.stats["subscriptions_of_dead_clients_removed"] += len(cs.subscriptions) - len(subs)

@@ -169,7 +169,7 @@ class Notifier:
         rank: int,
         out: list[Action],
     ) -> None:
-        """Rule 3 (``overlay.node_acks`` rule 1): each group instance's copy in
+        """Rule 3 (``overlay.node.acks`` rule 1): each group instance's copy in
         a tagged Notify of its own; the plain subscriptions of one session in
         one Notify, tagged when the event is keyed (tracked for its order)."""
         if key and len(sub_ids) == 1 and sub_ids[0] not in self._group_of:
@@ -195,7 +195,7 @@ class Notifier:
                 if key or gid in group_of:
                     orphans.append(gid)
                 continue
-            if gid in group_of:  # fenced on its own (node_acks rule 2)
+            if gid in group_of:  # fenced on its own (node.acks rule 2)
                 tag = self.acks.add(o[0], event_id, owner, (gid,), group=True, now=now)
                 out.append(ToClient(o[0], cm.Notify(event_id, event, (o[1],), publish_time, key, rank, tag)))
                 notifies += 1
@@ -262,7 +262,7 @@ class Notifier:
         return False
 
     def client_acked(self, sid: int, msg: cm.Ack, out: list[Action]) -> None:
-        """The client's answer to a tracked Notify (node_acks rules 1, 2)."""
+        """The client's answer to a tracked Notify (node.acks rules 1, 2)."""
         a = self.acks.pop(msg.tag, sid) if msg.tag else None
         if a is None:
             if msg.tag:
@@ -325,7 +325,7 @@ class Notifier:
         )
 
     def _unresponsive(self, sid: int, out: list[Action]) -> None:
-        """node_acks rule 2: a client that answers neither an ack nor a revoke
+        """node.acks rule 2: a client that answers neither an ack nor a revoke
         is disconnected; its client library drops the group copies it held."""
         self._ctx.stats["clients_unresponsive"] += 1
         wait = self.acks.wait

@@ -25,7 +25,7 @@ Rules this module keeps:
    ``key``/``rank``/``home``.  Releases are queued and drained iteratively,
    so a chain of completions never recurses.
 4. **Completion.** The owner that matches a keyed event tracks it
-   (``overlay.node_groups``): once every matched subscriber's client acked —
+   (``overlay.node.groups``): once every matched subscriber's client acked —
    or failed / timed out — or nothing matched, it sends ``NotificationAck``
    with code ``complete`` to the home, which calls ``Sequencer.complete`` and
    releases the next rank.  Acks arrive as messages like any other, so a slow
@@ -345,7 +345,7 @@ class Ordering:
 
     def on_batched(self, msg: pm.NotificationAck, out: list[Action]) -> None:
         ids = msg.sub_ids
-        if msg.code == ACKED:  # (event id, sub id) pairs: plain subscribers' acks (node_groups rule 3)
+        if msg.code == ACKED:  # (event id, sub id) pairs: plain subscribers' acks (node.groups rule 3)
             self._deliveries_acked(ids, out)
         elif msg.code == COMPLETE:
             complete = self.on_complete_ack

@@ -95,7 +95,6 @@ def nodes_quiet(nodes: Iterable[Node], peers: Collection[int] | None = None) -> 
             if (peers is None or p in peers) and link.connected.is_set() and len(link.queue):
                 return False
         core = n.core
-        # Private to the core, read as they are: the core has no "busy" of its own (yet).
-        if core.incoming or core._pending or any(m.active for m in core.outgoing.values()):
+        if not core.settled():  # no migration session, no (un)subscription waiting
             return False
     return True

@@ -28,7 +28,7 @@ class RawClient:
     ``auto_ack`` each is acked after ``delay`` seconds (one at a time, as a
     real consumer), carrying ``lf``; ``acked`` holds (event id, receive → ack
     seconds).  A Revoke of a copy not acked yet is declined (as the client
-    library does, ``overlay.node_acks`` rule 2) unless ``answer_revokes`` is
+    library does, ``overlay.node.acks`` rule 2) unless ``answer_revokes`` is
     off: a client whose whole process hangs.  Errors that answer no request
     land in ``errors``.
 

@@ -1,4 +1,4 @@
-"""Cluster membership in the node core: drain a node, let a new node join (SPEC §3, §8, §14).
+"""Cluster membership of a node: drain a node, let a new node join (SPEC §3, §8, §14).
 
 Rules this module keeps:
 
@@ -39,39 +39,37 @@ Rules this module keeps:
    for its ReplyUpdateGlobal, so the node can stop without stalling a session
    elsewhere.  Its links stay (a late message still reaches it, and it can
    still route one; its table may lag, and a stale route is re-routed by the
-   owner, node_core rule 3).  A restarted node with
+   owner, node.core rule 3).  A restarted node with
    the same id says hello without ``leaving`` and joins again (rule 5).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Final, NamedTuple
+from typing import Any, Final
 
-from overlay.actions import Action, CloseClient, ToClient, ToPeer
+from overlay.actions import Action, AddPeer, CloseClient, ToClient, ToPeer
 from overlay.balance.migration import OutgoingMigration, OutState
 from overlay.channels.routing_table import RouteEntry
 from overlay.config import NodeConfig
 from overlay.errors import LocalProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
+from overlay.node.balancing import Balancing
+from overlay.node.boot import Boot
+from overlay.node.context import NodeContext
+from overlay.node.loads import ChannelLoads
+from overlay.node.migration import Migration
+from overlay.node.sessions import Sessions
+from overlay.node.updates import TableUpdates
 
-if TYPE_CHECKING:
-    from overlay.node_core import NodeCore
-
-__all__ = ["MAX_DRAIN_ABORTS", "AddPeer", "DrainState", "MembershipMixin"]
+__all__ = ["MAX_DRAIN_ABORTS", "DrainState", "Membership"]
 
 log = logging.getLogger("overlay.node")
 
 # Aborted drain sessions (refusals, timeouts) before the drain gives up: a
 # few per peer is plenty for transient refusals (a receiver busy draining).
 MAX_DRAIN_ABORTS: Final = 12
-
-
-class AddPeer(NamedTuple):
-    """Shell: open an outbound PeerLink to a node that joined (rule 5)."""
-
-    peer: NodeConfig
 
 
 class DrainState:
@@ -125,50 +123,84 @@ class DrainState:
         }
 
 
-class MembershipMixin:
-    """Mixed into ``NodeCore``."""
+class Membership:
+    """Rules 1–6 for one node: its drain, its hello, peers joining and leaving."""
 
-    draining = False
-    left = False  # drained, and told the peers (rule 6)
-    drain_state: DrainState | None = None
+    def __init__(
+        self,
+        ctx: NodeContext,
+        boot: Boot,
+        sessions: Sessions,
+        migration: Migration,
+        balancing: Balancing,
+        loads: ChannelLoads,
+        updates: TableUpdates,
+    ) -> None:
+        self._ctx = ctx
+        self._boot = boot
+        self._sessions = sessions
+        self._migration = migration
+        self._balancing = balancing
+        self._loads = loads
+        self._updates = updates
+        self.draining = False
+        self.left = False  # drained, and told the peers (rule 6)
+        self.drain_state: DrainState | None = None
+
+    def hello(self) -> pm.PeerHello:
+        me = self._ctx.me  # the address lets a node that does not know us add us (node.membership rule 5)
+        return pm.PeerHello(
+            self._ctx.id,
+            self._ctx.config.cluster.name,
+            self._boot.has_table,
+            me.host,
+            me.port,
+            me.admin_port,
+            me.capacity,
+            self.left,
+            self._ctx.incarnation,
+            self._boot.epoch,
+        )
 
     # -- drain (rules 1–4) --------------------------------------------------------------
 
-    def drain(self: NodeCore, now: float, admin: tuple[int, int] | None = None) -> list[Action]:
+    def drain(self, now: float, admin: tuple[int, int] | None = None) -> list[Action]:
         """Start draining; raises ``LocalProtocolError`` with the reason when refused."""
         if self.draining:
-            raise LocalProtocolError(f"node {self.id} is already draining")
-        if not self.ready:
-            raise LocalProtocolError(f"node {self.id} is not ready; nothing to drain yet")
+            raise LocalProtocolError(f"node {self._ctx.id} is already draining")
+        if not self._boot.ready:
+            raise LocalProtocolError(f"node {self._ctx.id} is not ready; nothing to drain yet")
         if not self._drain_receivers():
             raise LocalProtocolError(
-                f"node {self.id} is the last node of the cluster: no live peer can take its channels"
+                f"node {self._ctx.id} is the last node of the cluster: no live peer can take its channels"
             )
         self.draining = True
         self.drain_state = DrainState(now, admin)
-        self.stats["drains"] += 1
-        self.record("decision", now, phase="drain", action="start", channels=[str(c.id) for c in self.local])
-        log.info("node %d: draining %d channels", self.id, len(self.local))
+        self._ctx.stats["drains"] += 1
+        self._ctx.journal.record(
+            "decision", now, phase="drain", action="start", channels=[str(c.id) for c in self._ctx.local]
+        )
+        log.info("node %d: draining %d channels", self._ctx.id, len(self._ctx.local))
         out: list[Action] = []
-        self._drain_tick(now, out)
+        self.tick(now, out)
         return out
 
-    def _drain_receivers(self: NodeCore) -> list[tuple[float, int]]:
+    def _drain_receivers(self) -> list[tuple[float, int]]:
         """(dc, node) of every live peer, lowest load level first: the dc of its
         last LIEM plus what this drain gave it since (LIEMs come once a slice;
         a drain's sessions take milliseconds)."""
-        dc = {p.node: p.dc for p in self.monitor.live()}
+        dc = {p.node: p.dc for p in self._balancing.monitor.live()}
         given = self.drain_state.given if self.drain_state is not None else {}
         return sorted(
             (dc.get(p, 0.0) + given.get(p, 0.0) / self._capacity_of(p), p)
-            for p in self.peers
-            if p not in self.unreachable
+            for p in self._ctx.peers
+            if p not in self._ctx.unreachable
         )
 
-    def _capacity_of(self: NodeCore, node: int) -> float:
-        return next((n.capacity for n in self.config.nodes if n.id == node), 1.0)
+    def _capacity_of(self, node: int) -> float:
+        return next((n.capacity for n in self._ctx.config.nodes if n.id == node), 1.0)
 
-    def _drain_tick(self: NodeCore, now: float, out: list[Action]) -> None:
+    def tick(self, now: float, out: list[Action]) -> None:
         """One step of a drain: called on every tick; at most one session at a time."""
         dr = self.drain_state
         if dr is None or dr.done:
@@ -190,21 +222,21 @@ class MembershipMixin:
                     self._drain_end(now, f"gave up after {dr.aborts} aborted sessions (last: {mig.reason})", out)
                     return
         # A session begun before the drain (either side) finishes first.
-        if self.migration.busy():
+        if self._migration.busy():
             return
-        if not len(self.local):
+        if not len(self._ctx.local):
             self._drain_end(now, "", out)
             return
-        ch = min(self.local, key=lambda c: str(c.id))
-        entry = self.routing[ch.id]
+        ch = min(self._ctx.local, key=lambda c: str(c.id))
+        entry = self._ctx.routing[ch.id]
         if entry.replicated:  # rule 2: leave the replica set
-            owners = tuple(o for o in entry.owners if o != self.id)
+            owners = tuple(o for o in entry.owners if o != self._ctx.id)
             new = RouteEntry(entry.space, owners)
-            self.local.remove(ch.id)
-            self.routing.set(ch.id, new)
-            self.updates.broadcast((), [(ch.id, new)], out)
+            self._ctx.local.remove(ch.id)
+            self._ctx.routing.set(ch.id, new)
+            self._updates.broadcast((), [(ch.id, new)], out)
             dr.replicas_left.append(str(ch.id))
-            self.record(
+            self._ctx.journal.record(
                 "decision", now, phase="drain", action="leave_replicas", channel=str(ch.id), owners=list(owners)
             )
             return
@@ -220,7 +252,7 @@ class MembershipMixin:
         # Fewest refusals first, then the lowest load level (a refusing peer is
         # tried again only when every other one refused as often).
         dc, receiver = min(cands, key=lambda c: (dr.refused.get(c[1], 0), c[0], c[1]))
-        self.record(
+        self._ctx.journal.record(
             "decision",
             now,
             phase="drain",
@@ -232,20 +264,20 @@ class MembershipMixin:
             candidates=[{"node": n, "dc": d, "refused": dr.refused.get(n, 0)} for d, n in cands],
         )
         try:
-            dr.mig, acts = self.migration.start([ch.id], receiver, now, forced=True)
-            load = self.loads.get(ch.id)
+            dr.mig, acts = self._migration.start([ch.id], receiver, now, forced=True)
+            load = self._loads.get(ch.id)
             dr.given[receiver] = dr.given.get(receiver, 0.0) + (float(ch.last.load) if load is None else load)
         except LocalProtocolError as exc:  # cannot happen with the checks above; end rather than spin
             self._drain_end(now, str(exc), out)
             return
         out.extend(acts)
 
-    def _drain_end(self: NodeCore, now: float, error: str, out: list[Action]) -> None:
+    def _drain_end(self, now: float, error: str, out: list[Action]) -> None:
         dr = self.drain_state
         assert dr is not None
         dr.done, dr.error, dr.finished = True, error, now
-        summary = dr.summary(self.id)
-        self.record(
+        summary = dr.summary(self._ctx.id)
+        self._ctx.journal.record(
             "decision",
             now,
             phase="drain",
@@ -253,46 +285,48 @@ class MembershipMixin:
             **{k: v for k, v in summary.items() if k not in ("node", "channels")},
         )
         if error:
-            log.warning("node %d: drain stopped: %s", self.id, error)
+            log.warning("node %d: drain stopped: %s", self._ctx.id, error)
         else:
             self.left = True  # rule 6: the peers stop counting on us
             hello = self.hello()
-            out.extend(ToPeer(p, hello) for p in self.peers)
+            out.extend(ToPeer(p, hello) for p in self._ctx.peers)
             self._close_clients(dr, out)
             log.info(
                 "node %d: drained: %d channels, %d subscriptions moved in %.2fs",
-                self.id,
+                self._ctx.id,
                 len(dr.channels),
                 dr.subscriptions,
                 summary["seconds"],
             )
         if dr.admin is not None:
             sid, seq = dr.admin
-            if sid in self.sessions:
+            if sid in self._sessions:
                 if error:
                     out.append(
-                        ToClient(sid, cm.Error(seq, cm.ErrorCode.ADMIN, f"drain of node {self.id} stopped: {error}"))
+                        ToClient(
+                            sid, cm.Error(seq, cm.ErrorCode.ADMIN, f"drain of node {self._ctx.id} stopped: {error}")
+                        )
                     )
                 else:
                     out.append(ToClient(sid, cm.AdminReply(seq, summary)))
 
-    def _close_clients(self: NodeCore, dr: DrainState, out: list[Action]) -> None:
+    def _close_clients(self, dr: DrainState, out: list[Action]) -> None:
         """Rule 4: once drained, the node's clients go elsewhere: their
         subscriptions are dropped (as on a disconnect, so none is left behind
         when the node stops), and each is told ``draining`` and closed; the
         client re-subscribes through another access node.  The drain's own
         requester keeps its session for the reply."""
-        for sid in list(self.sessions):
+        for sid in list(self._sessions):
             if dr.admin is not None and sid == dr.admin[0]:
                 continue
-            out.extend(self.client_closed(sid))
+            out.extend(self._sessions.close(sid))
             out.append(
                 ToClient(
                     sid,
                     cm.Error(
                         -1,
                         cm.ErrorCode.DRAINING,
-                        f"node {self.id} drained and is leaving: reconnect to another node",
+                        f"node {self._ctx.id} drained and is leaving: reconnect to another node",
                         fatal=True,
                     ),
                 )
@@ -302,41 +336,41 @@ class MembershipMixin:
 
     # -- join (rule 5) --------------------------------------------------------------------
 
-    def _member_hello(self: NodeCore, node: int, msg: pm.PeerHello) -> list[Action]:
+    def on_hello(self, node: int, msg: pm.PeerHello) -> list[Action]:
         """A hello from a node not in our config: add it (before any reply to it)."""
         if msg.leaving:
             return self._peer_left(node)
-        if node == self.id or node in self.peers:
+        if node == self._ctx.id or node in self._ctx.peers:
             return []
         if not msg.host or not msg.port:
-            log.warning("node %d: hello from unknown node %d without an address; not added", self.id, node)
+            log.warning("node %d: hello from unknown node %d without an address; not added", self._ctx.id, node)
             return []
         peer = NodeConfig(node, msg.host, msg.port, msg.admin_port, msg.capacity or 1.0)
         # (A drained node that left and restarts is in the config already: replace it.)
-        self.config = self.config.with_nodes(tuple(n for n in self.config.nodes if n.id != node) + (peer,))
-        self.peers.append(node)
-        self.monitor.add_peer(node)
-        self.stats["peers_joined"] += 1
-        self.record(
+        self._ctx.config = self._ctx.config.with_nodes((*(n for n in self._ctx.config.nodes if n.id != node), peer))
+        self._ctx.peers.append(node)
+        self._balancing.monitor.add_peer(node)
+        self._ctx.stats["peers_joined"] += 1
+        self._ctx.journal.record(
             "join",
-            self.now,
+            self._ctx.now,
             peer=node,
             address=f"{msg.host}:{msg.port}",
             admin_port=msg.admin_port,
             capacity=peer.capacity,
         )
-        log.info("node %d: node %d joined from %s:%d", self.id, node, msg.host, msg.port)
+        log.info("node %d: node %d joined from %s:%d", self._ctx.id, node, msg.host, msg.port)
         return [AddPeer(peer)]
 
-    def _peer_left(self: NodeCore, node: int) -> list[Action]:
+    def _peer_left(self, node: int) -> list[Action]:
         """Rule 6: a drained node leaves the peers; nothing waits for its replies."""
         out: list[Action] = []
-        if node not in self.peers:
+        if node not in self._ctx.peers:
             return out
-        self.peers.remove(node)
-        self.monitor.remove_peer(node)
-        self.stats["peers_left"] += 1
-        self.record("leave", self.now, peer=node)
-        log.info("node %d: node %d drained and left", self.id, node)
-        self._stop_waiting_for(node, out)
+        self._ctx.peers.remove(node)
+        self._balancing.monitor.remove_peer(node)
+        self._ctx.stats["peers_left"] += 1
+        self._ctx.journal.record("leave", self._ctx.now, peer=node)
+        log.info("node %d: node %d drained and left", self._ctx.id, node)
+        self._migration.stop_waiting_for(node, out)
         return out

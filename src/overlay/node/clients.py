@@ -1,0 +1,206 @@
+"""The client protocol at an access node: Hello, publish, (un)subscribe, acks (SPEC §4).
+
+Rules: a client must say Hello first (a Hello carrying the cluster's admin
+token gives the session admin rights, ``node.admin``); publish and subscribe
+before the cluster is ready are answered ``not_ready``; bad expressions and
+events are answered with an error and the position, and the session stays
+open; a message that is not a client request closes it.  An event gets its
+id here and goes to its one channel (``node.router``), a keyed one through
+its key's home (``node.ordering``); a subscription goes to every channel of
+its filter and is acknowledged once all applied it (``node.sessions``).
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+
+import msgspec
+
+from overlay.actions import Action, CloseClient, ToClient
+from overlay.channels.expressions import parse_event, parse_subscription
+from overlay.errors import ExpressionError, SchemaError
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+from overlay.node.context import NodeContext
+from overlay.node.notify import Notifier
+from overlay.node.ordering import Ordering, publish_time_of
+from overlay.node.router import Router
+from overlay.node.sessions import Session, Sessions
+
+__all__ = ["Clients"]
+
+AdminCommand = Callable[[Session, cm.Admin, float, list[Action]], None]
+
+
+class Clients:
+    """What a client's messages do.  ``ready`` says whether the cluster is
+    ready (``node.boot``); ``admin`` runs an operator command (``node.admin``);
+    ``admin_token`` is the token a Hello needs for admin rights ("" = none)."""
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        sessions: Sessions,
+        router: Router,
+        ordering: Ordering,
+        notifier: Notifier,
+        *,
+        ready: Callable[[], bool],
+        admin: AdminCommand,
+        admin_token: str,
+    ) -> None:
+        self._ctx = ctx
+        self._sessions = sessions
+        self._router = router
+        self._ordering = ordering
+        self._notifier = notifier
+        self._ready = ready
+        self._admin = admin
+        self._admin_token = admin_token
+
+    def handle(self, sid: int, msg: cm.ClientMessage, now: float) -> list[Action]:
+        ctx = self._ctx
+        out: list[Action] = []
+        sess = self._sessions.get(sid)
+        if sess is None:
+            return out
+        if not sess.greeted:
+            if not isinstance(msg, cm.Hello):
+                out.append(
+                    ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, "the first message must be Hello", fatal=True))
+                )
+                out.append(CloseClient(sid, "no Hello"))
+                return out
+            sess.greeted = True
+            sess.client_id = msg.client_id
+            token = self._admin_token
+            sess.admin = not token or hmac.compare_digest(msg.token.encode(), token.encode())
+            cfg = ctx.config
+            out.append(ToClient(sid, cm.Welcome(ctx.id, sid, self._ready(), cfg.cluster.name, cfg.groups.ack_timeout)))
+            return out
+        match msg:
+            case cm.Publish():
+                self._publish(sess, msg, now, out)
+            case cm.Subscribe():
+                self._subscribe(sess, msg, out)
+            case cm.Unsubscribe():
+                self._unsubscribe(sess, msg, out)
+            case cm.Ack():
+                ctx.stats["client_acks"] += 1
+                self._notifier.client_acked(sid, msg, out)  # a tracked delivery (node.notify)
+            case cm.Admin():
+                self._admin(sess, msg, now, out)
+            case cm.Hello():
+                out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, "Hello sent twice")))
+            case _:
+                out.append(
+                    ToClient(
+                        sid,
+                        cm.Error(
+                            -1, cm.ErrorCode.PROTOCOL, f"{type(msg).__name__} is not a client request", fatal=True
+                        ),
+                    )
+                )
+                out.append(CloseClient(sid, f"sent {type(msg).__name__}"))
+        return out
+
+    def ack(self, sid: int, msg: cm.Ack) -> bool:
+        """Count a client's Ack of a delivered notification, as ``handle``
+        would.  False when the session cannot take one (unknown, or before its
+        Hello): hand it to ``handle`` then, in order, for the answer.
+
+        The shell calls this straight from the read loop: an Ack changes no
+        state but a counter, so it need not wait its turn in the inbox.
+        """
+        sess = self._sessions.get(sid)
+        if sess is None or not sess.greeted or self._notifier.tracks_ack(sid, msg):
+            return False  # a tracked delivery's ack changes state: it waits its turn
+        self._ctx.stats["client_acks"] += 1
+        return True
+
+    def _not_ready(self, sid: int, seq: int, out: list[Action]) -> bool:
+        if self._ready():
+            return False
+        self._ctx.stats["rejected_not_ready"] += 1
+        out.append(ToClient(sid, cm.Error(seq, cm.ErrorCode.NOT_READY, "the cluster is not ready yet; retry shortly")))
+        return True
+
+    def _publish(self, sess: Session, msg: cm.Publish, now: float, out: list[Action]) -> None:
+        ctx = self._ctx
+        if self._not_ready(sess.id, msg.seq, out):
+            return
+        try:
+            if isinstance(msg.event, str):
+                values = parse_event(msg.event, ctx.schema)
+            else:
+                values = ctx.schema.check_event_values(msg.event)
+        except ExpressionError as exc:
+            ctx.stats["rejected_bad_event"] += 1
+            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EVENT, exc.reason, exc.position)))
+            return
+        except SchemaError as exc:
+            ctx.stats["rejected_bad_event"] += 1
+            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EVENT, str(exc))))
+            return
+        chid = ctx.routing.lookup_event(values)
+        if chid is None:
+            ctx.stats["rejected_no_route"] += 1
+            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.NO_ROUTE, "no channel holds this event")))
+            return
+        if msg.key or msg.rank:  # ordered delivery: through the key's home (node.ordering)
+            self._ordering.publish_keyed(sess.id, msg, values, now, out, chid)
+            return
+        event_id = ctx.next_event_id()
+        self._ordering.remember_publish(event_id, sess.id, msg.seq)
+        ctx.stats["events_in"] += 1
+        if ctx.capture is not None:
+            ctx.capture.publish(event_id, chid, values)
+        ev = pm.Event(event_id, values, ctx.id, pm.DispatchSign.EVENT_DISPATCHED, chid, publish_time_of(msg, now))
+        self._router.dispatch_event(ev, out)
+        out.append(ToClient(sess.id, cm.PubAck(msg.seq, event_id)))
+
+    def _subscribe(self, sess: Session, msg: cm.Subscribe, out: list[Action]) -> None:
+        ctx = self._ctx
+        if self._not_ready(sess.id, msg.seq, out):
+            return
+        if msg.sub_id in sess.subs:
+            out.append(
+                ToClient(
+                    sess.id,
+                    cm.Error(
+                        msg.seq, cm.ErrorCode.DUPLICATE_SUBSCRIPTION, f"subscription {msg.sub_id!r} already exists"
+                    ),
+                )
+            )
+            return
+        if not self._notifier.check_group(sess.id, msg, out):  # bad weight or group (node.notify)
+            return
+        try:
+            f = parse_subscription(msg.expression, ctx.schema)
+        except ExpressionError as exc:
+            ctx.stats["rejected_bad_expression"] += 1
+            out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EXPRESSION, exc.reason, exc.position)))
+            return
+        chans = ctx.routing.lookup_subscription(f)
+        gid = self._sessions.subscribed(sess, msg.seq, msg.sub_id, f, msg.expression, chans)
+        ctx.stats["subscriptions_in"] += 1
+        if not chans:  # a filter no event can match: nothing to store
+            self._sessions.forget_pending(gid)
+            out.append(ToClient(sess.id, cm.SubAck(msg.seq, msg.sub_id, 0)))
+            return
+        if msg.group:
+            self._notifier.note_group(gid, msg.group)
+        sub = pm.Subscription(
+            gid, f, sess.client_id, ctx.id, pm.DispatchSign.SUBSCRIBE_DISPATCHED, group=msg.group, weight=msg.weight
+        )
+        for chid in chans:
+            self._router.dispatch_sub(msgspec.structs.replace(sub, ch_id=chid), out)
+
+    def _unsubscribe(self, sess: Session, msg: cm.Unsubscribe, out: list[Action]) -> None:
+        if not self._sessions.unsubscribed(sess, msg.seq, msg.sub_id, out):
+            out.append(
+                ToClient(
+                    sess.id, cm.Error(msg.seq, cm.ErrorCode.UNKNOWN_SUBSCRIPTION, f"no subscription {msg.sub_id!r}")
+                )
+            )

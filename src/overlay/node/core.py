@@ -1,0 +1,541 @@
+"""The node core: one node's protocol logic with no sockets and no clock.
+
+``NodeCore`` composes the components of this package (each owns its state;
+the README's table maps every SPEC section to its module) and dispatches
+each message to the one that handles it.
+
+A decoded message and ``now`` go in; the actions to perform come out
+(``ToPeer``, ``ToClient``, ``CloseClient``).  The asyncio shell in
+``overlay.net.node`` reads frames, calls the core, and carries out what it
+returns; the simulator of SPEC §15 drives the same core with in-memory links.
+
+Rules this module keeps (SPEC §3, §4, §8):
+
+1. Initialisation: the initializer creates ``EC = <WES, ∅>`` and sends
+   RoutingTableInit to every peer; it is ready when every peer replied.  Any
+   other node is ready once it holds a routing table.  Before that a client's
+   publish/subscribe is answered with ``not_ready``.
+2. One hop: a client's (un)subscription goes to every channel it belongs to —
+   applied here for local channels, sent DISPATCHED with ``ch_id`` to the
+   owner of each remote one.  An event goes to its one channel the same way.
+   A DISPATCHED message is applied to the named local channel without a
+   routing lookup.
+3. A DISPATCHED message whose channel is not here is re-routed with the
+   current routing table (a bounded number of hops), never dropped silently;
+   if this node is moving that channel out and is past time <2>, it is
+   reforwarded to the receiver instead (``overlay.balance.migration``).  A
+   channel still arriving here counts as not here; an (un)subscription for a
+   moved channel goes on to that channel only, one for a split or merged
+   channel to the channels that replaced it.  A replicated channel's
+   (un)subscriptions enter at its first owner and are relayed along its
+   owners, the last one answering.
+4. An (un)subscription is acknowledged to its client only when every copy of
+   it has been applied (``SubscriptionApplied``; a reroute announces its new
+   copies), so an event published after the SubAck is matched against it.  An
+   unsubscribe waits until its subscribe is applied everywhere, so it cannot
+   overtake it.
+5. The owner matches an event once and sends one Notification per
+   subscribers' access node; the access node sends each client one Notify
+   listing that client's matching subscriptions — at most once per
+   subscription per event.
+6. Subscription ids are unique per subscribe call
+   (``node.incarnation:session:local_id:n``), so a re-subscribe never revives
+   an old one, and event ids (``node-incarnation-n``) never repeat across
+   restarts: the incarnation is the process's start time, given by the shell.
+7. A peer whose hello carries a new incarnation restarted: what this node
+   held for its old run is dropped — the subscriptions of its dead clients,
+   sessions with it (rolled back, or completed where the tables already
+   moved), waits for its replies — as when a peer is unreachable past the
+   timeout.  How a node gets its table at start is ``overlay.node.boot``'s.
+8. One bad state never stops a node: an unexpected error in a part of
+   ``tick`` is logged with the state and counted, and the other parts and
+   the next ticks run; an error matching an event for one subscription is
+   that subscription's (counted), and every other match is served.
+9. An operator's split or move of a replicated channel first gives it back to
+   its first owner alone (``UpdateRoutingTable``); a replica that sees its
+   first owner take it back drops its copy (each replica held the same
+   subscriptions; events in flight to it are re-routed to the owner).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from overlay.actions import Action, AddPeer, CloseClient, ToClient, ToPeer
+from overlay.balance.migration import IncomingMigration, OutgoingMigration
+from overlay.balance.monitor import Monitor, SliceReport
+from overlay.capture import CaptureBuffer
+from overlay.channels.channel import ChannelId
+from overlay.channels.groups import GroupDispatcher
+from overlay.channels.local_table import LocalTable
+from overlay.channels.routing_table import RoutingTable
+from overlay.channels.schema import Schema
+from overlay.config import ClusterConfig
+from overlay.errors import RemoteProtocolError
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+from overlay.node.acks import AwaitedAcks
+from overlay.node.admin import Admin
+from overlay.node.balancing import Balancing
+from overlay.node.boot import Boot, BootState
+from overlay.node.clients import Clients
+from overlay.node.context import NodeContext
+from overlay.node.groups import Groups
+from overlay.node.indexing import Indexing
+from overlay.node.loads import ChannelLoads
+from overlay.node.membership import DrainState, Membership
+from overlay.node.migration import Migration
+from overlay.node.notify import UNDELIVERABLE, Notifier
+from overlay.node.ordering import ACKED, COMPLETE, SEQUENCED, Ordering
+from overlay.node.peers import PeerRuns
+from overlay.node.router import Router
+from overlay.node.sessions import Session, Sessions
+from overlay.node.splits import Splits
+from overlay.node.status import node_status
+from overlay.node.updates import TableUpdates
+
+__all__ = ["Action", "AddPeer", "CloseClient", "NodeCore", "ToClient", "ToPeer"]
+
+log = logging.getLogger("overlay.node")
+
+
+class NodeCore:
+    """One node's components, and the dispatch of what comes in to them.
+
+    Invariant: a channel is in ``local`` iff the routing table names this node
+    as its owner, except inside a migration session between <1> and <3> on
+    either side (SPEC §8.1).
+    """
+
+    def __init__(
+        self, config: ClusterConfig, node_id: int, *, incarnation: int = 0, admin_token: str | None = None
+    ) -> None:
+        self.ctx = ctx = NodeContext(config, node_id, incarnation)
+        self.id = node_id
+        self.incarnation = incarnation
+        # What changing admin commands need, on the client protocol and on HTTP alike; "" = nothing.
+        self.admin_token = config.cluster.admin_token if admin_token is None else admin_token
+        # Components in the order they depend on each other; a component that
+        # needs one built later gets a one-line lambda (the only cycles:
+        # ordering/groups/migration hand messages back to the router).
+        self.peer_runs = PeerRuns(ctx)
+        self.updates = TableUpdates(ctx, admin_done=lambda admin, result, out: self.admin.done(admin, result, out))
+        self.sessions = Sessions(
+            ctx,
+            dispatch_sub=lambda msg, out: self.router.dispatch_sub(msg, out),
+            fail_acks=lambda sid, out: self.notifier.fail_session_acks(sid, out),
+        )
+        self.ordering = Ordering(
+            ctx,
+            dispatch_event=lambda ev, out: self.router.dispatch_event(ev, out),
+            deliveries_acked=lambda pairs, out: self.groups.deliveries_acked(pairs, out),
+            sessions=self.sessions,
+        )
+        self.notifier = Notifier(
+            ctx,
+            self.ordering,
+            owners=self.sessions.owners,
+            sessions=self.sessions,
+            owner_ack=lambda ack, out: self.groups.on_delivery_ack(ack, out),
+            close_session=self.sessions.close,
+        )
+        self.groups = Groups(
+            ctx,
+            self.notifier,
+            self.ordering,
+            replaced=self.updates.replaced,
+            subscriptions_failed=lambda ch, msg, subs, what: self.router.subscriptions_failed(ch, msg, subs, what),
+        )
+        self.indexing = Indexing(ctx)
+        self.loads = ChannelLoads(node_id)
+        self.splits = Splits(ctx, self.loads, self.updates, self.indexing)
+        self.migration = Migration(
+            ctx,
+            self.updates,
+            self.groups,
+            self.indexing,
+            reapply=lambda msg, out: self.router.reapply(msg, out),
+            stale_sub=self.peer_runs.stale_sub,
+            admin_done=lambda admin, result, out: self.admin.done(admin, result, out),
+        )
+        self.startup = Boot(ctx, self.updates, engaged=lambda: self.balancing.engaged())
+        self.balancing = Balancing(
+            ctx,
+            self.migration,
+            self.splits,
+            self.loads,
+            self.indexing,
+            ready=lambda: self.startup.ready,
+            draining=lambda: self.membership.draining,
+        )
+        self.migration.planner = self.balancing  # the two sides of a session need each other
+        ctx.journal.slice_no = lambda: self.balancing.monitor.slice_no
+        self.router = Router(
+            ctx,
+            migration=self.migration,
+            ordering=self.ordering,
+            groups=self.groups,
+            notifier=self.notifier,
+            updates=self.updates,
+            sessions=self.sessions,
+            peers=self.peer_runs,
+        )
+        self.membership = Membership(
+            ctx, self.startup, self.sessions, self.migration, self.balancing, self.loads, self.updates
+        )
+        self.admin = Admin(
+            ctx,
+            self.sessions,
+            self.migration,
+            self.balancing,
+            self.splits,
+            self.updates,
+            status=self.status,
+            drain=lambda now, admin: self.membership.drain(now, admin),
+        )
+        self.clients = Clients(
+            ctx,
+            self.sessions,
+            self.router,
+            self.ordering,
+            self.notifier,
+            ready=lambda: self.startup.ready,
+            admin=self.admin.handle,
+            admin_token=self.admin_token,
+        )
+
+    # -- what the shell and the simulator read ---------------------------------------------------
+
+    @property
+    def config(self) -> ClusterConfig:
+        return self.ctx.config  # membership grows it when a node joins
+
+    @property
+    def schema(self) -> Schema:
+        return self.ctx.schema
+
+    @property
+    def routing(self) -> RoutingTable:
+        return self.ctx.routing
+
+    @property
+    def local(self) -> LocalTable:
+        return self.ctx.local
+
+    @property
+    def stats(self) -> Mapping[str, int]:
+        return self.ctx.stats
+
+    @property
+    def journal(self) -> Any:
+        """The decision journal's entries (SPEC §14), oldest first."""
+        return self.ctx.journal.entries
+
+    @property
+    def peers(self) -> list[int]:
+        return self.ctx.peers
+
+    @property
+    def now(self) -> float:
+        return self.ctx.now
+
+    @property
+    def capture(self) -> CaptureBuffer | None:
+        return self.ctx.capture
+
+    @capture.setter
+    def capture(self, capture: CaptureBuffer | None) -> None:
+        self.ctx.capture = capture
+
+    @property
+    def ready(self) -> bool:
+        return self.startup.ready
+
+    @property
+    def has_table(self) -> bool:
+        return self.startup.has_table
+
+    @property
+    def epoch(self) -> int:
+        return self.startup.epoch
+
+    @property
+    def is_initializer(self) -> bool:
+        return self.startup.is_initializer
+
+    @property
+    def draining(self) -> bool:
+        return self.membership.draining
+
+    @property
+    def drain_state(self) -> DrainState | None:
+        return self.membership.drain_state
+
+    @property
+    def monitor(self) -> Monitor:
+        return self.balancing.monitor
+
+    @property
+    def last_report(self) -> SliceReport | None:
+        """The monitor's report of the last slice (SPEC §6), None before the first."""
+        return self.balancing.last_report
+
+    @property
+    def rng(self) -> random.Random:
+        """The core's one random source (balancing's draws): the simulator reseeds it."""
+        return self.balancing.rng
+
+    @property
+    def index_wanted(self) -> bool:
+        """Subscriptions wait to be indexed: the shell runs ``background_step``."""
+        return self.indexing.wanted
+
+    @property
+    def background_last(self) -> str:
+        """What the last background step did (the shell's slow log)."""
+        return self.balancing.background_last
+
+    def status(self) -> dict[str, Any]:
+        return node_status(self.ctx, self.startup, self.balancing, self.membership, self.sessions)
+
+    def session(self, sid: int) -> Session | None:
+        return self.sessions.get(sid)
+
+    def settled(self) -> bool:
+        """No migration session on either side and no (un)subscription waiting."""
+        return not self.migration.busy() and not self.sessions.pending()
+
+    # -- lifecycle (overlay.node.boot) -------------------------------------------------------------
+
+    def start(self, now: float) -> list[Action]:
+        """Rule 1 for a cluster known to be new (core tests, the simulator)."""
+        return self.startup.start(now)
+
+    def boot(self, now: float) -> list[Action]:
+        """Start as a process does (the shell): the table comes from the peers."""
+        return self.startup.boot(now)
+
+    def hello(self) -> pm.PeerHello:
+        return self.membership.hello()
+
+    def peer_hello(self, node: int, msg: pm.PeerHello, now: float) -> list[Action]:
+        """A peer (re)connected to us: it may have joined (node.membership), or
+        restarted (rule 7); one without our table gets it (node.boot rule 1)."""
+        cluster = self.ctx.config.cluster.name
+        if msg.cluster != cluster:
+            raise RemoteProtocolError(f"node {node} belongs to cluster {msg.cluster!r}, not {cluster!r}")
+        self.ctx.now = now
+        out = self.membership.on_hello(node, msg)  # an unknown node joins (node.membership rule 5)
+        if self.peer_runs.hello(node, msg.incarnation):
+            log.warning("node %d: node %d restarted; dropping what its previous run left here", self.id, node)
+            self.ctx.stats["peers_restarted"] += 1
+            self.migration.peer_gone(node, f"node {node} restarted", out)
+            self.peer_runs.drop_subscriptions_of_old_run(node)
+        self.startup.hello(node, msg, now, out)
+        return out
+
+    # -- clients (overlay.node.clients, .sessions) -----------------------------------------------
+
+    def client_opened(self) -> int:
+        return self.sessions.open()
+
+    def client_closed(self, sid: int) -> list[Action]:
+        """Drop the session's subscriptions everywhere (the client re-subscribes on reconnect)."""
+        return self.sessions.close(sid)
+
+    def handle_client(self, sid: int, msg: cm.ClientMessage, now: float) -> list[Action]:
+        self._clock(now)
+        return self.clients.handle(sid, msg, now)
+
+    def client_ack(self, sid: int, msg: cm.Ack) -> bool:
+        return self.clients.ack(sid, msg)
+
+    def notify_dropped(self, sid: int, tag: int) -> list[Action]:
+        """The shell dropped the tracked Notify ``tag`` (the session's queue was full)."""
+        return self.notifier.notify_dropped(sid, tag)
+
+    def drain(self, now: float, admin: tuple[int, int] | None = None) -> list[Action]:
+        return self.membership.drain(now, admin)
+
+    # -- peers ------------------------------------------------------------------------------------
+
+    def handle_peer(self, src: int, msg: pm.PeerMessage, now: float) -> list[Action]:
+        out: list[Action] = []
+        self._clock(now)
+        match msg:
+            case pm.Event():
+                self.router.on_event(msg, out)
+            case pm.Notification():
+                notifier = self.notifier
+                if msg.key or notifier.has_groups:  # acks go back to the owner (node.notify)
+                    notifier.notify(
+                        msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, src, msg.key, msg.rank, out
+                    )
+                else:
+                    notifier.notify_clients(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out)
+            case pm.Subscription():
+                self.router.on_subscription(msg, out)
+            case pm.UnSubscription():
+                self.router.on_unsubscription(msg, out)
+            case pm.SubscriptionApplied():
+                self.sessions.on_applied(msg, out)
+            case pm.NotificationAck():
+                self.ctx.stats["notification_acks"] += 1
+                self._on_notification_ack(msg, out)
+            case pm.RoutingTableInit():
+                self.startup.on_table(src, msg, out)
+            case pm.ReplyRoutingTableInit():
+                self.startup.on_init_reply(src)
+            case pm.UpdateRoutingTable():
+                self.startup.on_update(src, msg, out)
+            case pm.ReplyUpdateGlobal():
+                if not self.migration.on_update_reply(src, msg, now, out):
+                    self.updates.on_reply(src, msg.session, out)
+            case pm.RequestLoadBalance():
+                self.migration.on_request(src, msg, now, out)
+            case pm.ChannelTransfer():
+                self.migration.on_channel_transfer(src, msg, now, out)
+            case pm.SubscriptionMove():
+                self.migration.on_subscription_move(src, msg, now, out)
+            case pm.Reforward():
+                self.migration.on_reforward(src, msg, now, out)
+            case pm.CompleteLoadBalance():
+                self.migration.on_complete(src, msg, now, out)
+            case pm.ReplyRequestLoadBalance() | pm.ReplyChannelTransfer() | pm.ReplySubscriptionMove():
+                self.migration.on_reply(src, msg, now, out)
+            case pm.LIEM():
+                self.ctx.stats["liems_in"] += 1
+                self.balancing.on_liem(src, msg)
+            case pm.PeerHello():
+                out.extend(self.peer_hello(src, msg, now))
+            case pm.PeerError():
+                log.warning("node %d: peer %d refused a message: %s %s", self.id, src, msg.code, msg.message)
+            case _:
+                raise RemoteProtocolError(f"unexpected {type(msg).__name__} from node {src}")
+        return out
+
+    def _on_notification_ack(self, msg: pm.NotificationAck, out: list[Action]) -> None:
+        """To the component of the leg ``msg.code`` names (see ``pm.NotificationAck``)."""
+        code = msg.code
+        if not msg.event_id and code in (COMPLETE, SEQUENCED, ACKED):
+            self.ordering.on_batched(msg, out)
+        elif code == "":
+            self.groups.on_delivery_ack(msg, out)
+        elif code == COMPLETE:
+            self.ordering.on_complete_ack(msg.event_id, out)
+        elif code == UNDELIVERABLE:
+            self.notifier.on_returned(msg, out)
+        elif code == SEQUENCED or msg.failed:
+            self.ordering.on_verdict(msg, out)
+        else:
+            self.ctx.stats["notification_acks_unknown"] += 1
+
+    def peer_link(self, node: int, up: bool, now: float) -> list[Action]:
+        """The shell reports a peer link's state (SPEC §10 rule 1: homes move at
+        once); a link that went down fails the deliveries tracked with it."""
+        out: list[Action] = []
+        self.ctx.now = now
+        if self.ordering.link_changed(node, up, out):
+            self.groups.peer_down(node, now, out)
+        return out
+
+    def peer_unreachable(self, node: int, now: float) -> list[Action]:
+        """The shell lost its link to ``node`` for longer than the peer timeout."""
+        self.ctx.unreachable.add(node)
+        self.ctx.now = now
+        out: list[Action] = []
+        timeout = self.ctx.config.cluster.peer_timeout
+        self.migration.peer_gone(node, f"no answer from node {node}: unreachable for {timeout}s", out)
+        return out
+
+    def peer_reachable(self, node: int) -> None:
+        self.ctx.unreachable.discard(node)
+
+    def end_batch(self) -> list[Action]:
+        """After each batch of inbound messages: the batched notes (SPEC §10 rule 8)."""
+        return self.ordering.end_batch()
+
+    # -- time ---------------------------------------------------------------------------------------
+
+    def _clock(self, now: float) -> None:
+        self.ctx.now = now
+        capture = self.ctx.capture
+        if capture is not None:
+            capture.now = now
+
+    def background_step(self, limit: int, now: float) -> tuple[bool, list[Action]]:
+        return self.balancing.background_step(limit, now)
+
+    def index_pending(self, limit: int) -> int:
+        return self.indexing.step(limit, self.migration.leaving())
+
+    def tick(self, now: float) -> list[Action]:
+        """Time-driven work: the table at start (node.boot), slices (SPEC §6),
+        key and delivery timeouts, drains, session timeouts (migration rule 2).
+        Each part runs even when another one failed (rule 8)."""
+        out: list[Action] = []
+        self._clock(now)
+        parts: tuple[tuple[str, Callable[[], None]], ...] = (
+            ("boot", lambda: out.extend(self.startup.check(now))),
+            ("slice", lambda: self.balancing.tick(now, out)),
+            ("ordering", lambda: self.ordering.tick(now, out)),
+            ("groups", lambda: self._groups_tick(now, out)),
+            ("drain", lambda: self.membership.tick(now, out)),  # node.membership rule 1
+            ("sessions", lambda: self.migration.tick(now, out)),
+        )
+        for name, part in parts:
+            try:
+                part()
+            except Exception:
+                self.ctx.stats["tick_errors"] += 1
+                log.exception("node %d: the %s part of a tick failed; state: %s", self.id, name, self._state_summary())
+        return out
+
+    def _groups_tick(self, now: float, out: list[Action]) -> None:
+        """SPEC §11 on time: the access node's acks, the owner's deadlines, housekeeping."""
+        self.notifier.tick(now, out)
+        self.groups.tick(now, out)
+        self.groups.prune(now)
+        self.notifier.prune(now)
+
+    def _state_summary(self) -> str:
+        """What an operator needs to read a failure in the log (rule 8)."""
+        mig = self.migration
+        return (
+            f"ready={self.ready} state={self.monitor.state.value} channels={[str(c) for c in self.local.ids()]} "
+            f"outgoing={[(m.session, m.receiver, m.state.value) for m in mig.outgoing.values()]} "
+            f"incoming={[(k, m.state.value) for k, m in mig.incoming.items()]} "
+            f"splitting={self.balancing.splitting()} unreachable={sorted(self.ctx.unreachable)}"
+        )
+
+    # -- until the integration tests move to overlay.testing (issue 15): what they read ---------------
+
+    @property
+    def outgoing(self) -> dict[int, OutgoingMigration]:
+        return self.migration.outgoing
+
+    @property
+    def incoming(self) -> dict[tuple[int, int], IncomingMigration]:
+        return self.migration.incoming
+
+    @property
+    def acks(self) -> AwaitedAcks:
+        return self.notifier.acks
+
+    @property
+    def boot_state(self) -> BootState:
+        return self.startup.state
+
+    @property
+    def _dispatchers(self) -> dict[tuple[ChannelId, str], GroupDispatcher]:
+        return self.groups._dispatchers
+
+    @property
+    def _channel_load(self) -> Mapping[ChannelId, float]:
+        return self.loads.all()
+
+    def home_of(self, key: str) -> int:
+        return self.ordering.home_of(key)

@@ -1,0 +1,54 @@
+"""Which run of each node this node knows (``node.core`` rules 6, 7).
+
+Every process run of a node has an incarnation (its start time in ms, given
+by the shell); the subscription ids a run makes start with
+``node.incarnation:`` (``context.sub_prefix``).  A peer's hello carries its
+incarnation: a new one means it restarted, and what its previous run left
+here — the subscriptions of its clients, which died with it — is stale.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from overlay.node.context import NodeContext, sub_prefix
+
+__all__ = ["PeerRuns"]
+
+log = logging.getLogger("overlay.node")
+
+
+class PeerRuns:
+    """The incarnation of each peer, from its hellos."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self._ctx = ctx
+        self._incarnation: dict[int, int] = {}
+
+    def hello(self, node: int, incarnation: int) -> bool:
+        """Note ``node``'s incarnation; True when it is a new run of a node
+        known before (it restarted)."""
+        known = self._incarnation.get(node)
+        if not incarnation or known == incarnation:
+            return False
+        self._incarnation[node] = incarnation
+        return known is not None
+
+    def stale_sub(self, gid: str, access: int) -> bool:
+        """``gid`` was made by a previous run of ``access``: its client is gone."""
+        ctx = self._ctx
+        inc = ctx.incarnation if access == ctx.id else self._incarnation.get(access)
+        return inc is not None and not gid.startswith(sub_prefix(access, inc))
+
+    def drop_subscriptions_of_old_run(self, node: int) -> None:
+        """The clients of ``node``'s previous run are gone with it."""
+        ctx = self._ctx
+        dropped = 0
+        for ch in ctx.local:
+            stale = [s.id for s in ch if s.access_node == node and self.stale_sub(s.id, node)]
+            for gid in stale:
+                ch.remove(gid)
+            dropped += len(stale)
+        if dropped:
+            ctx.stats["subscriptions_of_dead_clients_removed"] += dropped
+            log.info("node %d: removed %d subscriptions of node %d's previous run", ctx.id, dropped, node)

@@ -1,0 +1,204 @@
+"""Client sessions at their access node, and (un)subscriptions waiting to be applied (SPEC §4).
+
+Rules (``node.core`` rules 4 and 6):
+
+1. A session holds its client's subscriptions by the client's local id; each
+   subscribe call makes a new global id (``node.incarnation:session:local
+   id:n``), so a re-subscribe never revives an old copy.  The access node
+   maps every global id back to its session (``owners``), which is how a
+   notification finds its client.
+2. An (un)subscription is acknowledged to its client only when every copy of
+   it has been applied (``SubscriptionApplied``; a reroute announces its new
+   copies, counted per channel, below zero while an answer overtook its
+   notice), so an event published after the SubAck is matched against it.
+3. An unsubscribe waits until its subscribe is applied everywhere, so it
+   cannot overtake it and be undone by it.
+4. A closed session's subscriptions are dropped everywhere (the client
+   re-subscribes on reconnect), and its tracked deliveries fail.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Final
+
+import msgspec
+
+from overlay.actions import Action, ToClient
+from overlay.channels.channel import ChannelId
+from overlay.channels.predicates import Filter
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+from overlay.node.context import NodeContext
+
+__all__ = ["Pending", "Session", "Sessions"]
+
+# The channel an (un)subscription of no channel waits on: it is answered at once.
+NO_CHANNEL: Final = ChannelId(-1, -1)
+
+DispatchSub = Callable[[pm.Subscription | pm.UnSubscription, list[Action]], None]
+FailAcks = Callable[[int, list[Action]], None]
+
+
+class Session:
+    __slots__ = ("admin", "client_id", "greeted", "id", "n", "subs")
+
+    def __init__(self, sid: int) -> None:
+        self.id = sid
+        self.client_id = ""
+        self.greeted = False
+        self.admin = False  # its Hello carried the admin token (or none is needed)
+        self.subs: dict[str, tuple[str, Filter]] = {}  # local id -> (global id, filter)
+        self.n = 0
+
+
+class Pending:
+    """An (un)subscription waiting for its channels to apply it (rule 2)."""
+
+    __slots__ = ("applied", "channels", "local_id", "seq", "session", "subscribe", "then", "waiting")
+
+    def __init__(self, session: int, seq: int, local_id: str, subscribe: bool, chans: Iterable[ChannelId]) -> None:
+        self.session = session
+        self.seq = seq
+        self.local_id = local_id
+        self.subscribe = subscribe
+        # Copies in flight per channel: each answers once, applied or rerouted.
+        self.waiting: Counter[ChannelId] = Counter(chans)
+        self.applied: set[ChannelId] = set()
+        self.channels = len(self.waiting)
+        # An unsubscribe that waits for this subscribe (rule 3): the arguments of send_unsubscribe.
+        self.then: tuple[int, int, str, str, Filter] | None = None
+
+
+class Sessions(Mapping[int, Session]):
+    """Rules 1–4.  ``dispatch_sub`` sends an (un)subscription copy to its
+    channel (``node.router``); ``fail_acks`` fails a closed session's tracked
+    deliveries (``node.notify``)."""
+
+    def __init__(self, ctx: NodeContext, *, dispatch_sub: DispatchSub, fail_acks: FailAcks) -> None:
+        self._ctx = ctx
+        self._dispatch_sub = dispatch_sub
+        self._fail_acks = fail_acks
+        self._by_id: dict[int, Session] = {}
+        self.owners: dict[str, tuple[int, str]] = {}  # global sub id -> (session, local id)
+        self._pending: dict[str, Pending] = {}
+        self._seq = 0
+
+    def __getitem__(self, sid: int) -> Session:
+        return self._by_id[sid]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._by_id)
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def pending(self) -> int:
+        """(Un)subscriptions still waiting for their channels."""
+        return len(self._pending)
+
+    def pending_ids(self) -> list[str]:
+        return sorted(self._pending)
+
+    def pending_for(self, gid: str) -> Pending | None:
+        return self._pending.get(gid)
+
+    def open(self) -> int:
+        self._seq += 1
+        sid = self._seq
+        self._by_id[sid] = Session(sid)
+        return sid
+
+    def close(self, sid: int) -> list[Action]:
+        """Rule 4."""
+        sess = self._by_id.pop(sid, None)
+        out: list[Action] = []
+        if sess is None:
+            return out
+        self._fail_acks(sid, out)
+        capture = self._ctx.capture
+        for local_id, (gid, f) in sess.subs.items():
+            self.owners.pop(gid, None)
+            if capture is not None:
+                capture.unsubscribe(gid, "closed")
+            self.send_unsubscribe(sid, 0, local_id, gid, f, out)
+        return out
+
+    def subscribed(
+        self, sess: Session, seq: int, local_id: str, f: Filter, expression: str, chans: list[ChannelId]
+    ) -> str:
+        """A new subscription of ``sess`` (rule 1), waiting for ``chans`` (rule 2): its global id."""
+        ctx = self._ctx
+        sess.n += 1
+        gid = f"{ctx.sub_prefix}{sess.id}:{local_id}:{sess.n}"
+        sess.subs[local_id] = (gid, f)
+        self.owners[gid] = (sess.id, local_id)
+        if ctx.capture is not None:
+            ctx.capture.subscribe(gid, local_id, sess.id, sess.client_id, expression)
+        self._pending[gid] = Pending(sess.id, seq, local_id, True, chans)
+        return gid
+
+    def forget_pending(self, gid: str) -> None:
+        del self._pending[gid]
+
+    def unsubscribed(self, sess: Session, seq: int, local_id: str, out: list[Action]) -> bool:
+        """The client unsubscribes ``local_id``; False when it has no such subscription."""
+        entry = sess.subs.pop(local_id, None)
+        if entry is None:
+            return False
+        gid, f = entry
+        self.owners.pop(gid, None)
+        if self._ctx.capture is not None:
+            self._ctx.capture.unsubscribe(gid, "client")
+        self.send_unsubscribe(sess.id, seq, local_id, gid, f, out)
+        return True
+
+    def send_unsubscribe(self, sid: int, seq: int, local_id: str, gid: str, f: Filter, out: list[Action]) -> None:
+        ctx = self._ctx
+        prior = self._pending.get(gid)
+        if prior is not None and prior.subscribe:
+            # The subscribe is still on its way, maybe by a stale route: an
+            # unsubscribe sent now could overtake it and be undone by it.  It
+            # goes once every channel has applied the subscribe (rule 3).
+            prior.then = (sid, seq, local_id, gid, f)
+            return
+        chans = ctx.routing.lookup_subscription(f)
+        self._pending[gid] = Pending(sid, seq, local_id, False, chans or [NO_CHANNEL])
+        if not chans:
+            self.on_applied(pm.SubscriptionApplied(gid, NO_CHANNEL, False), out)
+            return
+        unsub = pm.UnSubscription(gid, f, local_id, ctx.id, pm.DispatchSign.UNSUBSCRIBE_DISPATCHED)
+        for chid in chans:
+            self._dispatch_sub(msgspec.structs.replace(unsub, ch_id=chid), out)
+
+    def on_applied(self, msg: pm.SubscriptionApplied, out: list[Action]) -> None:
+        """Rule 2: a copy was applied, or rerouted to the channels it names."""
+        p = self._pending.get(msg.sub_id)
+        if p is None or p.subscribe != msg.subscribe:
+            return
+        # Signed count of copies per channel: below zero while an answer has
+        # overtaken the reroute notice that announces its copy (a Reforward
+        # travels on the high queue, the notice on the normal one).
+        p.waiting[msg.ch_id] -= 1
+        if msg.rerouted_to:
+            # One copy went on to each of these; wait for every one, so none is
+            # still on its way when the client hears back (and unsubscribes).
+            p.waiting.update(msg.rerouted_to)
+            p.channels += len(msg.rerouted_to) - 1
+        else:
+            p.applied.add(msg.ch_id)
+        if any(p.waiting.values()):
+            return
+        del self._pending[msg.sub_id]
+        if self._ctx.capture is not None:
+            self._ctx.capture.applied(msg.sub_id, p.subscribe)
+        if p.then is not None:  # an unsubscribe waited for this subscribe: no SubAck, send it now
+            self.send_unsubscribe(*p.then, out)
+            return
+        if p.session not in self._by_id:
+            return
+        if p.subscribe:
+            out.append(ToClient(p.session, cm.SubAck(p.seq, p.local_id, len(p.applied))))
+        else:
+            out.append(ToClient(p.session, cm.UnsubAck(p.seq, p.local_id)))

@@ -1,0 +1,52 @@
+"""The node's self-description for operators (SPEC §14).
+
+Read by the client protocol's ``status`` admin command, the admin HTTP
+``/status`` endpoint, ``overlay status`` and the live page.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from overlay.node.balancing import Balancing
+from overlay.node.boot import Boot
+from overlay.node.context import NodeContext
+from overlay.node.membership import Membership
+from overlay.node.sessions import Sessions
+
+__all__ = ["node_status"]
+
+
+def node_status(
+    ctx: NodeContext, boot: Boot, balancing: Balancing, membership: Membership, sessions: Sessions
+) -> dict[str, Any]:
+    """A JSON-ready snapshot: readiness, load and state, peers, channels, routing table, counters."""
+    mon = balancing.monitor
+    report = balancing.last_report
+    routing = ctx.routing
+    return {
+        "node": ctx.id,
+        "ready": boot.ready,
+        "initializer": boot.is_initializer,
+        "load": ctx.local.load,
+        "capacity": ctx.me.capacity,
+        "state": mon.state.value,
+        "draining": membership.draining,  # refuses channels, moving its own off
+        "slice": mon.slice_no,
+        "slice_seconds": mon.slice_seconds,
+        "d": mon.d,
+        "dc": mon.dc,
+        "mean_dc": mon.mean,
+        "spread": report.spread if report else None,
+        "peers": {str(p.node): {"state": p.state.value, "dc": p.dc, "d": p.d} for p in mon.live()},
+        "channels": [
+            {**ch.summary(), "replicas": list(routing[ch.id].owners) if ch.id in routing else [ctx.id]}
+            for ch in ctx.local
+        ],
+        "routing": [
+            {"id": str(c), "space": e.space.text(ctx.schema), "owners": list(e.owners)}
+            for c, e in sorted(routing.items())
+        ],
+        "sessions": len(sessions),
+        "stats": dict(ctx.stats),
+    }
