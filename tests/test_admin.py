@@ -59,7 +59,7 @@ async def test_healthz_is_503_with_the_reason_until_ready_then_200() -> None:
         assert sorted(body["links_up"] + body["links_down"]) == [0, 2]
 
         await cl.start_node(0)  # the initializer: node 2 is still missing
-        await wait_until(lambda: 1 in cl.nodes[0].core.boot_state.heard, 10, "node 0 heard from node 1")
+        await wait_until(lambda: 1 in cl.nodes[0].core.startup.state.heard, 10, "node 0 heard from node 1")
         status, body, _ = await fetch(cl.url(0) + "/healthz")
         # It waits to hear from node 2 (or the grace, peer_timeout) before it initialises.
         assert status == 503 and "waiting to hear from nodes [2]" in body["why"]

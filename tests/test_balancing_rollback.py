@@ -126,7 +126,7 @@ async def test_failure_mid_session_rolls_back(failure: str) -> None:
         # Rolled back: the sender's tables are those of <1>, no session left.
         core = cl.nodes[sender].core
         assert _tables(core) == at1
-        assert not any(m.active for m in core.outgoing.values()) and not core.migration.reforwarding
+        assert not any(m.active for m in core.migration.outgoing.values()) and not core.migration.reforwarding
         assert core.monitor.state is not core.monitor.state.BUSY
         aborts = cl.journal("abort", [sender])
         assert aborts and "no answer" in aborts[-1]["reason"], aborts

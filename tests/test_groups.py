@@ -109,7 +109,8 @@ async def test_a_dead_instance_s_events_go_to_the_others_and_none_left_tells_the
         # Now the last live instance goes away: its events cannot be delivered.
         await live.close()
         await wait_until(
-            lambda: cl.nodes[1].core.sessions.keys().isdisjoint(cl.nodes[1].core.acks.sessions()), what="session gone"
+            lambda: cl.nodes[1].core.sessions.keys().isdisjoint(cl.nodes[1].core.notifier.acks.sessions()),
+            what="session gone",
         )
         await asyncio.sleep(0.1)
         r = await pub.publish(ev(7))
@@ -133,10 +134,12 @@ async def test_dispatch_state_survives_a_migration():
         pub = await cl.raw(0)
         await publish_all(pub, 203)
         await wait_until(lambda: len(a.notes) + len(b.notes) == 203, what="first batch")
-        before = cl.nodes[0].core._dispatchers[(EC, "g")].state()
+        before = cl.nodes[0].core.groups.dispatcher(EC, "g").state()
         await cl.admin(0, "place", channel="0.0", node=1)
-        await wait_until(lambda: (EC, "g") in cl.nodes[1].core._dispatchers, what="state restored on the receiver")
-        after = cl.nodes[1].core._dispatchers[(EC, "g")].state()
+        await wait_until(
+            lambda: cl.nodes[1].core.groups.dispatcher(EC, "g") is not None, what="state restored on the receiver"
+        )
+        after = cl.nodes[1].core.groups.dispatcher(EC, "g").state()
         assert after.dispatched == before.dispatched == 203
         assert {i: (s.acc, s.sent) for i, s in after.instances.items()} == {
             i: (s.acc, s.sent) for i, s in before.instances.items()

@@ -30,7 +30,7 @@ async def test_two_events_leave_every_node_stable_and_the_log_quiet(caplog: pyte
         assert [c.monitor.state.value for c in cores] == ["STABLE"] * 3
         assert all(c.stats["journal_decision"] == 0 and c.stats["migrations_aborted"] == 0 for c in cores)
         assert all(c.local.load == 0 for c in cores)  # no decaying remnant of the two events (6e-61 once)
-        assert all(v == 0 for c in cores for v in c._channel_load.values())
+        assert all(v == 0 for c in cores for v in c.loads.all().values())
     warnings = [
         r
         for r in caplog.records

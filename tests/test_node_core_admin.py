@@ -93,7 +93,7 @@ def test_placing_a_channel_where_it_is_already_changes_nothing_and_says_so():
     w = World()
     reply = w.admin(0, w.client(0, "ops"), "place", channel="0.0", node=0)
     assert isinstance(reply, cm.AdminReply) and reply.result["moved"] is False and "already" in reply.result["note"]
-    assert w.cores[0].local.ids() == [EC] and not w.cores[0].outgoing
+    assert w.cores[0].local.ids() == [EC] and not w.cores[0].migration.outgoing
 
 
 def test_a_split_says_what_it_did():
@@ -194,8 +194,8 @@ def test_admin_place_emits_the_exact_migration_sequence():
     # The receiver stored the moved subscriptions at once and indexes them later.
     assert w.cores[2].index_wanted and w.cores[2].local[HIGH].unindexed == 1
     assert w.cores[2].index_pending(16) == 0 and w.stored(HIGH) == {gid}
-    assert w.cores[0].outgoing[session].state is OutState.DONE
-    assert w.cores[2].incoming == {}
+    assert w.cores[0].migration.outgoing[session].state is OutState.DONE
+    assert w.cores[2].migration.incoming == {}
     # Traffic now goes straight to the new owner.
     mark = len(net.trace)
     eid = w.publish(1, sid, {"price": 700.0, "sym": "A"})

@@ -31,7 +31,7 @@ def test_subscriptions_between_time_1_and_2_ride_in_the_snapshot():
     net.hold_types(pm.ReplyChannelTransfer, src=2, dst=0)  # stay before <2>
     _start_place(w, admin, "0.0", 2)
     net.run()
-    (mig,) = w.cores[0].outgoing.values()
+    (mig,) = w.cores[0].migration.outgoing.values()
     assert mig.state is OutState.TRANSFERRING and not mig.reforwarding
     w.subscribe(1, sid, "new", "price > 900")  # applied on node 0, acked normally
     w.unsubscribe(1, sid, "gone")
@@ -66,9 +66,9 @@ def test_traffic_after_time_2_is_reforwarded_and_applied_once_on_the_receiver():
     net.hold_types(pm.ReplySubscriptionMove, src=2, dst=0)
     seq = _start_place(w, admin, "0.0", 2)
     net.run()
-    (mig,) = cores[0].outgoing.values()
+    (mig,) = cores[0].migration.outgoing.values()
     assert mig.state is OutState.MOVING and mig.reforwarding
-    assert cores[2].incoming[(0, mig.session)].state is InState.SUBSCRIPTIONS_ADDED
+    assert cores[2].migration.incoming[(0, mig.session)].state is InState.SUBSCRIPTIONS_ADDED
     applied0 = cores[2].stats["subscriptions_applied"]
     w.subscribe(1, c1, "c", "price >= 50", settle=False)
     gid_a = w.gid(1, c1, "a")
@@ -180,7 +180,7 @@ def test_reforward_under_concurrent_load_delivers_exactly_once():
     steps = [t for t in MIGRATION_TYPES if t is not pm.Reforward]
     net.hold_types(*steps)
     _start_place(w, admin, "0.2", 1)
-    (mig,) = [m for m in cores[0].outgoing.values() if m.active]
+    (mig,) = [m for m in cores[0].migration.outgoing.values() if m.active]
     states = []
     for rnd in range(30):
         if not mig.active:
@@ -244,7 +244,7 @@ def test_timeout_before_time_2_aborts_and_rolls_back_the_receiver():
     net.hold_types(pm.ReplyChannelTransfer, src=2, dst=0)
     seq = _start_place(w, admin, "0.0", 2)
     net.run()
-    (mig,) = cores[0].outgoing.values()
+    (mig,) = cores[0].migration.outgoing.values()
     assert mig.state is OutState.TRANSFERRING
     assert EC in cores[2].local  # the receiver added the channel at ChannelTransfer
     routing_before = cores[0].routing.entries()
@@ -256,11 +256,11 @@ def test_timeout_before_time_2_aborts_and_rolls_back_the_receiver():
     net.run()
     assert net.types(mark) == [(0, 2, "CompleteLoadBalance")]
     assert net.trace[mark][2].aborted
-    assert EC not in cores[2].local and cores[2].incoming == {}
+    assert EC not in cores[2].local and cores[2].migration.incoming == {}
     assert net.owner_of(EC) == [0]
     err = w.reply(0, admin, seq)
     assert isinstance(err, cm.Error) and err.code == cm.ErrorCode.ADMIN and "aborted" in err.message
-    assert mig.session not in cores[0].outgoing  # forgotten at the tick
+    assert mig.session not in cores[0].migration.outgoing  # forgotten at the tick
     # The late answer finds no session: it is ignored, nothing else changes.
     net.release()
     net.run()
@@ -283,7 +283,7 @@ def test_timeout_waiting_for_the_request_answer_aborts():
     assert isinstance(w.reply(0, admin, seq), cm.Error)
     w.net.run()
     # Node 1 accepted, then heard the abort: it holds nothing.
-    assert w.cores[1].incoming == {} and w.net.owner_of(EC) == [0]
+    assert w.cores[1].migration.incoming == {} and w.net.owner_of(EC) == [0]
 
 
 def test_receiver_forgets_an_accepted_session_the_sender_never_continues():
@@ -293,18 +293,18 @@ def test_receiver_forgets_an_accepted_session_the_sender_never_continues():
     net.hold_types(pm.ChannelTransfer, src=0, dst=2)
     _start_place(w, admin, "0.0", 2)
     net.run()
-    (key,) = cores[2].incoming
-    assert cores[2].incoming[key].state is InState.ACCEPTED
+    (key,) = cores[2].migration.incoming
+    assert cores[2].migration.incoming[key].state is InState.ACCEPTED
     net.tick(2, TIMEOUT - 0.001)
-    assert key in cores[2].incoming
+    assert key in cores[2].migration.incoming
     net.tick(2, TIMEOUT + 0.001)
-    assert cores[2].incoming == {} and EC not in cores[2].local
+    assert cores[2].migration.incoming == {} and EC not in cores[2].local
     # The late ChannelTransfer names a session that is over: answered with
     # REPLY_FAIL, so the sender, never confirmed, rolls back at once.
     net.release()
     net.run()
     assert net.errors == []
-    assert not any(m.active for m in cores[0].outgoing.values())
+    assert not any(m.active for m in cores[0].migration.outgoing.values())
     assert EC in cores[0].local and EC not in cores[2].local
     net.tick(0, 3 * TIMEOUT)
     net.run()
@@ -323,7 +323,7 @@ def test_slow_subscription_move_is_waited_for_nothing_lost():
     net.hold_types(pm.SubscriptionMove, src=0, dst=2)
     seq = _start_place(w, admin, "0.0", 2)
     net.run()
-    (mig,) = cores[0].outgoing.values()
+    (mig,) = cores[0].migration.outgoing.values()
     assert mig.state is OutState.MOVING
     eid = w.publish(1, sid, {"price": 5.0, "sym": "A"})
     net.run()  # node 0 reforwards it behind the SubscriptionMove
@@ -345,7 +345,7 @@ def test_timeout_after_time_3_does_not_roll_back():
     net.hold_types(pm.ReplyUpdateGlobal, src=1, dst=0)
     _start_place(w, admin, "0.0", 2)
     net.run()
-    (mig,) = cores[0].outgoing.values()
+    (mig,) = cores[0].migration.outgoing.values()
     assert mig.state is OutState.UPDATING
     net.tick(0, 1000.0)
     assert mig.state is OutState.UPDATING  # the tables changed: wait, do not abort

@@ -92,7 +92,7 @@ def test_a_home_whose_link_drops_gets_its_unsequenced_events_re_sent_to_the_new_
     net.client_send(0, pub, cm.Publish(1, EVENT, 0.0, key, 0))
     net.execute(0, net.cores[0].peer_link(2, False, net.now))
     new_home = rendezvous_home(key, [0, 1])
-    assert net.cores[0].home_of(key) == new_home
+    assert net.cores[0].ordering.home_of(key) == new_home
     _settle(net)
     assert [m.seq for m in net.received(0, pub, kind=cm.PubAck)] == [1]
     assert net.cores[new_home].ordering.sequencer.context(key) is not None

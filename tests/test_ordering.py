@@ -172,7 +172,7 @@ async def test_home_leaves_keys_move_to_a_live_node_and_stay_ordered_after(cl):
         lambda: 2 not in cl.nodes[1].core.ordering.live_nodes() and 2 not in cl.nodes[0].core.ordering.live_nodes(),
         what="node 2 seen down",
     )
-    assert all(cl.nodes[1].core.home_of(k) in (0, 1) for k in keys)
+    assert all(cl.nodes[1].core.ordering.home_of(k) in (0, 1) for k in keys)
     for r in range(n_before, n_before + n_after):
         replies = await asyncio.gather(*(pub.publish_nowait(ev(r), key=k) for k in keys))
         assert all(isinstance(x, cm.PubAck) for x in replies)

@@ -221,7 +221,7 @@ class AdminServer:
             return False, "the node is starting"
         if not core.has_table:
             if core.is_initializer:
-                missing = sorted(set(core.peers) - set(core.boot_state.heard))
+                missing = sorted(set(core.peers) - set(core.startup.state.heard))
                 return (
                     False,
                     f"waiting to hear from nodes {missing} whether the cluster runs already (node.boot rule 2)",

@@ -9,52 +9,25 @@ A decoded message and ``now`` go in; the actions to perform come out
 ``overlay.net.node`` reads frames, calls the core, and carries out what it
 returns; the simulator of SPEC §15 drives the same core with in-memory links.
 
-Rules this module keeps (SPEC §3, §4, §8):
+The node's rules, numbered as the other modules cite them (SPEC §3, §4, §8):
 
-1. Initialisation: the initializer creates ``EC = <WES, ∅>`` and sends
-   RoutingTableInit to every peer; it is ready when every peer replied.  Any
-   other node is ready once it holds a routing table.  Before that a client's
-   publish/subscribe is answered with ``not_ready``.
-2. One hop: a client's (un)subscription goes to every channel it belongs to —
-   applied here for local channels, sent DISPATCHED with ``ch_id`` to the
-   owner of each remote one.  An event goes to its one channel the same way.
-   A DISPATCHED message is applied to the named local channel without a
-   routing lookup.
-3. A DISPATCHED message whose channel is not here is re-routed with the
-   current routing table (a bounded number of hops), never dropped silently;
-   if this node is moving that channel out and is past time <2>, it is
-   reforwarded to the receiver instead (``overlay.balance.migration``).  A
-   channel still arriving here counts as not here; an (un)subscription for a
-   moved channel goes on to that channel only, one for a split or merged
-   channel to the channels that replaced it.  A replicated channel's
-   (un)subscriptions enter at its first owner and are relayed along its
-   owners, the last one answering.
-4. An (un)subscription is acknowledged to its client only when every copy of
-   it has been applied (``SubscriptionApplied``; a reroute announces its new
-   copies), so an event published after the SubAck is matched against it.  An
-   unsubscribe waits until its subscribe is applied everywhere, so it cannot
-   overtake it.
-5. The owner matches an event once and sends one Notification per
-   subscribers' access node; the access node sends each client one Notify
-   listing that client's matching subscriptions — at most once per
-   subscription per event.
-6. Subscription ids are unique per subscribe call
-   (``node.incarnation:session:local_id:n``), so a re-subscribe never revives
-   an old one, and event ids (``node-incarnation-n``) never repeat across
-   restarts: the incarnation is the process's start time, given by the shell.
+1. Initialisation and readiness: ``node.boot``.
+2. One hop, 3. re-routing, 5. one match and one Notification per access
+   node, 8. one subscription's error is its own: ``node.router``.
+4. An (un)subscription is acknowledged once every copy is applied, and an
+   unsubscribe never overtakes its subscribe: ``node.sessions``.
+6. Ids never repeat: subscription ids ``node.incarnation:session:local_id:n``
+   (a re-subscribe never revives an old one), event ids
+   ``node-incarnation-n``; the incarnation is the process's start time,
+   given by the shell (``node.context``).
 7. A peer whose hello carries a new incarnation restarted: what this node
-   held for its old run is dropped — the subscriptions of its dead clients,
-   sessions with it (rolled back, or completed where the tables already
-   moved), waits for its replies — as when a peer is unreachable past the
-   timeout.  How a node gets its table at start is ``overlay.node.boot``'s.
-8. One bad state never stops a node: an unexpected error in a part of
-   ``tick`` is logged with the state and counted, and the other parts and
-   the next ticks run; an error matching an event for one subscription is
-   that subscription's (counted), and every other match is served.
-9. An operator's split or move of a replicated channel first gives it back to
-   its first owner alone (``UpdateRoutingTable``); a replica that sees its
-   first owner take it back drops its copy (each replica held the same
-   subscriptions; events in flight to it are re-routed to the owner).
+   held for its old run is dropped — its dead clients' subscriptions
+   (``node.peers``), sessions with it and waits for its replies
+   (``node.migration``) — as when a peer is unreachable past the timeout.
+8. One bad state never stops a node: each part of ``tick`` runs in its own
+   guard, logged with the state and counted (here).
+9. A replica that sees its first owner take a replicated channel back alone
+   drops its copy (``node.updates``; operators: ``node.admin``).
 """
 
 from __future__ import annotations
@@ -65,11 +38,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from overlay.actions import Action, AddPeer, CloseClient, ToClient, ToPeer
-from overlay.balance.migration import IncomingMigration, OutgoingMigration
 from overlay.balance.monitor import Monitor, SliceReport
 from overlay.capture import CaptureBuffer
-from overlay.channels.channel import ChannelId
-from overlay.channels.groups import GroupDispatcher
 from overlay.channels.local_table import LocalTable
 from overlay.channels.routing_table import RoutingTable
 from overlay.channels.schema import Schema
@@ -77,10 +47,9 @@ from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node.acks import AwaitedAcks
 from overlay.node.admin import Admin
 from overlay.node.balancing import Balancing
-from overlay.node.boot import Boot, BootState
+from overlay.node.boot import Boot
 from overlay.node.clients import Clients
 from overlay.node.context import NodeContext
 from overlay.node.groups import Groups
@@ -510,32 +479,3 @@ class NodeCore:
             f"incoming={[(k, m.state.value) for k, m in mig.incoming.items()]} "
             f"splitting={self.balancing.splitting()} unreachable={sorted(self.ctx.unreachable)}"
         )
-
-    # -- until the integration tests move to overlay.testing (issue 15): what they read ---------------
-
-    @property
-    def outgoing(self) -> dict[int, OutgoingMigration]:
-        return self.migration.outgoing
-
-    @property
-    def incoming(self) -> dict[tuple[int, int], IncomingMigration]:
-        return self.migration.incoming
-
-    @property
-    def acks(self) -> AwaitedAcks:
-        return self.notifier.acks
-
-    @property
-    def boot_state(self) -> BootState:
-        return self.startup.state
-
-    @property
-    def _dispatchers(self) -> dict[tuple[ChannelId, str], GroupDispatcher]:
-        return self.groups._dispatchers
-
-    @property
-    def _channel_load(self) -> Mapping[ChannelId, float]:
-        return self.loads.all()
-
-    def home_of(self, key: str) -> int:
-        return self.ordering.home_of(key)
