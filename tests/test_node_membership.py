@@ -65,7 +65,9 @@ def test_drain_moves_every_channel_by_the_migration_protocol_then_leaves():
     assert [e["action"] for e in drain] == ["start", "move", "done"]
     assert drain[1]["receiver"] == 1 and {c["node"] for c in drain[1]["candidates"]} == {1, 2}
     # Rule 6: the leaving hello; the others drop node 0 from their peers and monitors.
-    assert core.membership.left and all(0 not in net.cores[i].peers and 0 not in net.cores[i].monitor.peers for i in (1, 2))
+    assert core.membership.left and all(
+        0 not in net.cores[i].peers and 0 not in net.cores[i].monitor.peers for i in (1, 2)
+    )
     # A draining node refuses every request, forced or not.
     assert core.balancing.accepts(pm.RequestLoadBalance(0.0, 0.0, 7, True)) == (False, "node 0 is draining")
 
