@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from overlay.client import AgentSettings, load_agent_settings
 from overlay.client.agent import _P0, FAILURE_FACTOR, RlsEstimator, RoutingAgent
-from overlay.client.routing import AgentSettings, load_agent_settings
 from overlay.errors import ConfigError
 
 

@@ -6,6 +6,8 @@ table) and, for a misspelt name, the closest known one.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,20 @@ def test_ports_on_other_hosts_or_ephemeral_do_not_clash(tmp_path: Path) -> None:
 def test_a_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"config file .*nope.toml does not exist"):
         load_config(tmp_path / "nope.toml")
+
+
+def test_a_node_checks_the_agent_table_without_importing_the_client_library(tmp_path: Path) -> None:
+    """``[agent]`` (``AgentSettings``, ``load_agent_settings``) belongs to this
+    module; the client imports it from here, never the other way round."""
+    path = tmp_path / "c.toml"
+    path.write_text(LOCAL + "\n[agent]\nwindow = 8\n")
+    code = (
+        "import sys; from overlay.config import load_config; load_config(sys.argv[1]); "
+        "print(sorted(m for m in sys.modules if m.startswith('overlay.client')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+    from overlay import client, config
+
+    assert client.AgentSettings is config.AgentSettings and client.load_agent_settings is config.load_agent_settings

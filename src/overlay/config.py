@@ -7,6 +7,7 @@ Layout::
     [[nodes]]       id, host, port, admin_port, capacity
     [bandwidth]     default, and [[bandwidth.links]] {a, b, bw} (symmetric)
     [schema]        the content model's schema (overlay.channels.schema)
+    [agent]         the client's routing agent (``AgentSettings``; nodes only check it)
 
 Everything is checked when loaded; a bad file raises ``ConfigError`` naming
 the offending key, in this order (``_from_doc``):
@@ -37,12 +38,14 @@ from overlay.channels.schema import Schema
 from overlay.errors import ConfigError, OverlayError
 
 __all__ = [
+    "AgentSettings",
     "BandwidthLink",
     "ClusterConfig",
     "ClusterSettings",
     "GroupSettings",
     "NodeConfig",
     "SequencerSettings",
+    "load_agent_settings",
     "load_config",
 ]
 
@@ -139,6 +142,20 @@ class GroupSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     low_priority: str = ""  # a subscription expression naming the low-priority events; "" = none
 
 
+class AgentSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[agent]``: the client's routing agent (SPEC §12, ``overlay.client.routing``).
+
+    Read by clients (``load_agent_settings``); a node checks the table when it
+    loads the file, so a typo fails for nodes too, and otherwise ignores it."""
+
+    window: Annotated[int, msgspec.Meta(ge=2, le=10_000)] = 16  # l: ack latencies per node in the RLS fit
+    min_timeout: Annotated[float, msgspec.Meta(gt=0)] = 0.05  # s: floor of mean + 3σ
+    max_timeout: Annotated[float, msgspec.Meta(gt=0)] = 5.0  # s: the timeout before 3 samples, and its ceiling
+    probe_interval: Annotated[float, msgspec.Meta(ge=0)] = 0.25  # s without a sample before a probe; 0: off
+    redundancy: Annotated[int, msgspec.Meta(ge=1, le=16)] = 2  # homes per (non-group) subscription
+    dedup: Annotated[int, msgspec.Meta(ge=1)] = 65_536  # event ids remembered per subscription
+
+
 class ClusterConfig(msgspec.Struct, frozen=True):
     cluster: ClusterSettings
     nodes: tuple[NodeConfig, ...]
@@ -181,13 +198,6 @@ def _fields(struct: type[msgspec.Struct]) -> tuple[str, ...]:
     return tuple(f.name for f in msgspec.structs.fields(struct))
 
 
-def _agent_keys() -> tuple[str, ...]:
-    # Imported here: the client library reads [agent]; nodes never need it.
-    from overlay.client.routing import AgentSettings
-
-    return _fields(AgentSettings)
-
-
 def _unknown(kind: str, name: str, where: str, known: tuple[str, ...]) -> ConfigError:
     close = difflib.get_close_matches(name, known, n=1)
     hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}"
@@ -212,7 +222,7 @@ def _check_names(doc: Mapping[str, Any]) -> None:
         "groups": _fields(GroupSettings),
         "schema": SCHEMA_KEYS,
         "nodes": _fields(NodeConfig),
-        "agent": (),  # filled in below, only when present
+        "agent": _fields(AgentSettings),
     }
     for name in doc:
         if name not in tables:
@@ -220,7 +230,7 @@ def _check_names(doc: Mapping[str, Any]) -> None:
     for name, known in tables.items():
         if name not in doc or name == "nodes":
             continue
-        _check_keys(doc[name], f"[{name}]", _agent_keys() if name == "agent" else known)
+        _check_keys(doc[name], f"[{name}]", known)
     nodes = doc.get("nodes", [])
     if not isinstance(nodes, list):
         raise ConfigError("nodes must be an array of tables: [[nodes]]")
@@ -300,8 +310,6 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
         sequencer = _convert(doc.get("sequencer", {}), SequencerSettings, "[sequencer]")
         groups = _convert(doc.get("groups", {}), GroupSettings, "[groups]")
         if "agent" in doc:  # read by clients; checked here so a typo fails for nodes too
-            from overlay.client.routing import AgentSettings
-
             _convert(doc["agent"], AgentSettings, "[agent]")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
@@ -347,3 +355,17 @@ def load_config(path: str | Path) -> ClusterConfig:
 
 def config_from_dict(doc: dict[str, Any], path: str = "<dict>") -> ClusterConfig:
     return _from_doc(doc, path)
+
+
+def load_agent_settings(path: str | Path) -> AgentSettings:
+    """The ``[agent]`` table of a cluster config, for a client (the rest of the file is not read)."""
+    try:
+        with open(path, "rb") as fh:
+            doc = tomllib.load(fh)
+        return msgspec.convert(doc.get("agent", {}), AgentSettings)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{path}: [agent]: {exc}") from exc

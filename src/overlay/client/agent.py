@@ -35,12 +35,14 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Hashable, Iterable, Mapping
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 __all__ = ["FAILURE_FACTOR", "RlsEstimator", "RoutingAgent"]
 
 FAILURE_FACTOR: Final = 10.0
 _P0: Final = 1e6  # initial P = _P0·I: an uninformative prior
+
+N = TypeVar("N", bound=Hashable)  # how the caller names its nodes
 
 
 class RlsEstimator:
@@ -109,25 +111,23 @@ class RlsEstimator:
         return mean, math.sqrt(sum((m - mean) ** 2 for m in ms) / len(ms))
 
 
-class RoutingAgent:
+class RoutingAgent(Generic[N]):
     """Rules 2–4 over a set of access nodes."""
 
     def __init__(
-        self, nodes: Iterable[Hashable], *, window: int = 16, min_timeout: float = 0.05, max_timeout: float = 5.0
+        self, nodes: Iterable[N], *, window: int = 16, min_timeout: float = 0.05, max_timeout: float = 5.0
     ) -> None:
-        self.estimators: dict[Hashable, RlsEstimator] = {n: RlsEstimator(window) for n in nodes}
+        self.estimators: dict[N, RlsEstimator] = {n: RlsEstimator(window) for n in nodes}
         if not self.estimators:
             raise ValueError("the routing agent needs at least one node")
         self.min_timeout = min_timeout
         self.max_timeout = max_timeout
-        self.failures: dict[Hashable, int] = dict.fromkeys(self.estimators, 0)
+        self.failures: dict[N, int] = dict.fromkeys(self.estimators, 0)
 
-    def cost(self, node: Hashable, now: float) -> float:
+    def cost(self, node: N, now: float) -> float:
         return self.estimators[node].predict(now)
 
-    def choose(
-        self, now: float, exclude: Iterable[Hashable] = (), pending: Mapping[Hashable, int] | None = None
-    ) -> Hashable:
+    def choose(self, now: float, exclude: Iterable[N] = (), pending: Mapping[N, int] | None = None) -> N:
         """Rules 2 and 2b: the cheapest node not in ``exclude`` (all of them if that leaves none)."""
         skip = set(exclude)
         pool = [n for n in self.estimators if n not in skip] or list(self.estimators)
@@ -135,20 +135,20 @@ class RoutingAgent:
             return min(pool, key=lambda n: (self.cost(n, now), len(self.estimators[n])))
         return min(pool, key=lambda n: (self.cost(n, now), pending.get(n, 0), len(self.estimators[n])))
 
-    def on_ack(self, node: Hashable, latency: float, now: float) -> None:
+    def on_ack(self, node: N, latency: float, now: float) -> None:
         self.estimators[node].add(now, latency)
 
-    def on_choke(self, node: Hashable, delay: float, now: float) -> None:
+    def on_choke(self, node: N, delay: float, now: float) -> None:
         """Rule 3."""
         self.estimators[node].add(now, delay)
 
-    def timeout(self, node: Hashable) -> float:
+    def timeout(self, node: N) -> float:
         """Rule 4: ``mean + 3σ`` of the node's recent latencies, bounded."""
         mean, std = self.estimators[node].mean_std()
         if len(self.estimators[node]) < 3:
             return self.max_timeout
         return min(self.max_timeout, max(self.min_timeout, mean + 3 * std))
 
-    def on_timeout(self, node: Hashable, now: float) -> None:
+    def on_timeout(self, node: N, now: float) -> None:
         self.failures[node] += 1
         self.estimators[node].add(now, FAILURE_FACTOR * self.timeout(node))

@@ -80,16 +80,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
-import tomllib
 from collections import OrderedDict
 from collections.abc import Sequence
-from pathlib import Path
-from typing import Annotated, Any, Final
-
-import msgspec
+from typing import Any, Final
 
 from overlay.channels.schema import Value
 from overlay.client.agent import RoutingAgent
@@ -103,7 +100,8 @@ from overlay.client.connection import (
     check_timeout,
 )
 from overlay.client.load_factor import LoadFactor, LoadFactorConfig
-from overlay.errors import ConfigError, ConnectionLost, NotReady, RequestError
+from overlay.config import AgentSettings, load_agent_settings
+from overlay.errors import ConnectionLost, NotReady, RequestError
 from overlay.messages import client as cm
 from overlay.messages.codec import DEFAULT_MAX_FRAME_SIZE
 
@@ -119,31 +117,6 @@ REPLACE_POLL: Final = 0.2
 MAX_PLACE_ATTEMPTS: Final = 8
 PLACE_BACKOFF: Final = 0.1
 PLACE_BACKOFF_MAX: Final = 5.0
-
-
-class AgentSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """The ``[agent]`` table of the cluster TOML (defaults in the README)."""
-
-    window: Annotated[int, msgspec.Meta(ge=2, le=10_000)] = 16  # l: ack latencies per node in the RLS fit
-    min_timeout: Annotated[float, msgspec.Meta(gt=0)] = 0.05  # s: floor of mean + 3σ
-    max_timeout: Annotated[float, msgspec.Meta(gt=0)] = 5.0  # s: the timeout before 3 samples, and its ceiling
-    probe_interval: Annotated[float, msgspec.Meta(ge=0)] = 0.25  # s without a sample before a probe; 0: off
-    redundancy: Annotated[int, msgspec.Meta(ge=1, le=16)] = 2  # homes per (non-group) subscription
-    dedup: Annotated[int, msgspec.Meta(ge=1)] = 65_536  # event ids remembered per subscription
-
-
-def load_agent_settings(path: str | Path) -> AgentSettings:
-    """The ``[agent]`` table of a cluster config (nodes ignore it)."""
-    try:
-        with open(path, "rb") as fh:
-            doc = tomllib.load(fh)
-        return msgspec.convert(doc.get("agent", {}), AgentSettings)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{path}: [agent]: {exc}") from exc
 
 
 class FailoverSubscription:
@@ -309,7 +282,7 @@ class AgentClient:
             for i, a in enumerate(self.addresses)
         ]
         s = self.settings
-        self.agent = RoutingAgent(
+        self.agent: RoutingAgent[int] = RoutingAgent(
             range(len(self.clients)), window=s.window, min_timeout=s.min_timeout, max_timeout=s.max_timeout
         )
         self.chokes = 0
@@ -327,7 +300,7 @@ class AgentClient:
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         for i, c in enumerate(self.clients):
-            c.on_lost.append(lambda c, i=i: self._lost(i))
+            c.on_lost.append(functools.partial(self._lost, i))
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -561,7 +534,8 @@ class AgentClient:
         count = self._place_failures.get((fs.sub_id, i), (0, 0.0, 0))[0] + 1
         pause = min(PLACE_BACKOFF_MAX, PLACE_BACKOFF * 2**count)
         self._place_failures[(fs.sub_id, i)] = (count, time.monotonic() + pause, self.clients[i].connections)
-        fs.last_refusal = f"node {self.addresses[i]}: {exc or type(exc).__name__}"
+        why = str(exc) or type(exc).__name__
+        fs.last_refusal = f"node {self.addresses[i]}: {why}"
         log.info(
             "%s: cannot place %s on node %s (attempt %d of %d): %s",
             self.client_id,
@@ -569,7 +543,7 @@ class AgentClient:
             self.addresses[i],
             count,
             MAX_PLACE_ATTEMPTS,
-            exc or type(exc).__name__,
+            why,
         )
 
     def _check_homeless(self, fs: FailoverSubscription) -> None:
@@ -585,10 +559,9 @@ class AgentClient:
                 fs.queue.put_nowait(None)
             log.warning("%s: %s", self.client_id, fs.error)
 
-    def _lost(self, i: int) -> None:
+    def _lost(self, i: int, client: Client) -> None:
         """Client ``i`` lost its node: take subscriptions off it (before it can
         re-subscribe them on reconnect) and have them placed elsewhere."""
-        client = self.clients[i]
         for fs in self._subs.values():
             if fs.homes.pop(i, None) is not None:
                 fs.failovers += 1
@@ -606,7 +579,7 @@ class AgentClient:
                 if len(fs.homes) < fs.redundancy and not fs.closed:
                     try:
                         await self._place(fs)
-                    except Exception as exc:  # a bug; keep serving the others (rule 6: no spin, no trace per turn)
+                    except Exception as exc:  # noqa: BLE001 — a bug: serve the others (rule 6: no spin, no trace per turn)
                         fs.last_refusal = repr(exc)
                         log.warning("%s: re-placing subscription %s failed: %r", self.client_id, fs.sub_id, exc)
 
