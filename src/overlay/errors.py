@@ -71,13 +71,44 @@ class NotReady(OverlayError):
 
 
 class SlowConsumerError(OverlayError):
-    """A subscriber's bounded queue is full and the policy is to refuse."""
+    """Notifications were dropped because the application does not keep up.
 
-    def __init__(self, subscriber: str, queued: int, limit: int) -> None:
-        super().__init__(f"subscriber {subscriber!r} is too slow: {queued} notifications queued (limit {limit})")
+    The client library hands it to the application's error callback
+    (``Client(error_cb=...)``, docs/client.md) — it is never raised.
+    ``subscriber`` is the subscription whose bounded queue was full, or
+    ``""`` when the access node ``node_id`` dropped notifications queued for
+    this client's connection (its ``[cluster] client_queue``).  ``queued`` and
+    ``limit`` are that subscription queue's length and capacity at the first
+    drop of the report; ``dropped`` counts the notifications dropped since
+    the previous report (0 when the node does not say), ``event_id`` names the
+    first of them (``""`` when unknown).
+    """
+
+    def __init__(
+        self,
+        subscriber: str,
+        queued: int = 0,
+        limit: int = 0,
+        *,
+        dropped: int = 0,
+        event_id: str = "",
+        node_id: int | None = None,
+    ) -> None:
+        if subscriber:
+            text = (
+                f"subscription {subscriber!r} is a slow consumer: {dropped} notification(s) dropped"
+                f" (its queue held {queued} of {limit})"
+            )
+        else:
+            where = f"node {node_id}" if node_id is not None else "the access node"
+            text = f"{where} dropped notifications for this client: its queue for the connection is full"
+        super().__init__(text)
         self.subscriber = subscriber
         self.queued = queued
         self.limit = limit
+        self.dropped = dropped
+        self.event_id = event_id
+        self.node_id = node_id
 
 
 class RequestError(OverlayError):

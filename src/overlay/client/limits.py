@@ -1,0 +1,59 @@
+"""The client library's named limits, and the checks of a caller's arguments
+that are refused before anything is sent (``LocalProtocolError``)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from overlay.errors import LocalProtocolError
+from overlay.messages import client as cm
+
+__all__ = [
+    "CLIENT_MAGIC",
+    "DEFAULT_QUEUE",
+    "MAX_KEY",
+    "MAX_TIMEOUT",
+    "NOT_READY_RETRY",
+    "PUBLISH_WINDOW",
+    "REQUEST_TIMEOUT",
+    "check_order",
+    "check_timeout",
+]
+
+# The preamble of a client connection, before the Hello (the node's is the same).
+CLIENT_MAGIC: Final = b"OVC1"
+# Notifications a subscription queues for the application before it drops them.
+DEFAULT_QUEUE: Final = 10_000
+# A request's default timeout (seconds): long enough for a loaded cluster's
+# subscribe, which waits for every channel holding it.
+REQUEST_TIMEOUT: Final = 10.0
+# The pause before a request the cluster answered not_ready is sent again.
+NOT_READY_RETRY: Final = 0.05
+# Unacknowledged publish_windowed() calls before the caller waits: enough to
+# keep a loopback link busy for a couple of round trips at 100k msgs/s, far
+# below the node's choke threshold (8,000 by default) so a lone publisher is
+# paced by PubAcks rather than by Chokes.
+PUBLISH_WINDOW: Final = 1_000
+# The protocol's bound on a sequence key (messages.client.Publish): checked
+# here, as a frame over it would be a protocol error that closes the session.
+MAX_KEY: Final = 256
+# The longest wait a caller may ask for: a day (a NaN, an infinity or 1e308
+# would wait forever, or not at all).
+MAX_TIMEOUT: Final = 86_400.0
+
+
+def check_timeout(timeout: object) -> float:
+    """A timeout is a positive, finite number of seconds, at most ``MAX_TIMEOUT``."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT:
+        raise LocalProtocolError(f"a timeout is a number of seconds in (0, {MAX_TIMEOUT:g}], got {timeout!r}")
+    return float(timeout)
+
+
+def check_order(key: str, rank: object) -> None:
+    """Refuse what the node's decoder would treat as a protocol error."""
+    if len(key) > MAX_KEY:
+        raise LocalProtocolError(f"a sequence key has at most {MAX_KEY} characters, got {len(key)}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= cm.MAX_RANK:
+        raise LocalProtocolError(
+            f"a rank is an integer in [1, {cm.MAX_RANK}] (0: let the key's home assign one), got {rank!r}"
+        )
