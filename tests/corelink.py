@@ -29,17 +29,16 @@ Everything that happened is logged: ``trace`` (peer deliveries in order),
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from overlay.actions import Action, CloseClient, ToClient, ToPeer
 from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.messages.codec import encode_frame, peer_reader
-from overlay.actions import Action, CloseClient, ToClient, ToPeer
 from overlay.node import NodeCore
+from overlay.testing.memory_link import MemoryLink
 
 __all__ = ["CoreLink", "Delivery", "HoldPredicate"]
 
@@ -50,28 +49,6 @@ HoldPredicate = Callable[[int, int, pm.PeerMessage], bool]
 MAX_STEPS = 200_000
 
 
-class _Link:
-    __slots__ = ("high", "normal", "paused")
-
-    def __init__(self) -> None:
-        self.high: deque[tuple[int, pm.PeerMessage]] = deque()
-        self.normal: deque[tuple[int, pm.PeerMessage]] = deque()
-        self.paused = False
-
-    def head(self) -> tuple[int, pm.PeerMessage] | None:
-        if self.high:
-            return self.high[0]
-        if self.normal:
-            return self.normal[0]
-        return None
-
-    def pop(self) -> pm.PeerMessage:
-        return (self.high or self.normal).popleft()[1]
-
-    def __len__(self) -> int:
-        return len(self.high) + len(self.normal)
-
-
 class CoreLink:
     """Cores of one cluster joined by deterministic FIFO links (module docstring)."""
 
@@ -79,7 +56,9 @@ class CoreLink:
         self.config = config
         self.now = now
         self.cores: dict[int, NodeCore] = {i: NodeCore(config, i) for i in config.node_ids}
-        self.links: dict[tuple[int, int], _Link] = {(a, b): _Link() for a in self.cores for b in self.cores if a != b}
+        self.links: dict[tuple[int, int], MemoryLink] = {
+            (a, b): MemoryLink() for a in self.cores for b in self.cores if a != b
+        }
         self._seq = itertools.count()
         self._hold: HoldPredicate | None = None
         self.trace: list[Delivery] = []
@@ -111,7 +90,7 @@ class CoreLink:
         """Queue ``msg`` on link src→dst (as if ``src`` sent it)."""
         assert src != dst, f"node {src} sent {type(msg).__name__} to itself"
         link = self.links[(src, dst)]
-        (link.high if pm.is_high(msg) else link.normal).append((next(self._seq), msg))
+        link.push(next(self._seq), msg)
         if self._hold is not None and self._hold(src, dst, msg):
             link.paused = True
 
@@ -126,12 +105,12 @@ class CoreLink:
         out: list[Delivery] = []
         for (a, b), link in self.links.items():
             if (src is None or a == src) and (dst is None or b == dst):
-                out.extend((a, b, m) for _, m in [*link.high, *link.normal])
+                out.extend((a, b, m) for m in link.queued())
         return out
 
     def step(self) -> Delivery | None:
         """Deliver the one next message; None when nothing is deliverable."""
-        best: tuple[int, tuple[int, int]] | None = None
+        best: tuple[float, tuple[int, int]] | None = None
         for key, link in self.links.items():
             if link.paused:
                 continue
@@ -141,8 +120,11 @@ class CoreLink:
         if best is None:
             return None
         src, dst = best[1]
-        msg = self.links[(src, dst)].pop()
-        msg = self._through_codec(msg)
+        link = self.links[(src, dst)]
+        msg = link.pop()
+        _, decoded = link.carry(msg)
+        assert decoded == [msg], f"{type(msg).__name__} did not survive the codec: {decoded!r} != {msg!r}"
+        msg = decoded[0]
         self.trace.append((src, dst, msg))
         try:
             acts = self.cores[dst].handle_peer(src, msg, self.now)
@@ -167,12 +149,6 @@ class CoreLink:
             if self.step() is None:
                 return n
         raise AssertionError(f"no quiescence after {max_steps} deliveries: a routing loop?")
-
-    @staticmethod
-    def _through_codec(msg: pm.PeerMessage) -> pm.PeerMessage:
-        decoded = peer_reader().feed(encode_frame(msg))
-        assert decoded == [msg], f"{type(msg).__name__} did not survive the codec: {decoded!r} != {msg!r}"
-        return decoded[0]
 
     # -- holding links -----------------------------------------------------------------------
 

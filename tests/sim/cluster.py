@@ -50,7 +50,7 @@ import hashlib
 import logging
 import random
 import traceback
-from collections import Counter, deque
+from collections import Counter
 from typing import Any, Final
 
 import msgspec
@@ -61,8 +61,9 @@ from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.messages.codec import HEADER, client_reader, peer_reader
+from overlay.messages.codec import HEADER, client_reader
 from overlay.node import NodeCore
+from overlay.testing.memory_link import MemoryLink
 
 from .invariants import check_all
 from .records import EventRec, SimClient, SimResult, SubRec
@@ -76,26 +77,6 @@ MAX_STEPS: Final = 400_000
 # Deterministic: sets and dicts encode sorted, so the trace hash does not
 # depend on PYTHONHASHSEED.  The bytes still go through the real decoder.
 _encoder: Final = msgspec.msgpack.Encoder(order="deterministic")
-
-
-class _Link:
-    __slots__ = ("blocked_until", "high", "normal", "reader")
-
-    def __init__(self) -> None:
-        self.high: deque[tuple[float, pm.PeerMessage]] = deque()
-        self.normal: deque[tuple[float, pm.PeerMessage]] = deque()
-        self.reader = peer_reader()
-        self.blocked_until = 0.0
-
-    def head_ready(self) -> float | None:
-        """When the message this link delivers next may go (rule 1)."""
-        q = self.high or self.normal
-        if not q:
-            return None
-        return max(q[0][0], self.blocked_until)
-
-    def __len__(self) -> int:
-        return len(self.high) + len(self.normal)
 
 
 # Stats of the cores summed into SimResult.stats.
@@ -152,7 +133,9 @@ class SimCluster:
             core.rng.seed(f"node:{seed}:{i}")  # the monitor's p draws vary with the seed
             self._spy_notifications(core)
             self.cores[i] = core
-        self.links: dict[tuple[int, int], _Link] = {(a, b): _Link() for a in self.ids for b in self.ids if a != b}
+        self.links: dict[tuple[int, int], MemoryLink] = {
+            (a, b): MemoryLink() for a in self.ids for b in self.ids if a != b
+        }
         self.stall_until = dict.fromkeys(self.ids, 0.0)
         self.tick_pause_until = dict.fromkeys(self.ids, 0.0)
         self.clients: list[SimClient] = []
@@ -190,7 +173,7 @@ class SimCluster:
             self.phase = "drain"
             self._drain()
             self.failures.extend(check_all(self))
-        except Exception as exc:  # a crash of a core is a finding, reported with the seed
+        except Exception as exc:  # noqa: BLE001 - a crash of a core is a finding, reported with the seed
             self.failures.append(
                 f"crash at step {self.step_no} ({self.phase}, t={self.now:.3f}): {exc!r}\n"
                 + "".join(traceback.format_exception(exc)[-6:])
@@ -328,19 +311,15 @@ class SimCluster:
         if src == dst:
             self.failures.append(f"node {src} sent {type(msg).__name__} to itself")
             return
-        link = self.links[(src, dst)]
-        q = link.high if pm.is_high(msg) else link.normal
         ready = self.now + (self.rng.random() * self.params.jitter if self.params.jitter else 0.0)
-        if q and q[-1][0] > ready:
-            ready = q[-1][0]  # FIFO within a level
-        q.append((ready, msg))
+        self.links[(src, dst)].push(ready, msg)  # FIFO within a level
 
     def _ready_links(self) -> list[tuple[int, int]]:
         now = self.now
         stall = self.stall_until
         out = []
         for key, link in self.links.items():
-            if link.high or link.normal:
+            if len(link):
                 t = link.head_ready()
                 if t is not None and t <= now and stall[key[1]] <= now:
                     out.append(key)
@@ -359,11 +338,10 @@ class SimCluster:
     def _deliver(self, key: tuple[int, int]) -> None:
         src, dst = key
         link = self.links[key]
-        _, msg = (link.high or link.normal).popleft()
-        body = _encoder.encode(msg)
+        msg = link.pop()
+        body, decoded = link.carry(msg)
         if len(body) > self.config.cluster.max_frame_size:
             self.failures.append(f"{type(msg).__name__} {src}->{dst} is {len(body)} bytes, over the frame limit")
-        decoded = link.reader.feed(HEADER.pack(len(body)) + body)
         if decoded != [msg]:
             self.failures.append(f"{type(msg).__name__} did not survive the codec: {decoded!r} != {msg!r}")
             return

@@ -21,6 +21,9 @@ What is here:
   and ``RawClient`` connections; counters, journals, quietness.
 * ``RawClient`` — the client protocol spoken directly (key, rank, group,
   weight and load factor set by the test).
+* ``MemoryLink`` (``overlay.testing.memory_link``) — one direction between
+  two node cores held in memory, for harnesses that drive ``NodeCore``s
+  without sockets (the core-pair links and the simulator of SPEC §15).
 * ``wait_until``, ``nodes_quiet``, ``bound_socket``, ``free_ports`` — bounded
   condition waits and loopback sockets.
 * ``Ledger``/``Sub`` — the exactly-once ledger of SPEC §8.2;
@@ -33,6 +36,7 @@ from overlay.testing._ledger import Ledger, Sub
 from overlay.testing._loopback import WAIT, bound_socket, free_ports, nodes_quiet, wait_until
 from overlay.testing._raw_client import RawClient
 from overlay.testing._traffic import GOLDEN, QUEUE_SIZE, Traffic, range_subscriptions, skewed_price
+from overlay.testing.memory_link import MemoryLink
 
 __all__ = [
     "GOLDEN",
@@ -40,6 +44,7 @@ __all__ = [
     "WAIT",
     "Ledger",
     "LoopbackCluster",
+    "MemoryLink",
     "RawClient",
     "Sub",
     "Traffic",
