@@ -13,11 +13,11 @@ from collections import Counter
 import pytest
 
 from coreworld import CONFIG, EC, HIGH, LOW, SCHEMA, SPLIT_500, SUBSCRIPTIONS, World, random_events, spread
+from overlay.actions import CloseClient, ToClient, ToPeer
 from overlay.channels import ChannelId, EventSpace, RouteEntry, parse_subscription
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.actions import CloseClient, ToClient, ToPeer
 from overlay.node import NodeCore
 
 # -- initialisation (SPEC §3) -------------------------------------------------------------------

@@ -12,11 +12,10 @@ import pytest
 
 from corelink import CoreLink
 from coreworld import CONFIG
+from overlay.actions import AddPeer, ToPeer
 from overlay.channels.channel import ChannelId
 from overlay.errors import LocalProtocolError
 from overlay.messages import peer as pm
-from overlay.actions import ToPeer
-from overlay.actions import AddPeer
 
 EC = ChannelId(0, 0)
 

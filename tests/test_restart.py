@@ -18,8 +18,8 @@ from overlay.balance.migration import OutState
 from overlay.channels import ChannelId, parse_subscription
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node.context import sub_prefix
 from overlay.node import NodeCore
+from overlay.node.context import sub_prefix
 
 
 def restart(net: CoreLink, node: int, incarnation: int) -> NodeCore:
@@ -27,9 +27,10 @@ def restart(net: CoreLink, node: int, incarnation: int) -> NodeCore:
     it, and exchange hellos with every peer (as the links do on connect)."""
     core = NodeCore(net.config, node, incarnation=incarnation)
     net.cores[node] = core
-    for link in (l for (a, b), l in net.links.items() if node in (a, b)):  # its sockets died with it
-        link.high.clear()
-        link.normal.clear()
+    for (a, b), link in net.links.items():  # its sockets died with it
+        if node in (a, b):
+            link.high.clear()
+            link.normal.clear()
     net.execute(node, core.boot(net.now))
     hellos(net, node)
     net.run()
@@ -93,7 +94,7 @@ def test_a_restarted_initializer_joins_the_running_cluster_instead_of_reinitiali
     for node in (0, 1, 2):
         w.publish(node, w.client(node, f"p{node}"), {"price": 10.0, "sym": "A"})
     w.net.run()
-    got = [m for m in w.net.received(0, s0, kind=cm.Notify)]
+    got = list(w.net.received(0, s0, kind=cm.Notify))
     assert len(got) == 3 and all(m.sub_ids == ("b",) for m in got)
 
 

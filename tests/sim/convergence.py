@@ -96,7 +96,7 @@ def spread_series(
     out = []
     for e in journals[ref]:
         dcs = []
-        for i, entries in journals.items():
+        for entries in journals.values():
             prior = [x for x in entries if x["time"] <= e["time"] + SLICE_SKEW]
             if not prior or e["time"] - prior[-1]["time"] > prior[-1]["slice_seconds"] + SLICE_SKEW:
                 break
