@@ -62,10 +62,16 @@ keeps these rules:
    answer in time, not ready, refused — e.g. ``duplicate_subscription`` from
    an earlier attempt that timed out there, which is cleaned up with an
    unsubscribe) is tried again after a growing pause, at most
-   ``MAX_PLACE_ATTEMPTS`` times per connection to it; a subscription left
-   with no home while every connected node gave up on it ends: its
-   iteration raises ``ConnectionLost`` naming the last refusal.  Failures
-   are logged once each, without a traceback.
+   ``MAX_PLACE_ATTEMPTS`` times per connection to it (``overlay.client.placement``);
+   a subscription left with no home while every connected node gave up on
+   it ends: its iteration raises ``ConnectionLost`` naming the last refusal.
+   Failures are logged once each, without a traceback.
+
+7. **Owned tasks, one error callback.**  The connecting, placing and probing
+   tasks and the error reporter are kept (``overlay.client.tasks``) and
+   ``close()`` cancels and awaits them, then closes every connection.
+   ``error_cb`` gets what the connections report (the nodes' errors) and
+   each subscription's drops (``SlowConsumerError``), as for ``Client``.
 
    Why not keep unacknowledged notifications at the sender and resume: the
    sender of a notification is the channel's owner, so that design needs
@@ -84,22 +90,18 @@ import functools
 import logging
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Final
 
 from overlay.channels.schema import Value
 from overlay.client.agent import RoutingAgent
-from overlay.client.connection import (
-    DEFAULT_QUEUE,
-    NOT_READY_RETRY,
-    REQUEST_TIMEOUT,
-    Client,
-    Notification,
-    Subscription,
-    check_timeout,
-)
-from overlay.client.load_factor import LoadFactor, LoadFactorConfig
+from overlay.client.callbacks import ErrorCallback, ErrorReporter
+from overlay.client.connection import Client
+from overlay.client.failover import FailoverSubscription
+from overlay.client.limits import DEFAULT_QUEUE, NOT_READY_RETRY, REQUEST_TIMEOUT, check_timeout
+from overlay.client.load_factor import LoadFactorConfig
+from overlay.client.placement import MAX_PLACE_ATTEMPTS, Placements
+from overlay.client.tasks import OwnedTasks
 from overlay.config import AgentSettings, load_agent_settings
 from overlay.errors import ConnectionLost, NotReady, RequestError
 from overlay.messages import client as cm
@@ -112,151 +114,12 @@ log = logging.getLogger("overlay.client")
 # How often a sleeping supervisor re-checks for subscriptions short of homes
 # (a node coming back is noticed by polling its client's state).
 REPLACE_POLL: Final = 0.2
-# Rule 6: attempts to place one subscription on one node per connection to
-# it, and the pause after the k-th failure: PLACE_BACKOFF·2^k, at most PLACE_BACKOFF_MAX.
-MAX_PLACE_ATTEMPTS: Final = 8
-PLACE_BACKOFF: Final = 0.1
-PLACE_BACKOFF_MAX: Final = 5.0
-
-
-class FailoverSubscription:
-    """One subscription held on one or more access nodes (rule 5).
-
-    Invariant: an event id is queued for the application at most once while
-    it is in the LRU ``_seen``; every copy received is acknowledged to the
-    node it came through.  ``async for``/``async with``, ``drain()`` and
-    ``close()`` as for ``Subscription``; the load factor on each Ack is
-    computed from this object's queue and processing times.
-    """
-
-    def __init__(
-        self,
-        owner: AgentClient,
-        sub_id: str,
-        expression: str,
-        *,
-        group: str,
-        weight: float,
-        queue_size: int,
-        redundancy: int,
-        dedup: int,
-        load: LoadFactorConfig | None,
-    ) -> None:
-        self.owner = owner
-        self.sub_id = sub_id
-        self.expression = expression
-        self.group = group
-        self.weight = weight
-        self.redundancy = 1 if group else redundancy
-        self.maxsize = queue_size
-        self.queue: asyncio.Queue[tuple[Notification, Client] | None] = asyncio.Queue(queue_size)
-        self.homes: dict[int, Subscription] = {}  # node index -> its per-connection subscription
-        self.load = LoadFactor(load)
-        self.closed = False
-        self.received = 0  # distinct events queued
-        self.duplicates = 0  # copies recognised and acked without delivery
-        self.dropped = 0  # queue full (the other home's copy may still get in)
-        self.revoked = 0  # group copies the node gave another instance, never handed over
-        self.failovers = 0  # homes lost
-        # Set when no access node would take the subscription again (AgentClient
-        # rule 6): the iteration ends with it.
-        self.error: ConnectionLost | None = None
-        self.last_refusal = ""
-        self._seen: OrderedDict[str, None] = OrderedDict()
-        self._dedup = dedup
-        self._handed_at: float | None = None
-
-    def _sink(self, part: Subscription, note: Notification) -> None:
-        if self.closed:
-            part.client._dropped(note)
-            return
-        seen = self._seen
-        if note.event_id in seen:
-            self.duplicates += 1
-            seen.move_to_end(note.event_id)
-            part.client._took(note, self.load_factor())
-            return
-        try:
-            self.queue.put_nowait((note, part.client))
-        except asyncio.QueueFull:
-            self.dropped += 1  # not remembered: another home's copy may take its place
-            part.client._dropped(note)
-            return
-        self.received += 1
-        seen[note.event_id] = None
-        if len(seen) > self._dedup:
-            seen.popitem(last=False)
-
-    def __aiter__(self) -> FailoverSubscription:
-        return self
-
-    async def __anext__(self) -> Notification:
-        self.done()
-        while True:
-            if self.closed and self.queue.empty():
-                if self.error is not None:
-                    raise self.error
-                raise StopAsyncIteration
-            item = await self.queue.get()
-            if item is None:
-                if self.error is not None:
-                    raise self.error
-                raise StopAsyncIteration
-            note, client = item
-            if client._claim(note, self.load_factor()):  # a group copy may have been revoked
-                self._handed_at = time.monotonic()
-                return note
-            self.revoked += 1
-
-    async def next(self, timeout: float | None = None) -> Notification:
-        return await asyncio.wait_for(self.__anext__(), timeout)
-
-    def done(self) -> None:
-        """The application finished the last notification (see ``Subscription.done``)."""
-        if self._handed_at is not None:
-            now = time.monotonic()
-            self.load.processed(now - self._handed_at, now)
-            self._handed_at = None
-
-    def load_factor(self) -> float:
-        budget = max((c.deliveries.window for c in self.owner.clients), default=0.0)
-        return self.load.update(self.queue.qsize(), self.maxsize, time.monotonic(), budget)
-
-    async def _unsubscribe_all(self) -> None:
-        self.owner._subs.pop(self.sub_id, None)
-        homes, self.homes = self.homes, {}
-        for i, part in homes.items():
-            with contextlib.suppress(ConnectionLost, RequestError, TimeoutError, OSError):
-                await self.owner.clients[i].unsubscribe(part.sub_id, timeout=2.0)
-
-    async def drain(self) -> None:
-        """Unsubscribe everywhere, then let queued notifications be consumed."""
-        if not self.closed:
-            self.closed = True
-            await self._unsubscribe_all()
-            if not self.queue.full():
-                self.queue.put_nowait(None)
-
-    async def close(self) -> None:
-        """Unsubscribe everywhere and drop what is queued."""
-        if not self.closed:
-            self.closed = True
-            while not self.queue.empty():
-                item = self.queue.get_nowait()
-                if item is not None:
-                    item[1]._dropped(item[0])
-            await self._unsubscribe_all()
-            self.queue.put_nowait(None)
-
-    async def __aenter__(self) -> FailoverSubscription:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+# The timeout of the clean-up unsubscribe of a subscription left behind on a node.
+CLEANUP_TIMEOUT: Final = 2.0
 
 
 class AgentClient:
-    """Connections to several access nodes, used by the routing agent (rules 1–5).
+    """Connections to several access nodes, used by the routing agent (rules 1–7).
 
     Invariant: a ``FailoverSubscription`` is in ``clients[i].subscriptions``
     exactly for the node indices ``i`` in its ``homes``.
@@ -270,15 +133,18 @@ class AgentClient:
         settings: AgentSettings | None = None,
         max_frame: int = DEFAULT_MAX_FRAME_SIZE,
         token: str = "",
+        error_cb: ErrorCallback | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("an agent client needs at least one access node address")
         self.settings = settings or AgentSettings()
         self.client_id = client_id or f"agent-{os.getpid()}-{id(self):x}"
         self.addresses = list(addresses)
-        # One single-address Client per node: each reconnects to its own node only.
+        self._errors = ErrorReporter(error_cb, self.client_id)
+        # One single-address Client per node: each reconnects to its own node
+        # only, and reports its errors through this agent's callback.
         self.clients = [
-            Client([a], client_id=f"{self.client_id}/{i}", max_frame=max_frame, token=token)
+            Client([a], client_id=f"{self.client_id}/{i}", max_frame=max_frame, token=token, error_cb=self._errors.add)
             for i, a in enumerate(self.addresses)
         ]
         s = self.settings
@@ -295,9 +161,8 @@ class AgentClient:
         self._sub_seq = 0
         self._sampled: list[float] = [0.0] * len(self.clients)  # perf_counter of each node's last sample
         self._replace = asyncio.Event()
-        # Rule 6: (sub id, node index) -> (failures, retry not before, connection count then).
-        self._place_failures: dict[tuple[str, int], tuple[int, float, int]] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._placements = Placements()  # rule 6
+        self._tasks = OwnedTasks(self.client_id)
         self._closing = False
         for i, c in enumerate(self.clients):
             c.on_lost.append(functools.partial(self._lost, i))
@@ -305,27 +170,35 @@ class AgentClient:
     # -- lifecycle ---------------------------------------------------------------------
 
     async def connect(self, timeout: float = 10.0) -> AgentClient:
-        """Connect to every node; returns once at least one is up (the others keep trying)."""
-        loop = asyncio.get_running_loop()
-        pending = {loop.create_task(c.connect(timeout)): i for i, c in enumerate(self.clients)}
+        """Connect to every node; returns once at least one is up (the others keep
+        trying).  If none is up within ``timeout``: ``TimeoutError``, and nothing
+        is left running."""
         up = asyncio.Event()
 
-        async def connect_one(task: asyncio.Task[Client], i: int) -> None:
+        async def connect_one(i: int) -> None:
             while not self._closing:
                 try:
-                    await task
-                    up.set()
-                    return
+                    await self.clients[i].connect(timeout)
                 except (TimeoutError, OSError) as exc:
                     log.info("%s: node %s not reachable yet: %s", self.client_id, self.addresses[i], exc)
-                task = loop.create_task(self.clients[i].connect(timeout))
+                    continue
+                except RequestError as exc:
+                    log.warning("%s: node %s refused the session: %s", self.client_id, self.addresses[i], exc)
+                    return
+                up.set()
+                return
 
-        for task, i in pending.items():
-            self._tasks.append(loop.create_task(connect_one(task, i)))
-        await asyncio.wait_for(up.wait(), timeout)
-        self._tasks.append(loop.create_task(self._supervise()))
+        self._tasks.spawn(self._errors.run(), "error reporter")
+        for i, address in enumerate(self.addresses):
+            self._tasks.spawn(connect_one(i), f"connect to {address}")
+        try:
+            await asyncio.wait_for(up.wait(), timeout)
+        except BaseException:
+            await self.close()
+            raise
+        self._tasks.spawn(self._supervise(), "placing")
         if self.settings.probe_interval > 0:
-            self._tasks.append(loop.create_task(self._probe()))
+            self._tasks.spawn(self._probe(), "probing")
         return self
 
     async def __aenter__(self) -> AgentClient:
@@ -335,22 +208,22 @@ class AgentClient:
         await self.close()
 
     async def close(self) -> None:
+        """Stop every task of the agent, end every subscription's iteration and
+        close every connection; returns when all of it has ended."""
         self._closing = True
-        for t in self._tasks:
-            t.cancel()
-        # gather, not suppress(CancelledError): a cancel of close() itself must still end it.
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._errors.stop()
+        await self._tasks.close()
         for sub in list(self._subs.values()):
-            sub.closed = True
-            if not sub.queue.full():
-                sub.queue.put_nowait(None)
+            sub._end()
         for c in self.clients:
-            with contextlib.suppress(Exception):
-                await c.close()
+            await c.close()
 
     @property
     def connected(self) -> list[int]:
         return [i for i, c in enumerate(self.clients) if c.connected]
+
+    def _slow_consumer(self, sub_id: str, queued: int, limit: int, event_id: str) -> None:
+        self._errors.slow_consumer(sub_id, queued, limit, event_id)
 
     # -- publishing (rules 1–3) --------------------------------------------------------
 
@@ -505,35 +378,26 @@ class AgentClient:
                 if isinstance(exc, RequestError) and exc.code == cm.ErrorCode.DUPLICATE_SUBSCRIPTION:
                     # An earlier attempt there timed out here but was applied there.
                     with contextlib.suppress(ConnectionLost, RequestError, TimeoutError):
-                        await self.clients[i].request_unsubscribe(fs.sub_id, timeout=2.0)
+                        await self.clients[i].request_unsubscribe(fs.sub_id, timeout=CLEANUP_TIMEOUT)
                 continue
-            self._place_failures.pop((fs.sub_id, i), None)
+            self._placements.succeeded(fs.sub_id, i)
             if fs.closed:
                 with contextlib.suppress(ConnectionLost, RequestError, TimeoutError):
-                    await self.clients[i].unsubscribe(fs.sub_id, timeout=2.0)
+                    await self.clients[i].unsubscribe(fs.sub_id, timeout=CLEANUP_TIMEOUT)
                 return
             if not self.clients[i].connected:
                 # Lost while we waited: _lost did not see it as a home, so take
                 # it off that client here (it must not re-subscribe it).
-                self.clients[i].subscriptions.pop(fs.sub_id, None)
+                self.clients[i]._forget(fs.sub_id)
                 continue
             fs.homes[i] = part
 
     def _may_try(self, fs: FailoverSubscription, i: int) -> bool:
         """Rule 6: not during a node's pause, nor past its attempts on this connection."""
-        failed = self._place_failures.get((fs.sub_id, i))
-        if failed is None:
-            return True
-        count, retry_at, conn = failed
-        if conn != self.clients[i].connections:  # a new connection: start afresh
-            del self._place_failures[(fs.sub_id, i)]
-            return True
-        return count < MAX_PLACE_ATTEMPTS and time.monotonic() >= retry_at
+        return self._placements.may_try(fs.sub_id, i, self.clients[i].connections, time.monotonic())
 
     def _failed_to_place(self, fs: FailoverSubscription, i: int, exc: Exception) -> None:
-        count = self._place_failures.get((fs.sub_id, i), (0, 0.0, 0))[0] + 1
-        pause = min(PLACE_BACKOFF_MAX, PLACE_BACKOFF * 2**count)
-        self._place_failures[(fs.sub_id, i)] = (count, time.monotonic() + pause, self.clients[i].connections)
+        count = self._placements.failed(fs.sub_id, i, self.clients[i].connections, time.monotonic())
         why = str(exc) or type(exc).__name__
         fs.last_refusal = f"node {self.addresses[i]}: {why}"
         log.info(
@@ -548,16 +412,16 @@ class AgentClient:
 
     def _check_homeless(self, fs: FailoverSubscription) -> None:
         """Rule 6: no home, and every connected node gave up on it."""
-        up = self.connected
-        if fs.homes or not up:
-            return
-        if all(self._place_failures.get((fs.sub_id, i), (0, 0.0, -1))[0] >= MAX_PLACE_ATTEMPTS for i in up):
-            fs.error = ConnectionLost(f"no access node takes subscription {fs.sub_id!r} any more ({fs.last_refusal})")
-            fs.closed = True
-            self._subs.pop(fs.sub_id, None)
-            if not fs.queue.full():
-                fs.queue.put_nowait(None)
-            log.warning("%s: %s", self.client_id, fs.error)
+        if not fs.homes and self._placements.gave_up(fs.sub_id, self.connected):
+            error = ConnectionLost(f"no access node takes subscription {fs.sub_id!r} any more ({fs.last_refusal})")
+            self._ended(fs.sub_id)
+            fs._end(error)
+            log.warning("%s: %s", self.client_id, error)
+
+    def _ended(self, sub_id: str) -> None:
+        """``sub_id`` is no subscription of the agent's any more."""
+        self._subs.pop(sub_id, None)
+        self._placements.forget(sub_id)
 
     def _lost(self, i: int, client: Client) -> None:
         """Client ``i`` lost its node: take subscriptions off it (before it can
@@ -565,7 +429,7 @@ class AgentClient:
         for fs in self._subs.values():
             if fs.homes.pop(i, None) is not None:
                 fs.failovers += 1
-                client.subscriptions.pop(fs.sub_id, None)
+                client._forget(fs.sub_id)
                 log.info("%s: subscription %s lost its home %s", self.client_id, fs.sub_id, self.addresses[i])
         self._replace.set()
 

@@ -1,0 +1,163 @@
+"""The sockets of one ``Client``: open a connection, read it, write it (asyncio).
+
+Rules (``overlay.client.connection`` rule 1; STYLE habit 6):
+
+1. Connections go to the access nodes of the list in turn, with backoff
+   between failed attempts (``RECONNECT_MIN`` doubling to ``RECONNECT_MAX``).
+   An attempt fails on a socket error, on a node that breaks the protocol in
+   its hello, and — except for the first connection, where the caller hears
+   of it — on a node refusing the session.
+2. The hello is the protocol's (``ClientProtocol.connect`` and its Welcome);
+   the messages that arrive with the Welcome are the reader's first.
+3. Per connection, one reader task hands each message to ``on_message`` in
+   order, and one writer task writes the frames given to ``send`` in
+   batches (``writelines`` then ``drain``); nothing else touches the socket.
+   ``serve`` returns when either ends — the connection is lost — and the
+   other is cancelled and awaited, the socket closed and the frames not
+   written discarded (their session is gone).
+4. The reader sorts its exceptions: a socket error is a lost connection; a
+   protocol error of the node is logged and loses the connection;
+   cancellation goes through; anything else is logged with its traceback and
+   loses this connection only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from overlay.client.events import Event
+from overlay.client.protocol import ClientProtocol, ConnState
+from overlay.errors import RemoteProtocolError, RequestError
+from overlay.messages import client as cm
+
+__all__ = ["Conn", "Transport"]
+
+log = logging.getLogger("overlay.client")
+
+RECONNECT_MIN: Final = 0.05
+RECONNECT_MAX: Final = 2.0
+# Bytes asked of the socket per read; frames per write batch (habit 6).
+READ_SIZE: Final = 256 * 1024
+WRITE_BATCH: Final = 512
+
+# An open connection: its streams, and the messages that came with the Welcome.
+Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter, list[cm.ClientMessage]]
+
+
+class Transport:
+    """Rules 1–4 for one client.
+
+    Invariant: the protocol is in HANDSHAKE only while ``_handshake`` runs,
+    and OPEN only while the connection ``open`` returned is being served."""
+
+    def __init__(
+        self,
+        protocol: ClientProtocol,
+        addresses: Sequence[tuple[str, int]],
+        owner: str,
+        *,
+        on_message: Callable[[cm.ClientMessage], None],
+        on_events: Callable[[list[Event]], None],
+    ) -> None:
+        self.protocol = protocol
+        self.addresses = list(addresses)
+        self.owner = owner
+        self._on_message = on_message
+        self._on_events = on_events
+        self._index = 0  # the address tried next
+        self._out: deque[bytes] = deque()  # frames for the writer
+        self._out_ready = asyncio.Event()
+
+    def send(self, frame: bytes) -> None:
+        """Queue one frame for the connection's writer (dropped with the connection)."""
+        self._out.append(frame)
+        self._out_ready.set()
+
+    def next_address(self) -> None:
+        self._index += 1
+
+    async def open(self, *, refusal_is_final: bool) -> Conn:
+        """Rule 1: a connection to the first access node that takes it."""
+        delay = RECONNECT_MIN
+        while True:
+            host, port = self.addresses[self._index % len(self.addresses)]
+            try:
+                return await self._handshake(host, port)
+            except RequestError as exc:
+                if refusal_is_final:
+                    raise
+                log.warning("%s: node at %s:%d refused the session: %s", self.owner, host, port, exc)
+            except (OSError, asyncio.IncompleteReadError, RemoteProtocolError) as exc:
+                log.debug("%s: cannot use %s:%d: %s", self.owner, host, port, exc)
+            self._index += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_MAX)
+
+    async def _handshake(self, host: str, port: int) -> Conn:
+        """Rule 2."""
+        reader, writer = await asyncio.open_connection(host, port)
+        protocol = self.protocol
+        msgs: list[cm.ClientMessage] = []
+        try:
+            writer.write(protocol.connect())
+            while protocol.state is ConnState.HANDSHAKE:
+                data = await reader.read(READ_SIZE)
+                if not data:
+                    raise ConnectionResetError("the node closed the connection during the hello")
+                msgs = protocol.receive_data(data)
+                while msgs and protocol.state is ConnState.HANDSHAKE:
+                    self._on_events(protocol.receive(msgs.pop(0), time.monotonic(), time.time()))
+        except BaseException:
+            writer.close()
+            if protocol.state is ConnState.HANDSHAKE:
+                self._on_events(protocol.connection_lost())
+            raise
+        log.debug("%s: connected to node %s at %s:%d", self.owner, protocol.node_id, host, port)
+        return reader, writer, msgs
+
+    async def serve(self, conn: Conn) -> None:
+        """Rule 3: one reader and one writer until either ends."""
+        reader, writer, pending = conn
+        read = asyncio.create_task(self._read(reader, pending), name=f"{self.owner}: reader")
+        write = asyncio.create_task(self._write(writer), name=f"{self.owner}: writer")
+        both = {read, write}
+        try:
+            await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in both:
+                task.cancel()
+            await asyncio.wait(both)
+            writer.close()
+            self._out.clear()  # frames for a session that is gone
+        for task in both:  # rule 4: a bug costs this connection only
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                log.error("%s: %s failed; the connection is dropped", self.owner, task.get_name(), exc_info=exc)
+
+    async def _read(self, reader: asyncio.StreamReader, pending: list[cm.ClientMessage]) -> None:
+        try:
+            for msg in pending:
+                self._on_message(msg)
+            while data := await reader.read(READ_SIZE):
+                for msg in self.protocol.receive_data(data):
+                    self._on_message(msg)
+        except OSError as exc:
+            log.debug("%s: read failed: %s", self.owner, exc)
+        except RemoteProtocolError as exc:
+            log.warning("%s: node %s broke the protocol: %s", self.owner, self.protocol.node_id, exc)
+
+    async def _write(self, writer: asyncio.StreamWriter) -> None:
+        out = self._out
+        try:
+            while True:
+                while not out:
+                    self._out_ready.clear()
+                    await self._out_ready.wait()
+                writer.writelines([out.popleft() for _ in range(min(len(out), WRITE_BATCH))])
+                await writer.drain()
+        except OSError as exc:
+            log.debug("%s: write failed: %s", self.owner, exc)
