@@ -9,6 +9,7 @@ the answer carries it back.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -47,8 +48,9 @@ Seq = Annotated[int, msgspec.Meta(ge=0)]
 ExprText = str
 
 
-class ErrorCode:
-    """The ``code`` values of ``Error``: stable strings clients can switch on."""
+class ErrorCode(StrEnum):
+    """The ``code`` values of ``Error``: stable strings clients can switch on
+    (a member is its string: ``ErrorCode.NOT_READY == "not_ready"``)."""
 
     PROTOCOL = "protocol_error"
     NOT_READY = "not_ready"

@@ -25,6 +25,7 @@ from overlay.messages.client import MAX_RANK
 __all__ = [
     "HIGH",
     "LIEM",
+    "AckCode",
     "ChannelSpec",
     "ChannelSubscriptions",
     "ChannelTransfer",
@@ -242,6 +243,16 @@ class Notification(PeerMessage, frozen=True):
     key: Ident = ""
     rank: int = 0
     home: int = -1
+
+
+class AckCode(enum.StrEnum):
+    """The leg a ``NotificationAck`` is (its ``code``; a member is its string)."""
+
+    DELIVERY = ""  # access node -> owner: the notification reached the clients, or failed
+    COMPLETE = "complete"  # owner -> the key's home: release the next rank
+    SEQUENCED = "sequenced"  # home -> access node: the keyed event is accepted (PubAck)
+    ACKED = "acked"  # access node -> owner, batched: (event id, sub id) pairs of plain subscribers
+    UNDELIVERABLE = "undeliverable"  # owner -> access node: no instance of the group could take it
 
 
 class NotificationAck(PeerMessage, frozen=True):

@@ -391,7 +391,7 @@ class NodeCore:
         code = msg.code
         if not msg.event_id and code in (COMPLETE, SEQUENCED, ACKED):
             self.ordering.on_batched(msg, out)
-        elif code == "":
+        elif code == pm.AckCode.DELIVERY:
             self.groups.on_delivery_ack(msg, out)
         elif code == COMPLETE:
             self.ordering.on_complete_ack(msg.event_id, out)

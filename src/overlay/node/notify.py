@@ -41,7 +41,7 @@ __all__ = ["PRUNE_SECONDS", "UNDELIVERABLE", "Notifier"]
 
 log = logging.getLogger("overlay.node")
 
-UNDELIVERABLE: Final = "undeliverable"
+UNDELIVERABLE: Final = pm.AckCode.UNDELIVERABLE
 # How often (seconds) group ids of subscriptions gone are pruned: housekeeping.
 PRUNE_SECONDS: Final = 5.0
 

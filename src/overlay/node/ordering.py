@@ -56,7 +56,6 @@ import hashlib
 import logging
 from collections import deque
 from collections.abc import Callable, Container, Sequence
-from enum import StrEnum
 from typing import Final
 
 import msgspec
@@ -69,7 +68,7 @@ from overlay.messages import peer as pm
 from overlay.node.context import NodeContext
 from overlay.seq import DuplicateRank, ExpiryPolicy, InvalidRank, Release, Sequencer, SequencerConfig, SequencerFull
 
-__all__ = ["MAX_TIME", "NoteCode", "Ordering", "publish_time_of", "rendezvous_home"]
+__all__ = ["ACKED", "COMPLETE", "MAX_TIME", "SEQUENCED", "Ordering", "publish_time_of", "rendezvous_home"]
 
 log = logging.getLogger("overlay.node")
 
@@ -95,17 +94,10 @@ DispatchEvent = Callable[[pm.Event, list[Action]], None]
 DeliveriesAcked = Callable[[Sequence[str], list[Action]], None]
 
 
-class NoteCode(StrEnum):
-    """The ``code`` of a batched ``NotificationAck`` (rule 8)."""
-
-    SEQUENCED = "sequenced"  # home -> access node: the publishers' PubAcks
-    ACKED = "acked"  # access node -> owner: (event id, sub id) pairs of plain subscribers
-    COMPLETE = "complete"  # owner -> home: release the next rank
-
-
-SEQUENCED: Final = NoteCode.SEQUENCED
-ACKED: Final = NoteCode.ACKED
-COMPLETE: Final = NoteCode.COMPLETE
+# The codes of the batched notes (rule 8).
+SEQUENCED: Final = pm.AckCode.SEQUENCED
+ACKED: Final = pm.AckCode.ACKED
+COMPLETE: Final = pm.AckCode.COMPLETE
 
 
 def publish_time_of(msg: cm.Publish, now: float) -> float:
@@ -161,7 +153,7 @@ class Ordering:
         self._home_peers: list[int] = list(ctx.peers)
         # Rule 8: the notes of the current batch per code, then per destination
         # node (nested dicts: no key tuple to build per note); end_batch() sends them.
-        self._notes: dict[NoteCode, dict[int, list[str]]] = {SEQUENCED: {}, ACKED: {}, COMPLETE: {}}
+        self._notes: dict[pm.AckCode, dict[int, list[str]]] = {SEQUENCED: {}, ACKED: {}, COMPLETE: {}}
         self._noted = False
         self._rel_queue: deque[Release] = deque()
         self._releasing = False
@@ -309,7 +301,7 @@ class Ordering:
 
     # -- batching (rule 8) -------------------------------------------------------------------
 
-    def note(self, node: int, code: NoteCode, item: str) -> None:
+    def note(self, node: int, code: pm.AckCode, item: str) -> None:
         self._noted = True
         to = self._notes[code]
         ids = to.get(node)
