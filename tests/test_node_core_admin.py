@@ -195,7 +195,7 @@ def test_admin_place_emits_the_exact_migration_sequence():
     assert w.cores[2].index_wanted and w.cores[2].local[HIGH].unindexed == 1
     assert w.cores[2].index_pending(16) == 0 and w.stored(HIGH) == {gid}
     assert w.cores[0].migration.outgoing[session].state is OutState.DONE
-    assert w.cores[2].migration.incoming == {}
+    assert w.cores[2].arrivals.incoming == {}
     # Traffic now goes straight to the new owner.
     mark = len(net.trace)
     eid = w.publish(1, sid, {"price": 700.0, "sym": "A"})

@@ -68,7 +68,7 @@ def test_traffic_after_time_2_is_reforwarded_and_applied_once_on_the_receiver():
     net.run()
     (mig,) = cores[0].migration.outgoing.values()
     assert mig.state is OutState.MOVING and mig.reforwarding
-    assert cores[2].migration.incoming[(0, mig.session)].state is InState.SUBSCRIPTIONS_ADDED
+    assert cores[2].arrivals.incoming[(0, mig.session)].state is InState.SUBSCRIPTIONS_ADDED
     applied0 = cores[2].stats["subscriptions_applied"]
     w.subscribe(1, c1, "c", "price >= 50", settle=False)
     gid_a = w.gid(1, c1, "a")
@@ -256,7 +256,7 @@ def test_timeout_before_time_2_aborts_and_rolls_back_the_receiver():
     net.run()
     assert net.types(mark) == [(0, 2, "CompleteLoadBalance")]
     assert net.trace[mark][2].aborted
-    assert EC not in cores[2].local and cores[2].migration.incoming == {}
+    assert EC not in cores[2].local and cores[2].arrivals.incoming == {}
     assert net.owner_of(EC) == [0]
     err = w.reply(0, admin, seq)
     assert isinstance(err, cm.Error) and err.code == cm.ErrorCode.ADMIN and "aborted" in err.message
@@ -283,7 +283,7 @@ def test_timeout_waiting_for_the_request_answer_aborts():
     assert isinstance(w.reply(0, admin, seq), cm.Error)
     w.net.run()
     # Node 1 accepted, then heard the abort: it holds nothing.
-    assert w.cores[1].migration.incoming == {} and w.net.owner_of(EC) == [0]
+    assert w.cores[1].arrivals.incoming == {} and w.net.owner_of(EC) == [0]
 
 
 def test_receiver_forgets_an_accepted_session_the_sender_never_continues():
@@ -293,12 +293,12 @@ def test_receiver_forgets_an_accepted_session_the_sender_never_continues():
     net.hold_types(pm.ChannelTransfer, src=0, dst=2)
     _start_place(w, admin, "0.0", 2)
     net.run()
-    (key,) = cores[2].migration.incoming
-    assert cores[2].migration.incoming[key].state is InState.ACCEPTED
+    (key,) = cores[2].arrivals.incoming
+    assert cores[2].arrivals.incoming[key].state is InState.ACCEPTED
     net.tick(2, TIMEOUT - 0.001)
-    assert key in cores[2].migration.incoming
+    assert key in cores[2].arrivals.incoming
     net.tick(2, TIMEOUT + 0.001)
-    assert cores[2].migration.incoming == {} and EC not in cores[2].local
+    assert cores[2].arrivals.incoming == {} and EC not in cores[2].local
     # The late ChannelTransfer names a session that is over: answered with
     # REPLY_FAIL, so the sender, never confirmed, rolls back at once.
     net.release()

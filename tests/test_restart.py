@@ -150,7 +150,7 @@ def test_a_receiver_that_restarts_mid_session_rolls_the_session_back_on_both_sid
         link.normal.clear()
     restart(w.net, 1, incarnation=7777)
     assert not mig.active and EC in sender.local and sender.routing[EC].owners == (0,)
-    assert not sender.monitor.busy and not w.cores[1].migration.incoming
+    assert not sender.monitor.busy and not w.cores[1].arrivals.incoming
     # The operator hears why.
     assert any(isinstance(m, cm.Error) and m.seq == 77 for m in w.net.received(0, op))
 
@@ -168,7 +168,7 @@ def test_a_third_node_lost_in_updating_does_not_hold_the_session_forever() -> No
     assert mig.state is OutState.UPDATING and mig.waiting_updates == {2}
     w.net.execute(0, sender.peer_unreachable(2, 10.0))
     w.net.run()
-    assert not mig.active and not w.cores[1].migration.incoming and not w.cores[1].monitor.busy
+    assert not mig.active and not w.cores[1].arrivals.incoming and not w.cores[1].monitor.busy
     assert isinstance(w.net.received(0, op)[-1], cm.AdminReply)
 
 

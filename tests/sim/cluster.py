@@ -290,8 +290,8 @@ class SimCluster:
             active = [m.session for m in c.migration.outgoing.values() if m.active]
             if active:
                 why.append(f"node {i}: outgoing sessions {active} active")
-            if c.migration.incoming:
-                why.append(f"node {i}: incoming sessions {sorted(c.migration.incoming)}")
+            if c.arrivals.incoming:
+                why.append(f"node {i}: incoming sessions {sorted(c.arrivals.incoming)}")
             if c.updates.waiting():
                 why.append(f"node {i}: table updates {c.updates.waiting()} waiting")
             if c.sessions.pending():

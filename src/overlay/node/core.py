@@ -48,6 +48,7 @@ from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node.admin import Admin
+from overlay.node.arrivals import Arrivals
 from overlay.node.balancing import Balancing
 from overlay.node.boot import Boot
 from overlay.node.clients import Clients
@@ -121,13 +122,19 @@ class NodeCore:
         self.indexing = Indexing(ctx)
         self.loads = ChannelLoads(node_id)
         self.splits = Splits(ctx, self.loads, self.updates, self.indexing)
-        self.migration = Migration(
+        self.arrivals = Arrivals(
             ctx,
-            self.updates,
             self.groups,
             self.indexing,
             reapply=lambda msg, out: self.router.reapply(msg, out),
             stale_sub=self.peer_runs.stale_sub,
+        )
+        self.migration = Migration(
+            ctx,
+            self.updates,
+            self.groups,
+            self.arrivals,
+            reapply=lambda msg, out: self.router.reapply(msg, out),
             admin_done=lambda admin, result, out: self.admin.done(admin, result, out),
         )
         self.startup = Boot(ctx, self.updates, engaged=lambda: self.balancing.engaged())
@@ -140,11 +147,13 @@ class NodeCore:
             ready=lambda: self.startup.ready,
             draining=lambda: self.membership.draining,
         )
-        self.migration.planner = self.balancing  # the two sides of a session need each other
+        # The two sides of a session and balancing need each other.
+        self.migration.planner = self.arrivals.planner = self.balancing
         ctx.journal.slice_no = lambda: self.balancing.monitor.slice_no
         self.router = Router(
             ctx,
             migration=self.migration,
+            arrivals=self.arrivals,
             ordering=self.ordering,
             groups=self.groups,
             notifier=self.notifier,
@@ -364,15 +373,15 @@ class NodeCore:
                 if not self.migration.on_update_reply(src, msg, now, out):
                     self.updates.on_reply(src, msg.session, out)
             case pm.RequestLoadBalance():
-                self.migration.on_request(src, msg, now, out)
+                self.arrivals.on_request(src, msg, now, out)
             case pm.ChannelTransfer():
-                self.migration.on_channel_transfer(src, msg, now, out)
+                self.arrivals.on_channel_transfer(src, msg, now, out)
             case pm.SubscriptionMove():
-                self.migration.on_subscription_move(src, msg, now, out)
+                self.arrivals.on_subscription_move(src, msg, now, out)
             case pm.Reforward():
-                self.migration.on_reforward(src, msg, now, out)
+                self.arrivals.on_reforward(src, msg, now, out)
             case pm.CompleteLoadBalance():
-                self.migration.on_complete(src, msg, now, out)
+                self.arrivals.on_complete(src, msg, now, out)
             case pm.ReplyRequestLoadBalance() | pm.ReplyChannelTransfer() | pm.ReplySubscriptionMove():
                 self.migration.on_reply(src, msg, now, out)
             case pm.LIEM():
@@ -476,6 +485,6 @@ class NodeCore:
         return (
             f"ready={self.ready} state={self.monitor.state.value} channels={[str(c) for c in self.local.ids()]} "
             f"outgoing={[(m.session, m.receiver, m.state.value) for m in mig.outgoing.values()]} "
-            f"incoming={[(k, m.state.value) for k, m in mig.incoming.items()]} "
+            f"incoming={[(k, m.state.value) for k, m in self.arrivals.incoming.items()]} "
             f"splitting={self.balancing.splitting()} unreachable={sorted(self.ctx.unreachable)}"
         )

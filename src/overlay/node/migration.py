@@ -10,65 +10,43 @@ subscriptions, then applies Reforwards in order.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
 from overlay.actions import Action, ToClient, ToPeer
-from overlay.balance.migration import IncomingMigration, InState, OutgoingMigration, OutState
+from overlay.balance.migration import OutgoingMigration, OutState
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.routing_table import RouteEntry
-from overlay.errors import LocalProtocolError, RemoteProtocolError
+from overlay.errors import LocalProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
+from overlay.node.arrivals import Arrivals
 from overlay.node.context import NodeContext
 from overlay.node.groups import Groups
-from overlay.node.indexing import Indexing
+from overlay.node.planner import Planner
 from overlay.node.updates import TableUpdates
 
-__all__ = ["Migration", "Planner"]
+__all__ = ["Migration"]
 
 log = logging.getLogger("overlay.node")
 
 MigrationReply = pm.ReplyRequestLoadBalance | pm.ReplyChannelTransfer | pm.ReplySubscriptionMove
 Reapply = Callable[[pm.Event | pm.Subscription | pm.UnSubscription, list[Action]], None]
 AdminDone = Callable[[tuple[int, int], Any, list[Action]], None]
-StaleSub = Callable[[str, int], bool]
-
-
-class Planner(Protocol):
-    """What a session needs from balancing (``overlay.node.balancing``):
-    whether to accept one, which channels to send, what a channel's past
-    owners are, and the monitor's busy state."""
-
-    def accepts(self, msg: pm.RequestLoadBalance) -> tuple[bool, str]: ...
-
-    def plan(self, mig: OutgoingMigration, now: float, out: list[Action]) -> bool | None: ...
-
-    def request_next(self, now: float, out: list[Action]) -> None: ...
-
-    def session_ended(self, mig: OutgoingMigration) -> None: ...
-
-    def leave_busy(self, *, completed: bool) -> None: ...
-
-    def splitting(self) -> ChannelId | None: ...
-
-    def past_owners_leaving(self, chid: ChannelId, now: float) -> tuple[pm.PastOwner, ...]: ...
-
-    def arrived_from(self, chid: ChannelId, past: Sequence[pm.PastOwner]) -> None: ...
 
 
 class Migration:
     """Both sides of this node's migration sessions (SPEC §8.1–8.2).
 
-    Owns the sessions (``outgoing`` by session id, ``incoming`` by (sender,
-    session)), the channels whose messages are reforwarded to a receiver
+    Owns the sessions it sends (``outgoing`` by session id; those it receives
+    are ``node.arrivals``'), the channels whose messages are reforwarded to a
+    receiver
     (``reforwarding``), and the operators waiting on a move.  ``planner`` is
     balancing, set once by the node core (the two need each other);
     ``reapply`` handles an event or (un)subscription as if it had just come
-    (``node.router``); ``stale_sub`` tells a dead client's subscription
-    (``node.sessions``); ``admin_done`` answers an operator.
+    (``node.router``); ``admin_done`` answers an operator.
     """
 
     planner: Planner
@@ -78,31 +56,27 @@ class Migration:
         ctx: NodeContext,
         updates: TableUpdates,
         groups: Groups,
-        indexing: Indexing,
+        arrivals: Arrivals,
         *,
         reapply: Reapply,
-        stale_sub: StaleSub,
         admin_done: AdminDone,
     ) -> None:
         self._ctx = ctx
         self._updates = updates
         self._groups = groups
-        self._indexing = indexing
+        self._arrivals = arrivals
         self._reapply = reapply
-        self._stale_sub = stale_sub
         self._admin_done = admin_done
         self._timeout = ctx.config.cluster.peer_timeout
         self.outgoing: dict[int, OutgoingMigration] = {}
-        self.incoming: dict[tuple[int, int], IncomingMigration] = {}
         self.reforwarding: dict[ChannelId, OutgoingMigration] = {}
-        self.in_reforward = False  # True while applying a Reforward's messages (see unfilled)
         self._admin_waits: dict[int, tuple[int, int]] = {}  # session -> (client session, seq)
 
     # -- what other components ask -------------------------------------------------------------
 
     def busy(self) -> bool:
         """A session in progress on either side."""
-        return bool(self.incoming) or any(m.active for m in self.outgoing.values())
+        return bool(self._arrivals.incoming) or any(m.active for m in self.outgoing.values())
 
     def moving(self, chid: ChannelId) -> bool:
         """``chid`` is leaving this node in a session."""
@@ -111,6 +85,10 @@ class Migration:
     def operators_waiting(self) -> list[int]:
         """The sessions an operator's command waits on."""
         return sorted(self._admin_waits)
+
+    def arriving(self) -> set[ChannelId]:
+        """Channels of incoming sessions (``node.arrivals``): not to be split, merged or moved."""
+        return self._arrivals.arriving()
 
     def leaving(self) -> set[ChannelId]:
         """Channels on their way out (their receiver indexes them)."""
@@ -352,9 +330,7 @@ class Migration:
                 elif mig.state is OutState.MOVING:
                     self._rollback(mig, reason, out)
         self.stop_waiting_for(node, out)
-        for key, inc in list(self.incoming.items()):
-            if inc.origin == node:
-                self._incoming_lost(key, inc, reason)
+        self._arrivals.lost(node, reason)
         self._groups.peer_down(node, self._ctx.now, out)  # its tracked deliveries (node.groups)
 
     def stop_waiting_for(self, node: int, out: list[Action]) -> None:
@@ -363,146 +339,6 @@ class Migration:
             if mig.state is OutState.UPDATING and node in mig.waiting_updates:
                 self.on_update_reply(node, pm.ReplyUpdateGlobal(mig.session, self._ctx.id), self._ctx.now, out)
         self._updates.stop_waiting_for(node, out)
-
-    def _incoming_lost(self, key: tuple[int, int], inc: IncomingMigration, reason: str) -> None:
-        """The sender of an incoming session is gone: channels the routing
-        table gives this node are kept (the sender got past <3>), the others
-        are dropped (it never got there: the table still names it)."""
-        kept = []
-        for c in inc.channels:
-            entry = self._ctx.routing.get(c)
-            if entry is not None and self._ctx.id in entry.owners:
-                kept.append(c)
-            else:
-                self._ctx.local.remove(c)
-        inc.abort()
-        del self.incoming[key]
-        self.planner.leave_busy(completed=bool(kept))
-        log.warning(
-            "node %d: incoming session %d/%d ended (%s): kept %s",
-            self._ctx.id,
-            key[0],
-            key[1],
-            reason,
-            [str(c) for c in kept] or "nothing",
-        )
-
-    # -- migration: receiver side -------------------------------------------------------------
-
-    def on_request(self, src: int, msg: pm.RequestLoadBalance, now: float, out: list[Action]) -> None:
-        key = (src, msg.session)
-        if key in self.incoming:
-            raise RemoteProtocolError(f"node {src} reopened session {msg.session}")
-        ok, reason = self.planner.accepts(msg)
-        if not ok:
-            out.append(ToPeer(src, pm.ReplyRequestLoadBalance(pm.ReplySign.REPLY_FAIL, msg.session, reason)))
-            return
-        self.incoming[key] = IncomingMigration(src, msg.session, started=now, timeout=self._timeout)
-        out.append(ToPeer(src, pm.ReplyRequestLoadBalance(pm.ReplySign.REPLY_SUCCESS, msg.session)))
-
-    def arriving(self) -> set[ChannelId]:
-        """Channels an incoming session put in the localTable that are not ours
-        until its CompleteLoadBalance: no split, merge or move may touch them
-        (the sender's SubscriptionMove and Reforwards still name them)."""
-        return {c for m in self.incoming.values() for c in m.channels}
-
-    def unfilled(self, chid: ChannelId, *, event: bool = False) -> bool:
-        """An arriving channel is not this node's until its subscriptions are
-        here and the routing table names this node: what reaches it straight (an
-        old route, e.g. from when it lived here before) goes to the owner the
-        table names, which keeps it or reforwards it here in order.  Reforwards
-        themselves are the owner's hand-over and apply here.  An event only
-        needs the subscriptions: once they are here it is matched here, once,
-        as a reforwarded one would be."""
-        for m in self.incoming.values():
-            if chid in m.channels:
-                if m.state is InState.CHANNELS_ADDED:
-                    return True
-                if event:
-                    return False
-                entry = self._ctx.routing.get(chid)
-                return not self.in_reforward and entry is not None and self._ctx.id not in entry.owners
-        return False
-
-    def _incoming(self, src: int, session: int, what: str) -> IncomingMigration:
-        mig = self.incoming.get((src, session))
-        if mig is None:
-            raise RemoteProtocolError(f"{what} from node {src} names unknown session {session}")
-        return mig
-
-    def on_channel_transfer(self, src: int, msg: pm.ChannelTransfer, now: float, out: list[Action]) -> None:
-        if (src, msg.session) not in self.incoming:  # we stopped waiting for it: the sender rolls back
-            ids = tuple(c.ch_id for c in msg.channels)
-            out.append(
-                ToPeer(src, pm.ReplyChannelTransfer(pm.ReplySign.REPLY_FAIL, ids, msg.session, "session timed out"))
-            )
-            return
-        mig = self._incoming(src, msg.session, "ChannelTransfer")
-        clash = [c.ch_id for c in msg.channels if c.ch_id in self._ctx.local]
-        if clash:
-            mig.abort()
-            out.append(
-                ToPeer(
-                    src,
-                    pm.ReplyChannelTransfer(pm.ReplySign.REPLY_FAIL, tuple(clash), msg.session, "channel already here"),
-                )
-            )
-            return
-        mig.on(msg, now)
-        for spec in msg.channels:
-            self._ctx.local.add(Channel(spec.ch_id, spec.space, self._ctx.schema))
-            if spec.past_owners:
-                self.planner.arrived_from(spec.ch_id, spec.past_owners)  # node.balancing rule 7
-        out.append(ToPeer(src, pm.ReplyChannelTransfer(pm.ReplySign.REPLY_SUCCESS, mig.channels, msg.session)))
-
-    def on_subscription_move(self, src: int, msg: pm.SubscriptionMove, now: float, out: list[Action]) -> None:
-        mig = self._incoming(src, msg.session, "SubscriptionMove")
-        mig.on(msg, now)
-        for cs in msg.ch_sub_set:
-            # Stored at once, indexed in the background (Channel rule 5): indexing
-            # thousands here would hold up every event behind this message.
-            # Those of a dead client (node.core rule 7) are not taken.
-            subs = [s for s in cs.subscriptions if not self._stale_sub(s.id, s.access_node)]
-            if len(subs) < len(cs.subscriptions):
-                self._ctx.stats["subscriptions_of_dead_clients_removed"] += len(cs.subscriptions) - len(subs)
-            self._ctx.local[cs.ch_id].add_deferred(subs)
-            self._indexing.want()
-            self._groups.restore(cs)  # the group dispatch state (node.groups)
-        out.append(ToPeer(src, pm.ReplySubscriptionMove(msg.session)))
-
-    def on_reforward(self, src: int, msg: pm.Reforward, now: float, out: list[Action]) -> None:
-        mig = self.incoming.get((src, msg.session))
-        if mig is not None and mig.active:
-            mig.on(msg, now)  # rule 4: raises before SubscriptionMove
-        self._ctx.stats["reforwards_in"] += 1
-        self.in_reforward = True  # no detour through unfilled: the owner hands these over
-        try:
-            for item in msg.messages:
-                self._reapply(item.message, out)
-        finally:
-            self.in_reforward = False
-
-    def on_complete(self, src: int, msg: pm.CompleteLoadBalance, now: float, out: list[Action]) -> None:
-        mig = self.incoming.pop((src, msg.session), None)
-        if mig is None:
-            return
-        self.planner.leave_busy(completed=not msg.aborted)
-        if msg.aborted:
-            for c in mig.channels:
-                if not (self._ctx.routing.get(c) and self._ctx.id in self._ctx.routing[c].owners):
-                    self._ctx.local.remove(c)
-            mig.abort()
-            # Nothing is lost: the channels it had offered stay with node src.
-            log.info(
-                "node %d: node %d called off balancing session %d (%s); its channels stay with it",
-                self._ctx.id,
-                src,
-                msg.session,
-                msg.reason or "no reason given",
-            )
-            return
-        mig.on(msg, now)
-        log.info("node %d: received %s from node %d", self._ctx.id, [str(c) for c in mig.channels], src)
 
     # -- time (migration rule 2) ---------------------------------------------------------------
 
@@ -523,11 +359,4 @@ class Migration:
                     log.warning("node %d: session %d still waiting in %s", self._ctx.id, mig.session, mig.state.value)
             if not mig.active:
                 self.outgoing.pop(mig.session, None)
-        for key, inc in list(self.incoming.items()):
-            if inc.expired(now):
-                for c in inc.channels:
-                    self._ctx.local.remove(c)
-                inc.abort()
-                self.planner.leave_busy(completed=False)
-                del self.incoming[key]
-                log.warning("node %d: incoming session %s timed out; rolled back", self._ctx.id, key)
+        self._arrivals.tick(now)

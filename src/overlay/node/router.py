@@ -36,6 +36,7 @@ from overlay.actions import Action, ToPeer
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.predicates import Filter
 from overlay.messages import peer as pm
+from overlay.node.arrivals import Arrivals
 from overlay.node.context import NodeContext
 from overlay.node.groups import Groups
 from overlay.node.migration import Migration
@@ -64,6 +65,7 @@ class Router:
         ctx: NodeContext,
         *,
         migration: Migration,
+        arrivals: Arrivals,
         ordering: Ordering,
         groups: Groups,
         notifier: Notifier,
@@ -73,6 +75,7 @@ class Router:
     ) -> None:
         self._ctx = ctx
         self._migration = migration
+        self._arrivals = arrivals
         self._ordering = ordering
         self._groups = groups
         self._notifier = notifier
@@ -101,7 +104,7 @@ class Router:
             self._migration.reforward(mig, chid, pm.ReforwardSign.EVENT_MESSAGE, msg, out)
             return
         ch = self._ctx.local.get(chid)
-        if ch is None or (self._migration.incoming and self._migration.unfilled(chid, event=True)):
+        if ch is None or (self._arrivals.incoming and self._arrivals.unfilled(chid, event=True)):
             self._reroute_event(msg, out)
             return
         self.match(ch, msg, out)
@@ -198,7 +201,7 @@ class Router:
             if not mig.replicate:
                 return
         ch = self._ctx.local.get(chid)
-        if ch is None or (self._migration.incoming and self._migration.unfilled(chid)):
+        if ch is None or (self._arrivals.incoming and self._arrivals.unfilled(chid)):
             self._reroute_sub(msg, msg.sub_exp, out, subscribe=True)
             return
         if self._to_first_replica(chid, msg, out):
@@ -217,7 +220,7 @@ class Router:
             if not mig.replicate:
                 return
         ch = self._ctx.local.get(chid)
-        if ch is None or (self._migration.incoming and self._migration.unfilled(chid)):
+        if ch is None or (self._arrivals.incoming and self._arrivals.unfilled(chid)):
             self._reroute_sub(msg, msg.unsub_exp, out, subscribe=False)
             return
         if self._to_first_replica(chid, msg, out):
@@ -246,7 +249,7 @@ class Router:
     def _to_first_replica(self, chid: ChannelId, msg: pm.Subscription | pm.UnSubscription, out: list[Action]) -> bool:
         """A later replica got an (un)subscription straight, not along the chain
         (an old route from when it owned the channel alone): to the first owner."""
-        if self._migration.in_reforward:
+        if self._arrivals.in_reforward:
             return False
         entry = self._ctx.routing.get(chid)
         if entry is None or not entry.replicated or entry.owner == self._ctx.id or self._ctx.id not in entry.owners:
