@@ -38,6 +38,7 @@ class FakeNode:
         self.refuse: dict[str, str] = {}
         self.sessions = 0
         self._writer: asyncio.StreamWriter | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
         self._events = 0
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
@@ -47,12 +48,13 @@ class FakeNode:
         return self._server.sockets[0].getsockname()[:2]
 
     async def stop(self) -> None:
+        """Close every session (each handler then reads its end) and wait for the handlers."""
         assert self._server is not None
         self._server.close()
-        self.drop()
-        for task in self._handlers:
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
+        for writer in self._writers:
+            writer.close()
+        if self._handlers:
+            await asyncio.wait(self._handlers, timeout=5.0)
         await self._server.wait_closed()
 
     def send(self, *msgs: cm.ClientMessage) -> None:
@@ -78,6 +80,7 @@ class FakeNode:
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)
+        self._writers.add(writer)
         try:
             assert await reader.readexactly(4) == CLIENT_MAGIC
             writer.write(CLIENT_MAGIC)
@@ -93,6 +96,7 @@ class FakeNode:
             pass
         finally:
             writer.close()
+            self._writers.discard(writer)
             self._handlers.discard(task)
 
     def _answer(self, msg: cm.ClientMessage) -> None:
@@ -162,6 +166,7 @@ async def test_a_coroutine_callback_is_awaited_and_one_that_raises_is_logged(
         if len(seen) == 1:
             raise RuntimeError("the application's bug")
 
+    caplog.set_level(logging.ERROR, logger="overlay.client")  # the simulator's tests silence "overlay"
     client = await connected(node, error_cb=error_cb)
     await client.subscribe("price < 10", sub_id="a", queue_size=1)
     await client.subscribe("price < 10", sub_id="b", queue_size=1)
@@ -175,7 +180,7 @@ async def test_a_coroutine_callback_is_awaited_and_one_that_raises_is_logged(
 
 
 async def test_without_a_callback_a_drop_is_logged(node: FakeNode, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="overlay.client")
+    caplog.set_level(logging.WARNING, logger="overlay.client")  # the simulator's tests silence "overlay"
     client = await connected(node)
     await client.subscribe("price < 10", sub_id="s", queue_size=1)
     node.notify(("s",))
