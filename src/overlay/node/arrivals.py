@@ -23,6 +23,7 @@ from overlay.messages import peer as pm
 from overlay.node.context import NodeContext
 from overlay.node.groups import Groups
 from overlay.node.indexing import Indexing
+from overlay.node.loads import ChannelLoads
 from overlay.node.planner import Planner
 
 __all__ = ["Arrivals"]
@@ -42,11 +43,19 @@ class Arrivals:
     planner: Planner
 
     def __init__(
-        self, ctx: NodeContext, groups: Groups, indexing: Indexing, *, reapply: Reapply, stale_sub: StaleSub
+        self,
+        ctx: NodeContext,
+        groups: Groups,
+        indexing: Indexing,
+        loads: ChannelLoads,
+        *,
+        reapply: Reapply,
+        stale_sub: StaleSub,
     ) -> None:
         self._ctx = ctx
         self._groups = groups
         self._indexing = indexing
+        self._loads = loads
         self._reapply = reapply
         self._stale_sub = stale_sub
         self._timeout = ctx.config.cluster.peer_timeout
@@ -139,7 +148,7 @@ class Arrivals:
         for spec in msg.channels:
             self._ctx.local.add(Channel(spec.ch_id, spec.space, self._ctx.schema))
             if spec.past_owners:
-                self.planner.arrived_from(spec.ch_id, spec.past_owners)  # node.balancing rule 7
+                self._loads.arrived_from(spec.ch_id, spec.past_owners)  # node.loads rule 7
         out.append(ToPeer(src, pm.ReplyChannelTransfer(pm.ReplySign.REPLY_SUCCESS, mig.channels, msg.session)))
 
     def on_subscription_move(self, src: int, msg: pm.SubscriptionMove, now: float, out: list[Action]) -> None:

@@ -46,7 +46,7 @@ import logging
 import math
 import random
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Final
 
 from overlay.actions import Action, ToPeer
@@ -122,10 +122,8 @@ class Balancing:
         self.weights = Weights(cl.omega, cl.alpha, cl.beta, cl.gamma, cl.levels)
         self.balancing_enabled = cl.balancing
         self.next_slice_at: float | None = None
-        # Slices close on a common grid, so a peer's LIEM for the slice just
-        # closed comes a few ms after ours: the state and the decision to
-        # schedule wait for them (or DECIDE_GRACE of a slice), not to judge
-        # by the previous slice's loads (rule 1).
+        # Slices close on a common grid, so a peer's LIEM for the slice just closed comes a few ms after
+        # ours: the state and the decision to schedule wait for them (or DECIDE_GRACE of a slice), rule 1.
         self._now = 0.0  # the last tick's clock: when a LIEM came, to a tick
         self._liem_at: dict[int, float] = {}
         self._decide: tuple[float, float, NodeState] | None = None  # (closed at, decide by, state before)
@@ -145,12 +143,6 @@ class Balancing:
 
     def leave_busy(self, *, completed: bool) -> None:
         self.monitor.leave_busy(completed=completed)
-
-    def past_owners_leaving(self, chid: ChannelId, now: float) -> tuple[pm.PastOwner, ...]:
-        return self._loads.past_owners_leaving(chid, now)
-
-    def arrived_from(self, chid: ChannelId, past: Sequence[pm.PastOwner]) -> None:
-        self._loads.arrived_from(chid, past)
 
     def tick(self, now: float, out: list[Action]) -> None:
         self._now = now

@@ -34,15 +34,12 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from overlay.actions import Action, AddPeer, CloseClient, ToClient, ToPeer
 from overlay.balance.monitor import Monitor, SliceReport
 from overlay.capture import CaptureBuffer
-from overlay.channels.local_table import LocalTable
-from overlay.channels.routing_table import RoutingTable
-from overlay.channels.schema import Schema
 from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
@@ -86,6 +83,9 @@ class NodeCore:
         self.ctx = ctx = NodeContext(config, node_id, incarnation)
         self.id = node_id
         self.incarnation = incarnation
+        # The shared tables and lists, never replaced (membership grows ``peers`` in place).
+        self.schema, self.routing, self.local, self.peers = ctx.schema, ctx.routing, ctx.local, ctx.peers
+        self.stats, self.journal = ctx.stats, ctx.journal.entries  # counters; the decision journal (SPEC §14)
         # What changing admin commands need, on the client protocol and on HTTP alike; "" = nothing.
         self.admin_token = config.cluster.admin_token if admin_token is None else admin_token
         # Components in the order they depend on each other; a component that
@@ -126,6 +126,7 @@ class NodeCore:
             ctx,
             self.groups,
             self.indexing,
+            self.loads,
             reapply=lambda msg, out: self.router.reapply(msg, out),
             stale_sub=self.peer_runs.stale_sub,
         )
@@ -134,6 +135,7 @@ class NodeCore:
             self.updates,
             self.groups,
             self.arrivals,
+            self.loads,
             reapply=lambda msg, out: self.router.reapply(msg, out),
             admin_done=lambda admin, result, out: self.admin.done(admin, result, out),
         )
@@ -190,31 +192,6 @@ class NodeCore:
     @property
     def config(self) -> ClusterConfig:
         return self.ctx.config  # membership grows it when a node joins
-
-    @property
-    def schema(self) -> Schema:
-        return self.ctx.schema
-
-    @property
-    def routing(self) -> RoutingTable:
-        return self.ctx.routing
-
-    @property
-    def local(self) -> LocalTable:
-        return self.ctx.local
-
-    @property
-    def stats(self) -> Mapping[str, int]:
-        return self.ctx.stats
-
-    @property
-    def journal(self) -> Any:
-        """The decision journal's entries (SPEC §14), oldest first."""
-        return self.ctx.journal.entries
-
-    @property
-    def peers(self) -> list[int]:
-        return self.ctx.peers
 
     @property
     def now(self) -> float:

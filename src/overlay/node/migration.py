@@ -25,6 +25,7 @@ from overlay.messages import peer as pm
 from overlay.node.arrivals import Arrivals
 from overlay.node.context import NodeContext
 from overlay.node.groups import Groups
+from overlay.node.loads import ChannelLoads
 from overlay.node.planner import Planner
 from overlay.node.updates import TableUpdates
 
@@ -57,6 +58,7 @@ class Migration:
         updates: TableUpdates,
         groups: Groups,
         arrivals: Arrivals,
+        loads: ChannelLoads,
         *,
         reapply: Reapply,
         admin_done: AdminDone,
@@ -65,6 +67,7 @@ class Migration:
         self._updates = updates
         self._groups = groups
         self._arrivals = arrivals
+        self._loads = loads
         self._reapply = reapply
         self._admin_done = admin_done
         self._timeout = ctx.config.cluster.peer_timeout
@@ -202,7 +205,7 @@ class Migration:
 
     def send_transfer(self, mig: OutgoingMigration, out: list[Action]) -> None:
         specs = tuple(
-            pm.ChannelSpec(c, self._ctx.local[c].space, self.planner.past_owners_leaving(c, self._ctx.now))
+            pm.ChannelSpec(c, self._ctx.local[c].space, self._loads.past_owners_leaving(c, self._ctx.now))
             for c in mig.channels
         )
         out.append(ToPeer(mig.receiver, pm.ChannelTransfer(specs, mig.session)))

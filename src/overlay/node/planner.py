@@ -6,7 +6,6 @@ one, set by the node core.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Protocol
 
 from overlay.actions import Action
@@ -19,8 +18,8 @@ __all__ = ["Planner"]
 
 class Planner(Protocol):
     """What a session needs from balancing (``overlay.node.balancing``):
-    whether to accept one, which channels to send, what a channel's past
-    owners are, and the monitor's busy state."""
+    whether to accept one, which channels to send, the next candidate, the
+    split under way, and the monitor's busy state."""
 
     def accepts(self, msg: pm.RequestLoadBalance) -> tuple[bool, str]: ...
 
@@ -33,7 +32,3 @@ class Planner(Protocol):
     def leave_busy(self, *, completed: bool) -> None: ...
 
     def splitting(self) -> ChannelId | None: ...
-
-    def past_owners_leaving(self, chid: ChannelId, now: float) -> tuple[pm.PastOwner, ...]: ...
-
-    def arrived_from(self, chid: ChannelId, past: Sequence[pm.PastOwner]) -> None: ...
