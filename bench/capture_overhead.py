@@ -162,10 +162,9 @@ def run_once(nodes: int, events: int, capture: bool) -> tuple[float, float, int]
 
 def core_once(events: int, capture: bool) -> float:
     """CPU µs per event of three cores on CoreLink (``--core``)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from corelink import CoreLink
     from overlay.capture import CaptureBuffer
     from overlay.messages import client as cm
+    from overlay.testing.corelink import CoreLink
 
     cfg, socks = _config(3, "")
     for s in socks:

@@ -1,4 +1,4 @@
-"""Sans-IO node cores joined by ``corelink.CoreLink`` (deterministic FIFO
+"""Sans-IO node cores joined by ``overlay.testing.corelink.CoreLink`` (deterministic FIFO
 links, high-priority queue first, every peer message through the real codec),
 and ``World``: the client sessions a test opened with their subscriptions and
 publications, for brute-force expectations.  Shared by the test_node_core*
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import msgspec
 
-from corelink import CoreLink
 from overlay.channels import ChannelId, parse_subscription
 from overlay.config import load_config
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node import NodeCore
+from overlay.testing.corelink import CoreLink
 
 _LOADED = load_config(Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml")
 # The balancer stays off: these tests drive every session themselves.

@@ -14,7 +14,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from corelink import CoreLink
 from overlay import capture, cli
 from overlay.capture import (
     SCHEMA_VERSION,
@@ -29,6 +28,7 @@ from overlay.capture import (
 from overlay.config import load_config
 from overlay.messages import client as cm
 from overlay.net.capture_writer import CaptureWriter
+from overlay.testing.corelink import CoreLink
 
 ROOT = Path(__file__).resolve().parent.parent
 _LOADED = load_config(ROOT / "cluster_configs" / "local.toml")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from corelink import CoreLink
 from coreworld import CONFIG
 from overlay.actions import AddPeer, ToPeer
 from overlay.channels.channel import ChannelId
 from overlay.errors import LocalProtocolError
 from overlay.messages import peer as pm
+from overlay.testing.corelink import CoreLink
 
 EC = ChannelId(0, 0)
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import msgspec
 
-from corelink import CoreLink
 from overlay.config import load_config
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node.ordering import rendezvous_home
+from overlay.testing.corelink import CoreLink
 
 _LOADED = load_config(Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml")
 CONFIG = msgspec.structs.replace(_LOADED, cluster=msgspec.structs.replace(_LOADED.cluster, balancing=False))

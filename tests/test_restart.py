@@ -12,7 +12,6 @@ import logging
 import msgspec
 import pytest
 
-from corelink import CoreLink
 from coreworld import CONFIG, EC, SPLIT_500, World
 from overlay.balance.migration import OutState
 from overlay.channels import ChannelId, parse_subscription
@@ -20,6 +19,7 @@ from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node import NodeCore
 from overlay.node.context import sub_prefix
+from overlay.testing.corelink import CoreLink
 
 
 def restart(net: CoreLink, node: int, incarnation: int) -> NodeCore:

@@ -13,11 +13,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from corelink import CoreLink
 from overlay.config import load_config
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node.balancing import START_SPREAD
+from overlay.testing.corelink import CoreLink
 
 T = 1.0
 TICK = 0.01

@@ -21,6 +21,8 @@ What is here:
   and ``RawClient`` connections; counters, journals, quietness.
 * ``RawClient`` — the client protocol spoken directly (key, rank, group,
   weight and load factor set by the test).
+* ``CoreLink`` (``overlay.testing.corelink``) — node cores joined by
+  deterministic in-memory links, no event loop: the core-pair harness.
 * ``MemoryLink`` (``overlay.testing.memory_link``) — one direction between
   two node cores held in memory, for harnesses that drive ``NodeCore``s
   without sockets (the core-pair links and the simulator of SPEC §15).

@@ -1,4 +1,4 @@
-"""An in-memory network of ``NodeCore``s, for core and simulation tests.
+"""An in-memory network of ``NodeCore``s, for core-pair tests (``CoreLink``).
 
 No event loop, no sockets, no clock: ``CoreLink`` plays the asyncio shell of
 ``overlay.net.node`` for several cores at once.
