@@ -4,7 +4,7 @@ Run as ``.venv/bin/python bench/simulation.py [--seeds 2000] [--seconds 180]
 [--workers N] [--plan 30,100,1000] [--plan-slices 80] [--plan-budget 240]
 [--skip-seeds] [--skip-plan]`` (about 10 minutes with the defaults).
 
-1. **Seeds.**  ``tests/sim``'s ``SimCluster`` runs seeds 0, 1, 2, … (the
+1. **Seeds.**  ``overlay.testing.sim``'s ``SimCluster`` runs seeds 0, 1, 2, … (the
    same scenarios as ``tests/test_simulation.py``, which runs the first few
    hundred) on ``--workers`` processes until ``--seeds`` are done or
    ``--seconds`` have passed.  Printed: seeds/s, what the runs exercised
@@ -57,17 +57,14 @@ import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from overlay.actions import ToPeer
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node import NodeCore
-from sim.cluster import SimCluster
-from sim.setup import make_config, random_config
+from overlay.testing.sim.cluster import SimCluster
+from overlay.testing.sim.setup import make_config, random_config
 
 SPREAD_TARGET: Final = 0.10
 GOLDEN: Final = 0.6180339887498949

@@ -51,8 +51,8 @@ from overlay.channels import parse_subscription
 from overlay.client import Client
 from overlay.config import ClusterConfig, load_config
 from overlay.testing import QUEUE_SIZE, Ledger, LoopbackCluster, Sub, range_subscriptions, skewed_price, wait_until
+from overlay.testing.sim.convergence import SPREAD_TARGET, ConvergenceRun, ConvergenceSim, oscillations
 from sim import golden
-from sim.convergence import SPREAD_TARGET, ConvergenceRun, ConvergenceSim, oscillations
 
 CONFIGS: Final = Path(__file__).resolve().parent.parent / "cluster_configs"
 SEEDS: Final = range(6)

@@ -3,8 +3,8 @@ cluster of real node cores, with the invariants of ``sim.invariants``.
 
 Every failure names its seed.  To replay one exactly, with a readable trace::
 
-    from sim.cluster import SimCluster
-    from sim.setup import random_config
+    from overlay.testing.sim.cluster import SimCluster
+    from overlay.testing.sim.setup import random_config
     sim = SimCluster(random_config(SEED), SEED, keep_trace=True)
     result = sim.run()          # result.describe(); sim.trace
 
@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from pathlib import Path
 from typing import Final
 
 import pytest
@@ -30,10 +29,10 @@ from overlay.messages import peer as pm
 from overlay.node.migration import Migration
 from overlay.node.router import Router
 from overlay.node.sessions import Sessions
-from sim.cluster import SimCluster
+from overlay.testing.sim.cluster import SimCluster
+from overlay.testing.sim.records import SimResult
+from overlay.testing.sim.setup import SimParams, make_config, random_config
 from sim.golden import REGRESSIONS, SEEDS, expected_sim
-from sim.records import SimResult
-from sim.setup import SimParams, make_config, random_config
 
 BATCH: Final = 32
 
@@ -109,14 +108,12 @@ def test_trace_does_not_depend_on_the_hash_seed() -> None:
     the order of a set of strings, and later ones took the freed slots."""
     seeds = (0, 5, 18, 254)
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1]);"
-        "from sim.cluster import SimCluster; from sim.setup import random_config;"
+        "from overlay.testing.sim.cluster import SimCluster; from overlay.testing.sim.setup import random_config;"
         f"print(*(SimCluster(random_config(s), s).run().trace_hash for s in {seeds!r}))"
     )
-    tests = str(Path(__file__).resolve().parent)
     for hs in ("1", "2", "3"):
         env = {**os.environ, "PYTHONHASHSEED": hs}
-        out = subprocess.run([sys.executable, "-c", code, tests], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         assert out.stdout.split() == [expected_sim(s) for s in seeds], f"PYTHONHASHSEED={hs}"
 
 

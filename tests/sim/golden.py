@@ -69,8 +69,8 @@ def expected_convergence(name: str, seed: int) -> str:
 
 def record() -> None:
     """Run every case and write the file (minutes: it is the suite's simulation)."""
-    from sim.cluster import SimCluster
-    from sim.setup import random_config
+    from overlay.testing.sim.cluster import SimCluster
+    from overlay.testing.sim.setup import random_config
     from test_balancing_convergence import _run  # the test module owns the scenarios
 
     sims = {str(s): SimCluster(random_config(s), s).run().trace_hash for s in sim_seeds()}

@@ -1,7 +1,7 @@
 """One direction between two node cores, held in memory (SPEC §1.1's link model).
 
 The core-pair harness (``tests/corelink.py``) and the deterministic simulator
-(``tests/sim``, SPEC §15) drive ``NodeCore``s without sockets; both carry
+(``overlay.testing.sim``, SPEC §15) drive ``NodeCore``s without sockets; both carry
 peer messages on these links:
 
 * two levels, high and normal (``overlay.messages.peer.is_high``): high goes

@@ -42,12 +42,36 @@ matcher (``SubSpec.matches``), not from the cores' bookkeeping.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING
+from collections import Counter
+from collections.abc import Iterable
+from typing import Protocol
 
+from overlay.channels.schema import Value
 from overlay.channels.space import RangeConstraint, SetConstraint
+from overlay.config import ClusterConfig
+from overlay.node import NodeCore
 
-if TYPE_CHECKING:
-    from .cluster import SimCluster
+from .records import EventRec, SimClient, SubRec
+
+
+class SimCluster(Protocol):
+    """What the checks read of a finished run (``cluster.SimCluster``)."""
+
+    config: ClusterConfig
+    seed: int
+    ids: list[int]
+    cores: dict[int, NodeCore]
+    arrivals: dict[tuple[str, str], int]
+    matched: dict[str, list[int]]
+    events: dict[str, EventRec]
+    notes: Counter[tuple[str, str, str]]
+    subs: list[SubRec]
+    clients: list[SimClient]
+    admins: dict[int, SimClient]
+    races: int
+
+    def unsettled(self) -> list[str]: ...
+
 
 __all__ = [
     "check_all",
@@ -174,7 +198,7 @@ def check_subscriptions(sim: SimCluster) -> list[str]:
     return out
 
 
-def _places(p: set[tuple[int, object]]) -> str:
+def _places(p: Iterable[tuple[int, object]]) -> str:
     return "{" + ", ".join(f"{c}@{n}" for n, c in sorted(p, key=lambda x: (x[0], str(x[1])))) + "}"
 
 
@@ -236,7 +260,7 @@ def check_partition(sim: SimCluster, samples: int = 200) -> list[str]:
     if len(points) > samples * 4:
         points = rng.sample(points, samples * 4)
     for price, sym in points:
-        ev = {"price": float(price), "sym": sym, "qty": 0}
+        ev: dict[str, Value] = {"price": float(price), "sym": sym, "qty": 0}
         holders = [chid for chid, e in entries if e.space.contains(ev)]
         if len(holders) != 1:
             out.append(f"point {ev} lies in {len(holders)} channels: {[str(h) for h in holders]}")

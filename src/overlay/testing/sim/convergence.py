@@ -45,13 +45,13 @@ from typing import Any, Final
 
 from overlay.actions import Action, CloseClient, ToClient, ToPeer
 from overlay.channels import parse_subscription
+from overlay.channels.schema import Value
 from overlay.config import ClusterConfig
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.net.node import INDEX_PAUSE, INDEX_STEP, TICK_SECONDS
 from overlay.node import NodeCore
-
-from .workload import range_subscriptions, skewed_price
+from overlay.testing._traffic import range_subscriptions, skewed_price
 
 __all__ = [
     "SPREAD_TARGET",
@@ -82,7 +82,8 @@ def ratio(dcs: Sequence[float]) -> float:
     mean = sum(dcs) / n
     if mean <= 0:
         return 0.0
-    return (sum((d - mean) ** 2 for d in dcs) / n) ** 0.5 / mean
+    spread: float = (sum((d - mean) ** 2 for d in dcs) / n) ** 0.5
+    return spread / mean
 
 
 def spread_series(
@@ -293,7 +294,12 @@ class ConvergenceSim:
     def _publish(self, node: int, k: int) -> None:
         n = len(self.ids)
         qty = k * n + self.ids.index(node)
-        values = {"price": skewed_price(k, offset=self.ids.index(node) / n), "sym": "A", "qty": qty, "venue": "x"}
+        values: dict[str, Value] = {
+            "price": skewed_price(k, offset=self.ids.index(node) / n),
+            "sym": "A",
+            "qty": qty,
+            "venue": "x",
+        }
         self.published[qty] = values
         seq = next(self._seq)
         self._pending.add(seq)

@@ -1,7 +1,8 @@
 """The simulated clients' workload: subscriptions (``SubSpec``) with a matcher
-of their own, independent of the node's, and their random draw (``sim.cluster``);
-and the steady skewed traffic of ``sim.convergence``, which the real-node
-balancing tests (``balcluster``) publish too."""
+of their own, independent of the node's, and their random draw (``sim.clients``).
+The steady skewed traffic of ``sim.convergence`` is ``overlay.testing``'s
+(``skewed_price``, ``range_subscriptions``), which the real-node balancing
+tests publish too."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import random
 from dataclasses import dataclass
 from typing import Any, Final
 
+from overlay.testing._traffic import PRICE_MAX
+
+__all__ = ["PRICE_MAX", "QTY_MAX", "SYMS", "SubSpec", "clamp_price", "literal", "random_spec"]
+
 SYMS: Final = ("A", "AB", "ABC", "B", "BA", "C", "X", "XY")
-GOLDEN: Final = 0.6180339887498949
-PRICE_MAX: Final = 1000.0
 QTY_MAX: Final = 1000
 
 
@@ -107,26 +110,3 @@ def random_spec(rng: random.Random) -> SubSpec:
 
 
 # -- steady skewed traffic (sim.convergence, and the real-node balcluster) ------------
-
-
-def skewed_price(k: int, offset: float = 0.0, hot: tuple[float, float] = (0.0, 200.0)) -> float:
-    """70 % of events in the hot range, 30 % over the whole domain; a
-    golden-ratio sequence, so the load per slice is smooth, not noisy."""
-    u = (offset + k * GOLDEN) % 1.0
-    lo, hi = hot
-    if u < 0.7:
-        return round(lo + (hi - lo) * u / 0.7, 3)
-    return round(PRICE_MAX * (u - 0.7) / 0.3, 3)
-
-
-def range_subscriptions(n: int, seed: int, venue: str | None = None) -> list[str]:
-    """Price ranges; with ``venue``, a pattern no event matches: the matcher
-    still tests them (they are load, SPEC §5) but nothing is notified, which
-    keeps these in-process runs cheap enough to measure steady slices."""
-    rng = random.Random(seed)
-    out = []
-    for _ in range(n):
-        lo = rng.uniform(0, 900)
-        expr = f"price >= {lo:.1f} and price < {min(1000.0, lo + rng.uniform(30, 300)):.1f}"
-        out.append(expr if venue is None else f'{expr} and venue prefix "{venue}"')
-    return out

@@ -1,0 +1,259 @@
+"""The simulated clients of ``SimCluster``: sessions on the cores, what they
+send (publish, subscribe, unsubscribe, operators' split and place, close,
+join), what they receive and check as it comes, and the moving hot spot of
+the event workload (rules 2 and 4 of ``overlay.testing.sim.cluster``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any, Final
+
+import msgspec
+
+from overlay.channels.space import RangeConstraint
+from overlay.messages import client as cm
+from overlay.messages.codec import HEADER, client_reader
+
+from .network import SimNetwork
+from .records import EventRec, SimClient, SubRec
+from .setup import SimParams
+from .workload import PRICE_MAX, QTY_MAX, SYMS, clamp_price, literal, random_spec
+
+__all__ = ["SimClients"]
+
+# Deterministic: sets and dicts encode sorted, so the trace hash does not
+# depend on PYTHONHASHSEED.  The bytes still go through the real decoder.
+_encoder: Final = msgspec.msgpack.Encoder(order="deterministic")
+
+
+class SimClients:
+    """Every simulated client and what it did and saw (the records the
+    invariants judge), acting on ``net`` with the scenario's ``rng``."""
+
+    def __init__(self, net: SimNetwork, params: SimParams, rng: random.Random) -> None:
+        self._net = net
+        self.params = params
+        self.rng = rng
+        self.clients: list[SimClient] = []
+        self.by_session: dict[tuple[int, int], SimClient] = {}
+        self.admins: dict[int, SimClient] = {}
+        self.events: dict[str, EventRec] = {}
+        self.subs: list[SubRec] = []
+        self.notes: Counter[tuple[str, str, str]] = Counter()
+        self.admin_results: Counter[str] = Counter()
+        self.notifies = 0
+        self._sub_no = 0
+        self._client_no = 0
+        self._hot_center = 0.0
+        self._hot_width = 100.0
+        self._next_shift = 0.0
+        self._hot_point = (clamp_price(rng.uniform(0, PRICE_MAX)), rng.choice(SYMS))
+
+    def shift_hot_spot(self, active: bool) -> None:
+        """Now and then, while the run is active, the hot spot moves."""
+        net, rng = self._net, self.rng
+        if active and net.now >= self._next_shift:
+            self._hot_center = rng.uniform(0, PRICE_MAX)
+            self._hot_width = rng.choice((10.0, 50.0, 200.0))
+            self._next_shift = net.now + rng.uniform(2, 5) * net.slice
+
+    def open(self, node: int, *, admin: bool = False) -> SimClient:
+        self._client_no += 1
+        sid = self._net.cores[node].client_opened()
+        c = SimClient(f"{'admin' if admin else 'c'}{self._client_no}", node, sid, client_reader(), admin=admin)
+        self.by_session[(node, sid)] = c
+        if not admin:
+            self.clients.append(c)
+        self.send(c, cm.Hello(c.name))
+        return c
+
+    def send(self, c: SimClient, msg: cm.ClientMessage) -> None:
+        body = _encoder.encode(msg)
+        h = self._net.hash
+        h.update(b"C%d:%d>" % (c.node, c.sid))
+        h.update(body)
+        decoded = client_reader().feed(HEADER.pack(len(body)) + body)
+        if decoded != [msg]:
+            self._net.failures.append(f"client {type(msg).__name__} did not survive the codec: {decoded!r}")
+            return
+        if self._net.keep_trace:
+            self._net.trace.append(f"{self._net.step_no} t={self._net.now:.3f} client {c.name}@{c.node} -> {msg!r}")
+        self._net.execute(c.node, self._net.cores[c.node].handle_client(c.sid, decoded[0], self._net.now))
+
+    def receive(self, node: int, sid: int, msg: cm.ClientMessage) -> None:
+        c = self.by_session.get((node, sid))
+        body = _encoder.encode(msg)
+        self._net.hash.update(b"c%d:%d<" % (node, sid))
+        self._net.hash.update(body)
+        if c is None or c.closed_at is not None:
+            self._net.failures.append(
+                f"step {self._net.step_no}: node {node} sent {type(msg).__name__} to closed session {sid}"
+            )
+            return
+        (msg,) = c.reader.feed(HEADER.pack(len(body)) + body)
+        if self._net.keep_trace:
+            self._net.trace.append(f"{self._net.step_no} t={self._net.now:.3f} {node} -> client {c.name}: {msg!r}")
+        match msg:
+            case cm.Welcome():
+                pass
+            case cm.PubAck():
+                kind, data = c.pending.pop(msg.seq, ("?", None))
+                if kind != "pub":
+                    self._net.failures.append(f"{c.name}: PubAck for seq {msg.seq} ({kind})")
+                    return
+                values, pub_at = data
+                if msg.event_id in self.events:
+                    self._net.failures.append(f"event id {msg.event_id} given twice")
+                self.events[msg.event_id] = EventRec(msg.event_id, values, pub_at, c.name)
+            case cm.SubAck():
+                kind, rec = c.pending.pop(msg.seq, ("?", None))
+                if kind != "sub" or rec.local_id != msg.sub_id:
+                    self._net.failures.append(f"{c.name}: SubAck {msg!r} answers {kind}")
+                    return
+                if rec.acked_at is not None:
+                    self._net.failures.append(f"{c.name}: second SubAck for {rec.local_id}")
+                rec.acked_at = self._net.step_no
+            case cm.UnsubAck():
+                kind, rec = c.pending.pop(msg.seq, ("?", None))
+                if kind != "unsub" or rec.local_id != msg.sub_id:
+                    self._net.failures.append(f"{c.name}: UnsubAck {msg!r} answers {kind}")
+                    return
+                rec.unsub_acked_at = self._net.step_no
+            case cm.Notify():
+                self.notifies += 1
+                if len(set(msg.sub_ids)) != len(msg.sub_ids):
+                    self._net.failures.append(
+                        f"{c.name}: Notify of {msg.event_id} lists a subscription twice: {msg.sub_ids}"
+                    )
+                for lid in msg.sub_ids:
+                    self.notes[(msg.event_id, c.name, lid)] += 1
+                    rec = c.subs.get(lid)
+                    if rec is not None and rec.ended_at is not None:
+                        self._net.failures.append(
+                            f"step {self._net.step_no}: {c.name} notified of {msg.event_id} on {lid} after unsubscribing"
+                        )
+            case cm.Error():
+                kind, data = c.pending.pop(msg.seq, ("?", None))
+                if kind == "sub":
+                    data.failed = True
+                    if msg.code != cm.ErrorCode.NOT_READY:
+                        self._net.failures.append(
+                            f"{c.name}: subscribe {data.spec.text()!r} refused: {msg.code} {msg.message}"
+                        )
+                elif kind == "pub":
+                    if msg.code != cm.ErrorCode.NOT_READY:
+                        self._net.failures.append(f"{c.name}: publish {data[0]} refused: {msg.code} {msg.message}")
+                elif kind == "admin":
+                    self.admin_results[f"{data}:refused"] += 1
+                else:
+                    self._net.failures.append(f"{c.name}: unexpected {msg!r} ({kind})")
+            case cm.AdminReply():
+                kind, data = c.pending.pop(msg.seq, ("?", None))
+                if kind != "admin":
+                    self._net.failures.append(f"{c.name}: AdminReply {msg!r} answers {kind}")
+                    return
+                self.admin_results[f"{data}:ok"] += 1
+            case _:
+                self._net.failures.append(f"{c.name}: unexpected {msg!r}")
+
+    def _next_seq(self, c: SimClient, kind: str, data: Any) -> int:
+        c.seq += 1
+        c.pending[c.seq] = (kind, data)
+        return c.seq
+
+    def act(self, only: tuple[str, ...] | None = None) -> bool:
+        """One client action; False when nobody could act."""
+        rng = self.rng
+        p = self.params
+        kinds = ("publish", "subscribe", "unsubscribe", "admin", "close", "join")
+        weights: tuple[float, ...] = (p.w_publish, p.w_subscribe, p.w_unsubscribe, p.w_admin, p.w_close, p.w_join)
+        if only is not None:
+            weights = tuple(w if k in only else 0.0 for k, w in zip(kinds, weights))
+        kind = rng.choices(kinds, weights)[0]
+        if kind == "join":
+            self.open(rng.choice(self._net.ids))
+            return True
+        if kind == "admin":
+            return self._admin_act()
+        live = [c for c in self.clients if c.closed_at is None and self._net.stall_until[c.node] <= self._net.now]
+        if not live:
+            return False
+        c = rng.choice(live)
+        if kind == "publish":
+            values = self._event_values()
+            seq = self._next_seq(c, "pub", (values, self._net.step_no))
+            event: Any = values
+            if rng.random() < 0.2:
+                event = "{" + ", ".join(f"{k}: {literal(v)}" for k, v in values.items()) + "}"
+            self.send(c, cm.Publish(seq, event, publish_time=self._net.now))
+        elif kind == "subscribe":
+            self._sub_no += 1
+            rec = SubRec(c, f"s{self._sub_no}", random_spec(rng), self._net.step_no)
+            c.subs[rec.local_id] = rec
+            self.subs.append(rec)
+            seq = self._next_seq(c, "sub", rec)
+            self.send(c, cm.Subscribe(seq, rec.local_id, rec.spec.text()))
+            entry = self._net.cores[c.node].sessions[c.sid].subs.get(rec.local_id)
+            if entry is not None:
+                rec.gid, rec.filter = entry
+        elif kind == "unsubscribe":
+            cands = [r for r in c.subs.values() if r.unsub_sent_at is None and r.gid is not None and not r.failed]
+            if not cands:
+                return False
+            rec = rng.choice(cands)
+            rec.unsub_sent_at = self._net.step_no
+            seq = self._next_seq(c, "unsub", rec)
+            self.send(c, cm.Unsubscribe(seq, rec.local_id))
+        elif kind == "close":
+            c.closed_at = self._net.step_no
+            self._net.hash.update(b"X%d:%d" % (c.node, c.sid))
+            self._net.execute(c.node, self._net.cores[c.node].client_closed(c.sid))
+        return True
+
+    def _admin_act(self) -> bool:
+        rng = self.rng
+        nodes = [i for i in self._net.ids if self._net.stall_until[i] <= self._net.now and self._net.cores[i].ready]
+        if not nodes:
+            return False
+        node = rng.choice(nodes)
+        core = self._net.cores[node]
+        chans = sorted(core.local.ids())
+        if not chans:
+            return False
+        chid = rng.choice(chans)
+        a = self.admins[node]
+        if rng.random() < 0.5:
+            ch = core.local[chid]
+            if rng.random() < 0.7:
+                c = ch.space.constraint("price")
+                assert isinstance(c, RangeConstraint)
+                lo, hi = float(c.interval.lo), float(c.interval.hi)
+                at = clamp_price(rng.uniform(lo, hi))
+                args: dict[str, Any] = {"channel": str(chid), "attr": "price", "at": at}
+            else:
+                args = {"channel": str(chid), "attr": "sym", "values": sorted(rng.sample(SYMS, rng.randint(1, 3)))}
+            seq = self._next_seq(a, "admin", "split")
+            self.send(a, cm.Admin(seq, "split", args))
+        else:
+            others = [i for i in self._net.ids if i != node]
+            seq = self._next_seq(a, "admin", "place")
+            self.send(a, cm.Admin(seq, "place", {"channel": str(chid), "node": rng.choice(others)}))
+        return True
+
+    def _event_values(self) -> dict[str, Any]:
+        rng = self.rng
+        p = self.params
+        r = rng.random()
+        if p.hot_point and r < 0.3:
+            price, sym = self._hot_point
+        elif p.hot_price and r < 0.5:
+            price, sym = self._hot_point[0], rng.choice(SYMS)
+        else:
+            if rng.random() < 0.6:
+                price = clamp_price(rng.gauss(self._hot_center, self._hot_width))
+            else:
+                price = clamp_price(rng.uniform(0, PRICE_MAX))
+            sym = rng.choice(SYMS)
+        return {"price": price, "sym": sym, "qty": rng.randint(0, QTY_MAX)}

@@ -1,0 +1,247 @@
+"""A deterministic simulated cluster of ``NodeCore``s (SPEC §15).
+
+Theory of operation:
+
+1. One process holds ``n`` real node cores, a simulated clock ``now`` and one
+   in-memory link per ordered pair of nodes.  A link has a high and a normal
+   queue (SPEC §1.1): while its high queue holds anything, the next message it
+   delivers is the head of the high queue (``overlay.messages.peer.is_high``),
+   so a high-priority message overtakes the normal ones still queued; within a
+   level the order is FIFO.  Every peer message is encoded with msgpack,
+   framed, and decoded by the real ``FrameReader`` of its link; every client
+   message likewise with the client codec.
+2. A ``random.Random(seed)`` scheduler drives everything.  At each step it
+   picks one of: deliver the head of one *ready* link (chosen at random
+   among them, so interleavings across links vary with the seed); let a
+   simulated client act (publish, subscribe, unsubscribe, an operator's
+   ``split``/``place``, close its session, a new client connects); or advance
+   the clock and ``tick`` the nodes (each node skips a tick now and then, and
+   sometimes pauses its ticks for most of a slice: slices stretch and drift
+   apart, LIEMs cross).  A run is a pure function of ``(config, seed,
+   params)``: nothing reads the wall clock, sets are never iterated for
+   decisions, and the node cores' own random sources are reseeded from the
+   seed.  ``trace_hash`` digests every delivery, client message and tick.
+3. Faults.  Links are reliable (TCP): the design never loses a message
+   silently, so a fault is a *delay*, never a loss:
+   * per-message jitter (each message is ready a random few ms after it is
+     sent, never before the one queued ahead of it);
+   * a slow link: one direction holds everything for 0.2 s up to 2.5× the
+     peer timeout (congestion, retransmissions);
+   * a stalled node: for up to 2× the peer timeout a node receives nothing,
+     ticks nothing and serves no client (a GC or swap pause); its peers'
+     sessions with it time out and roll back, and it then processes the
+     backlog late — late replies, late RequestLoadBalance, late transfers;
+   * tick jitter and pauses (slices that last longer on one node).
+   Not modelled: crashes and cut links (the cores have no failure detector
+   or resynchronisation yet: a lost message would be a certain, not a
+   discovered, failure).
+4. A run has three phases: *active* (every client operation, forced moves,
+   faults, natural balancing under a moving hot spot); *subscriptions only*
+   (no more events for several slices: channels go cold and merge while
+   subscriptions and unsubscriptions continue); *drain* (no client action:
+   deliver everything and tick until no message is queued and no session,
+   table update or (un)subscription is pending).  ``invariants``
+   then checks the outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import traceback
+from collections import Counter
+from typing import Final
+
+from overlay.config import ClusterConfig
+
+from .clients import SimClients
+from .invariants import check_all
+from .network import SimNetwork
+from .records import SimResult
+from .setup import SimParams
+
+__all__ = ["SimCluster"]
+
+# Stats of the cores summed into SimResult.stats.
+_STATS: Final = (
+    "migrations",
+    "migrations_aborted",
+    "replications",
+    "splits",
+    "split_steps",
+    "split_changes_replayed",
+    "splits_cancelled",
+    "merges",
+    "reforwards",
+    "events_rerouted",
+    "subscriptions_rerouted",
+    "notifications_orphaned",
+    "events_unroutable",
+    "subscriptions_unroutable",
+)
+
+
+class SimCluster:
+    """Module rules 1–4.  ``run()`` plays the whole scenario once: ``net``
+    (cores, links, clock, faults) and ``users`` (the clients) draw from one
+    seeded stream; what the invariants read is named here too."""
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        seed: int,
+        params: SimParams | None = None,
+        *,
+        keep_trace: bool = False,
+    ) -> None:
+        logging.getLogger("overlay").setLevel(logging.CRITICAL)
+        self.config = config
+        self.seed = seed
+        self.params = params or SimParams.for_seed(seed)
+        self.rng = random.Random(seed)
+        self.slice = config.cluster.slice_seconds
+        self.phase = "init"
+        self.net = net = SimNetwork(config, seed, self.params, self.rng, keep_trace=keep_trace)
+        self.users = users = SimClients(net, self.params, self.rng)
+        net.to_client = users.receive
+        net.on_advance = lambda: users.shift_hot_spot(self.phase == "active")
+        # What the invariants read (``invariants``).
+        self.ids, self.cores, self.arrivals, self.matched = net.ids, net.cores, net.arrivals, net.matched
+        self.failures, self.trace = net.failures, net.trace
+        self.clients, self.admins, self.events = users.clients, users.admins, users.events
+        self.subs, self.notes = users.subs, users.notes
+        self.races = 0  # (event, subscription) pairs an unsubscribe legitimately overtook
+
+    # == the scenario =====================================================================
+
+    def run(self) -> SimResult:
+        try:
+            self._start()
+            self.phase = "active"
+            self._active_phase()
+            self.phase = "subs-only"
+            self._subs_only_phase()
+            self.phase = "drain"
+            self._drain()
+            self.failures.extend(check_all(self))
+        except Exception as exc:  # noqa: BLE001 - a crash of a core is a finding, reported with the seed
+            self.failures.append(
+                f"crash at step {self.net.step_no} ({self.phase}, t={self.net.now:.3f}): {exc!r}\n"
+                + "".join(traceback.format_exception(exc)[-6:])
+            )
+        return self.result()
+
+    def result(self) -> SimResult:
+        stats: Counter[str] = Counter()
+        for core in self.cores.values():
+            for k in _STATS:
+                if core.stats.get(k):
+                    stats[k] += core.stats[k]
+        return SimResult(
+            seed=self.seed,
+            nodes=len(self.ids),
+            trace_hash=self.net.hash.hexdigest(),
+            failures=list(self.failures),
+            steps=self.net.step_no,
+            deliveries=self.net.deliveries,
+            sim_seconds=self.net.now,
+            events=len(self.events),
+            notifies=self.users.notifies,
+            subscriptions=len(self.subs),
+            stats=stats,
+            faults=self.net.faults,
+            races=self.races,
+            admin=self.users.admin_results,
+        )
+
+    def _start(self) -> None:
+        for i in self.ids:
+            self.net.execute(i, self.cores[i].start(self.net.now))
+        for i in self.ids:
+            self.admins[i] = self.users.open(i, admin=True)
+            for _ in range(self.params.clients_per_node):
+                self.users.open(i)
+        # Clients may act before the cluster is ready: they get not_ready.
+        while not all(c.ready for c in self.cores.values()):
+            self.net.count_step()
+            ready = self.net.ready_links()
+            if ready and self.rng.random() < 0.8:
+                self.net.deliver(self.rng.choice(ready))
+            elif self.rng.random() < 0.5:
+                self.users.act(only=("publish", "subscribe"))
+            else:
+                self.net.advance(faults=False)
+
+    def _active_phase(self) -> None:
+        p = self.params
+        done = 0
+        for _ in range(p.initial_subs):
+            self.users.act(only=("subscribe",))
+        while done < p.ops:
+            self.net.count_step()
+            r = self.rng.random()
+            ready = self.net.ready_links()
+            if ready and r < p.p_deliver:
+                self.net.deliver(self.rng.choice(ready))
+            elif r < p.p_deliver + p.p_client or (not ready and r < p.p_deliver):
+                if self.users.act():
+                    done += 1
+            else:
+                self.net.advance(faults=p.faults)
+
+    def _subs_only_phase(self) -> None:
+        p = self.params
+        end = self.net.now + p.subs_only_slices * self.slice
+        while self.net.now < end:
+            self.net.count_step()
+            r = self.rng.random()
+            ready = self.net.ready_links()
+            if ready and r < 0.75:
+                self.net.deliver(self.rng.choice(ready))
+            elif r < 0.8:
+                self.users.act(only=("subscribe", "unsubscribe"))
+            else:
+                self.net.advance(faults=False, dt_scale=3.0)
+
+    def _drain(self) -> None:
+        deadline = self.net.now + self.params.max_drain_seconds
+        while True:
+            self.net.count_step()
+            ready = self.net.ready_links()
+            if ready:
+                self.net.deliver(self.rng.choice(ready))
+                continue
+            if self.settled():
+                return
+            if self.net.now > deadline:
+                self.failures.append(
+                    f"not quiet {self.params.max_drain_seconds:.0f} s into the drain: {self.unsettled()}"
+                )
+                return
+            nxt = self.net.next_ready()
+            target = nxt if nxt is not None and nxt > self.net.now else self.net.now + self.slice / 4
+            self.net.advance(faults=False, to=target)
+
+    def unsettled(self) -> list[str]:
+        """Why the cluster is not quiet yet (empty when it is)."""
+        why = []
+        if self.net.pending_messages():
+            why.append(f"{self.net.pending_messages()} messages queued")
+        for i, c in self.cores.items():
+            active = [m.session for m in c.migration.outgoing.values() if m.active]
+            if active:
+                why.append(f"node {i}: outgoing sessions {active} active")
+            if c.arrivals.incoming:
+                why.append(f"node {i}: incoming sessions {sorted(c.arrivals.incoming)}")
+            if c.updates.waiting():
+                why.append(f"node {i}: table updates {c.updates.waiting()} waiting")
+            if c.sessions.pending():
+                why.append(
+                    f"node {i}: {c.sessions.pending()} (un)subscriptions waiting: {c.sessions.pending_ids()[:5]}"
+                )
+            if c.monitor.busy:
+                why.append(f"node {i}: BUSY")
+        return why
+
+    def settled(self) -> bool:
+        return not self.unsettled()

@@ -1,0 +1,218 @@
+"""The simulated network of ``SimCluster`` (rules 1–3 of ``overlay.testing.sim.cluster``):
+node cores, one ``MemoryLink`` per ordered pair, the simulated clock, ticks,
+faults, and the trace hash that digests every delivery, client message and tick.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, Final
+
+from overlay.actions import Action, CloseClient, ToClient, ToPeer
+from overlay.config import ClusterConfig
+from overlay.errors import RemoteProtocolError
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+from overlay.node import NodeCore
+from overlay.testing.memory_link import MemoryLink
+
+from .setup import SimParams
+
+__all__ = ["MAX_STEPS", "SimNetwork"]
+
+# A run that takes more steps than this is looping, not progressing.
+MAX_STEPS: Final = 400_000
+
+
+class SimNetwork:
+    """Cores, links, clock and faults, driven by the scenario's ``rng``.
+    ``to_client`` takes what a core sends a client (``SimClients.receive``);
+    ``on_advance`` runs each time the clock moves, before the ticks."""
+
+    def __init__(
+        self, config: ClusterConfig, seed: int, params: SimParams, rng: random.Random, *, keep_trace: bool
+    ) -> None:
+        self.config = config
+        self.params = params
+        self.rng = rng
+        # Background indexing (Channel rule 5) in random steps, from its own
+        # stream so the message schedule of a seed stays what it was.
+        self.index_rng = random.Random(f"index:{seed}")
+        self.now = 0.0
+        self.step_no = 0
+        self.slice = config.cluster.slice_seconds
+        self.timeout = config.cluster.peer_timeout
+        self.ids = list(config.node_ids)
+        self.cores: dict[int, NodeCore] = {}
+        # (event id, global sub id) -> step at which the subscriber's access
+        # node first got the Notification (the race with an unsubscribe).
+        self.arrivals: dict[tuple[str, str], int] = {}
+        # event id -> steps at which a channel matched it (must be exactly one).
+        self.matched: dict[str, list[int]] = {}
+        for i in self.ids:
+            core = NodeCore(config, i)
+            core.rng.seed(f"node:{seed}:{i}")  # the monitor's p draws vary with the seed
+            self.spy(core)
+            self.cores[i] = core
+        self.links: dict[tuple[int, int], MemoryLink] = {
+            (a, b): MemoryLink() for a in self.ids for b in self.ids if a != b
+        }
+        self.stall_until = dict.fromkeys(self.ids, 0.0)
+        self.tick_pause_until = dict.fromkeys(self.ids, 0.0)
+        self.failures: list[str] = []
+        self.faults: Counter[str] = Counter()
+        self.deliveries = 0
+        self.hash = hashlib.sha256()
+        self.keep_trace = keep_trace
+        self.trace: list[str] = []
+        self.to_client: Callable[[int, int, cm.ClientMessage], None] = lambda node, sid, msg: None
+        self.on_advance: Callable[[], None] = lambda: None
+
+    def send(self, src: int, dst: int, msg: pm.PeerMessage) -> None:
+        if src == dst:
+            self.failures.append(f"node {src} sent {type(msg).__name__} to itself")
+            return
+        ready = self.now + (self.rng.random() * self.params.jitter if self.params.jitter else 0.0)
+        self.links[(src, dst)].push(ready, msg)  # FIFO within a level
+
+    def ready_links(self) -> list[tuple[int, int]]:
+        now = self.now
+        stall = self.stall_until
+        out = []
+        for key, link in self.links.items():
+            if len(link):
+                t = link.head_ready()
+                if t is not None and t <= now and stall[key[1]] <= now:
+                    out.append(key)
+        return out
+
+    def next_ready(self) -> float | None:
+        best = None
+        for key, link in self.links.items():
+            t = link.head_ready()
+            if t is not None:
+                t = max(t, self.stall_until[key[1]])
+                if best is None or t < best:
+                    best = t
+        return best
+
+    def deliver(self, key: tuple[int, int]) -> None:
+        src, dst = key
+        link = self.links[key]
+        msg = link.pop()
+        body, decoded = link.carry(msg)
+        if len(body) > self.config.cluster.max_frame_size:
+            self.failures.append(f"{type(msg).__name__} {src}->{dst} is {len(body)} bytes, over the frame limit")
+        if decoded != [msg]:
+            self.failures.append(f"{type(msg).__name__} did not survive the codec: {decoded!r} != {msg!r}")
+            return
+        msg = decoded[0]
+        self.deliveries += 1
+        h = self.hash
+        h.update(b"P%d>%d:" % key)
+        h.update(body)
+        if self.keep_trace:
+            self.trace.append(f"{self.step_no} t={self.now:.3f} {src}->{dst} {msg!r}")
+        try:
+            acts = self.cores[dst].handle_peer(src, msg, self.now)
+        except RemoteProtocolError as exc:
+            self.failures.append(f"step {self.step_no}: node {dst} rejected {type(msg).__name__} from {src}: {exc}")
+            self.send(dst, src, pm.PeerError("protocol_error", str(exc)))
+            return
+        self.execute(dst, acts)
+        self.background(dst)
+
+    def background(self, node: int) -> None:
+        """The shell's background task, sometimes: a step of the split a session
+        waits on, or of indexing (node.balancing rule 3, Channel rule 5)."""
+        core = self.cores[node]
+        if core.index_wanted and self.index_rng.random() < 0.5:
+            _more, acts = core.background_step(self.index_rng.randint(1, 6), self.now)
+            self.execute(node, acts)
+
+    def execute(self, node: int, acts: list[Action]) -> None:
+        for act in acts:
+            if type(act) is ToPeer:
+                self.send(node, act.node, act.msg)
+            elif type(act) is ToClient:
+                self.to_client(node, act.session, act.msg)
+            elif type(act) is CloseClient:
+                self.failures.append(
+                    f"step {self.step_no}: node {node} closed client session {act.session}: {act.reason}"
+                )
+            else:  # pragma: no cover
+                raise AssertionError(f"unknown action {act!r}")
+
+    def spy(self, core: NodeCore) -> None:
+        """Record when a channel matches each event, and when each notification
+        reaches the subscriber's access node (white-box: wraps two methods)."""
+        router = core.router  # every match goes through Router.match
+        orig_match = router.match
+        arrivals = self.arrivals
+        matched = self.matched
+
+        def match(ch: Any, msg: pm.Event, out: list[Action]) -> None:
+            matched.setdefault(msg.event_id, []).append(self.step_no)
+            orig_match(ch, msg, out)
+
+        router.match = match  # type: ignore[method-assign]
+        notifier = core.notifier  # local matches and Notifications both end in notify_clients
+        orig_notify = notifier.notify_clients
+
+        def notify_clients(event_id: str, event: Any, sub_ids: Any, publish_time: float, out: list[Action]) -> None:
+            for gid in sub_ids:
+                arrivals.setdefault((event_id, gid), self.step_no)
+            orig_notify(event_id, event, sub_ids, publish_time, out)
+
+        notifier.notify_clients = notify_clients  # type: ignore[method-assign]
+
+    def advance(self, *, faults: bool, to: float | None = None, dt_scale: float = 1.0) -> None:
+        rng = self.rng
+        if to is None:
+            to = self.now + rng.expovariate(1.0 / (self.params.dt_mean * self.slice * dt_scale))
+        self.now = to
+        self.hash.update(b"T%r" % to)
+        self.on_advance()  # the workload's hot spot may move (it draws from the same stream)
+        if faults and rng.random() < self.params.p_fault:
+            self._inject_fault()
+        order = list(self.ids)
+        rng.shuffle(order)
+        for i in order:
+            if self.stall_until[i] > self.now or self.tick_pause_until[i] > self.now:
+                continue
+            if rng.random() < 0.9:
+                self.hash.update(b"t%d" % i)
+                self.execute(i, self.cores[i].tick(self.now))
+                self.background(i)
+            elif faults and rng.random() < 0.2:
+                self.tick_pause_until[i] = self.now + rng.uniform(0.3, 1.2) * self.slice
+                self.faults["tick_pause"] += 1
+
+    def _inject_fault(self) -> None:
+        rng = self.rng
+        if rng.random() < 0.6:
+            key = rng.choice(sorted(self.links))
+            hold = rng.choice((rng.uniform(0.2, 1.0), rng.uniform(1.0, 2.5 * self.timeout)))
+            link = self.links[key]
+            link.blocked_until = max(link.blocked_until, self.now + hold)
+            self.faults["slow_link"] += 1
+            if self.keep_trace:
+                self.trace.append(f"t={self.now:.3f} slow link {key} for {hold:.2f}s")
+        else:
+            node = rng.choice(self.ids)
+            hold = rng.uniform(0.5, 2.0 * self.timeout)
+            self.stall_until[node] = max(self.stall_until[node], self.now + hold)
+            self.faults["stall"] += 1
+            if self.keep_trace:
+                self.trace.append(f"t={self.now:.3f} node {node} stalls for {hold:.2f}s")
+
+    def pending_messages(self) -> int:
+        return sum(len(link) for link in self.links.values())
+
+    def count_step(self) -> None:
+        self.step_no += 1
+        if self.step_no > MAX_STEPS:
+            raise RuntimeError(f"no progress after {MAX_STEPS} steps")
