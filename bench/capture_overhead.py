@@ -78,10 +78,10 @@ def _config(nodes: int, capture_dir: str) -> tuple[Any, list[socket.socket]]:
 
 
 async def _drive(cfg: Any, events: int, mark: Any) -> float:
-    from overlay.cli import _wait_ready
+    from overlay.cli import wait_ready
     from overlay.client import Client
 
-    await _wait_ready(cfg, 30)
+    await wait_ready(cfg, 30)
     addrs = [(n.host, n.port) for n in cfg.nodes]
     subs = []
     clients = []
