@@ -33,7 +33,8 @@ class ErrorReporter:
     """Hands pending errors to ``callback`` from one task (``run``).
 
     Invariant: every error added before ``stop()`` is passed to the callback
-    (or logged) once, in the order ``ErrorReports`` keeps."""
+    (or logged) once, in the order ``ErrorReports`` keeps — unless the
+    client's ``close()`` cancels ``run`` first."""
 
     def __init__(self, callback: ErrorCallback | None, owner: str) -> None:
         self.callback = callback
