@@ -413,19 +413,3 @@ class Groups:
             )
         if cs.groups:
             self._ctx.stats["group_states_restored"] += len(cs.groups)
-
-    def status(self) -> list[dict[str, Any]]:
-        """Per (channel, group): instances with their weights, LF, sent counts."""
-        return [
-            {
-                "channel": str(c),
-                "group": g,
-                "dispatched": d.dispatched,
-                "counters": dict(d.counters),
-                "instances": {
-                    i: {"ws": s.ws / 1000, "lf": s.lf / 1000, "sent": s.sent, "faulty_until": s.faulty_until}
-                    for i, s in d.instances.items()
-                },
-            }
-            for (c, g), d in self._dispatchers.items()
-        ]
