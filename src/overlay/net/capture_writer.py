@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, Final
+from typing import BinaryIO, Final
 
 import msgspec
 
@@ -55,7 +55,7 @@ class CaptureWriter:
         self.buffer = CaptureBuffer(node_id)
         self.written = 0
         self._lock = threading.Lock()
-        self._fh: Any = None
+        self._fh: BinaryIO | None = None
 
     def open(self, now: float) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -63,7 +63,8 @@ class CaptureWriter:
             old = self.path.with_name(self.path.name + ".old")
             log.warning("node %d: capture %s exists; moved to %s", self.node_id, self.path, old.name)
             os.replace(self.path, old)
-        self._fh = open(self.path, "wb", buffering=FILE_BUFFER)
+        # Open from here to close(), across the node's run (rule 3): no block holds it.
+        self._fh = open(self.path, "wb", buffering=FILE_BUFFER)  # noqa: SIM115 — closed by close()
         self._write([msgspec.json.encode(header_for(self.config, self.node_id, self.run_name, now)) + b"\n"], 1)
         log.info("node %d: capturing to %s", self.node_id, self.path)
 
