@@ -26,6 +26,7 @@ import pytest
 from conftest import CONFIGS, LOCAL
 from overlay.errors import LocalProtocolError, RequestError
 from overlay.messages import client as cm
+from overlay.net.inbox import ClientClosed
 from overlay.net.node import Node
 from overlay.testing import WAIT, LoopbackCluster, wait_until
 
@@ -42,9 +43,9 @@ def running(n: int) -> LoopbackCluster:
 def slow_down(node: Node, delay: float) -> None:
     """Every reply of ``node`` to its clients leaves ``delay`` s late (the
     loop is shared by every node of the test, so no blocking sleep)."""
-    send = node._send_client
+    send = node.connections.send
     loop = asyncio.get_running_loop()
-    node._send_client = lambda sid, msg: loop.call_later(delay, send, sid, msg)  # type: ignore[method-assign]
+    node.connections.send = lambda sid, msg: loop.call_later(delay, send, sid, msg)  # type: ignore[method-assign]
 
 
 async def hold_dispatcher(node: Node) -> asyncio.Event:
@@ -63,11 +64,11 @@ async def hold_dispatcher(node: Node) -> asyncio.Event:
     inbox.wait = held  # type: ignore[method-assign]
     # The dispatcher may be inside the real wait(): wake it with one filler so
     # that its next wait is the held one.
-    inbox.put_force(("closed", -1, None), False)
+    inbox.put_force(ClientClosed(-1), False)
     await wait_until(lambda: not len(inbox), what="dispatcher to take the filler")
     await asyncio.sleep(0.01)
     for _ in range(CHOKE_AT):
-        inbox.put_force(("closed", -1, None), False)
+        inbox.put_force(ClientClosed(-1), False)
     return gate
 
 
@@ -91,14 +92,14 @@ async def test_agent_avoids_a_slow_node() -> None:
 async def test_probing_brings_a_recovered_node_back() -> None:
     async with running(2) as cluster:
         node = cluster.nodes[0]
-        send = node._send_client
+        send = node.connections.send
         slow_down(node, 0.03)
         agent = await cluster.agent(0, 1, probe_interval=0.05)
         for i in range(40):
             await agent.publish({"price": float(i), "sym": "AB"})
         before = agent.published[0]
         assert before <= 5
-        node._send_client = send  # type: ignore[method-assign]  # it recovers ...
+        node.connections.send = send  # type: ignore[method-assign]  # it recovers ...
         slow_down(cluster.nodes[1], 0.01)  # ... and the other one slows down
         await wait_until(lambda: agent.probes >= 40, what="probes")
         for i in range(200):
@@ -157,8 +158,8 @@ async def test_no_ack_in_time_is_a_failure_and_the_publish_goes_elsewhere() -> N
         assert agent.agent.choose(time.perf_counter()) == 0
         # ... then node 1 goes on accepting events but its PubAcks get lost.
         node = cluster.nodes[1]
-        send = node._send_client
-        node._send_client = lambda sid, msg: None if isinstance(msg, cm.PubAck) else send(sid, msg)  # type: ignore[method-assign]
+        send = node.connections.send
+        node.connections.send = lambda sid, msg: None if isinstance(msg, cm.PubAck) else send(sid, msg)  # type: ignore[method-assign]
         ids = [await agent.publish({"price": float(i), "sym": "TO"}, timeout=5) for i in range(20)]
         assert agent.timeouts >= 1 and agent.resent == agent.timeouts
         assert agent.agent.failures[0] >= 1

@@ -23,7 +23,9 @@ from overlay.channels import ChannelId, parse_subscription
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import HEADER, client_reader, encode_frame, peer_reader
-from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC, _Writer
+from overlay.net.inbox import FromPeer
+from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC
+from overlay.net.writer import ConnectionWriter
 from overlay.testing import WAIT, LoopbackCluster, bound_socket, override, wait_until
 
 pytestmark = pytest.mark.timeout(30)
@@ -162,7 +164,7 @@ async def test_high_priority_frame_overtakes_normal_ones_queued_for_a_peer():
             for i in range(50)
         ]
         high = pm.LIEM(0, "STABLE", 1.0, 1.0, 1.0, 7)
-        node._execute([ToPeer(1, m) for m in normals] + [ToPeer(1, high)])
+        node.execute([ToPeer(1, m) for m in normals] + [ToPeer(1, high)])
         # Only the LIEM is high: the initializer waits to hear from node 1
         # before it initialises (node.boot rule 2), so no RoutingTableInit yet.
         assert list(map(len, (link.queue.high, link.queue.normal))) == [1, 50]
@@ -211,7 +213,7 @@ async def test_dispatcher_takes_a_high_priority_message_before_queued_normal_one
 
     def put_spy(item, high):
         ok = real_put_nowait(item, high)
-        if ok and item[0] == "peer" and type(item[2]) is pm.LIEM:
+        if ok and type(item) is FromPeer and type(item.msg) is pm.LIEM:
             waiting_at_high.append(len(node.inbox.normal))
             handled.append("<LIEM queued>")
         return ok
@@ -457,7 +459,7 @@ async def test_a_client_writer_whose_connection_was_reset_ends_quietly():
         reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
         with pytest.raises(ConnectionResetError):
             await asyncio.wait_for(reader.read(10), WAIT)
-        out = _Writer(writer, 10)
+        out = ConnectionWriter(writer, 10)
         out.queue.put_nowait(encode_frame(cm.Ack("e")), False)
         await asyncio.wait_for(out.run(), WAIT)  # returns instead of raising
         assert writer.is_closing()

@@ -9,11 +9,11 @@ import asyncio
 import msgspec
 import pytest
 
+from overlay.actions import ToPeer
 from overlay.config import NodeConfig
 from overlay.messages import peer as pm
 from overlay.messages.codec import encode_frame, peer_reader
 from overlay.net.node import PEER_MAGIC, Node
-from overlay.actions import ToPeer
 from test_node import BASE, EC, WAIT, bound_socket
 
 pytestmark = pytest.mark.timeout(30)
@@ -35,7 +35,7 @@ async def test_frames_for_a_down_peer_past_the_bound_are_dropped_and_counted() -
     try:
         await asyncio.wait_for(node.started.wait(), WAIT)
         link = node.links[1]
-        node._execute([ToPeer(1, _event(i)) for i in range(BOUND * 3)])
+        node.execute([ToPeer(1, _event(i)) for i in range(BOUND * 3)])
         assert len(link.queue.normal) == BOUND and len(link.queue) <= 2 * BOUND
         assert node.core.stats["peer_frames_dropped"] >= BOUND * 2 - 1
     finally:
@@ -56,7 +56,7 @@ async def test_what_was_queued_for_a_previous_run_of_a_peer_is_discarded() -> No
     try:
         await asyncio.wait_for(node.started.wait(), WAIT)
         node.peer_run(1, 111)  # node 1's first run, seen before it went down
-        node._execute([ToPeer(1, _event(i)) for i in range(5)])
+        node.execute([ToPeer(1, _event(i)) for i in range(5)])
         got: list[pm.PeerMessage] = []
         done = asyncio.Event()
 
@@ -74,7 +74,7 @@ async def test_what_was_queued_for_a_previous_run_of_a_peer_is_discarded() -> No
         server = await asyncio.start_server(restarted_peer, sock=socks[1])
         async with server:
             await asyncio.wait_for(node.links[1].connected.wait(), WAIT)
-            node._execute(
+            node.execute(
                 [ToPeer(1, pm.Event("after", {"price": 1.0, "sym": "A"}, 0, pm.DispatchSign.EVENT_DISPATCHED, EC))]
             )
             await asyncio.wait_for(done.wait(), WAIT)

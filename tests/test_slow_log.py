@@ -33,7 +33,7 @@ async def test_off_at_zero_and_quiet_under_the_threshold() -> None:
         node._gc_timer("start", {"generation": 1})
         node._gc_timer("stop", {"generation": 1})
         assert not slow_entries(cl)
-        node._slow_s = 0.0
+        node.slow_log.threshold = 0.0
         node._gc_timer("start", {"generation": 2})
         node._gc_timer("stop", {"generation": 2})
         (entry,) = slow_entries(cl)

@@ -20,87 +20,52 @@ Rules this module keeps:
    ``OVERLAY_ADMIN_TOKEN`` environment variable, which wins so a token need
    not sit in a config file).  No token configured: no auth.
 5. The whole-cluster view (``/cluster``, ``/events`` and the page at ``/``)
-   is this node's status plus each other node's ``/status`` and
-   ``/balancing``, fetched over HTTP from the admin address in the config,
-   at most once per ``VIEW_TTL`` however many pages watch.  Why HTTP and not
-   LIEMs: a LIEM carries a node's state and load only, while the page shows
-   every node's channels, queue depths, counters and decision journal, which
-   only that node holds.  A node whose admin endpoint does not answer still
-   appears, from its last LIEM (state, d, dc), marked unreachable.  The node
-   list is what the cluster reports — the config, this node's peers, the
-   nodes it hears LIEMs from and the owners in its routing table — so a node
-   that joins or drains shows up without a change here.
+   is this node's status plus each other node's, fetched over HTTP and
+   cached for a moment (``overlay.net.cluster_view``, whose rules say why
+   and how a node that does not answer is shown).
 6. The metrics are collected at scrape time by ``NodeCollector`` into a
    registry of this node's own, so nodes sharing a process (tests) never mix.
+7. It sees its node as a ``NodeView`` (``overlay.net.view``), reads the
+   core through its public surface only, and never imports ``net.node``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import logging
 import os
 import socket
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
-import aiohttp
 import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from overlay.channels.space import ExceptConstraint, RangeConstraint, SetConstraint
 from overlay.config import ClusterConfig
-
-if TYPE_CHECKING:
-    from overlay.net.node import Node
-
-__all__ = ["TOKEN_ENV", "AdminServer", "NodeCollector"]
-
+from overlay.net.cluster_view import ClusterView, slice_history
 from overlay.net.metrics import NodeCollector
+from overlay.net.view import NodeView
+
+__all__ = ["TOKEN_ENV", "AdminServer", "NodeCollector", "effective_admin_token", "json_error", "json_response"]
 
 log = logging.getLogger("overlay.admin")
 
 TOKEN_ENV: Final = "OVERLAY_ADMIN_TOKEN"
-# The whole-cluster view is rebuilt at most this often, however many pages
-# watch: each rebuild costs two HTTP requests per other node.
-VIEW_TTL: Final = 0.5
-# A peer's admin endpoint that has not answered within this is shown from
-# its LIEM: the page must not stall on one slow or dead node.
-PEER_FETCH_TIMEOUT: Final = 1.0
 # Server-sent events: one cluster snapshot per interval (the query may ask
 # for another within these bounds), and the browser's reconnect delay.
 PUSH_SECONDS: Final = 1.0
 PUSH_BOUNDS: Final = (0.1, 10.0)
 SSE_RETRY_MS: Final = 2000
-# Journal entries per node fetched for the page's feed, and kept in the feed.
-FEED_PER_NODE: Final = 20
-FEED_SIZE: Final = 40
 BALANCING_DEFAULT: Final = 50
-# S/dc̄ history on the page: the slices of the last ten minutes.
-HISTORY_SECONDS: Final = 600.0
 # Let open requests finish this long when the node stops.
 SHUTDOWN_SECONDS: Final = 2.0
 # Journal kinds that are balancing decisions or moves (``/balancing``'s default).
 MOVES: Final = ("decision", "split", "merge", "migration", "replication", "replicate", "abort", "state")
-# Counters of the core that the page and ``overlay status`` show per node.
-NODE_COUNTERS: Final = (
-    "events_in",
-    "events_matched",
-    "notifications_out",
-    "notifies_out",
-    "migrations",
-    "replications",
-    "splits",
-    "merges",
-    "migrations_aborted",
-    "reforwards",
-    "subscriptions_moved",
-    "migration_bytes",
-)
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _encoder = msgspec.json.Encoder(enc_hook=str)
 
@@ -125,7 +90,7 @@ class AdminServer:
     exists only while ``run`` does.
     """
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeView) -> None:
         self.node = node
         self.core = node.core
         self.token = node.core.admin_token  # one token for HTTP and the client protocol
@@ -136,10 +101,7 @@ class AdminServer:
         self._sock: socket.socket | None = None
         self.port = 0
         self._closing = asyncio.Event()
-        self._http: aiohttp.ClientSession | None = None
-        self._view: dict[str, Any] | None = None
-        self._view_at = 0.0
-        self._view_lock = asyncio.Lock()
+        self.view = ClusterView(node, self)  # rule 5
         self._web = resources.files("overlay") / "web"
 
     # -- lifecycle (rule 2) -------------------------------------------------------------
@@ -162,14 +124,13 @@ class AdminServer:
         await runner.setup()
         try:
             await web.SockSite(runner, self._sock).start()
-            self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PEER_FETCH_TIMEOUT))
+            self.view.open()
             log.info("node %d: admin endpoint on http://%s:%d/", self.node.id, self.node.me.host, self.port)
             await asyncio.Event().wait()  # forever: the TaskGroup cancels us
         finally:
             self._closing.set()  # event streams end at their next wake-up
             await runner.cleanup()
-            if self._http is not None:
-                await self._http.close()
+            await self.view.close()
             self._sock.close()
 
     def add_action(self, path: str, handler: Handler, method: str = "POST") -> None:
@@ -215,7 +176,7 @@ class AdminServer:
 
     def health(self) -> tuple[bool, str]:
         node, core = self.node, self.core
-        if node._stop.is_set():
+        if node.stopping:
             return False, "the node is stopping"
         if not node.started.is_set():
             return False, "the node is starting"
@@ -243,8 +204,8 @@ class AdminServer:
                 "ready": ready,
                 "why": why,
                 "state": self.core.monitor.state.value,
-                "links_up": sorted(p for p, l in links.items() if l.connected.is_set()),
-                "links_down": sorted(p for p, l in links.items() if not l.connected.is_set()),
+                "links_up": sorted(p for p, link in links.items() if link.connected.is_set()),
+                "links_down": sorted(p for p, link in links.items() if not link.connected.is_set()),
             },
             200 if ready else 503,
         )
@@ -266,12 +227,12 @@ class AdminServer:
             subscriptions=sum(len(ch) for ch in core.local),
             links={
                 str(p): {
-                    "connected": l.connected.is_set(),
-                    "high": len(l.queue.high),
-                    "normal": len(l.queue.normal),
-                    "connects": l.connects,
+                    "connected": link.connected.is_set(),
+                    "high": len(link.queue.high),
+                    "normal": len(link.queue.normal),
+                    "connects": link.connects,
                 }
-                for p, l in sorted(node.links.items())
+                for p, link in sorted(node.links.items())
             },
             inbox={"high": len(node.inbox.high), "normal": len(node.inbox.normal)},
             clients={
@@ -371,130 +332,12 @@ class AdminServer:
     async def _favicon(self, request: web.Request) -> web.Response:
         return web.Response(body=(self._web / "favicon.svg").read_bytes(), content_type="image/svg+xml")
 
-    def known_nodes(self) -> list[int]:
-        """Rule 5: every node the cluster reports."""
-        core = self.core
-        ids = {self.node.id, *core.peers, *core.config.node_ids, *(p.node for p in core.monitor.live())}
-        for _, e in core.routing.items():
-            ids.update(e.owners)
-        return sorted(ids)
-
-    def admin_url(self, node_id: int) -> str | None:
-        if node_id == self.node.id:
-            host = self.node.me.host
-            return f"http://{_connect_host(host)}:{self.port}"
-        cfg = next((n for n in self.node.config.nodes if n.id == node_id), None)
-        if cfg is None or not cfg.admin_port:
-            return None
-        return f"http://{_connect_host(cfg.host)}:{cfg.admin_port}"
-
-    async def _fetch(self, node_id: int) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str]:
-        url = self.admin_url(node_id)
-        if url is None:
-            return None, [], "no admin address in the config"
-        if self._http is None or self._http.closed:
-            return None, [], "the admin endpoint is stopping"
-        try:
-            async with self._http.get(f"{url}/status") as resp:
-                resp.raise_for_status()
-                status = await resp.json()
-            async with self._http.get(f"{url}/balancing", params={"n": str(FEED_PER_NODE), "idle": "0"}) as resp:
-                resp.raise_for_status()
-                journal = (await resp.json())["entries"]
-        except (TimeoutError, aiohttp.ClientError, ValueError, KeyError) as exc:
-            return None, [], f"admin endpoint {url} did not answer: {type(exc).__name__} {exc}".strip()
-        return status, journal, ""
-
-    async def cluster_view(self) -> dict[str, Any]:
-        """The whole cluster as the page shows it, rebuilt at most every ``VIEW_TTL``."""
-        async with self._view_lock:
-            now = time.monotonic()
-            if self._view is not None and now - self._view_at < VIEW_TTL:
-                return self._view
-            self._view = await self._build_view()
-            self._view_at = time.monotonic()
-            return self._view
-
-    async def _build_view(self) -> dict[str, Any]:
-        core = self.core
-        ids = self.known_nodes()
-        others = [i for i in ids if i != self.node.id]
-        fetched = await asyncio.gather(*(self._fetch(i) for i in others))
-        statuses: dict[int, dict[str, Any] | None] = {self.node.id: self.node_status()}
-        journals: dict[int, list[dict[str, Any]]] = {self.node.id: self.balancing(FEED_PER_NODE, idle=False)}
-        errors: dict[int, str] = {}
-        for i, (st, journal, err) in zip(others, fetched):
-            statuses[i], journals[i] = st, journal
-            if err:
-                errors[i] = err
-        liems = {p.node: p for p in core.monitor.live()}
-        nodes = []
-        loads: dict[str, dict[str, Any]] = {}
-        for i in ids:
-            st = statuses.get(i)
-            if st is None:
-                p = liems.get(i)
-                nodes.append(
-                    {
-                        "node": i,
-                        "reachable": False,
-                        "why": errors.get(i, ""),
-                        "admin": self.admin_url(i),
-                        "state": p.state.value if p else "UNKNOWN",
-                        "d": p.d if p else None,
-                        "dc": p.dc if p else None,
-                        "capacity": p.capacity if p else None,
-                        "channels": [],
-                        "stats": {},
-                    }
-                )
-                continue
-            for ch in st.get("channels", ()):
-                loads[ch["id"]] = {
-                    "load": ch.get("load", 0),
-                    "last_load": ch.get("last_load", 0),
-                    "subscriptions": ch.get("subscriptions", 0),
-                }
-            nodes.append(_node_summary(st, self.admin_url(i)))
-        mine = statuses[self.node.id]
-        assert mine is not None
-        routing = self.routing()
-        for ch in routing["channels"]:
-            ch.update(loads.get(ch["id"], {}))
-        feed = sorted((e for j in journals.values() for e in j), key=lambda e: e["time"], reverse=True)[:FEED_SIZE]
-        return {
-            "time": time.time(),
-            "cluster": core.config.cluster.name,
-            "served_by": self.node.id,
-            "delta": core.config.cluster.delta,
-            "mean_dc": mine.get("mean_dc"),
-            "spread": mine.get("spread"),
-            "spread_ratio": mine.get("spread_ratio"),
-            "nodes": nodes,
-            "da": routing["da"],
-            "placement": routing["channels"],
-            "history": self.history(),
-            "feed": feed,
-            "totals": {k: sum(n["stats"].get(k, 0) for n in nodes) for k in NODE_COUNTERS},
-        }
-
     def history(self) -> list[tuple[float, float]]:
-        """``(time, S/dc̄)`` per slice of this node in the last ``HISTORY_SECONDS``
-        (0 while nothing is loaded: no spread to lower)."""
-        cutoff = time.time() - HISTORY_SECONDS
-        out = []
-        for e in self.core.journal:
-            if (
-                e["kind"] == "slice"
-                and e["time"] >= cutoff
-                and e.get("mean") is not None
-                and e.get("spread") is not None
-            ):
-                out.append((e["time"], e["spread"] / e["mean"] if e["mean"] > 0 else 0.0))
-        return out
+        """``(time, S/dc̄)`` per slice of this node in the last ten minutes (the page's chart)."""
+        return slice_history(self.core.journal)
 
     async def _cluster(self, request: web.Request) -> web.Response:
-        return json_response(await self.cluster_view())
+        return json_response(await self.view.get())
 
     async def _events(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events: a ``cluster`` event with the whole view per interval."""
@@ -511,20 +354,14 @@ class AdminServer:
             await resp.write(f"retry: {SSE_RETRY_MS}\n\n".encode())
             n = 0
             while not self._closing.is_set():
-                view = await self.cluster_view()
+                view = await self.view.get()
                 n += 1
                 await resp.write(b"id: %d\nevent: cluster\ndata: " % n + _encoder.encode(view) + b"\n\n")
-                try:
+                with contextlib.suppress(TimeoutError):  # the interval is over: the next snapshot
                     await asyncio.wait_for(self._closing.wait(), interval)
-                except TimeoutError:
-                    pass
         except ConnectionResetError:
             pass  # the page went away
         return resp
-
-
-def _connect_host(host: str) -> str:
-    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
 def _constraint(c: Any) -> dict[str, Any]:
@@ -535,33 +372,3 @@ def _constraint(c: Any) -> dict[str, Any]:
         return {"attr": c.attr, "kind": "set", "values": sorted(c.values)}
     assert isinstance(c, ExceptConstraint)
     return {"attr": c.attr, "kind": "except", "excluded": sorted(c.excluded)}
-
-
-def _node_summary(st: dict[str, Any], admin: str | None) -> dict[str, Any]:
-    stats = st.get("stats", {})
-    return {
-        "node": st["node"],
-        "reachable": True,
-        "admin": admin,
-        "ready": st.get("ready"),
-        "health": st.get("health"),
-        "state": st.get("state"),
-        "draining": bool(st.get("draining")),  # node.membership: shown as a badge on the page
-        "d": st.get("d"),
-        "dc": st.get("dc"),
-        "capacity": st.get("capacity"),
-        "mean_dc": st.get("mean_dc"),
-        "spread_ratio": st.get("spread_ratio"),
-        "slice": st.get("slice"),
-        "slice_seconds": st.get("slice_seconds"),
-        "subscriptions": st.get("subscriptions"),
-        "sessions": st.get("sessions"),
-        "channels": [c["id"] for c in st.get("channels", ())],
-        "links": st.get("links", {}),
-        "inbox": st.get("inbox", {}),
-        "clients": st.get("clients", {}),
-        "stats": {k: stats.get(k, 0) for k in NODE_COUNTERS},
-    }
-
-
-# -- metrics (rule 6) ------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The shell half of drain and join (``overlay.node.membership``).
+"""The shell half of drain (``overlay.node.membership``): the ``/drain`` routes.
 
 1. ``POST /drain`` on a node's admin endpoint drains that node (token-checked
    by the admin server's auth, registered with ``add_action``).  Optional
@@ -7,31 +7,27 @@
    the drain is over: 200 with the summary, 409 when refused or stopped, with
    the reason.  ``?wait=0`` answers 202 at once; ``GET /drain`` shows the
    progress.
-2. ``AddPeer`` from the core: open a ``PeerLink`` to the joined node as one
-   more task of the node's TaskGroup, and adopt the core's grown config so
-   the admin endpoint finds the newcomer's admin port.
+2. While a ``POST /drain`` waits, it looks at the drain's progress (the
+   core's state: no event to wait on) every ``POLL_SECONDS``, and waits on
+   the node's stop in between: a node told to stop answers at once.
+3. The routes see the node as a ``NodeView`` (``overlay.net.view``).  The
+   shell half of a join — a link to the newcomer, from the core's
+   ``AddPeer`` — belongs with the node's links: ``Node.add_peer``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import logging
 import time
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from aiohttp import web
 
 from overlay.errors import LocalProtocolError
-from overlay.net.admin import json_error, json_response
+from overlay.net.admin import AdminServer, json_error, json_response
+from overlay.net.view import NodeView
 
-if TYPE_CHECKING:
-    from overlay.actions import AddPeer
-    from overlay.net.node import Node
-
-__all__ = ["add_peer", "install"]
-
-log = logging.getLogger("overlay.net")
+__all__ = ["install"]
 
 # How often the HTTP handler looks at the drain's progress.
 POLL_SECONDS: Final = 0.05
@@ -39,7 +35,7 @@ POLL_SECONDS: Final = 0.05
 DRAIN_WAIT_MAX: Final = 600.0
 
 
-def install(node: Node) -> None:
+def install(admin: AdminServer, node: NodeView) -> None:
     """Register the drain routes on the node's admin endpoint (before it runs)."""
 
     async def post_drain(request: web.Request) -> web.Response:
@@ -64,7 +60,7 @@ def install(node: Node) -> None:
                 return json_error(404, f"unknown node {target}: the cluster has nodes {sorted(known)}")
             return json_error(400, f"this is node {node.id}: POST /drain to node {target}'s admin endpoint")
         try:
-            node._execute(core.drain(time.time()))
+            node.execute(core.drain(time.time()))
         except LocalProtocolError as exc:
             return json_error(409, str(exc), node=node.id)
         if str(args.get("wait", "1")).lower() in ("0", "false", "no"):
@@ -72,8 +68,9 @@ def install(node: Node) -> None:
         dr = core.drain_state
         assert dr is not None
         deadline = time.monotonic() + DRAIN_WAIT_MAX
-        while not dr.done and time.monotonic() < deadline and not node._stop.is_set():
-            await asyncio.sleep(POLL_SECONDS)
+        while not dr.done and time.monotonic() < deadline:  # rule 2
+            if await node.wait_stop(POLL_SECONDS):
+                break
         summary = dr.summary(node.id)
         if not dr.done:
             return json_response({**summary, "draining": True}, 202)
@@ -91,19 +88,5 @@ def install(node: Node) -> None:
             }
         )
 
-    node.admin.add_action("/drain", post_drain)
-    node.admin.app.router.add_get("/drain", get_drain)
-
-
-def add_peer(node: Node, act: AddPeer) -> None:
-    """Rule 2: a link to a node that joined, started in the node's TaskGroup."""
-    from overlay.net.node import PeerLink
-
-    peer = act.peer
-    node.config = node.core.config
-    if peer.id in node.links or node._tg is None:
-        return
-    link = PeerLink(node, peer)
-    node.links[peer.id] = link
-    node._tg.create_task(link.run(), name=f"link-{node.id}->{peer.id}")
-    log.info("node %d: link to joined node %d at %s:%d", node.id, peer.id, peer.host, peer.port)
+    admin.add_action("/drain", post_drain)
+    admin.app.router.add_get("/drain", get_drain)

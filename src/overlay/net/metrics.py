@@ -2,23 +2,27 @@
 
 ``NodeCollector`` reads the node's core (counters, monitor, histograms) and
 shell (queue depths, links) whenever ``/metrics`` is scraped, into the
-node's own ``CollectorRegistry`` (``overlay.net.admin``).
+node's own ``CollectorRegistry`` (``overlay.net.admin``).  It sees the node
+as a ``NodeView`` (``overlay.net.view``) and the core through its public
+surface only.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable, Iterator
+from typing import Final
 
+from prometheus_client import utils as prometheus_utils
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
-from prometheus_client.utils import floatToGoString
 
 from overlay.histograms import BucketCounts
-
-if TYPE_CHECKING:
-    from overlay.net.node import Node
+from overlay.net.view import NodeView
 
 __all__ = ["NodeCollector"]
+
+# A bucket bound as Prometheus spells it ("+Inf", Go's exponents): the
+# client library's own function, which it leaves unannotated.
+_bound_label: Callable[[float], str] = prometheus_utils.floatToGoString
 
 # Core counters exported under their own names: (family, help, stats key).
 _COUNTERS: Final = (
@@ -100,7 +104,7 @@ _REJECTED_PREFIX: Final = "rejected_"
 class NodeCollector:
     """Reads one node's core and shell at scrape time (module rule 6)."""
 
-    def __init__(self, node: Node) -> None:
+    def __init__(self, node: NodeView) -> None:
         self.node = node
 
     def describe(self) -> list[Metric]:
@@ -192,7 +196,7 @@ class NodeCollector:
             max((len(w.queue) for w in writers), default=0),
         )
 
-        known = set()
+        known: set[str] = set()
         for name, doc, key in _COUNTERS:
             known.add(key)
             c = CounterMetricFamily(name, doc, labels=lab)
@@ -244,5 +248,5 @@ class NodeCollector:
 
 def _histogram(name: str, doc: str, h: BucketCounts, node: str) -> HistogramMetricFamily:
     fam = HistogramMetricFamily(name, doc, labels=["node"])
-    fam.add_metric([node], [(floatToGoString(le), n) for le, n in h.cumulative()], h.sum)
+    fam.add_metric([node], [(_bound_label(le), n) for le, n in h.cumulative()], h.sum)
     return fam

@@ -1,0 +1,240 @@
+"""A node's outbound link to one peer (``overlay.net.node`` rules 2, 9 and 10).
+
+Rules:
+
+1. One ``PeerLink`` per peer, sending on its own outbound connection (FIFO,
+   high before normal), reconnecting with exponential backoff between
+   ``BACKOFF_MIN`` and ``BACKOFF_MAX``.  It never reads what the peer sends on
+   it, but EOF: the peer closed it.
+2. The link opens with a hello each way: ours on connect, the peer's answer
+   before anything queued goes out (``net.node`` rule 9).  The answer's
+   incarnation goes to ``answered``, which discards what was queued for the
+   peer's previous run when it restarted.  A hello not answered within the
+   peer timeout, or answered by another node, is a failed connect.
+3. While the link is down, ``send`` keeps the queue's bound: past it a frame
+   is dropped (``Sent.DROPPED``), the outage's drops are logged once.  While
+   it is up, a full queue is backpressure: the frame waits past the bound
+   (``Sent.OVERFLOW``).  The node counts both.
+4. The link reports each change of its state to ``changed(peer, up)`` —
+   also every failed connect, as down — and ``overdue`` tells the node's
+   ticker, once per outage, that the peer has been away past the timeout.
+5. The link knows its node only through those callbacks and the numbers it
+   is built with: no reference to the ``Node``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable
+from typing import Final
+
+from overlay.config import NodeConfig
+from overlay.errors import RemoteProtocolError
+from overlay.messages import peer as pm
+from overlay.messages.codec import encode_frame, peer_reader
+from overlay.net.inbox import READ_CHUNK
+from overlay.net.queues import TwoLevelQueue
+from overlay.net.writer import write_batches
+
+__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "PEER_MAGIC", "PeerClosed", "PeerLink", "Sent"]
+
+log = logging.getLogger("overlay.net")
+
+PEER_MAGIC: Final = b"OVP1"
+BACKOFF_MIN: Final = 0.05
+BACKOFF_MAX: Final = 2.0
+
+
+class Sent(enum.Enum):
+    """What ``PeerLink.send`` did with a frame (rule 3)."""
+
+    QUEUED = "queued"
+    OVERFLOW = "overflow"  # queued past the bound: the link is up, the peer slow
+    DROPPED = "dropped"  # the link is down and its queue full
+
+
+class PeerClosed(ConnectionResetError):
+    """The peer closed our link in order (EOF): it stopped or restarts."""
+
+
+class PeerLink:
+    """The outbound link to ``peer`` (rules 1–5).
+
+    Invariant: ``connected`` is set exactly while a connection whose hello
+    was answered is pumping; ``down_since`` is None exactly then.
+    """
+
+    def __init__(
+        self,
+        node_id: int,
+        peer: NodeConfig,
+        *,
+        queue_size: int,
+        max_frame: int,
+        hello_timeout: float,
+        hello: Callable[[], pm.PeerHello],
+        answered: Callable[[int, int], None],
+        changed: Callable[[int, bool], None],
+    ) -> None:
+        self.node_id = node_id
+        self.peer = peer
+        self.max_frame = max_frame
+        self.hello_timeout = hello_timeout
+        self._hello = hello
+        self._answered = answered
+        self._changed = changed
+        self.queue: TwoLevelQueue[bytes] = TwoLevelQueue(queue_size)
+        self.connected = asyncio.Event()
+        self.connects = 0
+        self.down_since: float | None = time.time()  # None while connected
+        self.reported_down = False
+        self.dropped = 0  # frames dropped during the current outage (rule 3)
+
+    @property
+    def name(self) -> str:
+        return f"link-{self.node_id}->{self.peer.id}"
+
+    def send(self, msg: pm.PeerMessage) -> Sent:
+        """Rule 3."""
+        frame = encode_frame(msg, self.max_frame)
+        high = pm.is_high(msg)
+        if self.queue.put_nowait(frame, high):
+            return Sent.QUEUED
+        if not self.connected.is_set():
+            if not self.dropped:
+                log.warning(
+                    "node %d: link to node %d is down and its queue is full (%d): dropping frames for it",
+                    self.node_id,
+                    self.peer.id,
+                    self.queue.maxsize,
+                )
+            self.dropped += 1
+            return Sent.DROPPED
+        self.queue.put_force(frame, high)
+        return Sent.OVERFLOW
+
+    def discard(self) -> int:
+        """Drop what is queued (it was meant for the peer's previous run); how many frames."""
+        self.dropped = 0
+        return self.queue.clear()
+
+    def overdue(self, now: float, limit: float) -> bool:
+        """Rule 4: True once per outage, when a peer that was connected once has been away past ``limit``."""
+        if self.down_since is None or self.reported_down or not self.connects or now - self.down_since <= limit:
+            return False
+        self.reported_down = True
+        return True
+
+    def back(self) -> bool:
+        """The link is up again: whether the peer had been reported away (rule 4)."""
+        was, self.reported_down = self.reported_down, False
+        return was
+
+    async def _handshake(self, reader: asyncio.StreamReader) -> None:
+        """Rule 2: the peer's answering hello, before anything queued goes out."""
+        frames = peer_reader(self.max_frame)
+        while True:
+            data = await reader.read(READ_CHUNK)
+            if not data:
+                raise ConnectionResetError("peer closed the link during the hello")
+            msgs = frames.feed(data)
+            if msgs:
+                hello = msgs[0]
+                if not isinstance(hello, pm.PeerHello) or hello.node_id != self.peer.id:
+                    raise RemoteProtocolError(f"node {self.peer.id} answered the hello with {hello!r}")
+                self._answered(self.peer.id, hello.incarnation)
+                return
+
+    async def run(self) -> None:
+        """Rule 1, until cancelled (by the node's TaskGroup)."""
+        backoff = BACKOFF_MIN
+        peer = self.peer
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(peer.host, peer.port)
+            except OSError as exc:
+                log.debug("node %d: peer %d unreachable (%s); retry in %.2fs", self.node_id, peer.id, exc, backoff)
+                self._changed(peer.id, False)  # key homes (node.ordering)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            try:
+                writer.write(PEER_MAGIC + encode_frame(self._hello()))
+                # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancel
+                # that meets the hello failing, and the link never stopped.
+                async with asyncio.timeout(self.hello_timeout):
+                    await self._handshake(reader)
+            except (TimeoutError, OSError, RemoteProtocolError) as exc:
+                log.info(
+                    "node %d: peer %d did not answer the link's hello (%s); retry in %.2fs",
+                    self.node_id,
+                    peer.id,
+                    str(exc) or type(exc).__name__,
+                    backoff,
+                )
+                writer.close()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, BACKOFF_MAX)
+                continue
+            backoff = BACKOFF_MIN
+            self._up()
+            try:
+                self._changed(peer.id, True)
+                log.info("node %d: link to peer %d up", self.node_id, peer.id)
+                await self._pump(reader, writer)
+            except PeerClosed:  # an orderly close (the peer stopped): not a fault
+                log.info("node %d: peer %d closed its link", self.node_id, peer.id)
+            except OSError as exc:
+                log.warning("node %d: link to peer %d lost: %s", self.node_id, peer.id, exc)
+            finally:
+                self.connected.clear()
+                self.down_since = time.time()
+                writer.close()
+                self._changed(peer.id, False)
+
+    def _up(self) -> None:
+        self.connects += 1
+        self.down_since = None
+        if self.dropped:
+            log.warning(
+                "node %d: %d frames for peer %d were dropped while its link was down (queue bound %d)",
+                self.node_id,
+                self.dropped,
+                self.peer.id,
+                self.queue.maxsize,
+            )
+            self.dropped = 0
+        self.connected.set()
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Write what is queued until the link fails, and raise what ended it.
+        Its two halves are tasks of this call: whichever ends first ends the
+        other, and both are awaited, so nothing outlives the link — also when
+        the node stops it.  (Not a TaskGroup: Python 3.11's can turn a cancel
+        that meets a child's error into that error alone, and the link would
+        go on reconnecting through the node's stop.)"""
+        name = self.name
+        halves = (
+            asyncio.create_task(self._watch_close(reader), name=f"{name}-watch"),
+            asyncio.create_task(write_batches(self.queue, writer), name=f"{name}-write"),
+        )
+        try:
+            done, _ = await asyncio.wait(halves, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for half in halves:
+                half.cancel()
+            await asyncio.wait(halves)
+        for half in done:
+            if not half.cancelled() and (exc := half.exception()) is not None:
+                raise exc
+        raise ConnectionResetError("link ended")  # neither half returns otherwise
+
+    @staticmethod
+    async def _watch_close(reader: asyncio.StreamReader) -> None:
+        # The peer never writes on our outbound link; EOF means it went away.
+        while await reader.read(READ_CHUNK):
+            pass
+        raise PeerClosed("peer closed the link")
