@@ -14,6 +14,11 @@ Rules:
 3. A Notify that finds its session's queue full is dropped (STYLE habit 7):
    counted (``slow_consumer_drops``), captured, the client told once per
    burst with a ``slow_consumer`` Error; control replies are never dropped.
+   A dropped Notify with a delivery tag is a failed delivery: its
+   ``(session, tag)`` waits in ``dropped`` until the node hands it to
+   ``NodeCore.notify_dropped`` (a group's event goes to another instance at
+   once, not after the ack timeout).  The node does that after the batch of
+   actions it is carrying out, never from inside ``send``.
 4. The read loop sorts its exceptions: a bad frame → a fatal Error, flushed,
    then close; ``OSError`` → the client is gone; anything else → logged with
    its traceback, that connection closed.  Cancellation propagates.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
@@ -53,7 +59,8 @@ class ClientConnections:
     """The client side of one node's shell (rules 1–4).
 
     Invariant: ``writers`` holds exactly the sessions whose connection is
-    open.
+    open; ``dropped`` holds the tracked Notifies dropped since the node last
+    took them.
     """
 
     def __init__(
@@ -68,6 +75,7 @@ class ClientConnections:
     ) -> None:
         self.node_id = node_id
         self.writers: dict[int, ConnectionWriter] = {}
+        self.dropped: deque[tuple[int, int]] = deque()
         self._core = core
         self._stats = core.ctx.stats
         self._inbox = inbox
@@ -97,6 +105,8 @@ class ClientConnections:
         capture = self._core.capture
         if capture is not None:
             self._capture_drop(capture, sid, msg)
+        if msg.tag:
+            self.dropped.append((sid, msg.tag))
         if sid not in self._slow:
             self._slow.add(sid)
             log.warning("node %d: client session %d is a slow consumer; dropping notifications", self.node_id, sid)

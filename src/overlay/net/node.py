@@ -27,8 +27,10 @@ that carries each out when it is not this one:
    writing batches with ``writelines`` then ``drain`` (``net.writer``).
 5. A client's Notify that finds its queue full is dropped and counted as a
    slow-consumer drop, and the client is told once per burst; control replies
-   are never dropped.  Dispatch never waits on a slow subscriber
-   (``net.clients``).
+   are never dropped.  Dispatch never waits on a slow subscriber.  A dropped
+   Notify the core tracks (a non-zero tag) is handed to
+   ``NodeCore.notify_dropped`` once the actions being carried out are done,
+   and what it returns is carried out too (``net.clients`` rule 3).
 6. Read loops sort their exceptions: protocol error → error reply and close;
    ``OSError`` → peer gone; cancellation → re-raise; anything else → log with
    the traceback and close that connection only.
@@ -54,8 +56,8 @@ that carries each out when it is not this one:
     bound, counted (``peer_queue_overflow``).  A link down past the peer
     timeout is reported to the core once per outage (``peer_unreachable``).
 11. No task dies of an unexpected error in a core call: the ticker, the
-    indexer and the links log it with its traceback, count it
-    (``shell_errors``) and go on.
+    indexer, the links and the drops of rule 5 log it with its traceback,
+    count it (``shell_errors``) and go on.
 12. ``execute`` carries out every kind of ``Action`` the core returns; one it
     does not know is logged as an error and counted
     (``shell_unknown_actions``), never silently skipped.  ``AddPeer`` (a node
@@ -188,8 +190,14 @@ class Node:
         return self._stop.is_set()
 
     def execute(self, actions: list[Action]) -> None:
-        """Carry out what the core returned (rule 12)."""
+        """Carry out what the core returned (rule 12), then fail the tracked
+        Notifies dropped meanwhile at once, carrying out what that returns
+        too (rule 5) — in this loop, not by calling back into it."""
         self._carry_out(actions)
+        dropped = self.connections.dropped
+        while dropped:
+            sid, tag = dropped.popleft()
+            self._carry_out(self._call("notify_dropped", self.core.notify_dropped, sid, tag))
 
     def add_peer(self, peer: NodeConfig) -> None:
         """Rule 12: a link to a node that joined, run by a task of the TaskGroup."""
