@@ -9,7 +9,9 @@ first, the config rewritten with the real ports) and talks to it through
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import logging
 import random
 import socket
 import struct
@@ -18,13 +20,13 @@ import msgspec
 import pytest
 
 from conftest import LOCAL
-from overlay.actions import ToPeer
+from overlay.actions import ToClient, ToPeer
 from overlay.channels import ChannelId, parse_subscription
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import HEADER, client_reader, encode_frame, peer_reader
 from overlay.net.inbox import FromPeer
-from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC
+from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC, Node
 from overlay.net.writer import ConnectionWriter
 from overlay.testing import WAIT, LoopbackCluster, bound_socket, override, wait_until
 
@@ -463,3 +465,46 @@ async def test_a_client_writer_whose_connection_was_reset_ends_quietly():
         out.queue.put_nowait(encode_frame(cm.Ack("e")), False)
         await asyncio.wait_for(out.run(), WAIT)  # returns instead of raising
         assert writer.is_closing()
+
+
+# -- carrying out the core's actions (net.node rule 12) ---------------------------------------------------
+
+
+async def test_an_action_the_shell_does_not_know_is_logged_and_counted_not_skipped(caplog):
+    node = Node(BASE, 0)  # not running: nothing is sent anywhere
+    caplog.set_level(logging.ERROR, logger="overlay.net")
+    node.execute([ToClient(99, cm.Ack("e")), ("Teleport", 1)])  # type: ignore[list-item]
+    assert node.core.stats["shell_unknown_actions"] == 1
+    assert "an action the shell does not know: ('Teleport', 1)" in caplog.text
+
+
+async def test_a_connection_writer_s_flush_returns_once_what_was_queued_went_out():
+    received = bytearray()
+    got_all = asyncio.Event()
+    frames = [encode_frame(cm.Ack(f"e{i}")) for i in range(20)]
+
+    async def read_all(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            received.extend(data)
+            if len(received) == sum(map(len, frames)):
+                got_all.set()
+        writer.close()
+
+    server = await asyncio.start_server(read_all, "127.0.0.1", 0)
+    async with server:
+        _reader, writer = await asyncio.open_connection(*server.sockets[0].getsockname()[:2])
+        out = ConnectionWriter(writer, 100)
+        for f in frames:
+            out.queue.put_nowait(f, False)
+        task = asyncio.create_task(out.run())
+        try:
+            await asyncio.wait_for(out.flush(WAIT), WAIT)
+            assert not len(out.queue)
+            await asyncio.wait_for(got_all.wait(), WAIT)
+            assert bytes(received) == b"".join(frames)
+            await asyncio.wait_for(out.flush(WAIT), WAIT)  # nothing queued: at once
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            writer.close()
