@@ -62,9 +62,9 @@ class SlowLog:
     def check(self, what: str, source: str, now: float, t0: float) -> None:
         """Journal ``what`` if it held the loop past the threshold since ``t0`` (``perf_counter``)."""
         if time.perf_counter() - t0 > self.threshold:
-            self.record(what, source, now, t0)
+            self.note(what, source, now, t0)
 
-    def record(self, what: str, source: str, now: float, t0: float) -> None:
+    def note(self, what: str, source: str, now: float, t0: float) -> None:
         """Journal ``what``, which held the loop since ``t0`` (``perf_counter``)."""
         ms = (time.perf_counter() - t0) * 1000
         log.info("node %d: %s from %s held the loop %.1f ms", self._core.id, what, source, ms)
@@ -140,7 +140,7 @@ class Dispatcher:
                 if acts:
                     execute(acts)
                 if time.perf_counter() - t0 > slow.threshold:
-                    slow.record(*described(item), now, t0)
+                    slow.note(*described(item), now, t0)
             acts = core.end_batch()  # notes collected over the batch (node.ordering rule 8)
             if acts:
                 execute(acts)
