@@ -46,7 +46,6 @@ Theory of operation:
 
 from __future__ import annotations
 
-import logging
 import random
 import traceback
 from collections import Counter
@@ -58,7 +57,7 @@ from .clients import SimClients
 from .invariants import check_all
 from .network import SimNetwork
 from .records import SimResult
-from .setup import SimParams
+from .setup import SimParams, quiet_logs
 
 __all__ = ["SimCluster"]
 
@@ -94,7 +93,6 @@ class SimCluster:
         *,
         keep_trace: bool = False,
     ) -> None:
-        logging.getLogger("overlay").setLevel(logging.CRITICAL)
         self.config = config
         self.seed = seed
         self.params = params or SimParams.for_seed(seed)
@@ -115,6 +113,10 @@ class SimCluster:
     # == the scenario =====================================================================
 
     def run(self) -> SimResult:
+        with quiet_logs():
+            return self._run()
+
+    def _run(self) -> SimResult:
         try:
             self._start()
             self.phase = "active"

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import logging
 import random
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -52,6 +51,8 @@ from overlay.messages import peer as pm
 from overlay.net.node import INDEX_PAUSE, INDEX_STEP, TICK_SECONDS
 from overlay.node import NodeCore
 from overlay.testing._traffic import range_subscriptions, skewed_price
+
+from .setup import quiet_logs
 
 __all__ = [
     "SPREAD_TARGET",
@@ -181,7 +182,6 @@ class ConvergenceSim:
         live_subscriptions: int = 20,
         load_subscriptions: int = 240,
     ) -> None:
-        logging.getLogger("overlay").setLevel(logging.CRITICAL)
         self.config = config
         self.seed = seed
         self.rate = rate
@@ -317,6 +317,10 @@ class ConvergenceSim:
     def run(self, seconds: float) -> ConvergenceRun:
         """Start the cluster, subscribe, publish for ``seconds`` of virtual time,
         let it go quiet, and measure (rule 3)."""
+        with quiet_logs():
+            return self._run(seconds)
+
+    def _run(self, seconds: float) -> ConvergenceRun:
         rng = self.rng
         for i in self.ids:
             self._execute(i, self.cores[i].start(0.0))

@@ -3,8 +3,10 @@ the knobs of the run (``SimParams``), each varied with the seed."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from overlay.config import ClusterConfig, config_from_dict
@@ -108,3 +110,16 @@ class SimParams:
             hot_point=rng.random() < 0.2,
             hot_price=rng.random() < 0.2,
         )
+
+
+@contextlib.contextmanager
+def quiet_logs() -> Iterator[None]:
+    """The cores' logs off for one run (thousands of seeded faults log a lot),
+    and back as they were after it: other tests read them with ``caplog``."""
+    logger = logging.getLogger("overlay")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
