@@ -338,7 +338,7 @@ async def test_cli_pub_with_key_and_rank_and_sub_with_group(tmp_path: Path, caps
                 "20",
             ]
         )
-        subscriber = asyncio.ensure_future(cli._sub(sub_args))
+        subscriber = asyncio.ensure_future(cli.run_sub(sub_args))
         await wait_until(lambda: cluster.nodes[0].core.stats["subscriptions_in"] >= 1, what="the CLI subscription")
         await asyncio.sleep(0.2)  # its SubAck
         pub_args = cli.build_parser().parse_args(
@@ -355,7 +355,7 @@ async def test_cli_pub_with_key_and_rank_and_sub_with_group(tmp_path: Path, caps
             ]
         )
         assert (pub_args.key, pub_args.rank) == ("k1", 1)
-        assert await cli._pub(pub_args) == 0
+        assert await cli.run_pub(pub_args) == 0
         assert await asyncio.wait_for(subscriber, WAIT) == 0
         out = capsys.readouterr()
         assert '"group": "g1"' in out.err

@@ -19,17 +19,14 @@ inside a function (the usual way to hide a circle), and under
    failure lists each with one shortest path round it, every step with the
    file and line of its import.
 
-``KNOWN_CYCLES_BEING_REMOVED`` lets circles stay for now inside the areas
-other parts of issue 15 are restructuring — and only circles all of whose
-modules lie in one such area.  Any other circle fails the test.
+Any circle fails the test (issue 15 ended the last ones: the node core's,
+the shell's and the client's).
 """
 
 from __future__ import annotations
 
 import ast
-import fnmatch
 import itertools
-import warnings
 from collections import deque
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -45,10 +42,6 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 # as module-name patterns.  A circle whose every module lies in one of them
 # is allowed (and named in a warning) until that work is done; then its
 # entry goes, and this test holds the whole tree to no circle at all.
-KNOWN_CYCLES_BEING_REMOVED: Mapping[str, tuple[str, ...]] = {
-    # Item 6: the client splits into a sans-IO protocol and an asyncio driver.
-    "client": ("overlay.client", "overlay.client.*", "overlay.config"),
-}
 
 
 class Import(NamedTuple):
@@ -176,14 +169,6 @@ def describe(graph: Graph, component: list[str], root: Path) -> str:
     return "\n".join(lines)
 
 
-def allowed_area(component: list[str]) -> str | None:
-    """The area of ``KNOWN_CYCLES_BEING_REMOVED`` holding every module of ``component``, if one does."""
-    for area, patterns in KNOWN_CYCLES_BEING_REMOVED.items():
-        if all(any(fnmatch.fnmatchcase(m, p) for p in patterns) for m in component):
-            return area
-    return None
-
-
 # -- the builder, on a tree made here ----------------------------------------------------------
 
 
@@ -236,16 +221,6 @@ def test_a_tree_without_a_circle_has_none(tmp_path: Path) -> None:
     assert cycles(graph) == []
 
 
-def test_only_circles_inside_one_area_being_restructured_are_allowed() -> None:
-    # The node core's area is done (items 1 and 3): a circle there fails.
-    assert allowed_area(["overlay.node.core", "overlay.node.status", "overlay.net.node"]) is None
-    assert allowed_area(["overlay.net.admin", "overlay.net.node"]) is None
-    assert allowed_area(["overlay.client.routing", "overlay.config"]) == "client"
-    assert allowed_area(["overlay.config", "overlay.node.core"]) is None  # not inside one area
-    assert allowed_area(["overlay.cli.demo", "overlay.cli.running"]) is None
-    assert allowed_area(["overlay.channels.matcher", "overlay.node.routing"]) is None
-
-
 # -- the tree itself -----------------------------------------------------------------------------------
 
 
@@ -257,15 +232,7 @@ def test_the_graph_covers_the_tree() -> None:
     assert "overlay_spark.replay" in graph["overlay.cli.replay"]  # imported inside cmd_replay
 
 
-def test_no_import_circle_outside_the_areas_being_restructured() -> None:
+def test_no_import_circle() -> None:
     graph = import_graph(SRC)
-    found = cycles(graph)
-    allowed = [(allowed_area(c), c) for c in found if allowed_area(c) is not None]
-    for area, component in allowed:
-        warnings.warn(
-            f"import circle allowed while the {area} is restructured (KNOWN_CYCLES_BEING_REMOVED): "
-            + describe(graph, component, SRC),
-            stacklevel=1,
-        )
-    bad = [describe(graph, c, SRC) for c in found if allowed_area(c) is None]
+    bad = [describe(graph, c, SRC) for c in cycles(graph)]
     assert not bad, "import circles:\n" + "\n".join(bad)

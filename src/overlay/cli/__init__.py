@@ -99,14 +99,12 @@ __all__ = [
     "node_statuses",
     "port_holders",
     "run_command",
+    "run_pub",
+    "run_sub",
     "traffic_failed",
+    "wait_ready",
 ]
 
-# The names tests/test_failover.py (_pub, _sub) and bench/capture_overhead.py
-# (_wait_ready) drive from before the package existed; not part of __all__.
-_pub = run_pub
-_sub = run_sub
-_wait_ready = wait_ready
 
 # -- main (rule 3) ----------------------------------------------------------------------
 

@@ -241,7 +241,8 @@ class LoopbackCluster:
     async def join(self, node: int | None = None, *, capacity: float = 1.0, timeout: float = WAIT) -> Node:
         """A new node (id ``node``, default the next free one) whose config
         lists the cluster's nodes and itself — theirs does not list it — and
-        started: it says hello and joins (``overlay.net.membership``)."""
+        started: it says hello and joins (``overlay.node.membership``; the
+        others open their link to it with ``Node.add_peer``)."""
         new_id = max([*self.socks, -1]) + 1 if node is None else node
         if new_id in self.socks:
             raise ValueError(f"node {new_id} is in the cluster already")
