@@ -109,20 +109,7 @@ class Admin:
                     if chid not in self._ctx.local:
                         raise LocalProtocolError(self._not_owner(chid))
                     if receiver == self._ctx.id and not self._ctx.routing[chid].replicated:
-                        out.append(
-                            ToClient(
-                                sess.id,
-                                cm.AdminReply(
-                                    msg.seq,
-                                    {
-                                        "channel": str(chid),
-                                        "receiver": receiver,
-                                        "moved": False,
-                                        "note": f"channel {chid} is on node {receiver} already",
-                                    },
-                                ),
-                            )
-                        )
+                        self._stays(sess.id, msg.seq, chid, "already", out)
                         return
                     if receiver != self._ctx.id and receiver not in self._ctx.peers:
                         raise LocalProtocolError(
@@ -131,20 +118,7 @@ class Admin:
                         )
                     self._own_alone(chid, out)  # a replicated channel: first back to one owner
                     if receiver == self._ctx.id:
-                        out.append(
-                            ToClient(
-                                sess.id,
-                                cm.AdminReply(
-                                    msg.seq,
-                                    {
-                                        "channel": str(chid),
-                                        "receiver": receiver,
-                                        "moved": False,
-                                        "note": f"channel {chid} is on node {receiver} alone now (its other replicas dropped it)",
-                                    },
-                                ),
-                            )
-                        )
+                        self._stays(sess.id, msg.seq, chid, "alone now (its other replicas dropped it)", out)
                         return
                     _, acts = self._migration.start([chid], receiver, now, forced=True, admin=(sess.id, msg.seq))
                     out.extend(acts)
@@ -164,6 +138,14 @@ class Admin:
                     )
         except (OverlayError, KeyError, ValueError, TypeError) as exc:
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.ADMIN, str(exc))))
+
+    def _stays(self, sid: int, seq: int, chid: ChannelId, how: str, out: list[Action]) -> None:
+        """A ``place`` onto this node itself: nothing moves; say so."""
+        node = self._ctx.id
+        note = f"channel {chid} is on node {node} {how}"
+        out.append(
+            ToClient(sid, cm.AdminReply(seq, {"channel": str(chid), "receiver": node, "moved": False, "note": note}))
+        )
 
     def _not_owner(self, chid: ChannelId) -> str:
         entry = self._ctx.routing.get(chid)
