@@ -104,6 +104,10 @@ PEER_MESSAGES: list[pm.PeerMessage] = [
         ),
         9,
     ),
+    pm.Heartbeat(1712345678901, (2,), (pm.DeadNode(3, 1712345600000),), 1),
+    pm.Rebuild(CH1, (SUB.stored(),), last=False, dead=3),
+    pm.EventsMatched(("0-1", "0-2"), ((1, 2), ())),
+    pm.EventsDelivered(("0-1",)),
 ]
 
 CLIENT_MESSAGES: list[cm.ClientMessage] = [

@@ -113,6 +113,28 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     client_queue: Entries = 10_000
     choke_threshold: Entries = 8_000
     peer_timeout: Seconds = 5.0
+    # Failures (SPEC §16, ``overlay.node.liveness``): a heartbeat to every peer
+    # each ``heartbeat_interval``; a peer silent for ``suspect_timeout`` is
+    # suspected, and declared dead when a majority of the configured nodes
+    # suspect it.  A node that rejoins after being declared dead is given no
+    # channel by balancing for ``rejoin_damping`` seconds, doubled for each
+    # death within ``flap_window`` seconds (a flapping node causes no storm).
+    heartbeat_interval: Annotated[float, msgspec.Meta(gt=0, le=60)] = 0.25
+    suspect_timeout: Annotated[float, msgspec.Meta(gt=0, le=600)] = 1.5
+    rejoin_damping: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 10.0
+    flap_window: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 300.0
+    # Nothing acknowledged is lost (``overlay.node.outbox``): an access node
+    # keeps at most ``outbox_limit`` accepted events until they are matched
+    # and their notifications arrived (past it a publish is refused
+    # ``overloaded``), re-sends one unconfirmed after ``resend_after`` seconds,
+    # and gives up (an ``undeliverable`` error to the publisher) after
+    # ``event_ttl``.  Access nodes drop a notification whose event id they saw
+    # within ``dedup_window`` seconds (at most ``dedup_max`` ids).
+    outbox_limit: Entries = 50_000
+    resend_after: Annotated[float, msgspec.Meta(gt=0, le=600)] = 1.0
+    event_ttl: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
+    dedup_window: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 60.0
+    dedup_max: Annotated[int, msgspec.Meta(ge=1000, le=100_000_000)] = 1_000_000
     capture_dir: str = ""
     # A handler (a message, a tick, an indexing step) that holds the node's loop
     # longer than this many ms is journalled as "slow" and logged; 0: off.
@@ -322,6 +344,17 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
         _check_ports(nodes)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
+    if settings.suspect_timeout < 2 * settings.heartbeat_interval:
+        raise ConfigError(
+            f"{path}: [cluster] suspect_timeout = {settings.suspect_timeout} must be at least twice "
+            f"heartbeat_interval = {settings.heartbeat_interval}, or one late heartbeat makes a peer suspect"
+        )
+    if settings.resend_after >= settings.event_ttl or settings.dedup_window < settings.event_ttl:
+        raise ConfigError(
+            f"{path}: [cluster] needs resend_after < event_ttl <= dedup_window "
+            f"(got {settings.resend_after}, {settings.event_ttl}, {settings.dedup_window}): an event is re-sent "
+            "only while it lives, and its duplicates are recognised as long as it may be re-sent"
+        )
     if settings.initializer not in ids:
         raise ConfigError(f"{path}: initializer {settings.initializer} is not a declared node")
     for link in bandwidth.links:

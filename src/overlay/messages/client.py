@@ -69,6 +69,8 @@ class ErrorCode(StrEnum):
     UNDELIVERABLE = "undeliverable"  # no instance of a group could take the event
     DRAINING = "draining"  # the access node drained and leaves: reconnect to another node (fatal)
     UNRESPONSIVE = "unresponsive"  # the client answered neither an ack nor a revoke in time (fatal)
+    OVERLOADED = "overloaded"  # the access node holds as many unconfirmed events as it may: retry shortly
+    NO_QUORUM = "no_quorum"  # the node is cut off from a majority of the cluster: retry on another node
     UNAUTHORIZED = "unauthorized"  # an admin command without the cluster's admin token
 
 
@@ -104,6 +106,10 @@ class Publish(ClientMessage, frozen=True):
     # subscriber in rank order; rank 0 lets the key's home node assign one.
     key: Annotated[str, msgspec.Meta(max_length=256)] = ""
     rank: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # The publisher's own id for the event (unique per client id): a publish
+    # re-sent with the same id — to this node or, after it died, to another —
+    # is delivered once (``node.outbox``).  "": the node names it.
+    event_id: Annotated[str, msgspec.Meta(max_length=128)] = ""
 
 
 class PubAck(ClientMessage, frozen=True):

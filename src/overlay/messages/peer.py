@@ -24,14 +24,18 @@ from overlay.messages.client import MAX_RANK
 
 __all__ = [
     "HIGH",
+    "Heartbeat",
     "LIEM",
     "AckCode",
     "ChannelSpec",
     "ChannelSubscriptions",
     "ChannelTransfer",
     "CompleteLoadBalance",
+    "DeadNode",
     "DispatchSign",
     "Event",
+    "EventsDelivered",
+    "EventsMatched",
     "Notification",
     "NotificationAck",
     "PastOwner",
@@ -39,6 +43,7 @@ __all__ = [
     "PeerHello",
     "PeerMessage",
     "Reforward",
+    "Rebuild",
     "ReforwardItem",
     "ReforwardSign",
     "ReplyChannelTransfer",
@@ -243,6 +248,10 @@ class Notification(PeerMessage, frozen=True):
     key: Ident = ""
     rank: int = 0
     home: int = -1
+    # The publisher's access node (the event's ``access_node``): the receiving
+    # access node tells it the notification arrived (``EventsDelivered``).
+    # -1: not tracked (an older peer).
+    origin: int = -1
 
 
 class AckCode(enum.StrEnum):
@@ -334,6 +343,10 @@ class UpdateRoutingTable(PeerMessage, frozen=True):
     update_chs: tuple[RouteItem, ...]
     session: int = 0
     origin: NodeId = 0
+    # >= 0: the channels of ``update_chs`` are recovered from this dead node
+    # (``node.recovery``): each new owner starts them empty and every access
+    # node sends it its clients' subscriptions (``Rebuild``).
+    dead: int = -1
 
 
 class ReplyUpdateGlobal(PeerMessage, frozen=True):
@@ -358,6 +371,59 @@ class Reforward(PeerMessage, frozen=True):
     session: int = 0
 
 
+# -- failures (SPEC §16): heartbeats, recovery of a dead node's channels, event receipts ------
+
+
+class DeadNode(msgspec.Struct, frozen=True, array_like=True):
+    """A node a majority declared dead, in the run (incarnation) it died in."""
+
+    node: NodeId
+    incarnation: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class Heartbeat(PeerMessage, frozen=True):
+    """Every ``heartbeat_interval`` to every peer, on the high queue
+    (``node.liveness``): the sender is alive, whom it suspects, and whom a
+    majority declared dead (a node listed there in its current run learns it
+    was declared dead and rejoins empty)."""
+
+    incarnation: Annotated[int, msgspec.Meta(ge=0)] = 0
+    suspects: tuple[NodeId, ...] = ()
+    dead: tuple[DeadNode, ...] = ()
+    # The sender's table may have been rebuilt after a death: its number of
+    # deaths seen, so a node behind learns it (informational).
+    deaths: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class Rebuild(PeerMessage, frozen=True):
+    """Access node → the new owner of a channel recovered from a dead node
+    (``node.recovery``): the subscriptions its clients hold that overlap the
+    channel, in chunks; ``last`` on the final one.  Normal queue, so on each
+    link it arrives after the Subscriptions sent before it and before the
+    Events sent after it."""
+
+    ch_id: ChannelId
+    subscriptions: tuple[StoredSubscription, ...]
+    last: bool = True
+    dead: NodeId = 0  # the node the channel was recovered from
+
+
+class EventsMatched(PeerMessage, frozen=True):
+    """Owner → the publisher's access node, batched (``node.outbox``): these
+    events were matched; ``nodes[i]`` are the other access nodes each one's
+    notifications went to (each will confirm with ``EventsDelivered``)."""
+
+    event_ids: tuple[Ident, ...]
+    nodes: tuple[tuple[NodeId, ...], ...]
+
+
+class EventsDelivered(PeerMessage, frozen=True):
+    """A subscribers' access node → the publisher's access node, batched:
+    the notifications of these events arrived here (``node.outbox``)."""
+
+    event_ids: tuple[Ident, ...]
+
+
 PeerUnion = (
     PeerHello
     | PeerError
@@ -380,6 +446,10 @@ PeerUnion = (
     | ReplyUpdateGlobal
     | CompleteLoadBalance
     | Reforward
+    | Heartbeat
+    | Rebuild
+    | EventsMatched
+    | EventsDelivered
 )
 
 HIGH: Final[frozenset[type]] = frozenset(
@@ -399,6 +469,7 @@ HIGH: Final[frozenset[type]] = frozenset(
         ReplyUpdateGlobal,
         CompleteLoadBalance,
         Reforward,
+        Heartbeat,
     }
 )
 
