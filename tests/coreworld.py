@@ -20,8 +20,12 @@ from overlay.node import NodeCore
 from overlay.testing.corelink import CoreLink
 
 _LOADED = load_config(Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml")
-# The balancer stays off: these tests drive every session themselves.
-CONFIG = msgspec.structs.replace(_LOADED, cluster=msgspec.structs.replace(_LOADED.cluster, balancing=False))
+# The balancer stays off: these tests drive every session themselves.  Time
+# jumps between ticks with nothing delivered, so no peer is ever suspected
+# here (tests/test_liveness.py covers failures).
+CONFIG = msgspec.structs.replace(
+    _LOADED, cluster=msgspec.structs.replace(_LOADED.cluster, balancing=False, suspect_timeout=86400.0)
+)
 SCHEMA = CONFIG.schema
 TIMEOUT = CONFIG.cluster.peer_timeout
 EC = ChannelId(0, 0)

@@ -58,6 +58,10 @@ SAMPLES: dict[type, pm.PeerMessage] = {
     pm.ReplyUpdateGlobal: pm.ReplyUpdateGlobal(SESSION, 0),
     pm.CompleteLoadBalance: pm.CompleteLoadBalance(SESSION),
     pm.Reforward: pm.Reforward(CH[0], (pm.ReforwardItem(pm.ReforwardSign.SUBSCRIBE, _SUB),), SESSION),
+    pm.Heartbeat: pm.Heartbeat(1),
+    pm.Rebuild: pm.Rebuild(CH[0], (_SUB.stored(),)),
+    pm.EventsMatched: pm.EventsMatched(("e",), ((1,),)),
+    pm.EventsDelivered: pm.EventsDelivered(("e",)),
 }
 
 

@@ -79,7 +79,8 @@ async def test_what_was_queued_for_a_previous_run_of_a_peer_is_discarded() -> No
             )
             await asyncio.wait_for(done.wait(), WAIT)
         assert [m.event_id for m in got if isinstance(m, pm.Event)] == ["after"]
-        assert node.core.stats["peer_frames_discarded_restart"] == 5
+        # The 5 events, and any heartbeat queued meanwhile.
+        assert node.core.stats["peer_frames_discarded_restart"] >= 5
     finally:
         node.stop()
         await asyncio.wait_for(task, WAIT)

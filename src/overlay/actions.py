@@ -8,7 +8,7 @@ from overlay.config import NodeConfig
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 
-__all__ = ["Action", "AddPeer", "CloseClient", "ToClient", "ToPeer"]
+__all__ = ["Action", "AddPeer", "CloseClient", "Rejoin", "ToClient", "ToPeer"]
 
 
 class ToPeer(NamedTuple):
@@ -38,4 +38,12 @@ class AddPeer(NamedTuple):
     peer: NodeConfig
 
 
-Action = ToPeer | ToClient | CloseClient | AddPeer
+class Rejoin(NamedTuple):
+    """A majority declared this run of the node dead (``node.liveness`` rule 5):
+    its tables and channels are stale.  The shell closes its clients and starts
+    a new, empty run of the node, which fetches the table and joins again."""
+
+    reason: str
+
+
+Action = ToPeer | ToClient | CloseClient | AddPeer | Rejoin

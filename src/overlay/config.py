@@ -120,7 +120,7 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # channel by balancing for ``rejoin_damping`` seconds, doubled for each
     # death within ``flap_window`` seconds (a flapping node causes no storm).
     heartbeat_interval: Annotated[float, msgspec.Meta(gt=0, le=60)] = 0.25
-    suspect_timeout: Annotated[float, msgspec.Meta(gt=0, le=600)] = 1.5
+    suspect_timeout: Annotated[float, msgspec.Meta(gt=0, le=86400)] = 1.5
     rejoin_damping: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 10.0
     flap_window: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 300.0
     # Nothing acknowledged is lost (``overlay.node.outbox``): an access node

@@ -66,6 +66,12 @@ async def _node_main(cfg: ClusterConfig, nid: int) -> int:
         loop.add_signal_handler(sig, on_signal)
     try:
         await node.run()
+        while node.rejoin_reason and not signals:
+            # Declared dead while paused or cut off (net.node rule 14): a new,
+            # empty run on the same ports fetches the table and joins again.
+            log.warning("node %d: starting a new run to rejoin the cluster", nid)
+            node = Node(cfg, nid, freeze_gc=False)  # gc was frozen once already in this process
+            await node.run()
     except asyncio.CancelledError:
         if signals < 2:
             raise

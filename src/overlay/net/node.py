@@ -67,6 +67,10 @@ that carries each out when it is not this one:
 13. What the HTTP side (``net.admin``, ``net.metrics``, ``net.membership``)
     may see of a node is ``net.view.NodeView``; ``Node`` is one, and those
     modules never import this one.
+14. ``Rejoin`` (a majority declared this run dead while it was paused or cut
+    off: its tables are stale) stops the node as ``stop()`` does, with
+    ``rejoin_reason`` set; the runner (``overlay node``, the test harness)
+    then starts a new run on the same ports, which joins empty.
 """
 
 from __future__ import annotations
@@ -80,7 +84,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, ParamSpec
 
-from overlay.actions import Action, AddPeer, CloseClient, ToClient, ToPeer
+from overlay.actions import Action, AddPeer, CloseClient, Rejoin, ToClient, ToPeer
 from overlay.config import ClusterConfig, NodeConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
@@ -162,6 +166,7 @@ class Node:
         self.slow_log = SlowLog(self.core, config.cluster.slow_ms)
         self.dispatcher = Dispatcher(self.core, self.inbox, self.slow_log, execute=self.execute, peer_run=self.peer_run)
         self._stop = asyncio.Event()
+        self.rejoin_reason = ""  # rule 14: set when a majority declared this run dead
         self._gc_t0 = 0.0
         self._tg: asyncio.TaskGroup | None = None
         self.started = asyncio.Event()
@@ -198,6 +203,16 @@ class Node:
         while dropped:
             sid, tag = dropped.popleft()
             self._carry_out(self._call("notify_dropped", self.core.notify_dropped, sid, tag))
+
+    def rejoin(self, reason: str) -> None:
+        """Rule 14: this run was declared dead by a majority; it stops (its
+        clients are closed and go elsewhere), and whoever runs the node
+        starts a new run: ``rejoin_reason`` says so."""
+        if self.rejoin_reason:
+            return
+        self.rejoin_reason = reason
+        log.error("node %d: %s; stopping this run so a new, empty one rejoins the cluster", self.id, reason)
+        self.stop()
 
     def add_peer(self, peer: NodeConfig) -> None:
         """Rule 12: a link to a node that joined, run by a task of the TaskGroup."""
@@ -370,6 +385,8 @@ class Node:
                 connections.close(act.session, act.reason)
             elif type(act) is AddPeer:  # a node joined: link to it first
                 self.add_peer(act.peer)
+            elif type(act) is Rejoin:  # rule 14: declared dead; a new run takes over
+                self.rejoin(act.reason)
             else:
                 self._stats["shell_unknown_actions"] += 1
                 log.error("node %d: the core returned an action the shell does not know: %r", self.id, act)

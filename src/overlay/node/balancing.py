@@ -98,6 +98,7 @@ class Balancing:
         *,
         ready: Callable[[], bool],
         draining: Callable[[], bool],
+        damped: Callable[[int, float], bool] = lambda node, now: False,
     ) -> None:
         self._ctx = ctx
         self._migration = migration
@@ -106,6 +107,7 @@ class Balancing:
         self._indexing = indexing
         self._ready = ready
         self._draining = draining
+        self._damped = damped  # a node back from the dead takes no load yet (node.liveness rule 7)
         cl = ctx.config.cluster
         seed = zlib.crc32(f"{cl.name}:{ctx.id}".encode())
         self.rng = random.Random(seed)
@@ -283,7 +285,7 @@ class Balancing:
     def request_next(self, now: float, out: list[Action]) -> None:
         while self._candidates:
             cand = self._candidates.pop(0)
-            if cand.node not in self._ctx.peers or cand.node in self._ctx.unreachable:
+            if cand.node not in self._ctx.peers or cand.node in self._ctx.unreachable or self._damped(cand.node, now):
                 continue
             out.append(self._migration.request(cand.node, cand, self.monitor.d, self.monitor.dc, now))
             return

@@ -47,6 +47,7 @@ class Clients:
         notifier: Notifier,
         *,
         ready: Callable[[], bool],
+        quorum: Callable[[], bool] = lambda: True,
         admin: AdminCommand,
         admin_token: str,
     ) -> None:
@@ -56,6 +57,7 @@ class Clients:
         self._ordering = ordering
         self._notifier = notifier
         self._ready = ready
+        self._quorum = quorum
         self._admin = admin
         self._admin_token = admin_token
 
@@ -120,11 +122,26 @@ class Clients:
         return True
 
     def _not_ready(self, sid: int, seq: int, out: list[Action]) -> bool:
-        if self._ready():
-            return False
-        self._ctx.stats["rejected_not_ready"] += 1
-        out.append(ToClient(sid, cm.Error(seq, cm.ErrorCode.NOT_READY, "the cluster is not ready yet; retry shortly")))
-        return True
+        if not self._ready():
+            self._ctx.stats["rejected_not_ready"] += 1
+            out.append(
+                ToClient(sid, cm.Error(seq, cm.ErrorCode.NOT_READY, "the cluster is not ready yet; retry shortly"))
+            )
+            return True
+        if not self._quorum():  # cut off in a minority: no split brain (node.liveness rule 4)
+            self._ctx.stats["rejected_no_quorum"] += 1
+            out.append(
+                ToClient(
+                    sid,
+                    cm.Error(
+                        seq,
+                        cm.ErrorCode.NO_QUORUM,
+                        f"node {self._ctx.id} cannot reach a majority of the cluster; retry on another node",
+                    ),
+                )
+            )
+            return True
+        return False
 
     def _publish(self, sess: Session, msg: cm.Publish, now: float, out: list[Action]) -> None:
         ctx = self._ctx
@@ -183,7 +200,9 @@ class Clients:
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EXPRESSION, exc.reason, exc.position)))
             return
         chans = ctx.routing.lookup_subscription(f)
-        gid = self._sessions.subscribed(sess, msg.seq, msg.sub_id, f, msg.expression, chans)
+        gid = self._sessions.subscribed(
+            sess, msg.seq, msg.sub_id, f, msg.expression, chans, group=msg.group, weight=msg.weight
+        )
         ctx.stats["subscriptions_in"] += 1
         if not chans:  # a filter no event can match: nothing to store
             self._sessions.forget_pending(gid)

@@ -37,7 +37,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from overlay.actions import Action, AddPeer, CloseClient, ToClient, ToPeer
+from overlay.actions import Action, AddPeer, CloseClient, Rejoin, ToClient, ToPeer
 from overlay.balance.monitor import Monitor, SliceReport
 from overlay.capture import CaptureBuffer
 from overlay.config import ClusterConfig
@@ -52,19 +52,21 @@ from overlay.node.clients import Clients
 from overlay.node.context import NodeContext
 from overlay.node.groups import Groups
 from overlay.node.indexing import Indexing
+from overlay.node.liveness import Liveness
 from overlay.node.loads import ChannelLoads
 from overlay.node.membership import DrainState, Membership
 from overlay.node.migration import Migration
 from overlay.node.notify import UNDELIVERABLE, Notifier
 from overlay.node.ordering import ACKED, COMPLETE, SEQUENCED, Ordering
 from overlay.node.peers import PeerRuns
+from overlay.node.recovery import Recovery
 from overlay.node.router import Router
 from overlay.node.sessions import Session, Sessions
 from overlay.node.splits import Splits
 from overlay.node.status import node_status
 from overlay.node.updates import TableUpdates
 
-__all__ = ["Action", "AddPeer", "CloseClient", "NodeCore", "ToClient", "ToPeer"]
+__all__ = ["Action", "AddPeer", "CloseClient", "NodeCore", "Rejoin", "ToClient", "ToPeer"]
 
 log = logging.getLogger("overlay.node")
 
@@ -88,10 +90,21 @@ class NodeCore:
         self.stats, self.journal = ctx.stats, ctx.journal.entries  # counters; the decision journal (SPEC §14)
         # What changing admin commands need, on the client protocol and on HTTP alike; "" = nothing.
         self.admin_token = config.cluster.admin_token if admin_token is None else admin_token
+        self._rejoin_asked = False
         # Components in the order they depend on each other; a component that
         # needs one built later gets a one-line lambda (the only cycles:
         # ordering/groups/migration hand messages back to the router).
         self.peer_runs = PeerRuns(ctx)
+        cl = config.cluster
+        self.liveness = Liveness(
+            node_id,
+            incarnation,
+            ctx.peers,
+            interval=cl.heartbeat_interval,
+            timeout=cl.suspect_timeout,
+            damping=cl.rejoin_damping,
+            flap_window=cl.flap_window,
+        )
         self.updates = TableUpdates(ctx, admin_done=lambda admin, result, out: self.admin.done(admin, result, out))
         self.sessions = Sessions(
             ctx,
@@ -148,10 +161,23 @@ class NodeCore:
             self.indexing,
             ready=lambda: self.startup.ready,
             draining=lambda: self.membership.draining,
+            damped=self.liveness.damped,
         )
         # The two sides of a session and balancing need each other.
         self.migration.planner = self.arrivals.planner = self.balancing
         ctx.journal.slice_no = lambda: self.balancing.monitor.slice_no
+        self.recovery = Recovery(
+            ctx,
+            self.liveness,
+            self.updates,
+            self.sessions,
+            match=lambda ch, ev, out: self.router.match(ch, ev, out),
+            peer_gone=lambda node, out: self.migration.peer_gone(node, f"node {node} was declared dead", out),
+            resend=lambda now, out: None,
+            loads=self._loads,
+            dead_load=lambda node: getattr(self.monitor.loads.get(node), "d", 0.0),
+            damped=self.liveness.damped,
+        )
         self.router = Router(
             ctx,
             migration=self.migration,
@@ -162,6 +188,7 @@ class NodeCore:
             updates=self.updates,
             sessions=self.sessions,
             peers=self.peer_runs,
+            recovery=self.recovery,
         )
         self.membership = Membership(
             ctx, self.startup, self.sessions, self.migration, self.balancing, self.loads, self.updates
@@ -183,6 +210,7 @@ class NodeCore:
             self.ordering,
             self.notifier,
             ready=lambda: self.startup.ready,
+            quorum=lambda: self.liveness.has_quorum(self.ctx.now),
             admin=self.admin.handle,
             admin_token=self.admin_token,
         )
@@ -253,8 +281,15 @@ class NodeCore:
         """What the last background step did (the shell's slow log)."""
         return self.balancing.background_last
 
+    def _loads(self) -> dict[int, tuple[float, float]]:
+        """(dc, capacity) of this node and every peer with a recent LIEM (node.recovery rule 2)."""
+        mon = self.monitor
+        loads = {p.node: (p.dc, p.capacity or 1.0) for p in mon.live()}
+        loads[self.id] = (mon.dc, mon.capacity or 1.0)
+        return loads
+
     def status(self) -> dict[str, Any]:
-        return node_status(self.ctx, self.startup, self.balancing, self.membership, self.sessions)
+        return node_status(self.ctx, self.startup, self.balancing, self.membership, self.sessions, self.liveness)
 
     def session(self, sid: int) -> Session | None:
         return self.sessions.get(sid)
@@ -289,6 +324,9 @@ class NodeCore:
             self.ctx.stats["peers_restarted"] += 1
             self.migration.peer_gone(node, f"node {node} restarted", out)
             self.peer_runs.drop_subscriptions_of_old_run(node)
+        if self.liveness.revived(node, msg.incarnation, now):  # node.liveness rule 7
+            self.recovery.node_back(node)
+        self.liveness.heard(node, now)
         self.startup.hello(node, msg, now, out)
         return out
 
@@ -320,6 +358,14 @@ class NodeCore:
     def handle_peer(self, src: int, msg: pm.PeerMessage, now: float) -> list[Action]:
         out: list[Action] = []
         self._clock(now)
+        if src in self.liveness.dead and type(msg) is not pm.PeerHello:
+            # A run declared dead may still be talking (it was paused or cut
+            # off): nothing it says counts; our heartbeats tell it to rejoin.
+            self.ctx.stats["dropped_from_dead_peer"] += 1
+            if type(msg) is pm.Heartbeat and msg.incarnation and msg.incarnation != self.liveness.dead[src]:
+                pass  # a new run that has not said hello yet: wait for its hello
+            return out
+        self.liveness.heard(src, now)
         match msg:
             case pm.Event():
                 self.router.on_event(msg, out)
@@ -346,6 +392,8 @@ class NodeCore:
                 self.startup.on_init_reply(src)
             case pm.UpdateRoutingTable():
                 self.startup.on_update(src, msg, out)
+                if msg.dead >= 0 and self.startup.has_table:  # a dead node's channels (node.recovery)
+                    self.recovery.on_update(src, msg, now, out)
             case pm.ReplyUpdateGlobal():
                 if not self.migration.on_update_reply(src, msg, now, out):
                     self.updates.on_reply(src, msg.session, out)
@@ -364,6 +412,12 @@ class NodeCore:
             case pm.LIEM():
                 self.ctx.stats["liems_in"] += 1
                 self.balancing.on_liem(src, msg)
+            case pm.Heartbeat():
+                for node in self.liveness.on_heartbeat(src, msg, now):
+                    self.recovery.node_dead(node, now, out)
+                self._check_rejoin(out)
+            case pm.Rebuild():
+                self.recovery.on_rebuild(src, msg, now, out)
             case pm.PeerHello():
                 out.extend(self.peer_hello(src, msg, now))
             case pm.PeerError():
@@ -407,7 +461,8 @@ class NodeCore:
         return out
 
     def peer_reachable(self, node: int) -> None:
-        self.ctx.unreachable.discard(node)
+        if not self.liveness.is_dead(node):  # a dead run stays unreachable until a new one says hello
+            self.ctx.unreachable.discard(node)
 
     def end_batch(self) -> list[Action]:
         """After each batch of inbound messages: the batched notes (SPEC §10 rule 8)."""
@@ -434,6 +489,7 @@ class NodeCore:
         out: list[Action] = []
         self._clock(now)
         parts: tuple[tuple[str, Callable[[], None]], ...] = (
+            ("liveness", lambda: self._liveness_tick(now, out)),
             ("boot", lambda: out.extend(self.startup.check(now))),
             ("slice", lambda: self.balancing.tick(now, out)),
             ("ordering", lambda: self.ordering.tick(now, out)),
@@ -448,6 +504,26 @@ class NodeCore:
                 self.ctx.stats["tick_errors"] += 1
                 log.exception("node %d: the %s part of a tick failed; state: %s", self.id, name, self._state_summary())
         return out
+
+    def _liveness_tick(self, now: float, out: list[Action]) -> None:
+        """SPEC §16: heartbeats out, deaths declared, rebuilds that waited too long."""
+        live = self.liveness
+        live.start(now)
+        for node in live.check(now):
+            self.recovery.node_dead(node, now, out)
+        if live.due(now):
+            beat = live.heartbeat(now)
+            out.extend(ToPeer(p, beat) for p in self.peers)
+        self.recovery.tick(now, out)
+        self._check_rejoin(out)
+
+    def _check_rejoin(self, out: list[Action]) -> None:
+        """node.liveness rule 5: once, ask the shell for a new, empty run."""
+        live = self.liveness
+        if live.rejoin and not self._rejoin_asked:
+            self._rejoin_asked = True
+            self.ctx.stats["declared_dead_rejoins"] += 1
+            out.append(Rejoin(live.rejoin_reason))
 
     def _groups_tick(self, now: float, out: list[Action]) -> None:
         """SPEC §11 on time: the access node's acks, the owner's deadlines, housekeeping."""

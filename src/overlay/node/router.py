@@ -43,6 +43,7 @@ from overlay.node.migration import Migration
 from overlay.node.notify import Notifier
 from overlay.node.ordering import Ordering
 from overlay.node.peers import PeerRuns
+from overlay.node.recovery import Recovery
 from overlay.node.sessions import Sessions
 from overlay.node.updates import TableUpdates
 
@@ -72,6 +73,7 @@ class Router:
         updates: TableUpdates,
         sessions: Sessions,
         peers: PeerRuns,
+        recovery: Recovery,
     ) -> None:
         self._ctx = ctx
         self._migration = migration
@@ -82,6 +84,7 @@ class Router:
         self._updates = updates
         self._sessions = sessions
         self._peers = peers
+        self._recovery = recovery
 
     def reapply(self, msg: pm.Event | pm.Subscription | pm.UnSubscription, out: list[Action]) -> None:
         """A message handled as if it had just come (a Reforward's, a rollback's)."""
@@ -107,6 +110,9 @@ class Router:
         if ch is None or (self._arrivals.incoming and self._arrivals.unfilled(chid, event=True)):
             self._reroute_event(msg, out)
             return
+        recovery = self._recovery
+        if recovery.rebuilding and recovery.holds(chid, msg):
+            return  # a recovered channel waits for its subscriptions (node.recovery rule 4)
         self.match(ch, msg, out)
 
     def match(self, ch: Channel, msg: pm.Event, out: list[Action]) -> None:

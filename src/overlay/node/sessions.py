@@ -15,6 +15,10 @@ Rules (``node.core`` rules 4 and 6):
    cannot overtake it and be undone by it.
 4. A closed session's subscriptions are dropped everywhere (the client
    re-subscribes on reconnect), and its tracked deliveries fail.
+5. The access node is the source of truth of its clients' subscriptions:
+   when a dead node's channel is rebuilt elsewhere (``node.recovery``) it
+   sends the new owner every one it holds that overlaps the channel
+   (``held``), and what waited on that channel is applied (``rebuilt``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ import msgspec
 from overlay.actions import Action, ToClient
 from overlay.channels.channel import ChannelId
 from overlay.channels.predicates import Filter
+from overlay.channels.space import EventSpace
+from overlay.channels.subscriptions import Subscription as StoredSubscription
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node.context import NodeContext
@@ -42,7 +48,7 @@ FailAcks = Callable[[int, list[Action]], None]
 
 
 class Session:
-    __slots__ = ("admin", "client_id", "greeted", "id", "n", "subs")
+    __slots__ = ("admin", "client_id", "greeted", "groups", "id", "n", "subs")
 
     def __init__(self, sid: int) -> None:
         self.id = sid
@@ -50,6 +56,7 @@ class Session:
         self.greeted = False
         self.admin = False  # its Hello carried the admin token (or none is needed)
         self.subs: dict[str, tuple[str, Filter]] = {}  # local id -> (global id, filter)
+        self.groups: dict[str, tuple[str, float]] = {}  # local id -> (group, weight), group members only
         self.n = 0
 
 
@@ -126,13 +133,26 @@ class Sessions(Mapping[int, Session]):
         return out
 
     def subscribed(
-        self, sess: Session, seq: int, local_id: str, f: Filter, expression: str, chans: list[ChannelId]
+        self,
+        sess: Session,
+        seq: int,
+        local_id: str,
+        f: Filter,
+        expression: str,
+        chans: list[ChannelId],
+        *,
+        group: str = "",
+        weight: float = 1.0,
     ) -> str:
         """A new subscription of ``sess`` (rule 1), waiting for ``chans`` (rule 2): its global id."""
         ctx = self._ctx
         sess.n += 1
         gid = f"{ctx.sub_prefix}{sess.id}:{local_id}:{sess.n}"
         sess.subs[local_id] = (gid, f)
+        if group:
+            sess.groups[local_id] = (group, weight)
+        else:
+            sess.groups.pop(local_id, None)
         self.owners[gid] = (sess.id, local_id)
         if ctx.capture is not None:
             ctx.capture.subscribe(gid, local_id, sess.id, sess.client_id, expression)
@@ -147,6 +167,7 @@ class Sessions(Mapping[int, Session]):
         entry = sess.subs.pop(local_id, None)
         if entry is None:
             return False
+        sess.groups.pop(local_id, None)
         gid, f = entry
         self.owners.pop(gid, None)
         if self._ctx.capture is not None:
@@ -171,6 +192,25 @@ class Sessions(Mapping[int, Session]):
         unsub = pm.UnSubscription(gid, f, local_id, ctx.id, pm.DispatchSign.UNSUBSCRIBE_DISPATCHED)
         for chid in chans:
             self._dispatch_sub(msgspec.structs.replace(unsub, ch_id=chid), out)
+
+    def held(self, space: EventSpace) -> Iterator[StoredSubscription]:
+        """Rule 5: every subscription this node's clients hold that overlaps ``space``."""
+        ctx = self._ctx
+        schema = ctx.schema
+        for sess in self._by_id.values():
+            for local_id, (gid, f) in sess.subs.items():
+                if space.overlaps(f, schema):
+                    group, weight = sess.groups.get(local_id, ("", 1.0))
+                    yield StoredSubscription(gid, f, sess.client_id, ctx.id, group, weight)
+
+    def rebuilt(self, chid: ChannelId, out: list[Action]) -> None:
+        """Rule 5: ``chid`` was rebuilt from this node's own copies: every
+        (un)subscription waiting on it is applied there (what it waited for
+        may have died with the channel's old owner)."""
+        for gid, p in list(self._pending.items()):
+            n = p.waiting.get(chid, 0)
+            for _ in range(max(n, 0)):
+                self.on_applied(pm.SubscriptionApplied(gid, chid, p.subscribe), out)
 
     def on_applied(self, msg: pm.SubscriptionApplied, out: list[Action]) -> None:
         """Rule 2: a copy was applied, or rerouted to the channels it names."""

@@ -11,6 +11,7 @@ from typing import Any
 from overlay.node.balancing import Balancing
 from overlay.node.boot import Boot
 from overlay.node.context import NodeContext
+from overlay.node.liveness import Liveness
 from overlay.node.membership import Membership
 from overlay.node.sessions import Sessions
 
@@ -18,7 +19,12 @@ __all__ = ["node_status"]
 
 
 def node_status(
-    ctx: NodeContext, boot: Boot, balancing: Balancing, membership: Membership, sessions: Sessions
+    ctx: NodeContext,
+    boot: Boot,
+    balancing: Balancing,
+    membership: Membership,
+    sessions: Sessions,
+    liveness: Liveness | None = None,
 ) -> dict[str, Any]:
     """A JSON-ready snapshot: readiness, load and state, peers, channels, routing table, counters."""
     mon = balancing.monitor
@@ -48,5 +54,8 @@ def node_status(
             for c, e in sorted(routing.items())
         ],
         "sessions": len(sessions),
+        "incarnation": ctx.incarnation,
+        # Failures (SPEC §16): quorum, who is suspected or dead, how long each peer has been silent.
+        **({"liveness": liveness.status(ctx.now)} if liveness is not None else {}),
         "stats": dict(ctx.stats),
     }

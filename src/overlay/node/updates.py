@@ -85,12 +85,14 @@ class TableUpdates:
         session: int = -1,
         admin: tuple[int, int] | None = None,
         result: dict[str, Any] | None = None,
+        dead: int = -1,
     ) -> int:
-        """Rule 1; ``session``: a migration's own id (it waits for the replies itself)."""
+        """Rule 1; ``session``: a migration's own id (it waits for the replies
+        itself); ``dead``: the channels are recovered from that dead node."""
         ctx = self._ctx
         self._seq += 1
         uid = self._seq if session < 0 else session
-        msg = pm.UpdateRoutingTable(tuple(delete), tuple(pm.RouteItem(c, e) for c, e in update), uid, ctx.id)
+        msg = pm.UpdateRoutingTable(tuple(delete), tuple(pm.RouteItem(c, e) for c, e in update), uid, ctx.id, dead)
         self.note_replaced(msg)
         for p in ctx.peers:
             out.append(ToPeer(p, msg))

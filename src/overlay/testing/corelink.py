@@ -32,7 +32,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from overlay.actions import Action, CloseClient, ToClient, ToPeer
+from overlay.actions import Action, CloseClient, Rejoin, ToClient, ToPeer
 from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
@@ -65,6 +65,7 @@ class CoreLink:
         self.to_clients: list[tuple[int, int, cm.ClientMessage]] = []
         self.closed: list[tuple[int, int, str]] = []
         self.errors: list[tuple[int, int, RemoteProtocolError]] = []
+        self.rejoins: list[tuple[int, str]] = []  # (node, reason): cores that asked for a new run
 
     # -- driving the cores ------------------------------------------------------------
 
@@ -83,6 +84,8 @@ class CoreLink:
                 self.to_clients.append((node, act.session, act.msg))
             elif type(act) is CloseClient:
                 self.closed.append((node, act.session, act.reason))
+            elif type(act) is Rejoin:
+                self.rejoins.append((node, act.reason))
             else:  # pragma: no cover - a new action type needs handling here
                 raise AssertionError(f"unknown action {act!r}")
 
@@ -201,9 +204,14 @@ class CoreLink:
     # -- views ---------------------------------------------------------------------------------
 
     def types(self, since: int = 0, *, only: Iterable[type] | None = None) -> list[tuple[int, int, str]]:
-        """``trace`` as (src, dst, type name), optionally only some types."""
+        """``trace`` as (src, dst, type name), optionally only some types;
+        heartbeats (sent on every tick) only when ``only`` names them."""
         keep = tuple(only) if only is not None else None
-        return [(a, b, type(m).__name__) for a, b, m in self.trace[since:] if keep is None or isinstance(m, keep)]
+        return [
+            (a, b, type(m).__name__)
+            for a, b, m in self.trace[since:]
+            if (isinstance(m, keep) if keep is not None else type(m) is not pm.Heartbeat)
+        ]
 
     def routing_tables_equal(self) -> bool:
         tables = [c.routing for c in self.cores.values()]

@@ -1,0 +1,299 @@
+"""A dead node's channels get new owners, rebuilt from the access nodes (SPEC §16).
+
+Rules:
+
+1. When a node is declared dead (``node.liveness``), every live node stops
+   waiting for it: its sessions end (``node.migration``: before <3> they
+   roll back, from <3> they complete), its expected receipts are given up
+   (``node.outbox``), it counts as unreachable until a new run of it says
+   hello.
+2. The *coordinator* (``node.liveness`` rule 6) reassigns the dead node's
+   channels in one ``UpdateRoutingTable`` marked ``dead``: a replicated
+   channel just loses that replica; every other channel goes to the live
+   node the receiver evaluator ``rank_u`` (SPEC §7) ranks best for a load
+   of the dead node's last known load shared over its channels, counting
+   what this recovery already gave each node, and leaving out nodes that
+   rejoined lately (``node.liveness`` damping) while another is available.
+   Once per death.
+3. On such an update every node (the coordinator too) applies it like any
+   table update, adopts the death, drops its own copy of a channel the
+   update gives to another node, and — being the access node of its
+   clients, the source of truth of their subscriptions (``node.sessions``
+   rule 5) — sends each new owner one ``Rebuild`` (in chunks of
+   ``REBUILD_CHUNK``) with every subscription it holds that overlaps the
+   channel; what its clients' (un)subscriptions waited on there is applied.
+   Then its outbox re-sends every unconfirmed event (to the new owners).
+4. The new owner creates each channel empty and *holds* the events that
+   reach it (at most ``MAX_HELD`` per channel; past that an event is dropped
+   unacknowledged, counted, and its access node re-sends it) until every
+   live node has sent its last ``Rebuild`` — a Rebuild may come before the
+   update, and creates the channel then.  Then the held events are matched
+   in arrival order.  A node that dies meanwhile is not waited for; after
+   ``peer_timeout`` the channel stops waiting (logged with who was missing).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Final
+
+from overlay.actions import Action, ToPeer
+from overlay.balance.evaluators import rank_u
+from overlay.channels.channel import Channel, ChannelId
+from overlay.channels.routing_table import RouteEntry
+from overlay.messages import peer as pm
+from overlay.node.context import NodeContext
+from overlay.node.liveness import Liveness
+from overlay.node.sessions import Sessions
+from overlay.node.updates import TableUpdates
+
+__all__ = ["MAX_HELD", "REBUILD_CHUNK", "Recovery"]
+
+log = logging.getLogger("overlay.node")
+
+# Subscriptions per Rebuild frame: well under the frame cap for long filters.
+REBUILD_CHUNK: Final = 500
+# Events a rebuilding channel holds; past it the access nodes' re-sends cover.
+MAX_HELD: Final = 20_000
+
+Match = Callable[[Channel, pm.Event, list[Action]], None]
+PeerGone = Callable[[int, list[Action]], None]
+Resend = Callable[[float, list[Action]], None]
+Loads = Callable[[], dict[int, tuple[float, float]]]  # node -> (dc, capacity), this node included
+DeadLoad = Callable[[int], float]
+Damped = Callable[[int, float], bool]
+
+
+class _Rebuilding:
+    __slots__ = ("dead", "deadline", "held", "waiting")
+
+    def __init__(self, dead: int, waiting: set[int], deadline: float) -> None:
+        self.dead = dead
+        self.waiting = waiting
+        self.deadline = deadline
+        self.held: list[pm.Event] = []
+
+
+class Recovery:
+    """Rules 1–4 for one node."""
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        liveness: Liveness,
+        updates: TableUpdates,
+        sessions: Sessions,
+        *,
+        match: Match,
+        peer_gone: PeerGone,
+        resend: Resend,
+        loads: Loads,
+        dead_load: DeadLoad,
+        damped: Damped,
+    ) -> None:
+        self._ctx = ctx
+        self._liveness = liveness
+        self._updates = updates
+        self._sessions = sessions
+        self._match = match
+        self._peer_gone = peer_gone
+        self._resend = resend
+        self._loads = loads
+        self._dead_load = dead_load
+        self._damped = damped
+        self.rebuilding: dict[ChannelId, _Rebuilding] = {}
+        self._done: set[tuple[int, int]] = set()  # (node, incarnation) this node reassigned (rule 2)
+        self._gone: set[int] = set()  # dead nodes rule 1 ran for, until they come back
+
+    # -- rule 1 -----------------------------------------------------------------------------------
+
+    def node_dead(self, node: int, now: float, out: list[Action], *, reassign: bool = True) -> None:
+        """``node`` was declared dead (here or by a peer): rules 1 and 2."""
+        ctx = self._ctx
+        if node not in self._gone:
+            self._gone.add(node)
+            ctx.unreachable.add(node)
+            ctx.stats["peers_declared_dead"] += 1
+            ctx.journal.record("decision", now, phase="death", peer=node)
+            self._peer_gone(node, out)
+            for chid, rb in list(self.rebuilding.items()):
+                if node in rb.waiting:
+                    rb.waiting.discard(node)
+                    self._maybe_release(chid, out)
+        if reassign and self._liveness.coordinator(now) == ctx.id:
+            self._reassign(node, now, out)
+
+    def node_back(self, node: int) -> None:
+        """A new run of ``node`` said hello: it is a member again (empty)."""
+        self._gone.discard(node)
+        self._ctx.unreachable.discard(node)
+
+    # -- rule 2 -----------------------------------------------------------------------------------
+
+    def _reassign(self, node: int, now: float, out: list[Action]) -> None:
+        key = (node, self._liveness.dead.get(node, 0))
+        if key in self._done:
+            return
+        self._done.add(key)
+        ctx = self._ctx
+        theirs = sorted((c, e) for c, e in ctx.routing.items() if node in e.owners)
+        if not theirs:
+            log.info("node %d: dead node %d owned no channel; nothing to reassign", ctx.id, node)
+            return
+        shrunk = [(c, RouteEntry(e.space, tuple(o for o in e.owners if o != node))) for c, e in theirs if e.replicated]
+        alone = [(c, e) for c, e in theirs if not e.replicated]
+        if shrunk:
+            for c, e in shrunk:
+                ctx.routing.set(c, e)
+            self._updates.broadcast((), shrunk, out)
+        if not alone:
+            return
+        live = self._liveness.live(now)
+        loads = self._loads()
+        cands = [n for n in live if not self._damped(n, now)] or live
+        share = self._dead_load(node) / len(alone)
+        given: dict[int, float] = {}
+        items: list[tuple[ChannelId, RouteEntry]] = []
+        choices = []
+        for chid, entry in alone:
+            level = {n: loads.get(n, (0.0, 1.0))[0] + given.get(n, 0.0) / loads.get(n, (0.0, 1.0))[1] for n in cands}
+            under = [(level[n], loads.get(n, (0.0, 1.0))[1]) for n in cands]
+            levels = ctx.config.cluster.levels
+            ranked = sorted(
+                cands, key=lambda n: (-rank_u(level[n], loads.get(n, (0.0, 1.0))[1], under, share, levels), level[n], n)
+            )
+            to = ranked[0]
+            given[to] = given.get(to, 0.0) + share
+            items.append((chid, RouteEntry(entry.space, (to,))))
+            choices.append({"channel": str(chid), "to": to, "level": round(level[to], 6)})
+        ctx.journal.record("decision", now, phase="recovery", dead=node, load_share=share, moves=choices)
+        log.warning(
+            "node %d: reassigning the %d channels of dead node %d: %s",
+            ctx.id,
+            len(items),
+            node,
+            ", ".join(f"{c}->{e.owner}" for c, e in items),
+        )
+        for chid, new in items:
+            ctx.routing.set(chid, new)
+        msg_id = self._updates.broadcast((), items, out, dead=node)
+        self.on_update(
+            ctx.id,
+            pm.UpdateRoutingTable((), tuple(pm.RouteItem(c, e) for c, e in items), msg_id, ctx.id, node),
+            now,
+            out,
+        )
+
+    # -- rule 3 -----------------------------------------------------------------------------------
+
+    def on_update(self, src: int, msg: pm.UpdateRoutingTable, now: float, out: list[Action]) -> None:
+        """An update marked ``dead`` that was just applied to the routing table (rule 3)."""
+        ctx = self._ctx
+        dead = msg.dead
+        self._done.add((dead, self._liveness.dead.get(dead, 0)))  # reassigned: by src
+        if dead not in self._gone and dead != ctx.id:
+            self._liveness.declare(dead, 0, f"node {src} reassigned its channels", now)
+            self._done.add((dead, self._liveness.dead.get(dead, 0)))
+            self.node_dead(dead, now, out, reassign=False)
+        for item in msg.update_chs:
+            chid, owner = item.ch_id, item.entry.owner
+            if owner != ctx.id:
+                if chid in ctx.local and chid not in self.rebuilding:
+                    ctx.local.remove(chid)  # the coordinator gave it to another node
+                    ctx.stats["channels_dropped_by_recovery"] += 1
+                self.rebuilding.pop(chid, None)
+            else:
+                self._ensure(chid, dead, now, out)
+            self._send_rebuild(chid, item.entry, dead, out)
+            self._sessions.rebuilt(chid, out)
+        ctx.stats["channels_recovered"] += sum(1 for i in msg.update_chs if i.entry.owner == ctx.id)
+        self._resend(now, out)
+
+    def _send_rebuild(self, chid: ChannelId, entry: RouteEntry, dead: int, out: list[Action]) -> None:
+        subs = tuple(self._sessions.held(entry.space))
+        chunks = [subs[i : i + REBUILD_CHUNK] for i in range(0, len(subs), REBUILD_CHUNK)] or [()]
+        self._ctx.stats["rebuild_subscriptions_sent"] += len(subs)
+        for i, chunk in enumerate(chunks):
+            msg = pm.Rebuild(chid, chunk, last=i == len(chunks) - 1, dead=dead)
+            if entry.owner == self._ctx.id:
+                self.on_rebuild(self._ctx.id, msg, self._ctx.now, out)
+            else:
+                out.append(ToPeer(entry.owner, msg))
+
+    # -- rule 4 -----------------------------------------------------------------------------------
+
+    def _ensure(self, chid: ChannelId, dead: int, now: float, out: list[Action]) -> _Rebuilding | None:
+        ctx = self._ctx
+        rb = self.rebuilding.get(chid)
+        if rb is not None:
+            return rb
+        if chid in ctx.local:
+            return None  # already here and whole (a late duplicate of the update)
+        entry = ctx.routing.get(chid)
+        if entry is None:
+            log.error("node %d: asked to rebuild channel %s that no table names; ignored", ctx.id, chid)
+            return None
+        ctx.local.add(Channel(chid, entry.space, ctx.schema))
+        waiting = set(self._liveness.live(now)) - {dead}
+        rb = _Rebuilding(dead, waiting, now + ctx.config.cluster.peer_timeout)
+        self.rebuilding[chid] = rb
+        log.info("node %d: rebuilding channel %s of dead node %d; waiting for %s", ctx.id, chid, dead, sorted(waiting))
+        return rb
+
+    def on_rebuild(self, src: int, msg: pm.Rebuild, now: float, out: list[Action]) -> None:
+        ctx = self._ctx
+        rb = self._ensure(msg.ch_id, msg.dead, now, out)
+        ch = ctx.local.get(msg.ch_id)
+        if ch is None:
+            ctx.stats["rebuilds_ignored"] += 1
+            return
+        for sub in msg.subscriptions:
+            if sub.access_node == src and ch.add(sub):
+                ctx.stats["subscriptions_rebuilt"] += 1
+        if rb is not None and msg.last:
+            rb.waiting.discard(src)
+            self._maybe_release(msg.ch_id, out)
+
+    def holds(self, chid: ChannelId, ev: pm.Event) -> bool:
+        """Rule 4: keep ``ev`` while its channel waits for Rebuilds."""
+        rb = self.rebuilding.get(chid)
+        if rb is None:
+            return False
+        if len(rb.held) >= MAX_HELD:
+            self._ctx.stats["events_dropped_rebuilding"] += 1  # unconfirmed: its access node re-sends it
+        else:
+            rb.held.append(ev)
+        return True
+
+    def _maybe_release(self, chid: ChannelId, out: list[Action]) -> None:
+        rb = self.rebuilding.get(chid)
+        if rb is None or rb.waiting:
+            return
+        del self.rebuilding[chid]
+        ch = self._ctx.local.get(chid)
+        log.info(
+            "node %d: channel %s rebuilt with %d subscriptions; %d held events go on",
+            self._ctx.id,
+            chid,
+            len(ch) if ch is not None else 0,
+            len(rb.held),
+        )
+        if ch is None:
+            return
+        for ev in rb.held:
+            self._match(ch, ev, out)
+
+    def tick(self, now: float, out: list[Action]) -> None:
+        for chid, rb in list(self.rebuilding.items()):
+            if now >= rb.deadline:
+                log.warning(
+                    "node %d: channel %s stops waiting for the subscriptions of nodes %s (no Rebuild within %.1fs)",
+                    self._ctx.id,
+                    chid,
+                    sorted(rb.waiting),
+                    self._ctx.config.cluster.peer_timeout,
+                )
+                self._ctx.stats["rebuilds_timed_out"] += 1
+                rb.waiting.clear()
+                self._maybe_release(chid, out)

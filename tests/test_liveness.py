@@ -1,0 +1,199 @@
+"""Failure detection (overlay.node.liveness) and recovery of a dead node's channels
+(overlay.node.recovery), on the pure classes and on node cores joined by CoreLink."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from coreworld import _LOADED, EC
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+from overlay.node.liveness import Liveness
+from overlay.testing.corelink import CoreLink
+
+pytestmark = pytest.mark.timeout(60)
+
+INTERVAL, TIMEOUT = 0.25, 1.5
+
+
+def live(node: int = 0, peers: tuple[int, ...] = (1, 2, 3, 4), **kw: float) -> Liveness:
+    lv = Liveness(node, 7, list(peers), interval=INTERVAL, timeout=TIMEOUT, **kw)
+    lv.start(0.0)
+    return lv
+
+
+def beat(suspects: tuple[int, ...] = (), dead: tuple[tuple[int, int], ...] = (), inc: int = 1) -> pm.Heartbeat:
+    return pm.Heartbeat(inc, suspects, tuple(pm.DeadNode(n, i) for n, i in dead))
+
+
+# -- the pure detector --------------------------------------------------------------------------
+
+
+def test_nobody_is_suspected_before_the_timeout_after_start() -> None:
+    lv = live()
+    assert lv.suspects(TIMEOUT - 0.01) == [] and lv.has_quorum(TIMEOUT - 0.01)
+    assert lv.suspects(TIMEOUT + 0.01) == [1, 2, 3, 4]
+
+
+def test_heartbeats_go_out_every_interval_and_catch_up_after_a_pause() -> None:
+    lv = live()
+    assert lv.due(0.0) and not lv.due(0.1) and lv.due(0.25) and not lv.due(0.3)
+    assert lv.due(10.0) and not lv.due(10.1) and lv.due(10.25)
+
+
+def test_a_silent_peer_is_dead_only_when_a_majority_suspects_it() -> None:
+    lv = live()
+    for t in (0.5, 1.0, 1.5, 2.0):
+        for p in (1, 2, 3):
+            lv.heard(p, t)
+    # Node 4 silent since the start: suspected here, but one vote of five is no majority.
+    assert lv.check(2.0) == [] and lv.suspects(2.0) == [4]
+    lv.on_heartbeat(1, beat((4,)), 2.0)
+    assert lv.check(2.0) == []  # two votes
+    lv.on_heartbeat(2, beat((4,)), 2.0)
+    assert lv.check(2.0) == [4] and lv.is_dead(4)  # three of five
+    assert lv.heartbeat(2.0).dead == (pm.DeadNode(4, 0),)
+    assert lv.check(2.1) == []  # declared once
+
+
+def test_a_minority_has_no_quorum_and_declares_nobody_dead() -> None:
+    lv = live()
+    lv.heard(1, 2.0)
+    lv.on_heartbeat(1, beat((2, 3, 4)), 2.0)
+    assert not lv.has_quorum(2.0)
+    assert lv.check(2.0) == []
+    assert not lv.dead
+
+
+def test_a_death_is_learned_from_a_live_peer_and_a_run_told_it_is_dead_rejoins() -> None:
+    lv = live()
+    assert lv.on_heartbeat(1, beat(dead=((3, 5),)), 1.0) == [3]
+    assert lv.is_dead(3) and not lv.rejoin
+    lv.on_heartbeat(2, beat(dead=((0, 6),)), 1.1)  # an older run of this node: not us
+    assert not lv.rejoin
+    lv.on_heartbeat(2, beat(dead=((0, 7),)), 1.2)
+    assert lv.rejoin and "node 2" in lv.rejoin_reason
+
+
+def test_the_coordinator_is_the_lowest_live_node() -> None:
+    lv = live(node=3, peers=(0, 1, 2, 4))
+    for p in (1, 2, 4):
+        lv.heard(p, 2.0)
+    assert lv.coordinator(2.0) == 1  # node 0 is suspected
+    lv.heard(0, 2.0)
+    assert lv.coordinator(2.0) == 0
+
+
+def test_a_node_back_from_the_dead_is_damped_longer_each_time_it_flaps() -> None:
+    lv = live(damping=10.0, flap_window=300.0)
+    lv.on_heartbeat(1, beat(dead=((4, 1),)), 1.0)
+    assert lv.revived(4, 2, 5.0) and lv.damped(4, 14.9) and not lv.damped(4, 15.1)
+    lv.on_heartbeat(1, beat(dead=((4, 2),)), 20.0)
+    assert lv.revived(4, 3, 21.0) and lv.damped(4, 40.9) and not lv.damped(4, 41.1)  # 2 deaths: 20 s
+    assert not lv.revived(4, 3, 22.0)  # alive already
+
+
+# -- cores: a node dies, its channels are rebuilt elsewhere -------------------------------------------
+
+CONFIG = msgspec.structs.replace(
+    _LOADED,
+    cluster=msgspec.structs.replace(
+        _LOADED.cluster, balancing=False, heartbeat_interval=INTERVAL, suspect_timeout=TIMEOUT
+    ),
+)
+
+
+class Cluster:
+    """A CoreLink whose nodes can crash: a crashed node is never ticked and
+    everything sent to it is lost."""
+
+    def __init__(self) -> None:
+        self.net = CoreLink(CONFIG)
+        self.net.start()
+        self.dead: set[int] = set()
+
+    def crash(self, node: int) -> None:
+        self.dead.add(node)
+        self._drop()
+
+    def _drop(self) -> None:
+        for (a, b), link in self.net.links.items():
+            if a in self.dead or b in self.dead:
+                while len(link):
+                    link.pop()
+
+    def run_until(self, t: float, step: float = 0.05) -> None:
+        now = self.net.now
+        while now < t:
+            now = round(now + step, 6)
+            for i in self.net.cores:
+                if i not in self.dead:
+                    self.net.tick(i, now)
+            self._drop()
+            while self.net.step() is not None:
+                self._drop()
+
+
+def test_the_majority_reassigns_a_dead_owners_channel_and_rebuilds_its_subscriptions() -> None:
+    cl = Cluster()
+    net = cl.net
+    assert net.owner_of(EC) == [0]
+    s1 = net.open_client(1, "sub-1")
+    s2 = net.open_client(2, "sub-2")
+    net.client_send(1, s1, cm.Subscribe(1, "a", "price < 100"))
+    net.client_send(2, s2, cm.Subscribe(1, "b", "price >= 50"))
+    net.run()
+    assert any(isinstance(m, cm.SubAck) for m in net.received(1, s1))
+    assert any(isinstance(m, cm.SubAck) for m in net.received(2, s2))
+    cl.run_until(1.0)
+    cl.crash(0)
+    cl.run_until(4.0)
+    for i in (1, 2):
+        core = net.cores[i]
+        assert core.liveness.is_dead(0), i
+        assert core.routing[EC].owners != (0,), core.routing[EC]
+    (owner,) = [i for i in net.owner_of(EC) if i not in cl.dead]
+    assert owner in (1, 2)
+    ch = net.cores[owner].local[EC]
+    assert len(ch) == 2  # both subscriptions rebuilt from their access nodes
+    assert not net.cores[owner].recovery.rebuilding
+    pub = net.open_client(2, "pub")
+    mark = len(net.to_clients)
+    net.client_send(2, pub, cm.Publish(1, {"price": 70.0, "sym": "AB"}))
+    cl.run_until(4.5)
+    got = [(n, s) for n, s, m in net.to_clients[mark:] if isinstance(m, cm.Notify)]
+    assert sorted(got) == [(1, s1), (2, s2)]
+
+
+def test_a_node_cut_off_alone_answers_no_quorum_and_learns_it_was_declared_dead() -> None:
+    cl = Cluster()
+    net = cl.net
+    cl.run_until(1.0)
+    # Node 2 is cut off: nothing reaches it or leaves it, but it keeps ticking.
+    cut = {2}
+    for key, link in net.links.items():
+        if set(key) & cut:
+            link.paused = True
+    now = 1.0
+    while now < 4.0:
+        now = round(now + 0.05, 6)
+        for i in net.cores:
+            net.tick(i, now)
+        for key, link in net.links.items():
+            if set(key) & cut:
+                while len(link):
+                    link.pop()
+        net.run()
+    assert not net.cores[2].liveness.has_quorum(now)
+    sid = net.open_client(2, "c")
+    net.client_send(2, sid, cm.Publish(1, {"price": 1.0, "sym": "AB"}))
+    (err,) = [m for m in net.received(2, sid) if isinstance(m, cm.Error)]
+    assert err.code == cm.ErrorCode.NO_QUORUM
+    assert all(net.cores[i].liveness.is_dead(2) for i in (0, 1))
+    # The cut heals: node 2 hears that it was declared dead and asks to rejoin.
+    for link in net.links.values():
+        link.paused = False
+    cl.run_until(now + 1.0)
+    (rejoin,) = net.rejoins  # once
+    assert rejoin[0] == 2 and "declared this run of node 2 dead" in rejoin[1]
