@@ -116,6 +116,7 @@ class NodeCore:
             dispatch_event=lambda ev, out: self.router.dispatch_event(ev, out),
             deliveries_acked=lambda pairs, out: self.groups.deliveries_acked(pairs, out),
             sessions=self.sessions,
+            dead=self.liveness.dead,
         )
         self.notifier = Notifier(
             ctx,
@@ -172,7 +173,7 @@ class NodeCore:
             self.updates,
             self.sessions,
             match=lambda ch, ev, out: self.router.match(ch, ev, out),
-            peer_gone=lambda node, out: self.migration.peer_gone(node, f"node {node} was declared dead", out),
+            peer_gone=self._peer_dead,
             resend=lambda now, out: None,
             loads=self._loads,
             dead_load=lambda node: getattr(self.monitor.loads.get(node), "d", 0.0),
@@ -459,6 +460,11 @@ class NodeCore:
         timeout = self.ctx.config.cluster.peer_timeout
         self.migration.peer_gone(node, f"no answer from node {node}: unreachable for {timeout}s", out)
         return out
+
+    def _peer_dead(self, node: int, out: list[Action]) -> None:
+        """node.recovery rule 1: nothing waits for a dead run; its keys get new homes."""
+        self.migration.peer_gone(node, f"node {node} was declared dead", out)  # its tracked deliveries too
+        self.ordering.link_changed(node, False, out)
 
     def peer_reachable(self, node: int) -> None:
         if not self.liveness.is_dead(node):  # a dead run stays unreachable until a new one says hello

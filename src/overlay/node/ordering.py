@@ -135,8 +135,10 @@ class Ordering:
         dispatch_event: DispatchEvent,
         deliveries_acked: DeliveriesAcked,
         sessions: Container[int],
+        dead: Container[int] = frozenset(),
     ) -> None:
         self._ctx = ctx
+        self._dead = dead  # runs a majority declared dead (node.liveness): never a home
         self._dispatch_event = dispatch_event
         self._deliveries_acked = deliveries_acked
         self._sessions = sessions
@@ -162,8 +164,10 @@ class Ordering:
     # -- homes (rule 1) -------------------------------------------------------------------
 
     def live_nodes(self) -> list[int]:
-        """This node and its peers (as membership changes them), minus links down."""
-        return sorted({self._ctx.id, *self._ctx.peers} - self._down)
+        """This node and its peers (as membership changes them), minus links
+        down and nodes declared dead (a dead run's link may come back up)."""
+        dead = self._dead
+        return sorted(n for n in {self._ctx.id, *self._ctx.peers} - self._down if n not in dead)
 
     def home_of(self, key: str) -> int:
         if self._home_peers != self._ctx.peers:  # a node joined or left the membership
@@ -190,6 +194,8 @@ class Ordering:
             return False
         if node in self._down:
             return False
+        # (A death declared while the link is up — a paused or cut-off node —
+        # comes here too, from node.recovery: homes move at once.)
         self._down.add(node)
         self._home_cache.clear()
         self._ctx.stats["peers_down"] += 1

@@ -14,7 +14,10 @@ Rules:
    of the dead node's last known load shared over its channels, counting
    what this recovery already gave each node, and leaving out nodes that
    rejoined lately (``node.liveness`` damping) while another is available.
-   Once per death.
+   The same update re-states the entries of the channels the dead node's
+   latest updates named (``node.updates`` rule 4): a node it died while
+   telling learns them now.  The coordinator looks again on every tick: an
+   update naming a dead owner that was on its way gets the same treatment.
 3. On such an update every node (the coordinator too) applies it like any
    table update, adopts the death, drops its own copy of a channel the
    update gives to another node, and — being the access node of its
@@ -65,6 +68,11 @@ DeadLoad = Callable[[int], float]
 Damped = Callable[[int, float], bool]
 
 
+def theirs_replicated(ctx: NodeContext, chid: ChannelId) -> bool:
+    entry = ctx.routing.get(chid)
+    return entry is not None and entry.replicated
+
+
 class _Rebuilding:
     __slots__ = ("dead", "deadline", "held", "waiting")
 
@@ -103,7 +111,6 @@ class Recovery:
         self._dead_load = dead_load
         self._damped = damped
         self.rebuilding: dict[ChannelId, _Rebuilding] = {}
-        self._done: set[tuple[int, int]] = set()  # (node, incarnation) this node reassigned (rule 2)
         self._gone: set[int] = set()  # dead nodes rule 1 ran for, until they come back
 
     # -- rule 1 -----------------------------------------------------------------------------------
@@ -131,59 +138,71 @@ class Recovery:
 
     # -- rule 2 -----------------------------------------------------------------------------------
 
+    def _dead_owned(self) -> list[tuple[ChannelId, RouteEntry]]:
+        dead = self._liveness.dead
+        return sorted((c, e) for c, e in self._ctx.routing.items() if any(o in dead for o in e.owners))
+
     def _reassign(self, node: int, now: float, out: list[Action]) -> None:
-        key = (node, self._liveness.dead.get(node, 0))
-        if key in self._done:
-            return
-        self._done.add(key)
+        """Rule 2 for every channel the table gives a dead node; with ``node``
+        >= 0 (just declared dead) the channels its latest updates named are
+        re-stated too, so a broadcast it died in the middle of is completed."""
         ctx = self._ctx
-        theirs = sorted((c, e) for c, e in ctx.routing.items() if node in e.owners)
-        if not theirs:
-            log.info("node %d: dead node %d owned no channel; nothing to reassign", ctx.id, node)
-            return
-        shrunk = [(c, RouteEntry(e.space, tuple(o for o in e.owners if o != node))) for c, e in theirs if e.replicated]
-        alone = [(c, e) for c, e in theirs if not e.replicated]
+        dead = self._liveness.dead
+        theirs = self._dead_owned()
+        shrunk = [(c, RouteEntry(e.space, tuple(o for o in e.owners if o not in dead))) for c, e in theirs]
+        shrunk = [(c, e) for c, e in shrunk if e.owners and theirs_replicated(ctx, c)]
+        alone = [(c, e) for c, e in theirs if not theirs_replicated(ctx, c) or not any(o not in dead for o in e.owners)]
         if shrunk:
             for c, e in shrunk:
                 ctx.routing.set(c, e)
             self._updates.broadcast((), shrunk, out)
-        if not alone:
+        owned = {c for c, _ in theirs}
+        confirm = (
+            [] if node < 0 else [c for c in self._updates.recent_from(node) if c in ctx.routing and c not in owned]
+        )
+        if not alone and not confirm:
+            if node >= 0:
+                log.info("node %d: dead node %d owned no channel; nothing to reassign", ctx.id, node)
             return
         live = self._liveness.live(now)
         loads = self._loads()
         cands = [n for n in live if not self._damped(n, now)] or live
-        share = self._dead_load(node) / len(alone)
+        origin = node if node >= 0 else min(o for _, e in alone for o in e.owners if o in dead)
+        share = self._dead_load(origin) / max(len(alone), 1)
+        levels = ctx.config.cluster.levels
         given: dict[int, float] = {}
         items: list[tuple[ChannelId, RouteEntry]] = []
         choices = []
         for chid, entry in alone:
-            level = {n: loads.get(n, (0.0, 1.0))[0] + given.get(n, 0.0) / loads.get(n, (0.0, 1.0))[1] for n in cands}
-            under = [(level[n], loads.get(n, (0.0, 1.0))[1]) for n in cands]
-            levels = ctx.config.cluster.levels
-            ranked = sorted(
-                cands, key=lambda n: (-rank_u(level[n], loads.get(n, (0.0, 1.0))[1], under, share, levels), level[n], n)
-            )
-            to = ranked[0]
+            dc = {n: loads.get(n, (0.0, 1.0)) for n in cands}
+            level = {n: dc[n][0] + given.get(n, 0.0) / dc[n][1] for n in cands}
+            under = [(level[n], dc[n][1]) for n in cands]
+            to = min(cands, key=lambda n: (-rank_u(level[n], dc[n][1], under, share, levels), level[n], n))
             given[to] = given.get(to, 0.0) + share
             items.append((chid, RouteEntry(entry.space, (to,))))
             choices.append({"channel": str(chid), "to": to, "level": round(level[to], 6)})
-        ctx.journal.record("decision", now, phase="recovery", dead=node, load_share=share, moves=choices)
+        items.extend((c, ctx.routing[c]) for c in confirm)  # re-stated as they are here
+        ctx.journal.record(
+            "decision",
+            now,
+            phase="recovery",
+            dead=origin,
+            load_share=share,
+            moves=choices,
+            confirmed=[str(c) for c in confirm],
+        )
         log.warning(
-            "node %d: reassigning the %d channels of dead node %d: %s",
+            "node %d: reassigning the channels of dead node %d: %s%s",
             ctx.id,
-            len(items),
-            node,
-            ", ".join(f"{c}->{e.owner}" for c, e in items),
+            origin,
+            ", ".join(f"{c}->{e.owner}" for c, e in items[: len(choices)]) or "none",
+            f"; re-stating {[str(c) for c in confirm]}" if confirm else "",
         )
         for chid, new in items:
             ctx.routing.set(chid, new)
-        msg_id = self._updates.broadcast((), items, out, dead=node)
-        self.on_update(
-            ctx.id,
-            pm.UpdateRoutingTable((), tuple(pm.RouteItem(c, e) for c, e in items), msg_id, ctx.id, node),
-            now,
-            out,
-        )
+        uid = self._updates.broadcast((), items, out, dead=origin)
+        update = pm.UpdateRoutingTable((), tuple(pm.RouteItem(c, e) for c, e in items), uid, ctx.id, origin)
+        self.on_update(ctx.id, update, now, out)
 
     # -- rule 3 -----------------------------------------------------------------------------------
 
@@ -191,10 +210,8 @@ class Recovery:
         """An update marked ``dead`` that was just applied to the routing table (rule 3)."""
         ctx = self._ctx
         dead = msg.dead
-        self._done.add((dead, self._liveness.dead.get(dead, 0)))  # reassigned: by src
         if dead not in self._gone and dead != ctx.id:
             self._liveness.declare(dead, 0, f"node {src} reassigned its channels", now)
-            self._done.add((dead, self._liveness.dead.get(dead, 0)))
             self.node_dead(dead, now, out, reassign=False)
         for item in msg.update_chs:
             chid, owner = item.ch_id, item.entry.owner
@@ -228,13 +245,15 @@ class Recovery:
         rb = self.rebuilding.get(chid)
         if rb is not None:
             return rb
-        if chid in ctx.local:
-            return None  # already here and whole (a late duplicate of the update)
-        entry = ctx.routing.get(chid)
-        if entry is None:
-            log.error("node %d: asked to rebuild channel %s that no table names; ignored", ctx.id, chid)
-            return None
-        ctx.local.add(Channel(chid, entry.space, ctx.schema))
+        if chid not in ctx.local:
+            entry = ctx.routing.get(chid)
+            if entry is None:
+                log.error("node %d: asked to rebuild channel %s that no table names; ignored", ctx.id, chid)
+                return None
+            ctx.local.add(Channel(chid, entry.space, ctx.schema))
+        # (A channel here already — one a dead sender handed over, re-stated —
+        # waits too: what the sender's lost Reforwards carried comes back in
+        # the Rebuilds.)
         waiting = set(self._liveness.live(now)) - {dead}
         rb = _Rebuilding(dead, waiting, now + ctx.config.cluster.peer_timeout)
         self.rebuilding[chid] = rb
@@ -285,6 +304,10 @@ class Recovery:
             self._match(ch, ev, out)
 
     def tick(self, now: float, out: list[Action]) -> None:
+        # Rule 2 again for an update naming a dead owner that came after the
+        # recovery (it was on its way when the owner died).
+        if self._liveness.dead and self._liveness.coordinator(now) == self._ctx.id and self._dead_owned():
+            self._reassign(-1, now, out)
         for chid, rb in list(self.rebuilding.items()):
             if now >= rb.deadline:
                 log.warning(

@@ -19,6 +19,10 @@ Rules this module keeps:
    channel this node holds a replica of, giving the channel to that owner
    alone, makes this node drop its replica; an update from anyone else never
    makes a node drop a channel it owns.
+4. The node remembers which channels each peer's latest updates named (the
+   last ``RECENT_PER_ORIGIN``): when that peer dies in the middle of a
+   broadcast, the recovery re-states those entries so every table agrees
+   again (``node.recovery`` rule 2).
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ log = logging.getLogger("overlay.node")
 # Deleted channels whose replacements a node remembers (for late reroutes);
 # far more than the splits and merges a late message can be behind.
 MAX_REPLACED: Final = 10_000
+# Channels per peer named by its latest updates (rule 4): a dead node's last
+# sessions touch a handful.
+RECENT_PER_ORIGIN: Final = 64
 
 AdminDone = Callable[[tuple[int, int], Any, list[Action]], None]
 
@@ -66,6 +73,9 @@ class TableUpdates:
         self._seq = 0
         self._waiting: dict[int, _TableUpdate] = {}
         self.replaced: dict[ChannelId, tuple[ChannelId, ...]] = {}  # deleted -> what replaced it
+        # Rule 4: the channels each peer's latest updates named (at most
+        # RECENT_PER_ORIGIN, oldest first out).
+        self._recent: dict[int, dict[ChannelId, None]] = {}
 
     def next_session(self) -> int:
         """A new id for an update or a migration session (rule 1)."""
@@ -121,10 +131,20 @@ class TableUpdates:
             if node in upd.waiting:
                 self.on_reply(node, session, out)
 
+    def recent_from(self, origin: int) -> list[ChannelId]:
+        """Rule 4: the channels ``origin``'s latest updates named, oldest first."""
+        return list(self._recent.get(origin, ()))
+
     def apply(self, msg: pm.UpdateRoutingTable) -> None:
-        """Rules 2 and 3 for an update received."""
+        """Rules 2–4 for an update received."""
         ctx = self._ctx
         self.note_replaced(msg)
+        recent = self._recent.setdefault(msg.origin, {})
+        for item in msg.update_chs:
+            recent.pop(item.ch_id, None)
+            recent[item.ch_id] = None
+        while len(recent) > RECENT_PER_ORIGIN:
+            del recent[next(iter(recent))]
         dropped = [
             i.ch_id
             for i in msg.update_chs
