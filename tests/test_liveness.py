@@ -197,3 +197,51 @@ def test_a_node_cut_off_alone_answers_no_quorum_and_learns_it_was_declared_dead(
     cl.run_until(now + 1.0)
     (rejoin,) = net.rejoins  # once
     assert rejoin[0] == 2 and "declared this run of node 2 dead" in rejoin[1]
+
+
+# -- a sender dies in the middle of a migration ---------------------------------------------------
+
+
+STEPS = [
+    (pm.ChannelTransfer, 2),  # before the receiver has the channel
+    (pm.SubscriptionMove, 2),  # the receiver holds the channel, not its subscriptions
+    (pm.UpdateRoutingTable, 1),  # <3> reached the receiver, not node 1
+    (pm.UpdateRoutingTable, 2),  # <3> reached node 1, not the receiver
+    (pm.CompleteLoadBalance, 2),  # every table moved; the receiver waits for the end
+]
+
+
+@pytest.mark.parametrize("dies", [0, 2], ids=["sender dies", "receiver dies"])
+@pytest.mark.parametrize(("held", "dst"), STEPS)
+def test_a_node_dying_at_any_step_of_a_migration_leaves_one_whole_owner(held: type, dst: int, dies: int) -> None:
+    # Node 0 moves EC to node 2; the session stops at ``held`` and ``dies`` crashes.
+    cl = Cluster()
+    net = cl.net
+    s1 = net.open_client(1, "sub-1")
+    net.client_send(1, s1, cm.Subscribe(1, "a", "price < 100"))
+    subs = [(1, s1)]
+    survivor = 2 if dies == 0 else 0
+    s2 = net.open_client(survivor, "sub-2")
+    net.client_send(survivor, s2, cm.Subscribe(1, "b", "price >= 50"))
+    subs.append((survivor, s2))
+    net.run()
+    admin = net.open_client(0, "ops")
+    net.hold_types(held, src=0, dst=dst)
+    net.client_send(0, admin, cm.Admin(1, "place", {"channel": "0.0", "node": 2}))
+    net.run()
+    assert net.paused(), "the session never reached the held message"
+    cl.crash(dies)
+    net.release()
+    cl.run_until(8.0)
+    live = sorted({0, 1, 2} - {dies})
+    assert net.cores[live[0]].routing == net.cores[live[1]].routing
+    (owner,) = [i for i in live if EC in net.cores[i].local]
+    assert net.cores[1].routing[EC].owners == (owner,)
+    assert len(net.cores[owner].local[EC]) == 2
+    assert all(net.cores[i].settled() for i in live)
+    pub = net.open_client(1, "pub")
+    mark = len(net.to_clients)
+    net.client_send(1, pub, cm.Publish(1, {"price": 70.0, "sym": "AB"}))
+    cl.run_until(8.5)
+    got = sorted((n, s) for n, s, m in net.to_clients[mark:] if isinstance(m, cm.Notify))
+    assert got == sorted(subs)
