@@ -157,9 +157,9 @@ class Recovery:
                 ctx.routing.set(c, e)
             self._updates.broadcast((), shrunk, out)
         owned = {c for c, _ in theirs}
-        confirm = (
-            [] if node < 0 else [c for c in self._updates.recent_from(node) if c in ctx.routing and c not in owned]
-        )
+        named, deleted = self._updates.recent_from(node) if node >= 0 else ([], [])
+        confirm = [c for c in named if c in ctx.routing and c not in owned]
+        gone = [c for c in deleted if c not in ctx.routing]  # a split or merge it announced: gone everywhere
         if not alone and not confirm:
             if node >= 0:
                 log.info("node %d: dead node %d owned no channel; nothing to reassign", ctx.id, node)
@@ -200,8 +200,8 @@ class Recovery:
         )
         for chid, new in items:
             ctx.routing.set(chid, new)
-        uid = self._updates.broadcast((), items, out, dead=origin)
-        update = pm.UpdateRoutingTable((), tuple(pm.RouteItem(c, e) for c, e in items), uid, ctx.id, origin)
+        uid = self._updates.broadcast(gone, items, out, dead=origin)
+        update = pm.UpdateRoutingTable(tuple(gone), tuple(pm.RouteItem(c, e) for c, e in items), uid, ctx.id, origin)
         self.on_update(ctx.id, update, now, out)
 
     # -- rule 3 -----------------------------------------------------------------------------------

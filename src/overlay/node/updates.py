@@ -76,6 +76,7 @@ class TableUpdates:
         # Rule 4: the channels each peer's latest updates named (at most
         # RECENT_PER_ORIGIN, oldest first out).
         self._recent: dict[int, dict[ChannelId, None]] = {}
+        self._recent_deleted: dict[int, dict[ChannelId, None]] = {}
 
     def next_session(self) -> int:
         """A new id for an update or a migration session (rule 1)."""
@@ -131,20 +132,16 @@ class TableUpdates:
             if node in upd.waiting:
                 self.on_reply(node, session, out)
 
-    def recent_from(self, origin: int) -> list[ChannelId]:
-        """Rule 4: the channels ``origin``'s latest updates named, oldest first."""
-        return list(self._recent.get(origin, ()))
+    def recent_from(self, origin: int) -> tuple[list[ChannelId], list[ChannelId]]:
+        """Rule 4: the channels ``origin``'s latest updates set, and those they deleted, oldest first."""
+        return list(self._recent.get(origin, ())), list(self._recent_deleted.get(origin, ()))
 
     def apply(self, msg: pm.UpdateRoutingTable) -> None:
         """Rules 2–4 for an update received."""
         ctx = self._ctx
         self.note_replaced(msg)
-        recent = self._recent.setdefault(msg.origin, {})
-        for item in msg.update_chs:
-            recent.pop(item.ch_id, None)
-            recent[item.ch_id] = None
-        while len(recent) > RECENT_PER_ORIGIN:
-            del recent[next(iter(recent))]
+        _remember(self._recent.setdefault(msg.origin, {}), (i.ch_id for i in msg.update_chs))
+        _remember(self._recent_deleted.setdefault(msg.origin, {}), msg.delete_chs)
         dropped = [
             i.ch_id
             for i in msg.update_chs
@@ -192,3 +189,12 @@ class TableUpdates:
             else:
                 todo.extend(self.replaced.get(c, ()))
         return heirs
+
+
+def _remember(recent: dict[ChannelId, None], chids: Iterable[ChannelId]) -> None:
+    """Rule 4: newest last, at most ``RECENT_PER_ORIGIN``."""
+    for c in chids:
+        recent.pop(c, None)
+        recent[c] = None
+    while len(recent) > RECENT_PER_ORIGIN:
+        del recent[next(iter(recent))]
