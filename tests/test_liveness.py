@@ -245,3 +245,19 @@ def test_a_node_dying_at_any_step_of_a_migration_leaves_one_whole_owner(held: ty
     cl.run_until(8.5)
     got = sorted((n, s) for n, s, m in net.to_clients[mark:] if isinstance(m, cm.Notify))
     assert got == sorted(subs)
+
+
+def test_a_node_that_was_paused_itself_does_not_count_its_peers_silence() -> None:
+    lv = live()
+    for t in (0.5, 1.0):
+        lv.check(t)
+        for p in (1, 2, 3, 4):
+            lv.heard(p, t)
+    lv.on_heartbeat(1, beat((2, 3)), 1.0)
+    # The node's own loop was held for 5 s: everyone looks silent, nobody is suspected.
+    assert lv.check(6.0) == [] and lv.suspects(6.0) == [] and lv.heartbeat(6.0).suspects == ()
+    t = 6.0
+    while t < 6.0 + TIMEOUT + 0.1:  # running again, and still nothing heard: now they count
+        t = round(t + 0.1, 6)
+        assert lv.check(t) == []
+    assert lv.suspects(t) == [1, 2, 3, 4]

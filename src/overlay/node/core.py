@@ -465,6 +465,7 @@ class NodeCore:
         """node.recovery rule 1: nothing waits for a dead run; its keys get new homes."""
         self.migration.peer_gone(node, f"node {node} was declared dead", out)  # its tracked deliveries too
         self.ordering.link_changed(node, False, out)
+        self.monitor.loads.pop(node, None)  # its last LIEM no longer counts in dc̄
 
     def peer_reachable(self, node: int) -> None:
         if not self.liveness.is_dead(node):  # a dead run stays unreachable until a new one says hello

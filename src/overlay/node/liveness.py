@@ -32,6 +32,11 @@ Rules:
    seconds, doubled for every further death of it within ``flap_window``
    seconds — a node that flaps takes load back ever more slowly instead of
    causing a storm of moves.
+8. A node that notices it was not running itself — no check for more than
+   half the suspect timeout (a pause, a loop held by something slow) — does
+   not count its peers' silence meanwhile: it forgets what it heard and the
+   reports it had, and starts listening afresh.  (Nodes sharing one process
+   and one held loop then never declare each other dead.)
 
 Nothing here reads a clock: ``now`` comes with every call.
 """
@@ -69,6 +74,7 @@ class Liveness:
         self.interval = interval
         self.timeout = timeout
         self._started: float | None = None
+        self._last_check: float | None = None
         self._next_beat = 0.0
         self._heard: dict[int, float] = {}
         self._reports: dict[int, frozenset[int]] = {}  # peer -> whom its last heartbeat suspects
@@ -173,7 +179,19 @@ class Liveness:
         return self.live(now)[0]
 
     def check(self, now: float) -> list[int]:
-        """Rules 2 and 3 on time: the peers declared dead by this call."""
+        """Rules 2, 3 and 8 on time: the peers declared dead by this call."""
+        last, self._last_check = self._last_check, now
+        if last is not None and now - last > self.timeout / 2:
+            # Rule 8: this node itself was not running (paused, its loop held):
+            # its peers' silence is its own; it starts listening afresh.
+            log.warning(
+                "node %d: no check for %.2fs (this node was paused or its loop held): peers' silence not counted",
+                self.id,
+                now - last,
+            )
+            for p in self._peers:
+                self._heard[p] = now
+            self._reports.clear()
         sus = self.suspects(now)
         for p in sus:
             if p not in self._suspected:
