@@ -262,7 +262,9 @@ class Recovery:
 
     def on_rebuild(self, src: int, msg: pm.Rebuild, now: float, out: list[Action]) -> None:
         ctx = self._ctx
-        rb = self._ensure(msg.ch_id, msg.dead, now, out)
+        rb = self.rebuilding.get(msg.ch_id)
+        if rb is None and msg.ch_id not in ctx.local:  # before the update that names this node
+            rb = self._ensure(msg.ch_id, msg.dead, now, out)
         ch = ctx.local.get(msg.ch_id)
         if ch is None:
             ctx.stats["rebuilds_ignored"] += 1
