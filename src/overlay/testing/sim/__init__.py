@@ -5,6 +5,11 @@ params, with ``workload``'s subscriptions, remembering ``records``);
 ``invariants`` checks what must hold after it.  ``tests/test_simulation.py`` runs a few hundred seeds,
 ``bench/simulation.py`` many more and the 100/1,000-node planning runs.
 
+With node faults (``SimCluster.for_fault_seed``) ``faults`` crashes,
+restarts, partitions and pauses nodes one at a time, ``client_faults`` makes
+the clients reconnect, retry and re-send, and ``invariants`` checks SPEC
+§16's promise (``tests/test_simulation_faults.py``, ``bench/simulation.py --faults``).
+
 ``convergence.ConvergenceSim`` plays the steady skewed traffic of the
 balancing tests on a virtual clock: S/dc̄ per slice, the moves, exactly-once
 (``tests/test_balancing_convergence.py``).
@@ -13,6 +18,15 @@ balancing tests on a virtual clock: S/dc̄ per slice, the moves, exactly-once
 from .cluster import SimCluster
 from .convergence import ConvergenceRun, ConvergenceSim
 from .records import SimResult
-from .setup import SimParams, make_config, random_config
+from .setup import SimParams, fault_config, make_config, random_config
 
-__all__ = ["ConvergenceRun", "ConvergenceSim", "SimCluster", "SimParams", "SimResult", "make_config", "random_config"]
+__all__ = [
+    "ConvergenceRun",
+    "ConvergenceSim",
+    "SimCluster",
+    "SimParams",
+    "SimResult",
+    "fault_config",
+    "make_config",
+    "random_config",
+]

@@ -2,6 +2,8 @@
 send (publish, subscribe, unsubscribe, operators' split and place, close,
 join), what they receive and check as it comes, and the moving hot spot of
 the event workload (rules 2 and 4 of ``overlay.testing.sim.cluster``).
+Under node faults, what the clients do about them — ids on every publish,
+retries, reconnecting elsewhere — is ``sim.client_faults``'.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from overlay.channels.space import RangeConstraint
 from overlay.messages import client as cm
 from overlay.messages.codec import HEADER, client_reader
 
+from .client_faults import ClientFaults
 from .network import SimNetwork
 from .records import EventRec, SimClient, SubRec
 from .setup import SimParams
-from .workload import PRICE_MAX, QTY_MAX, SYMS, clamp_price, literal, random_spec
+from .workload import PRICE_MAX, QTY_MAX, SYMS, SubSpec, clamp_price, literal, random_spec
 
 __all__ = ["SimClients"]
 
@@ -33,7 +36,7 @@ class SimClients:
     invariants judge), acting on ``net`` with the scenario's ``rng``."""
 
     def __init__(self, net: SimNetwork, params: SimParams, rng: random.Random) -> None:
-        self._net = net
+        self._net = self.net = net
         self.params = params
         self.rng = rng
         self.clients: list[SimClient] = []
@@ -42,6 +45,7 @@ class SimClients:
         self.events: dict[str, EventRec] = {}
         self.subs: list[SubRec] = []
         self.notes: Counter[tuple[str, str, str]] = Counter()
+        self.key_ranks: dict[tuple[str, str, str], list[int]] = {}  # (client, sub, key) -> ranks as notified
         self.admin_results: Counter[str] = Counter()
         self.notifies = 0
         self._sub_no = 0
@@ -50,6 +54,7 @@ class SimClients:
         self._hot_width = 100.0
         self._next_shift = 0.0
         self._hot_point = (clamp_price(rng.uniform(0, PRICE_MAX)), rng.choice(SYMS))
+        self.faults = ClientFaults(self, rng) if params.node_faults else None
 
     def shift_hot_spot(self, active: bool) -> None:
         """Now and then, while the run is active, the hot spot moves."""
@@ -100,6 +105,9 @@ class SimClients:
                 pass
             case cm.PubAck():
                 kind, data = c.pending.pop(msg.seq, ("?", None))
+                if kind == "event" and self.faults is not None:
+                    self.faults.acked(c, msg, data)
+                    return
                 if kind != "pub":
                     self._net.failures.append(f"{c.name}: PubAck for seq {msg.seq} ({kind})")
                     return
@@ -129,11 +137,19 @@ class SimClients:
                     )
                 for lid in msg.sub_ids:
                     self.notes[(msg.event_id, c.name, lid)] += 1
+                    if msg.key:
+                        self.key_ranks.setdefault((c.name, lid, msg.key), []).append(msg.rank)
                     rec = c.subs.get(lid)
                     if rec is not None and rec.ended_at is not None:
                         self._net.failures.append(
                             f"step {self._net.step_no}: {c.name} notified of {msg.event_id} on {lid} after unsubscribing"
                         )
+            case cm.Error() | cm.Choke() if self.faults is not None:
+                kind, data = c.pending.pop(msg.seq, ("?", None))
+                if kind == "?":
+                    self._net.failures.append(f"{c.name}: unexpected {msg!r}")
+                else:
+                    self.faults.refused(c, kind, data, msg)
             case cm.Error():
                 kind, data = c.pending.pop(msg.seq, ("?", None))
                 if kind == "sub":
@@ -158,10 +174,29 @@ class SimClients:
             case _:
                 self._net.failures.append(f"{c.name}: unexpected {msg!r}")
 
-    def _next_seq(self, c: SimClient, kind: str, data: Any) -> int:
+    def next_seq(self, c: SimClient, kind: str, data: Any) -> int:
         c.seq += 1
         c.pending[c.seq] = (kind, data)
         return c.seq
+
+    def subscribe(self, c: SimClient, spec: SubSpec) -> SubRec:
+        """A new subscription of ``c``, sent."""
+        self._sub_no += 1
+        rec = SubRec(c, f"s{self._sub_no}", spec, self._net.step_no)
+        c.subs[rec.local_id] = rec
+        self.subs.append(rec)
+        self.send_subscribe(c, rec)
+        return rec
+
+    def send_subscribe(self, c: SimClient, rec: SubRec) -> None:
+        """(Again, after a refusal:) ``rec``'s Subscribe; its global id as the node made it."""
+        seq = self.next_seq(c, "sub", rec)
+        self.send(c, cm.Subscribe(seq, rec.local_id, rec.spec.text()))
+        if not c.connected:  # the node closed the session at once
+            return
+        entry = self._net.cores[c.node].sessions[c.sid].subs.get(rec.local_id)
+        if entry is not None:
+            rec.gid, rec.filter = entry
 
     def act(self, only: tuple[str, ...] | None = None) -> bool:
         """One client action; False when nobody could act."""
@@ -173,38 +208,43 @@ class SimClients:
             weights = tuple(w if k in only else 0.0 for k, w in zip(kinds, weights))
         kind = rng.choices(kinds, weights)[0]
         if kind == "join":
-            self.open(rng.choice(self._net.ids))
+            self.open(rng.choice(self._net.ids if self.faults is None else self._net.serving() or self._net.ids))
             return True
         if kind == "admin":
             return self._admin_act()
-        live = [c for c in self.clients if c.closed_at is None and self._net.stall_until[c.node] <= self._net.now]
+        live = [
+            c
+            for c in self.clients
+            if c.closed_at is None and c.connected and self._net.stall_until[c.node] <= self._net.now
+        ]
         if not live:
             return False
         c = rng.choice(live)
         if kind == "publish":
             values = self._event_values()
-            seq = self._next_seq(c, "pub", (values, self._net.step_no))
             event: Any = values
+            if self.faults is not None:
+                if rng.random() < 0.2:
+                    event = "{" + ", ".join(f"{k}: {literal(v)}" for k, v in values.items()) + "}"
+                self.faults.publish(c, values, event)
+                return True
+            seq = self.next_seq(c, "pub", (values, self._net.step_no))
             if rng.random() < 0.2:
                 event = "{" + ", ".join(f"{k}: {literal(v)}" for k, v in values.items()) + "}"
             self.send(c, cm.Publish(seq, event, publish_time=self._net.now))
         elif kind == "subscribe":
-            self._sub_no += 1
-            rec = SubRec(c, f"s{self._sub_no}", random_spec(rng), self._net.step_no)
-            c.subs[rec.local_id] = rec
-            self.subs.append(rec)
-            seq = self._next_seq(c, "sub", rec)
-            self.send(c, cm.Subscribe(seq, rec.local_id, rec.spec.text()))
-            entry = self._net.cores[c.node].sessions[c.sid].subs.get(rec.local_id)
-            if entry is not None:
-                rec.gid, rec.filter = entry
+            self.subscribe(c, random_spec(rng))
         elif kind == "unsubscribe":
-            cands = [r for r in c.subs.values() if r.unsub_sent_at is None and r.gid is not None and not r.failed]
+            cands = [
+                r
+                for r in c.subs.values()
+                if r.unsub_sent_at is None and r.gid is not None and not r.failed and r.lost_at is None
+            ]
             if not cands:
                 return False
             rec = rng.choice(cands)
             rec.unsub_sent_at = self._net.step_no
-            seq = self._next_seq(c, "unsub", rec)
+            seq = self.next_seq(c, "unsub", rec)
             self.send(c, cm.Unsubscribe(seq, rec.local_id))
         elif kind == "close":
             c.closed_at = self._net.step_no
@@ -214,7 +254,9 @@ class SimClients:
 
     def _admin_act(self) -> bool:
         rng = self.rng
-        nodes = [i for i in self._net.ids if self._net.stall_until[i] <= self._net.now and self._net.cores[i].ready]
+        nodes = [i for i in self._net.serving() if self._net.cores[i].ready]
+        if self.faults is not None:
+            nodes = [i for i in nodes if self.admins[i].connected and self.admins[i].closed_at is None]
         if not nodes:
             return False
         node = rng.choice(nodes)
@@ -234,11 +276,11 @@ class SimClients:
                 args: dict[str, Any] = {"channel": str(chid), "attr": "price", "at": at}
             else:
                 args = {"channel": str(chid), "attr": "sym", "values": sorted(rng.sample(SYMS, rng.randint(1, 3)))}
-            seq = self._next_seq(a, "admin", "split")
+            seq = self.next_seq(a, "admin", "split")
             self.send(a, cm.Admin(seq, "split", args))
         else:
             others = [i for i in self._net.ids if i != node]
-            seq = self._next_seq(a, "admin", "place")
+            seq = self.next_seq(a, "admin", "place")
             self.send(a, cm.Admin(seq, "place", {"channel": str(chid), "node": rng.choice(others)}))
         return True
 

@@ -21,8 +21,8 @@ Theory of operation:
    params)``: nothing reads the wall clock, sets are never iterated for
    decisions, and the node cores' own random sources are reseeded from the
    seed.  ``trace_hash`` digests every delivery, client message and tick.
-3. Faults.  Links are reliable (TCP): the design never loses a message
-   silently, so a fault is a *delay*, never a loss:
+3. Faults.  Links are reliable (TCP): without node faults the design never
+   loses a message silently, so a fault is a *delay*, never a loss:
    * per-message jitter (each message is ready a random few ms after it is
      sent, never before the one queued ahead of it);
    * a slow link: one direction holds everything for 0.2 s up to 2.5× the
@@ -32,16 +32,25 @@ Theory of operation:
      sessions with it time out and roll back, and it then processes the
      backlog late — late replies, late RequestLoadBalance, late transfers;
    * tick jitter and pauses (slices that last longer on one node).
-   Not modelled: crashes and cut links (the cores have no failure detector
-   or resynchronisation yet: a lost message would be a certain, not a
-   discovered, failure).
+   The failure detector must not read these delays as deaths: those runs'
+   config suspects a peer only after 3× the peer timeout (``sim.setup``).
+   *Node faults* (``SimParams.node_faults``, ``fault_config``; rules in
+   ``sim.faults``) add crashes and restarts, partitions and pauses longer
+   than the suspicion, one node at a time, with real losses; the delays
+   above then stay below the suspicion, and the clients reconnect, retry
+   and re-send (``sim.client_faults``).  Those runs start with a hello on
+   every link, so that a restart is a new incarnation to every peer.
 4. A run has three phases: *active* (every client operation, forced moves,
    faults, natural balancing under a moving hot spot); *subscriptions only*
    (no more events for several slices: channels go cold and merge while
    subscriptions and unsubscriptions continue); *drain* (no client action:
    deliver everything and tick until no message is queued and no session,
    table update or (un)subscription is pending).  ``invariants``
-   then checks the outcome.
+   then checks the outcome.  With node faults the active phase lasts at
+   least ``active_seconds`` of simulated time (the client operations spread
+   over it), and the drain also waits for the last fault's recovery: every
+   node that is up ready, every client answered, ``recovery_gap`` past the
+   last fault.
 """
 
 from __future__ import annotations
@@ -54,10 +63,11 @@ from typing import Final
 from overlay.config import ClusterConfig
 
 from .clients import SimClients
+from .faults import NodeFaults
 from .invariants import check_all
 from .network import SimNetwork
 from .records import SimResult
-from .setup import SimParams, quiet_logs
+from .setup import SimParams, fault_config, quiet_logs
 
 __all__ = ["SimCluster"]
 
@@ -103,12 +113,33 @@ class SimCluster:
         self.users = users = SimClients(net, self.params, self.rng)
         net.to_client = users.receive
         net.on_advance = lambda: users.shift_hot_spot(self.phase == "active")
+        self.node_faults: NodeFaults | None = None
+        if self.params.node_faults:
+            assert users.faults is not None
+            client_faults = users.faults
+            self.node_faults = nf = NodeFaults(net, self.params, self.rng)
+            net.node_faults = nf
+            nf.on_sessions_lost = client_faults.node_down
+            nf.on_restarted = client_faults.node_up
+            net.closed_by_node = client_faults.closed_by_node
+
+            def on_advance() -> None:
+                users.shift_hot_spot(self.phase == "active")
+                client_faults.run_due()
+
+            net.on_advance = on_advance
         # What the invariants read (``invariants``).
         self.ids, self.cores, self.arrivals, self.matched = net.ids, net.cores, net.arrivals, net.matched
         self.failures, self.trace = net.failures, net.trace
         self.clients, self.admins, self.events = users.clients, users.admins, users.events
-        self.subs, self.notes = users.subs, users.notes
+        self.subs, self.notes, self.key_ranks = users.subs, users.notes, users.key_ranks
         self.races = 0  # (event, subscription) pairs an unsubscribe legitimately overtook
+        self.exempt = 0  # (event, subscription) pairs whose session was lost before delivery (invariants rule 6)
+
+    @classmethod
+    def for_fault_seed(cls, seed: int, *, keep_trace: bool = False) -> SimCluster:
+        """The run of a node-fault seed (``tests/test_simulation_faults.py``)."""
+        return cls(fault_config(seed), seed, SimParams.for_fault_seed(seed), keep_trace=keep_trace)
 
     # == the scenario =====================================================================
 
@@ -118,7 +149,7 @@ class SimCluster:
 
     def _run(self) -> SimResult:
         try:
-            self._start()
+            self.start()
             self.phase = "active"
             self._active_phase()
             self.phase = "subs-only"
@@ -135,10 +166,13 @@ class SimCluster:
 
     def result(self) -> SimResult:
         stats: Counter[str] = Counter()
-        for core in self.cores.values():
+        for core in [*self.net.retired, *self.cores.values()]:
             for k in _STATS:
                 if core.stats.get(k):
                     stats[k] += core.stats[k]
+        if self.node_faults is not None and self.users.faults is not None:
+            stats.update(self.users.faults.counts)
+            stats["messages_lost"] += sum(self.node_faults.lost.values())
         return SimResult(
             seed=self.seed,
             nodes=len(self.ids),
@@ -153,10 +187,18 @@ class SimCluster:
             stats=stats,
             faults=self.net.faults,
             races=self.races,
+            exempt=self.exempt,
             admin=self.users.admin_results,
+            journal=list(self.net.journal),
         )
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Rule 4's beginning: the cores start, clients connect, until every node is ready."""
+        if self.node_faults is not None:  # every link opens with a hello each way (sim.faults rule 3)
+            for a in self.ids:
+                for b in self.ids:
+                    if a != b:
+                        self.net.hello(a, b)
         for i in self.ids:
             self.net.execute(i, self.cores[i].start(self.net.now))
         for i in self.ids:
@@ -179,17 +221,29 @@ class SimCluster:
         done = 0
         for _ in range(p.initial_subs):
             self.users.act(only=("subscribe",))
-        while done < p.ops:
+        start = self.net.now
+        if self.node_faults is not None:
+            self.node_faults.begin(start)
+        while done < p.ops or self.net.now < start + p.active_seconds:
             self.net.count_step()
             r = self.rng.random()
             ready = self.net.ready_links()
             if ready and r < p.p_deliver:
                 self.net.deliver(self.rng.choice(ready))
-            elif r < p.p_deliver + p.p_client or (not ready and r < p.p_deliver):
+            elif (r < p.p_deliver + p.p_client or (not ready and r < p.p_deliver)) and self._ops_due(done, start):
                 if self.users.act():
                     done += 1
             else:
                 self.net.advance(faults=p.faults)
+
+    def _ops_due(self, done: int, start: float) -> bool:
+        """Spread the operations over ``active_seconds`` (rule 4): one may go
+        while fewer are done than the elapsed share of the phase asks (else
+        the clock moves on)."""
+        p = self.params
+        if not p.active_seconds:
+            return True
+        return done < min(p.ops, p.ops * (self.net.now - start) / p.active_seconds + 5)
 
     def _subs_only_phase(self) -> None:
         p = self.params
@@ -229,6 +283,15 @@ class SimCluster:
         why = []
         if self.net.pending_messages():
             why.append(f"{self.net.pending_messages()} messages queued")
+        nf = self.node_faults
+        if nf is not None:
+            since = nf.quiet_since()
+            if since is None:
+                why.append("a node fault is under way")
+            elif self.net.now < since + nf.recovery_floor():
+                why.append(f"recovering from the last fault (until t={since + nf.recovery_floor():.2f})")
+            assert self.users.faults is not None
+            why += self.users.faults.unsettled()
         for i, c in self.cores.items():
             active = [m.session for m in c.migration.outgoing.values() if m.active]
             if active:

@@ -37,10 +37,25 @@ matcher (``SubSpec.matches``), not from the cores' bookkeeping.
 5. Quiet — no node BUSY, no migration session active on either side, no
    Reforward left armed, no table update or (un)subscription waiting, no
    operator command unanswered, nothing dropped as unroutable.
+6. The promise (SPEC §16), instead of rule 1 when the run had node faults
+   (``sim.faults``): for every PubAck'd event e and every subscription s
+   whose SubAck the client received before e's first Publish was sent, that
+   was still active when e was PubAcked (not unsubscribed, its session not
+   closed or lost) and that matches e, e is delivered to s exactly once —
+   unless s was never notified and its session was lost (its access node,
+   the only one, crashed or sent it away: "other than the subscriber's only
+   access node").  Every PubAck'd event was matched.  As in rule 1, never
+   two notifications of one event to one subscription, none for an event it
+   does not match, an unknown event or subscription; and, where keys are
+   used, a subscription sees a key's events in rank order.  Rules 2–5 hold
+   as they are, over the nodes that are up at the end (a node crashed for
+   good is out of every table: every channel on exactly one live node, or
+   its replicas), with rule 2 counting only the clients' current sessions.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 from collections.abc import Iterable
@@ -52,13 +67,16 @@ from overlay.config import ClusterConfig
 from overlay.node import NodeCore
 
 from .records import EventRec, SimClient, SubRec
+from .setup import SimParams
 
 
 class SimCluster(Protocol):
-    """What the checks read of a finished run (``cluster.SimCluster``)."""
+    """What the checks read of a finished run (``cluster.SimCluster``);
+    ``cores`` holds the nodes that are up, in id order."""
 
     config: ClusterConfig
     seed: int
+    params: SimParams
     ids: list[int]
     cores: dict[int, NodeCore]
     arrivals: dict[tuple[str, str], int]
@@ -68,7 +86,9 @@ class SimCluster(Protocol):
     subs: list[SubRec]
     clients: list[SimClient]
     admins: dict[int, SimClient]
+    key_ranks: dict[tuple[str, str, str], list[int]]
     races: int
+    exempt: int
 
     def unsettled(self) -> list[str]: ...
 
@@ -78,6 +98,7 @@ __all__ = [
     "check_deliveries",
     "check_ownership",
     "check_partition",
+    "check_promise",
     "check_quiet",
     "check_requests_answered",
     "check_routing_equal",
@@ -87,7 +108,7 @@ __all__ = [
 
 def check_all(sim: SimCluster) -> list[str]:
     out: list[str] = []
-    out += check_deliveries(sim)
+    out += check_promise(sim) if sim.params.node_faults else check_deliveries(sim)
     out += check_requests_answered(sim)
     out += check_quiet(sim)
     tables_ok = not (eq := check_routing_equal(sim))
@@ -99,10 +120,16 @@ def check_all(sim: SimCluster) -> list[str]:
     return out
 
 
-def check_deliveries(sim: SimCluster) -> list[str]:
-    """Rule 1."""
+def _check_notes(sim: SimCluster) -> tuple[list[str], Counter[tuple[str, str, str]]]:
+    """Rules 1 and 6: what each notification was (unknown, not matching, a
+    second one); and the notifications per (event as recorded, client, subscription)."""
     out: list[str] = []
     by_key = {(r.client.name, r.local_id): r for r in sim.subs}
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for (eid, cname, lid), n in sim.notes.items():
+        ev = sim.events.get(eid)
+        if ev is not None:
+            counts[(ev.event_id, cname, lid)] += n  # one event may be known by two ids (the client's, the node's)
     for (eid, cname, lid), n in sim.notes.items():
         ev = sim.events.get(eid)
         rec = by_key.get((cname, lid))
@@ -114,8 +141,15 @@ def check_deliveries(sim: SimCluster) -> list[str]:
             continue
         if not rec.spec.matches(ev.values):
             out.append(f"{cname}/{lid} [{rec.spec.text()}] notified of non-matching event {eid} {ev.values}")
-        if n > 1:
-            out.append(f"{cname}/{lid} [{rec.spec.text()}] notified {n} times of event {eid} {ev.values}")
+        total = counts[(ev.event_id, cname, lid)]
+        if total > 1 and (n > 1 or eid == ev.event_id):  # once per pair
+            out.append(f"{cname}/{lid} [{rec.spec.text()}] notified {total} times of event {eid} {ev.values}")
+    return out, counts
+
+
+def check_deliveries(sim: SimCluster) -> list[str]:
+    """Rule 1."""
+    out, _ = _check_notes(sim)
     races = 0
     for ev in sim.events.values():
         m = sim.matched.get(ev.event_id, [])
@@ -148,17 +182,78 @@ def check_deliveries(sim: SimCluster) -> list[str]:
     return out
 
 
+def check_promise(sim: SimCluster) -> list[str]:
+    """Rule 6."""
+    out, counts = _check_notes(sim)
+    out += check_key_order(sim)
+    events = list({id(ev): ev for ev in sim.events.values()}.values())  # an event under two ids counts once
+    exempt = 0
+    for ev in events:
+        if ev.acked_at is None:
+            continue  # never acknowledged: nothing promised (at most once, above)
+        if not any(sim.matched.get(i) for i in ev.ids()):
+            out.append(f"event {ev.event_id} {ev.values} was PubAck'd (step {ev.acked_at}) but never matched")
+        for rec in sim.subs:
+            if rec.acked_at is None or rec.acked_at >= ev.pub_at:
+                continue  # not acknowledged before the event's first Publish
+            end = rec.ended_at
+            if end is not None and end < ev.acked_at:
+                continue  # no longer active when the event was acknowledged
+            if not rec.spec.matches(ev.values):
+                continue
+            n = counts.get((ev.event_id, rec.client.name, rec.local_id), 0)
+            if n == 0 and rec.lost_at is not None:
+                exempt += 1  # its only access node went before delivering it
+                continue
+            if n == 0:
+                out.append(
+                    f"event {ev.event_id} {ev.values} (published at step {ev.pub_at} by {ev.publisher}, "
+                    f"{ev.sends} send(s), PubAck at step {ev.acked_at}) lost for {rec.client.name}/{rec.local_id} "
+                    f"[{rec.spec.text()}] (gid {rec.gid} at node.run {_node_of(rec)}, SubAck at step {rec.acked_at}, "
+                    f"ended at {end}; reached its access node at step {_arrival(sim, ev, rec)})"
+                )
+    sim.exempt += exempt
+    return out
+
+
+def _node_of(rec: SubRec) -> str:
+    """The access node (and its run) of ``rec``'s session, from its global id (``node.incarnation:…``)."""
+    return (rec.gid or "?").split(":", 1)[0]
+
+
+def _arrival(sim: SimCluster, ev: EventRec, rec: SubRec) -> int | None:
+    """When ``ev``'s notification for ``rec`` reached its access node (None: never)."""
+    steps = [sim.arrivals[(i, rec.gid)] for i in ev.ids() if rec.gid is not None and (i, rec.gid) in sim.arrivals]
+    return min(steps) if steps else None
+
+
+def check_key_order(sim: SimCluster) -> list[str]:
+    """Rule 6: per subscription and key, ranks rise (``SimClients`` keeps each
+    keyed notification's rank in ``key_ranks``)."""
+    out: list[str] = []
+    for (cname, lid, key), ranks in sorted(sim.key_ranks.items()):
+        if any(b <= a for a, b in itertools.pairwise(ranks)):
+            out.append(f"{cname}/{lid} saw key {key!r} out of rank order: {ranks[:20]}")
+    return out
+
+
 def check_requests_answered(sim: SimCluster) -> list[str]:
-    """Rule 2."""
+    """Rule 2 (with node faults: of the sessions the clients hold at the end)."""
     out: list[str] = []
     for c in [*sim.clients, *sim.admins.values()]:
         if c.closed_at is not None:
             continue
+        if not c.connected:
+            out.append(f"{c.name} is still reconnecting, carrying {len(c.carry)} requests")
+            continue
         for seq, (kind, data) in sorted(c.pending.items()):
             if kind == "sub" and data.unsub_sent_at is not None:
                 continue  # superseded by the unsubscribe
-            what = data.spec.text() if kind in ("sub", "unsub") else data
+            what = data.spec.text() if kind in ("sub", "unsub") else data.event_id if kind == "event" else data
             out.append(f"{c.name}@{c.node}: {kind} seq {seq} ({what}) never answered")
+        for kind, data in c.waiting.values():
+            what = data.spec.text() if kind in ("sub", "unsub") else data.event_id if kind == "event" else data
+            out.append(f"{c.name}@{c.node}: {kind} ({what}) still waits to be sent again")
     return out
 
 
@@ -170,20 +265,23 @@ def check_subscriptions(sim: SimCluster) -> list[str]:
         for ch in core.local:
             for sub in ch:
                 actual.setdefault(sub.id, set()).add((i, ch.id))
-    table = sim.cores[sim.ids[0]].routing
+    table = _first(sim).routing
     known = set()
     for rec in sim.subs:
         if rec.gid is None:
             continue
         known.add(rec.gid)
         have = actual.get(rec.gid, set())
-        gone = rec.failed or rec.unsub_sent_at is not None or rec.client.closed_at is not None
+        gone = (
+            rec.failed or rec.unsub_sent_at is not None or rec.client.closed_at is not None or rec.lost_at is not None
+        )
         if gone:
             if have:
+                lost = f", session lost at {rec.lost_at}" if rec.lost_at is not None else ""
                 out.append(
                     f"{rec.client.name}/{rec.local_id} ({rec.gid}) [{rec.spec.text()}] was given up "
                     f"(unsubscribe sent at {rec.unsub_sent_at}, acked at {rec.unsub_acked_at}, closed at "
-                    f"{rec.client.closed_at}) but is still stored in {_places(have)}"
+                    f"{rec.client.closed_at}{lost}) but is still stored in {_places(have)}"
                 )
             continue
         assert rec.filter is not None
@@ -202,10 +300,15 @@ def _places(p: Iterable[tuple[int, object]]) -> str:
     return "{" + ", ".join(f"{c}@{n}" for n, c in sorted(p, key=lambda x: (x[0], str(x[1])))) + "}"
 
 
+def _first(sim: SimCluster) -> NodeCore:
+    """The lowest-numbered node that is up: its table is the reference."""
+    return next(iter(sim.cores.values()))
+
+
 def check_routing_equal(sim: SimCluster) -> list[str]:
     """Rule 4: one routing table."""
     out: list[str] = []
-    ref_id = sim.ids[0]
+    ref_id = next(iter(sim.cores))
     ref = sim.cores[ref_id].routing
     for i, core in sim.cores.items():
         if core.routing == ref:
@@ -223,7 +326,9 @@ def check_ownership(sim: SimCluster) -> list[str]:
         for chid, entry in core.routing.items():
             holders = sorted(j for j, c in sim.cores.items() if chid in c.local)
             if holders != sorted(entry.owners):
-                out.append(f"node {i}'s table says {chid} is on {sorted(entry.owners)}; localTables: {holders}")
+                down = [o for o in sorted(entry.owners) if o not in sim.cores]
+                gone = f" (nodes {down} are down)" if down else ""
+                out.append(f"node {i}'s table says {chid} is on {sorted(entry.owners)}{gone}; localTables: {holders}")
                 continue
             for j in holders:
                 if sim.cores[j].local[chid].space != entry.space:
@@ -239,7 +344,7 @@ def check_partition(sim: SimCluster, samples: int = 200) -> list[str]:
     from .workload import PRICE_MAX, SYMS
 
     out: list[str] = []
-    table = sim.cores[sim.ids[0]].routing
+    table = _first(sim).routing
     entries = list(table.items())
     schema = sim.config.schema
     for chid, e in entries:

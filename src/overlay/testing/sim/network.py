@@ -1,17 +1,25 @@
 """The simulated network of ``SimCluster`` (rules 1–3 of ``overlay.testing.sim.cluster``):
 node cores, one ``MemoryLink`` per ordered pair, the simulated clock, ticks,
 faults, and the trace hash that digests every delivery, client message and tick.
+
+With node faults (``node_faults``, ``sim.faults``) a core can be gone
+(``retire``) and come back as a new run (``new_core``), a message can be lost
+(``send`` asks the faults), hellos are handed over on (re)connection
+(``hello``), and the cores' ``CloseClient`` and ``Rejoin`` are carried out
+instead of being findings.  Without them nothing of that runs and no random
+number is drawn for it: the traces of those runs stay what they were.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from overlay.actions import Action, CloseClient, ToClient, ToPeer
+from overlay.actions import Action, CloseClient, Rejoin, ToClient, ToPeer
 from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
@@ -20,6 +28,9 @@ from overlay.node import NodeCore
 from overlay.testing.memory_link import MemoryLink
 
 from .setup import SimParams
+
+if TYPE_CHECKING:
+    from .faults import NodeFaults
 
 __all__ = ["MAX_STEPS", "SimNetwork"]
 
@@ -52,11 +63,17 @@ class SimNetwork:
         self.arrivals: dict[tuple[str, str], int] = {}
         # event id -> steps at which a channel matched it (must be exactly one).
         self.matched: dict[str, list[int]] = {}
+        self.seed = seed
+        # Runs with node faults number the runs of each node from 1 (0 is
+        # "unknown" to the cores: a restart would go unnoticed).
+        first_run = 1 if params.node_faults else 0
         for i in self.ids:
-            core = NodeCore(config, i)
+            core = NodeCore(config, i, incarnation=first_run)
             core.rng.seed(f"node:{seed}:{i}")  # the monitor's p draws vary with the seed
             self.spy(core)
             self.cores[i] = core
+        self.retired: list[NodeCore] = []  # crashed runs (their stats still count)
+        self.node_faults: NodeFaults | None = None
         self.links: dict[tuple[int, int], MemoryLink] = {
             (a, b): MemoryLink() for a in self.ids for b in self.ids if a != b
         }
@@ -64,16 +81,21 @@ class SimNetwork:
         self.tick_pause_until = dict.fromkeys(self.ids, 0.0)
         self.failures: list[str] = []
         self.faults: Counter[str] = Counter()
+        self.journal: list[str] = []  # node faults as they happened (``sim.faults``; stalls here)
         self.deliveries = 0
         self.hash = hashlib.sha256()
         self.keep_trace = keep_trace
         self.trace: list[str] = []
         self.to_client: Callable[[int, int, cm.ClientMessage], None] = lambda node, sid, msg: None
         self.on_advance: Callable[[], None] = lambda: None
+        # A node closed a client's session (only with node faults: a run declared dead closes them).
+        self.closed_by_node: Callable[[int, int, str], None] = lambda node, sid, reason: None
 
     def send(self, src: int, dst: int, msg: pm.PeerMessage) -> None:
         if src == dst:
             self.failures.append(f"node {src} sent {type(msg).__name__} to itself")
+            return
+        if self.node_faults is not None and self.node_faults.drops(src, dst, msg):
             return
         ready = self.now + (self.rng.random() * self.params.jitter if self.params.jitter else 0.0)
         self.links[(src, dst)].push(ready, msg)  # FIFO within a level
@@ -93,7 +115,7 @@ class SimNetwork:
         best = None
         for key, link in self.links.items():
             t = link.head_ready()
-            if t is not None:
+            if t is not None and not math.isinf(t):  # a link held by a partition waits for its heal
                 t = max(t, self.stall_until[key[1]])
                 if best is None or t < best:
                     best = t
@@ -125,10 +147,52 @@ class SimNetwork:
         self.execute(dst, acts)
         self.background(dst)
 
+    def hello(self, src: int, dst: int) -> None:
+        """A link from ``src`` to ``dst`` (re)connected: ``src``'s hello, handed
+        to ``dst`` before anything else on it (``sim.faults`` rule 3)."""
+        msg = self.cores[src].hello()
+        body, decoded = self.links[(src, dst)].carry(msg)
+        if decoded != [msg]:
+            self.failures.append(f"PeerHello did not survive the codec: {decoded!r} != {msg!r}")
+            return
+        h = self.hash
+        h.update(b"H%d>%d:" % (src, dst))
+        h.update(body)
+        if self.keep_trace:
+            self.trace.append(f"{self.step_no} t={self.now:.3f} {src}->{dst} (connect) {msg!r}")
+        try:
+            acts = self.cores[dst].peer_hello(src, msg, self.now)
+        except RemoteProtocolError as exc:
+            self.failures.append(f"step {self.step_no}: node {dst} rejected the hello of {src}: {exc}")
+            return
+        self.execute(dst, acts)
+
+    def new_core(self, node: int, incarnation: int) -> NodeCore:
+        """A new run of ``node`` (``sim.faults`` rule 3); the cores stay in id order."""
+        core = NodeCore(self.config, node, incarnation=incarnation)
+        core.rng.seed(f"node:{self.seed}:{node}:{incarnation}")
+        self.spy(core)
+        self.cores[node] = core
+        ordered = sorted(self.cores.items())
+        self.cores.clear()
+        self.cores.update(ordered)  # in place: SimCluster shares this dict
+        return core
+
+    def retire(self, node: int) -> None:
+        """``node``'s core is gone (a crash): nothing reaches it, nothing it held survives."""
+        self.retired.append(self.cores.pop(node))
+
+    def serving(self) -> list[int]:
+        """The nodes a client can reach now: up, and not paused."""
+        now = self.now
+        return [i for i in self.ids if i in self.cores and self.stall_until[i] <= now]
+
     def background(self, node: int) -> None:
         """The shell's background task, sometimes: a step of the split a session
         waits on, or of indexing (node.balancing rule 3, Channel rule 5)."""
-        core = self.cores[node]
+        core = self.cores.get(node)
+        if core is None:  # it asked for a new run meanwhile (Rejoin)
+            return
         if core.index_wanted and self.index_rng.random() < 0.5:
             _more, acts = core.background_step(self.index_rng.randint(1, 6), self.now)
             self.execute(node, acts)
@@ -140,9 +204,18 @@ class SimNetwork:
             elif type(act) is ToClient:
                 self.to_client(node, act.session, act.msg)
             elif type(act) is CloseClient:
-                self.failures.append(
-                    f"step {self.step_no}: node {node} closed client session {act.session}: {act.reason}"
-                )
+                nf = self.node_faults
+                if nf is not None and nf.had_fault(node):  # a run declared dead sends its clients away
+                    self.closed_by_node(node, act.session, act.reason)
+                else:
+                    self.failures.append(
+                        f"step {self.step_no}: node {node} closed client session {act.session}: {act.reason}"
+                    )
+            elif type(act) is Rejoin:
+                if self.node_faults is not None:
+                    self.node_faults.rejoin(node, act.reason)
+                    return  # the run is gone: the rest of what it asked dies with it
+                self.failures.append(f"step {self.step_no}: node {node} was declared dead: {act.reason}")
             else:  # pragma: no cover
                 raise AssertionError(f"unknown action {act!r}")
 
@@ -176,6 +249,9 @@ class SimNetwork:
         self.now = to
         self.hash.update(b"T%r" % to)
         self.on_advance()  # the workload's hot spot may move (it draws from the same stream)
+        nf = self.node_faults
+        if nf is not None:
+            nf.step(allow_new=faults)
         if faults and rng.random() < self.params.p_fault:
             self._inject_fault()
         order = list(self.ids)
@@ -183,16 +259,30 @@ class SimNetwork:
         for i in order:
             if self.stall_until[i] > self.now or self.tick_pause_until[i] > self.now:
                 continue
+            core = self.cores.get(i)
+            if core is None:  # crashed
+                continue
             if rng.random() < 0.9:
                 self.hash.update(b"t%d" % i)
-                self.execute(i, self.cores[i].tick(self.now))
-                self.background(i)
+                self.execute(i, core.tick(self.now))
+                if i in self.cores:  # a tick may ask for a new run (Rejoin)
+                    self.background(i)
             elif faults and rng.random() < 0.2:
-                self.tick_pause_until[i] = self.now + rng.uniform(0.3, 1.2) * self.slice
+                pause = rng.uniform(0.3, 1.2) * self.slice
+                if nf is not None:  # below the suspicion: a late slice, not a silent node
+                    pause = min(pause, 0.4 * nf.suspect)
+                self.tick_pause_until[i] = self.now + pause
                 self.faults["tick_pause"] += 1
 
     def _inject_fault(self) -> None:
         rng = self.rng
+        nf = self.node_faults
+        if nf is not None:  # with node faults a delay stays below the suspicion; pauses are node faults
+            key = rng.choice(sorted(self.links))
+            link = self.links[key]
+            link.blocked_until = max(link.blocked_until, self.now + rng.uniform(0.05, 0.4) * nf.suspect)
+            self.faults["slow_link"] += 1
+            return
         if rng.random() < 0.6:
             key = rng.choice(sorted(self.links))
             hold = rng.choice((rng.uniform(0.2, 1.0), rng.uniform(1.0, 2.5 * self.timeout)))
@@ -206,6 +296,7 @@ class SimNetwork:
             hold = rng.uniform(0.5, 2.0 * self.timeout)
             self.stall_until[node] = max(self.stall_until[node], self.now + hold)
             self.faults["stall"] += 1
+            self.journal.append(f"step {self.step_no} t={self.now:.3f}: node {node} stalls for {hold:.2f}s")
             if self.keep_trace:
                 self.trace.append(f"t={self.now:.3f} node {node} stalls for {hold:.2f}s")
 

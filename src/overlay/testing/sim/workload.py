@@ -85,12 +85,20 @@ def random_spec(rng: random.Random) -> SubSpec:
     r = rng.random()
     lo = clamp_price(rng.uniform(0, PRICE_MAX))
     hi = clamp_price(lo + rng.uniform(1, 300))
+    # The node refuses a filter no event can match (``bad_expression``): at
+    # the edges of price's range a bound is made inclusive (no draw changes).
     if r < 0.5:
-        terms += [("price", ">=", lo), ("price", "<", max(hi, lo + 0.1) if hi > lo else PRICE_MAX)]
+        if hi > lo:
+            terms += [("price", ">=", lo), ("price", "<", max(hi, lo + 0.1))]
+        else:
+            terms += [("price", ">=", lo), ("price", "<" if lo < PRICE_MAX else "<=", PRICE_MAX)]
     elif r < 0.65:
         terms.append(("price", "in[]", (lo, hi)))
     elif r < 0.75:
-        terms.append(("price", rng.choice(("<=", ">", "<", ">=")), lo))
+        op = rng.choice(("<=", ">", "<", ">="))
+        if (op == "<" and lo <= 0.0) or (op == ">" and lo >= PRICE_MAX):
+            op += "="
+        terms.append(("price", op, lo))
     elif r < 0.8:
         terms.append(("price", "=", clamp_price(rng.uniform(0, PRICE_MAX))))
     s = rng.random()
