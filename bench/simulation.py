@@ -2,7 +2,7 @@
 
 Run as ``.venv/bin/python bench/simulation.py [--seeds 2000] [--seconds 180]
 [--workers N] [--plan 30,100,1000] [--plan-slices 80] [--plan-budget 240]
-[--skip-seeds] [--skip-plan]`` (about 10 minutes with the defaults).
+[--skip-seeds] [--skip-plan] [--faults]`` (about 10 minutes with the defaults).
 
 1. **Seeds.**  ``overlay.testing.sim``'s ``SimCluster`` runs seeds 0, 1, 2, … (the
    same scenarios as ``tests/test_simulation.py``, which runs the first few
@@ -12,6 +12,12 @@ Run as ``.venv/bin/python bench/simulation.py [--seeds 2000] [--seconds 180]
    failing seed with its first violations — replay one with
    ``SimCluster(random_config(seed), seed, keep_trace=True).run()``.
    Exit status 1 when a seed failed.
+   With ``--faults`` the seeds are node-fault runs (``SimCluster.for_fault_seed``:
+   crashes and restarts, partitions, pauses; SPEC §16's promise checked, as
+   ``tests/test_simulation_faults.py`` does for the first few hundred), the
+   planning runs are skipped, and it also prints how many seeds passed, the
+   wall time per seed, and how often each kind of violation was found —
+   replay one with ``SimCluster.for_fault_seed(seed, keep_trace=True).run()``.
 2. **Planning** (SPEC §15, last bullet).  For each ``--plan`` size, ``n`` real
    ``NodeCore``s on a simulated network (2 ms per hop, in time order), all
    channels starting on the initializer as at start-up, every node an access
@@ -75,20 +81,70 @@ SUBSTEPS: Final = 10  # publishing rounds per slice
 # == 1. seeds ===================================================================================
 
 
-def _one_seed(seed: int) -> tuple[int, bool, list[str], dict[str, int], int, int]:
-    r = SimCluster(random_config(seed), seed).run()
+def _one_seed(seed: int, faults: bool = False) -> tuple[int, bool, list[str], dict[str, int], int, int, float]:
+    t0 = time.perf_counter()
+    r = SimCluster.for_fault_seed(seed).run() if faults else SimCluster(random_config(seed), seed).run()
     totals = Counter(r.stats)
     totals.update(r.faults)
     totals.update({f"admin {k}": v for k, v in r.admin.items()})
-    return seed, r.ok, r.failures[:5], dict(totals), r.deliveries, r.steps
+    totals.update(dict.fromkeys((f"violation: {_kind(f)}" for f in r.failures), 1))  # seeds, not lines
+    return seed, r.ok, r.failures[:5], dict(totals), r.deliveries, r.steps, time.perf_counter() - t0
 
 
-def run_seeds(count: int, seconds: float, workers: int) -> int:
-    print(f"== seeds: up to {count} seeds or {seconds:.0f} s on {workers} process(es)")
+# What kind of violation a failure line reports (``sim.invariants``' rules),
+# by the words each check writes; checked in this order.
+_KINDS: Final = (
+    ("crash at step", "a core raised"),
+    (" lost for ", "rule 6: a PubAck'd event not delivered to a promised subscription"),
+    ("never matched", "rule 6: a PubAck'd event never matched"),
+    ("out of rank order", "rule 6: a key's events out of rank order"),
+    (" times of event ", "rules 1/6: an event notified twice to one subscription"),
+    ("non-matching", "rules 1/6: a notification the filter does not match"),
+    ("unknown event", "rules 1/6: a notification of an unknown event"),
+    ("matched 0 times", "rule 1: an event never matched"),
+    ("delivered 0 times", "rule 1: an event not delivered"),
+    ("never answered", "rule 2: a request never answered"),
+    ("still waits to be sent", "rule 2: a request still waiting for a retry"),
+    ("still reconnecting", "rule 2: a client still reconnecting"),
+    ("still stored", "rule 3: a subscription given up but still stored"),
+    ("should be in", "rule 3: a subscription stored in the wrong places"),
+    ("unknown subscription", "rule 3: an unknown subscription stored"),
+    ("routing table of node", "rule 4: routing tables differ"),
+    ("table says", "rule 4: a channel not on exactly its owners"),
+    ("lies in", "rule 4: the channels do not partition the space"),
+    ("not quiet", "rule 5: not quiet at the end of the drain"),
+    ("waits for answers", "rule 5: a client still waits for answers"),
+    ("messages queued", "rule 5: messages still queued"),
+    ("(un)subscriptions waiting", "rule 5: (un)subscriptions waiting at a node"),
+    ("table updates", "rule 5: table updates waiting"),
+    ("sessions", "rule 5: a migration session still open"),
+    ("BUSY", "rule 5: a node still BUSY"),
+    ("reforwards", "rule 5: a Reforward still armed"),
+    ("unroutable", "rule 5: something dropped as unroutable"),
+    ("never became ready", "rule 5: a node never became ready"),
+    ("fault is under way", "rule 5: a fault still under way"),
+    ("recovering from the last fault", "rule 5: still recovering"),
+    ("declared dead", "a node declared dead in a run without node faults"),
+    ("closed client session", "a node closed a session without a fault of its own"),
+    ("refused", "a request refused"),
+)
+
+
+def _kind(failure: str) -> str:
+    for words, kind in _KINDS:
+        if words in failure:
+            return kind
+    return "other: " + (failure.splitlines()[0][:70] if failure else "?")
+
+
+def run_seeds(count: int, seconds: float, workers: int, *, faults: bool = False) -> int:
+    what = "node-fault seeds" if faults else "seeds"
+    print(f"== {what}: up to {count} seeds or {seconds:.0f} s on {workers} process(es)")
     start = time.perf_counter()
     totals: Counter[str] = Counter()
     failed: list[tuple[int, list[str]]] = []
     done = deliveries = steps = 0
+    seed_seconds = 0.0
     seeds = iter(range(count))
     with ProcessPoolExecutor(workers) as pool:
         running: set[Future[Any]] = set()
@@ -98,15 +154,16 @@ def run_seeds(count: int, seconds: float, workers: int) -> int:
                 seed = next(seeds, None)
                 if seed is None:
                     return
-                running.add(pool.submit(_one_seed, seed))
+                running.add(pool.submit(_one_seed, seed, faults))
 
         feed()
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in finished:
                 running.discard(fut)
-                seed, ok, failures, t, d, s = fut.result()
+                seed, ok, failures, t, d, s, w = fut.result()
                 done += 1
+                seed_seconds += w
                 deliveries += d
                 steps += s
                 totals.update(t)
@@ -119,7 +176,16 @@ def run_seeds(count: int, seconds: float, workers: int) -> int:
         f"{done} seeds in {elapsed:.1f} s: {done / elapsed:.1f} seeds/s, "
         f"{deliveries / elapsed:,.0f} deliveries/s, {steps:,} scheduler steps"
     )
-    print("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(totals.items())))
+    violations = {k: v for k, v in totals.items() if k.startswith("violation: ")}
+    print("exercised: " + ", ".join(f"{k} {v}" for k, v in sorted(totals.items()) if k not in violations))
+    if faults and done:
+        print(
+            f"{done - len(failed)} of {done} seeds passed; {seed_seconds / done * 1000:.0f} ms per seed "
+            f"({elapsed / done * 1000:.0f} ms of wall time per seed on {workers} process(es))"
+        )
+        print("seeds finding each kind of violation:")
+        for k, v in sorted(violations.items(), key=lambda kv: -kv[1])[:20]:
+            print(f"  {v:>7} × {k[len('violation: ') :]}")
     if failed:
         print(f"{len(failed)} failing seed(s): {sorted(s for s, _ in failed)}")
         for seed, failures in sorted(failed)[:10]:
@@ -378,11 +444,12 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--skip-seeds", action="store_true")
     ap.add_argument("--skip-plan", action="store_true")
+    ap.add_argument("--faults", action="store_true", help="node-fault seeds (crash, restart, partition, pause) only")
     args = ap.parse_args()
     status = 0
     if not args.skip_seeds:
-        status = run_seeds(args.seeds, args.seconds, args.workers)
-    if not args.skip_plan:
+        status = run_seeds(args.seeds, args.seconds, args.workers, faults=args.faults)
+    if not args.skip_plan and not args.faults:
         results = []
         for n in (int(x) for x in args.plan.split(",") if x):
             print(f"planning n={n} …", flush=True)

@@ -273,9 +273,11 @@ class ClientFaults:
                 continue
             if not c.connected:
                 why.append(f"{c.name} reconnecting")
-            elif c.pending or c.waiting:
-                answers = Counter(kind for kind, _ in c.pending.values())
-                retries = Counter(kind for kind, _ in c.waiting.values())
+                continue
+            # A Subscribe its Unsubscribe overtook is answered by the UnsubAck (invariants rule 2).
+            answers = Counter(k for k, d in c.pending.values() if not (k == "sub" and d.unsub_sent_at is not None))
+            retries = Counter(kind for kind, _ in c.waiting.values())
+            if answers or retries:
                 why.append(
                     f"{c.name}@{c.node} waits for answers {dict(sorted(answers.items()))}, "
                     f"to send again {dict(sorted(retries.items()))}"

@@ -1,0 +1,96 @@
+"""SPEC §16's promise under node faults, by deterministic simulation (SPEC §15).
+
+Each seed runs a cluster of 3–5 real node cores (``fault_config``) through
+crashes and restarts, partitions and pauses, one node at a time
+(``overlay.testing.sim.faults``), while clients publish, subscribe,
+unsubscribe, lose their sessions, reconnect elsewhere, retry and re-send
+(``sim.client_faults``); then ``sim.invariants`` rule 6 (the promise) and
+rules 2–5 are checked.  Every failure names its seed; to replay one exactly,
+with its trace::
+
+    from overlay.testing.sim.cluster import SimCluster
+    sim = SimCluster.for_fault_seed(SEED, keep_trace=True)
+    result = sim.run()          # result.describe(); sim.trace
+
+``bench/simulation.py --faults`` runs thousands more.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from typing import Final
+
+import pytest
+
+from overlay.testing.sim.cluster import SimCluster
+from overlay.testing.sim.records import SimResult
+
+SEEDS: Final = 240
+BATCH: Final = 24
+WORKERS: Final = min(2, os.cpu_count() or 1)  # the seeds run on two processes: ~40 s
+
+# The node cores' half of SPEC §16 (failure detector, recovery, outbox) is
+# landing piece by piece; until it is complete the promise fails on many seeds.
+CORE_PENDING: Final = (
+    "SPEC §16 in the node cores (failure detector, recovery of a dead node's channels, "
+    "the access node's outbox and event-id dedup) is not complete yet"
+)
+
+
+def _run(seed: int) -> SimResult:
+    return SimCluster.for_fault_seed(seed).run()
+
+
+@functools.cache
+def _results() -> dict[int, SimResult]:
+    """Every seed's result, computed once for the tests of this module."""
+    with ProcessPoolExecutor(WORKERS) as pool:
+        return dict(zip(range(SEEDS), pool.map(_run, range(SEEDS), chunksize=4), strict=True))
+
+
+@pytest.mark.xfail(strict=False, reason=CORE_PENDING)
+@pytest.mark.parametrize("batch", range(SEEDS // BATCH))
+def test_the_promise_holds_under_faults(batch: int) -> None:
+    results = _results()
+    failed = [results[s].describe() for s in range(batch * BATCH, (batch + 1) * BATCH) if not results[s].ok]
+    assert not failed, f"{len(failed)} seed(s) failed:\n" + "\n".join(failed)
+
+
+def test_a_failing_seed_replays_exactly() -> None:
+    """Whatever a seed finds, running it again finds it again, step for step
+    (here and in another process)."""
+    for seed in (0, 34):
+        a, b = _run(seed), _results()[seed]
+        assert a.trace_hash == b.trace_hash, f"seed {seed} does not replay"
+        assert (a.failures, a.journal, a.steps, a.deliveries, a.events) == (
+            b.failures,
+            b.journal,
+            b.steps,
+            b.deliveries,
+            b.events,
+        ), f"seed {seed}: same trace, another outcome"
+
+
+def test_the_seeds_exercise_the_faults() -> None:
+    """The runs must reach the faults and the clients' answers to them, or they prove little."""
+    totals: Counter[str] = Counter()
+    for r in _results().values():
+        totals.update(r.faults)
+        totals.update(r.stats)
+    wanted = (
+        "crash",
+        "partition",
+        "pause",
+        "slow_link",
+        "messages_lost",
+        "sessions_lost",
+        "reconnects",
+        "resubscribed",
+        "migrations",
+        "splits",
+    )
+    missing = [k for k in wanted if not totals[k]]
+    assert not missing, f"never happened in {SEEDS} seeds: {missing}; totals {dict(totals)}"
