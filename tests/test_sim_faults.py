@@ -287,8 +287,10 @@ def test_a_node_that_never_had_a_fault_may_not_close_sessions() -> None:
     sim.failures.clear()
     nf.pause(1, 0.1)
     run_for(sim, 0.2)
-    sim.net.execute(1, [CloseClient(c.sid, "rejoining")])
+    sid = c.sid
+    sim.net.execute(1, [CloseClient(sid, "rejoining")])
     assert not sim.failures and not c.connected, "after a fault of its own it may: the client goes elsewhere"
+    assert sid not in sim.cores[1].sessions, "and the core hears the connection closed"
 
 
 # -- whole runs: the schedule, determinism, and the runs without node faults --------------------

@@ -159,9 +159,16 @@ class ClientFaults:
                 self.lost(c, f"node {node} went down")
 
     def closed_by_node(self, node: int, sid: int, reason: str) -> None:
+        """``CloseClient``: the shell closes the connection, then tells the core
+        it closed (``client_closed``), as for any connection that ends."""
+        net = self.users.net
         c = self.users.by_session.get((node, sid))
         if c is not None and c.connected and c.closed_at is None:
             self.lost(c, f"node {node} closed the session: {reason}")
+        core = net.cores.get(node)
+        if core is not None and sid in core.sessions:
+            net.hash.update(b"X%d:%d" % (node, sid))
+            net.execute(node, core.client_closed(sid))
 
     def node_up(self, node: int) -> None:
         """A new run of ``node``: its operator connects again."""

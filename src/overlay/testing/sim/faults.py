@@ -133,6 +133,9 @@ class NodeFaults:
             lost = cut.lossy or not cut.noticed.get((src, dst), False)
         if lost:
             self.lost[type(msg).__name__] += 1
+            net = self.net
+            if net.keep_trace:
+                net.trace.append(f"{net.step_no} t={net.now:.3f} {src}->{dst} LOST {msg!r}")
         return lost
 
     def recovery_floor(self) -> float:
@@ -334,9 +337,12 @@ class NodeFaults:
         return [k for k in sorted(self.net.links) if node in k]
 
     def _lose_queued(self, key: Pair) -> None:
-        link = self.net.links[key]
+        net = self.net
+        link = net.links[key]
         for msg in link.queued():
             self.lost[type(msg).__name__] += 1
+            if net.keep_trace:
+                net.trace.append(f"{net.step_no} t={net.now:.3f} {key[0]}->{key[1]} LOST (in flight) {msg!r}")
         link.high.clear()
         link.normal.clear()
         link.blocked_until = 0.0
