@@ -31,11 +31,19 @@ What is here:
 * ``Ledger``/``Sub`` — the exactly-once ledger of SPEC §8.2;
   ``Traffic``, ``skewed_price``, ``range_subscriptions`` — skewed load that
   makes a cluster balance.
+* ``NodeProcesses``, ``write_cluster_config`` — ``overlay node`` processes of
+  a generated config, killed (SIGKILL), paused (SIGSTOP) and started again,
+  their logs read; ``Partition`` — one of them cut off in a network
+  namespace of its own (root only); ``Audit`` with ``publish_steadily`` and
+  ``consume`` — every acknowledged (event, subscription) pair delivered
+  exactly once across a node's failure (SPEC §16).
 """
 
+from overlay.testing._audit import Audit, Verdict, consume, publish_steadily
 from overlay.testing._cluster import LoopbackCluster, override
 from overlay.testing._ledger import Ledger, Sub
 from overlay.testing._loopback import WAIT, bound_socket, free_ports, nodes_quiet, wait_until
+from overlay.testing._processes import NodeProcesses, Partition, log_time, write_cluster_config
 from overlay.testing._raw_client import RawClient
 from overlay.testing._traffic import GOLDEN, QUEUE_SIZE, Traffic, range_subscriptions, skewed_price
 from overlay.testing.memory_link import MemoryLink
@@ -44,17 +52,25 @@ __all__ = [
     "GOLDEN",
     "QUEUE_SIZE",
     "WAIT",
+    "Audit",
     "Ledger",
     "LoopbackCluster",
     "MemoryLink",
+    "NodeProcesses",
+    "Partition",
     "RawClient",
     "Sub",
     "Traffic",
+    "Verdict",
     "bound_socket",
+    "consume",
     "free_ports",
+    "log_time",
     "nodes_quiet",
     "override",
+    "publish_steadily",
     "range_subscriptions",
     "skewed_price",
     "wait_until",
+    "write_cluster_config",
 ]
