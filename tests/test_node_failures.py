@@ -246,6 +246,8 @@ class World:
             f"only {acked} of {len(audit.events)} publishes acknowledged; failures: "
             f"{sorted(set(audit.failed.values()))[:5]}"
         )
+        for n in range(NODES):
+            assert "Traceback" not in self.procs.log(n), self.procs.tail(n, 6000)
         hard = [kind for kind in ("lost", "duplicated") if getattr(verdict, kind) and kind not in pending]
         assert not (hard or verdict.wrong or verdict.unknown or verdict.ended), f"{verdict}\n{logs}"
         if outage is not None:
