@@ -56,6 +56,7 @@ class World:
         self.net = CoreLink(cfg)
         self.subs: dict[tuple[int, int], dict[str, str]] = {}  # (node, sid) -> local id -> expression
         self.events: dict[str, dict] = {}  # event id -> values
+        self.published: dict[tuple[int, int, int], str] = {}  # (node, sid, seq) -> event id
         self._seq = 0
         if start:
             self.net.start()
@@ -92,14 +93,31 @@ class World:
         return seq
 
     def publish(self, node: int, sid: int, values: dict) -> str:
-        """Publish (no delivery yet); the PubAck is immediate, the id is its event id."""
+        """Publish (no delivery yet); returns the event id the node named it.
+        The PubAck comes once the event is confirmed (node.outbox): at once
+        when nothing waits, else after a run; ``notifies`` checks each came."""
         seq = self.seq()
         mark = len(self.net.to_clients)
         self.net.client_send(node, sid, cm.Publish(seq, values))
-        (ack,) = [m for m in self.net.received(node, sid, since=mark) if getattr(m, "seq", None) == seq]
-        assert isinstance(ack, cm.PubAck), ack
-        self.events[ack.event_id] = values
-        return ack.event_id
+        replies = [m for m in self.net.received(node, sid, since=mark) if getattr(m, "seq", None) == seq]
+        if replies:
+            (ack,) = replies
+            assert isinstance(ack, cm.PubAck), ack
+            eid = ack.event_id
+        else:  # kept until confirmed: the newest event of the outbox
+            eid = self.cores[node].outbox.ids()[-1]
+            assert self.cores[node].outbox.waiting(eid) == [(sid, seq)]
+        self.events[eid] = values
+        self.published[(node, sid, seq)] = eid
+        return eid
+
+    def assert_acked(self) -> None:
+        """Every publish of a session still open got exactly one PubAck, with its event id."""
+        for (node, sid, seq), eid in self.published.items():
+            if not self.cores[node].sessions.get(sid):
+                continue
+            acks = [m for m in self.net.received(node, sid, kind=cm.PubAck) if m.seq == seq]
+            assert [a.event_id for a in acks] == [eid], (node, sid, seq, eid, acks)
 
     def admin(self, at: int, sid: int, command: str, /, **args) -> object:
         seq = self.seq()
@@ -118,7 +136,9 @@ class World:
         return r
 
     def notifies(self) -> Counter:
-        """Every Notify sent, as (node, sid, event id, sub ids) → count."""
+        """Every Notify sent, as (node, sid, event id, sub ids) → count; and
+        every publish was acknowledged (``assert_acked``)."""
+        self.assert_acked()
         out: Counter = Counter()
         for node, sid, m in self.net.to_clients:
             if isinstance(m, cm.Notify):

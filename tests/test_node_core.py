@@ -70,8 +70,10 @@ def test_clients_get_not_ready_before_initialisation():
     assert w.net.received(0, s0)[-1].code == cm.ErrorCode.NOT_READY
     w.net.run()
     assert w.cores[0].stats["rejected_not_ready"] == 1 and w.cores[1].stats["rejected_not_ready"] == 2
-    # Once ready, the same sessions are served.
+    # Once ready, the same sessions are served (the PubAck once the owner,
+    # node 0, reported the event matched: node.outbox).
     w.net.client_send(1, sid, cm.Publish(4, {"price": 1.0, "sym": "AB"}))
+    w.net.run()
     assert isinstance(w.net.received(1, sid)[-1], cm.PubAck)
 
 

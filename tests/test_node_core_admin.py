@@ -200,7 +200,8 @@ def test_admin_place_emits_the_exact_migration_sequence():
     mark = len(net.trace)
     eid = w.publish(1, sid, {"price": 700.0, "sym": "A"})
     net.run()
-    assert net.types(mark) == [(1, 2, "Event"), (2, 1, "Notification")]
+    # ... and the owner reports the match to the publisher's access node (node.outbox).
+    assert net.types(mark) == [(1, 2, "Event"), (2, 1, "Notification"), (2, 1, "EventsMatched")]
     assert w.notifies() == Counter({(1, sid, eid, frozenset({"s"})): 1})
 
 

@@ -125,8 +125,8 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     flap_window: Annotated[float, msgspec.Meta(ge=0, le=86400)] = 300.0
     # Nothing acknowledged is lost (``overlay.node.outbox``): an access node
     # keeps at most ``outbox_limit`` accepted events until they are matched
-    # and their notifications arrived (past it a publish is refused
-    # ``overloaded``), re-sends one unconfirmed after ``resend_after`` seconds,
+    # and their notifications arrived (past it a publish is answered Choke:
+    # the client sends it again), re-sends one unconfirmed after ``resend_after`` seconds,
     # and gives up (an ``undeliverable`` error to the publisher) after
     # ``event_ttl``.  Access nodes drop a notification whose event id they saw
     # within ``dedup_window`` seconds (at most ``dedup_max`` ids).

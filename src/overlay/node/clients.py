@@ -8,12 +8,24 @@ open; a message that is not a client request closes it.  An event gets its
 id here and goes to its one channel (``node.router``), a keyed one through
 its key's home (``node.ordering``); a subscription goes to every channel of
 its filter and is acknowledged once all applied it (``node.sessions``).
+
+An unkeyed event is kept in the outbox and acknowledged once it reached
+every matching subscription's access node (``node.outbox``); a full outbox
+answers Choke.  Its id is the publisher's when the Publish names one —
+``client_id/event_id``, refused ``bad_event`` unless both parts are plain
+(``EVENT_ID``, ``CLIENT_ID``) — so a publish sent again after a lost
+connection, while kept or later, is delivered once (``node.dedup``); one
+sent again while its first copy is kept waits for that copy's PubAck.
+Otherwise the node names it (``node.core`` rule 6).  A keyed event's id is
+always the node's: its re-sends are its sequencer's to judge.
 """
 
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Callable
+from typing import Final
 
 import msgspec
 
@@ -25,10 +37,17 @@ from overlay.messages import peer as pm
 from overlay.node.context import NodeContext
 from overlay.node.notify import Notifier
 from overlay.node.ordering import Ordering, publish_time_of
+from overlay.node.outbox import FULL_DELAY, Outbox
 from overlay.node.router import Router
 from overlay.node.sessions import Session, Sessions
 
-__all__ = ["Clients"]
+__all__ = ["CLIENT_ID", "EVENT_ID", "Clients"]
+
+# A publisher-chosen event id: letters, digits and ``._:-`` (the message's
+# bound, 128); the client id it is named under: printable ASCII, no space,
+# at most 128.  Ids travel in every notification, the capture and the logs.
+EVENT_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+CLIENT_ID: Final = re.compile(r"[!-~]{1,128}")
 
 AdminCommand = Callable[[Session, cm.Admin, float, list[Action]], None]
 
@@ -45,6 +64,7 @@ class Clients:
         router: Router,
         ordering: Ordering,
         notifier: Notifier,
+        outbox: Outbox,
         *,
         ready: Callable[[], bool],
         quorum: Callable[[], bool] = lambda: True,
@@ -56,6 +76,7 @@ class Clients:
         self._router = router
         self._ordering = ordering
         self._notifier = notifier
+        self._outbox = outbox
         self._ready = ready
         self._quorum = quorum
         self._admin = admin
@@ -168,14 +189,36 @@ class Clients:
         if msg.key or msg.rank:  # ordered delivery: through the key's home (node.ordering)
             self._ordering.publish_keyed(sess.id, msg, values, now, out, chid)
             return
-        event_id = ctx.next_event_id()
+        outbox = self._outbox
+        if msg.event_id:
+            event_id = f"{sess.client_id}/{msg.event_id}"
+            if not (EVENT_ID.fullmatch(msg.event_id) and CLIENT_ID.fullmatch(sess.client_id)):
+                ctx.stats["rejected_bad_event"] += 1
+                why = (
+                    f"event id {msg.event_id!r} must be 1-128 letters, digits or ._:-"
+                    if not EVENT_ID.fullmatch(msg.event_id)
+                    else f"a chosen event id needs a client id of 1-128 printable characters without spaces, "
+                    f"not {sess.client_id!r}"
+                )
+                out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EVENT, why)))
+                return
+            if outbox.attach(event_id, sess.id, msg.seq):  # sent again while kept: one delivery, two PubAcks
+                ctx.stats["publishes_rejoined"] += 1
+                return
+        else:
+            event_id = ""
+        if outbox.full:  # backpressure (node.outbox rule 1): the client sends it again after the delay
+            ctx.stats["choked_outbox_full"] += 1
+            out.append(ToClient(sess.id, cm.Choke(msg.seq, FULL_DELAY)))
+            return
+        if not event_id:
+            event_id = ctx.next_event_id()
         self._ordering.remember_publish(event_id, sess.id, msg.seq)
         ctx.stats["events_in"] += 1
         if ctx.capture is not None:
             ctx.capture.publish(event_id, chid, values)
         ev = pm.Event(event_id, values, ctx.id, pm.DispatchSign.EVENT_DISPATCHED, chid, publish_time_of(msg, now))
-        self._router.dispatch_event(ev, out)
-        out.append(ToClient(sess.id, cm.PubAck(msg.seq, event_id)))
+        outbox.send(ev, sess.id, msg.seq, out)  # dispatched; the PubAck once it is confirmed
 
     def _subscribe(self, sess: Session, msg: cm.Subscribe, out: list[Action]) -> None:
         ctx = self._ctx

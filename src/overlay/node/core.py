@@ -50,6 +50,7 @@ from overlay.node.balancing import Balancing
 from overlay.node.boot import Boot
 from overlay.node.clients import Clients
 from overlay.node.context import NodeContext
+from overlay.node.dedup import SeenEvents
 from overlay.node.groups import Groups
 from overlay.node.indexing import Indexing
 from overlay.node.liveness import Liveness
@@ -58,6 +59,7 @@ from overlay.node.membership import DrainState, Membership
 from overlay.node.migration import Migration
 from overlay.node.notify import UNDELIVERABLE, Notifier
 from overlay.node.ordering import ACKED, COMPLETE, SEQUENCED, Ordering
+from overlay.node.outbox import Outbox, Receipts
 from overlay.node.peers import PeerRuns
 from overlay.node.recovery import Recovery
 from overlay.node.router import Router
@@ -118,6 +120,11 @@ class NodeCore:
             sessions=self.sessions,
             dead=self.liveness.dead,
         )
+        # Nothing acknowledged is lost (node.outbox): the events this access node
+        # keeps until confirmed, the receipts it owes other nodes' outboxes, and
+        # the event ids its clients got lately (node.dedup).
+        self.outbox = Outbox(ctx, dispatch=lambda ev, out: self.router.dispatch_event(ev, out), sessions=self.sessions)
+        self.receipts = Receipts(ctx, self.outbox)
         self.notifier = Notifier(
             ctx,
             self.ordering,
@@ -125,6 +132,8 @@ class NodeCore:
             sessions=self.sessions,
             owner_ack=lambda ack, out: self.groups.on_delivery_ack(ack, out),
             close_session=self.sessions.close,
+            seen=SeenEvents(config.cluster.dedup_window, config.cluster.dedup_max, ctx.stats),
+            defer_error=self.outbox.defer_error,
         )
         self.groups = Groups(
             ctx,
@@ -132,6 +141,7 @@ class NodeCore:
             self.ordering,
             replaced=self.updates.replaced,
             subscriptions_failed=lambda ch, msg, subs, what: self.router.subscriptions_failed(ch, msg, subs, what),
+            events_matched=self.receipts.matched,
         )
         self.indexing = Indexing(ctx)
         self.loads = ChannelLoads(node_id)
@@ -174,7 +184,7 @@ class NodeCore:
             self.sessions,
             match=lambda ch, ev, out: self.router.match(ch, ev, out),
             peer_gone=self._peer_dead,
-            resend=lambda now, out: None,
+            resend=lambda now, out: self.outbox.resend_all(now, out),
             loads=self._loads,
             dead_load=lambda node: getattr(self.monitor.loads.get(node), "d", 0.0),
             damped=self.liveness.damped,
@@ -190,6 +200,7 @@ class NodeCore:
             sessions=self.sessions,
             peers=self.peer_runs,
             recovery=self.recovery,
+            receipts=self.receipts,
         )
         self.membership = Membership(
             ctx, self.startup, self.sessions, self.migration, self.balancing, self.loads, self.updates
@@ -210,6 +221,7 @@ class NodeCore:
             self.router,
             self.ordering,
             self.notifier,
+            self.outbox,
             ready=lambda: self.startup.ready,
             quorum=lambda: self.liveness.has_quorum(self.ctx.now),
             admin=self.admin.handle,
@@ -290,7 +302,9 @@ class NodeCore:
         return loads
 
     def status(self) -> dict[str, Any]:
-        return node_status(self.ctx, self.startup, self.balancing, self.membership, self.sessions, self.liveness)
+        status = node_status(self.ctx, self.startup, self.balancing, self.membership, self.sessions, self.liveness)
+        status["outbox"] = self.outbox.status()
+        return status
 
     def session(self, sid: int) -> Session | None:
         return self.sessions.get(sid)
@@ -327,6 +341,7 @@ class NodeCore:
             self.peer_runs.drop_subscriptions_of_old_run(node)
         if self.liveness.revived(node, msg.incarnation, now):  # node.liveness rule 7
             self.recovery.node_back(node)
+            self.outbox.node_back(node)  # a new run's receipts are waited for again
         self.liveness.heard(node, now)
         self.startup.hello(node, msg, now, out)
         return out
@@ -378,6 +393,8 @@ class NodeCore:
                     )
                 else:
                     notifier.notify_clients(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out)
+                if msg.origin >= 0 and not msg.key:  # the publisher's access node waits for it (node.outbox)
+                    self.receipts.delivered(msg.origin, msg.event_id, out)
             case pm.Subscription():
                 self.router.on_subscription(msg, out)
             case pm.UnSubscription():
@@ -410,6 +427,10 @@ class NodeCore:
                 self.arrivals.on_complete(src, msg, now, out)
             case pm.ReplyRequestLoadBalance() | pm.ReplyChannelTransfer() | pm.ReplySubscriptionMove():
                 self.migration.on_reply(src, msg, now, out)
+            case pm.EventsMatched():
+                self.outbox.on_matched(msg, out)
+            case pm.EventsDelivered():
+                self.outbox.on_delivered(src, msg, out)
             case pm.LIEM():
                 self.ctx.stats["liems_in"] += 1
                 self.balancing.on_liem(src, msg)
@@ -466,14 +487,19 @@ class NodeCore:
         self.migration.peer_gone(node, f"node {node} was declared dead", out)  # its tracked deliveries too
         self.ordering.link_changed(node, False, out)
         self.monitor.loads.pop(node, None)  # its last LIEM no longer counts in dc̄
+        self.outbox.node_dead(node, out)  # its receipts will not come (node.outbox rule 2)
 
     def peer_reachable(self, node: int) -> None:
         if not self.liveness.is_dead(node):  # a dead run stays unreachable until a new one says hello
             self.ctx.unreachable.discard(node)
 
     def end_batch(self) -> list[Action]:
-        """After each batch of inbound messages: the batched notes (SPEC §10 rule 8)."""
-        return self.ordering.end_batch()
+        """After each batch of inbound messages: the batched notes (SPEC §10
+        rule 8) and receipts (node.outbox rule 5)."""
+        out = self.ordering.end_batch()
+        if self.receipts.pending:
+            out.extend(self.receipts.end_batch())
+        return out
 
     # -- time ---------------------------------------------------------------------------------------
 
@@ -503,6 +529,7 @@ class NodeCore:
             ("groups", lambda: self._groups_tick(now, out)),
             ("drain", lambda: self.membership.tick(now, out)),  # node.membership rule 1
             ("sessions", lambda: self.migration.tick(now, out)),
+            ("outbox", lambda: self._outbox_tick(now, out)),
         )
         for name, part in parts:
             try:
@@ -531,6 +558,13 @@ class NodeCore:
             self._rejoin_asked = True
             self.ctx.stats["declared_dead_rejoins"] += 1
             out.append(Rejoin(live.rejoin_reason))
+
+    def _outbox_tick(self, now: float, out: list[Action]) -> None:
+        """SPEC §16: re-sends and expiries (node.outbox rules 3, 4), the receipts
+        of the batch (a driver that never calls end_batch), old ids forgotten."""
+        self.outbox.tick(now, out)
+        out.extend(self.receipts.end_batch())
+        self.notifier.seen.expire(now)
 
     def _groups_tick(self, now: float, out: list[Action]) -> None:
         """SPEC §11 on time: the access node's acks, the owner's deadlines, housekeeping."""

@@ -44,6 +44,12 @@ Rules this module keeps:
    ``ChannelSubscriptions.groups`` (SubscriptionMove) and are restored on the
    receiver, so shares continue where they left off; split children start
    from their parent's state.
+8. **Receipts.** An unkeyed event's match here is reported once to its
+   publisher's access node (``events_matched``, ``node.outbox`` rule 2),
+   naming the other access nodes its first notifications went to; its
+   Notifications carry that node as ``origin``, so a re-dispatched group
+   copy is confirmed too (a receipt the outbox no longer waits for is
+   counted stale there).
 """
 
 from __future__ import annotations
@@ -75,6 +81,7 @@ log = logging.getLogger("overlay.node")
 _NO_GROUPS: Final[Any] = MappingProxyType({})
 
 SubscriptionsFailed = Callable[[Channel, pm.Event, Sequence[Any], str], None]
+EventsMatched = Callable[[pm.Event, tuple[int, ...], list[Action]], None]
 
 
 class _Delivery:
@@ -103,7 +110,8 @@ class Groups:
     subscriber goes to it directly); ``ordering`` takes the completions;
     ``replaced`` names the channels that replaced deleted ones (a split child
     continues its parent's dispatch state); ``subscriptions_failed`` counts
-    and logs an instance that cannot be served (``node.events``).
+    and logs an instance that cannot be served (``node.events``);
+    ``events_matched`` reports an unkeyed event's match (rule 8).
     """
 
     def __init__(
@@ -114,8 +122,10 @@ class Groups:
         *,
         replaced: Mapping[ChannelId, tuple[ChannelId, ...]],
         subscriptions_failed: SubscriptionsFailed,
+        events_matched: EventsMatched,
     ) -> None:
         self._ctx = ctx
+        self._events_matched = events_matched
         self._notifier = notifier
         self._ordering = ordering
         self._replaced = replaced
@@ -235,6 +245,9 @@ class Groups:
             if keyed or s.id in d.gsub:
                 d.waiting[s.id] = s.access_node
         self._send_notifications(msg, ch.id, targets, out)
+        if not keyed:  # rule 8
+            me = self._ctx.id
+            self._events_matched(msg, tuple(dict.fromkeys(s.access_node for s in targets if s.access_node != me)), out)
         if d.waiting:
             self._deliveries[msg.event_id] = d
             d.deadline = now + self._owner_wait
@@ -275,6 +288,7 @@ class Groups:
     def _send_notifications(
         self, msg: pm.Event, chid: ChannelId, targets: Sequence[Subscription], out: list[Action]
     ) -> None:
+        origin = -1 if msg.key else msg.access_node  # rule 8: a keyed event is its home's to track
         if len(targets) == 1:  # the common case, without the grouping
             s = targets[0]
             if s.access_node == self._ctx.id:
@@ -286,7 +300,15 @@ class Groups:
                     ToPeer(
                         s.access_node,
                         pm.Notification(
-                            msg.event_id, msg.event_exp, (s.id,), chid, msg.publish_time, msg.key, msg.rank, msg.home
+                            msg.event_id,
+                            msg.event_exp,
+                            (s.id,),
+                            chid,
+                            msg.publish_time,
+                            msg.key,
+                            msg.rank,
+                            msg.home,
+                            origin,
                         ),
                     )
                 )
@@ -305,7 +327,15 @@ class Groups:
                     ToPeer(
                         node,
                         pm.Notification(
-                            msg.event_id, msg.event_exp, tuple(ids), chid, msg.publish_time, msg.key, msg.rank, msg.home
+                            msg.event_id,
+                            msg.event_exp,
+                            tuple(ids),
+                            chid,
+                            msg.publish_time,
+                            msg.key,
+                            msg.rank,
+                            msg.home,
+                            origin,
                         ),
                     )
                 )

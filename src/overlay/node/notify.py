@@ -19,7 +19,14 @@ Rules this module keeps (numbered as in ``overlay.node.groups``):
    a failed delivery; a plain subscriber's ack of a remote owner is only
    batched (``node.ordering`` rule 8).
 4. An event no instance could take comes back here, to its publisher's
-   access node, as an ``undeliverable`` Error to the publisher.
+   access node, as an ``undeliverable`` Error to the publisher — after its
+   PubAck when the event is still kept (``node.outbox`` rule 2).
+5. A plain subscription's copy of an unkeyed event whose id this node
+   delivered lately is dropped (``node.dedup``), counted
+   ``duplicates_dropped``, before anything else sees it (the capture
+   records one delivery): a re-sent event matched twice, or a publish sent
+   again under its id, reaches each client once.  The Notification is
+   still confirmed to the publisher's access node (``node.core``).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node.acks import AwaitedAcks
 from overlay.node.context import NodeContext
+from overlay.node.dedup import SeenEvents
 from overlay.node.ordering import Ordering
 
 __all__ = ["PRUNE_SECONDS", "UNDELIVERABLE", "Notifier"]
@@ -47,6 +55,7 @@ PRUNE_SECONDS: Final = 5.0
 
 OwnerAck = Callable[[pm.NotificationAck, list[Action]], None]
 CloseSession = Callable[[int], list[Action]]
+DeferError = Callable[[str, str, str], bool]
 
 
 class Notifier:
@@ -55,7 +64,9 @@ class Notifier:
     ``owners`` maps a global subscription id to its ``(session, local id)``
     and ``sessions`` tells which sessions are open (both ``node.sessions``);
     ``owner_ack`` hands a NotificationAck to this node's own owner side
-    (``node.groups``); ``close_session`` ends a client's session.
+    (``node.groups``); ``close_session`` ends a client's session; ``seen``
+    holds the event ids delivered lately (rule 5); ``defer_error`` holds an
+    error for a publisher until its PubAck (``Outbox.defer_error``).
     """
 
     def __init__(
@@ -67,6 +78,8 @@ class Notifier:
         sessions: Container[int],
         owner_ack: OwnerAck,
         close_session: CloseSession,
+        seen: SeenEvents,
+        defer_error: DeferError,
     ) -> None:
         self._ctx = ctx
         self._ordering = ordering
@@ -74,6 +87,8 @@ class Notifier:
         self._sessions = sessions
         self._owner_ack = owner_ack
         self._close_session = close_session
+        self.seen = seen
+        self._defer_error = defer_error
         self._group_of: dict[str, str] = {}  # global sub id -> group, for this node's clients
         # Tracked Notifies by tag, waiting for their client's answer (overlay.node.acks).
         self.acks = AwaitedAcks(ctx.config.groups.ack_timeout)
@@ -112,7 +127,12 @@ class Notifier:
     def notify_clients(
         self, event_id: str, event: dict[str, Any], sub_ids: Sequence[str], publish_time: float, out: list[Action]
     ) -> None:
-        """One Notify per client session, listing its matching subscriptions (rule 5)."""
+        """One Notify per client session, listing its matching subscriptions
+        (``node.core`` rule 5); a copy delivered lately is dropped (rule 5)."""
+        ctx = self._ctx
+        if self.seen.seen(event_id, ctx.now):
+            ctx.stats["duplicates_dropped"] += 1
+            return
         owners = self._owners
         latency = self._ctx.now - publish_time
         self._ctx.latency_hist.observe(latency if latency > 0 else 0.0)
@@ -180,6 +200,9 @@ class Notifier:
             self.notify_clients(event_id, event, sub_ids, publish_time, out)
             return
         now = self._ctx.now
+        if not key and not all(g in group_of for g in sub_ids) and self.seen.seen(event_id, now):
+            self._ctx.stats["duplicates_dropped"] += 1  # rule 5: the plain copies; each group's is its own
+            sub_ids = [g for g in sub_ids if g in group_of]
         latency = now - publish_time
         self._ctx.latency_hist.observe(latency if latency > 0 else 0.0)
         owners = self._owners
@@ -303,6 +326,9 @@ class Notifier:
     def on_returned(self, msg: pm.NotificationAck, out: list[Action]) -> None:
         """Rule 4 at the publisher's access node."""
         self._ctx.stats["returned_to_sender"] += 1
+        text = f"event {msg.event_id}: no instance of group {msg.detail!r} could take it"
+        if self._defer_error(msg.event_id, cm.ErrorCode.UNDELIVERABLE, text):
+            return  # the event is kept: the publisher hears it after its PubAck
         pub = self._ordering.recent_publish(msg.event_id)
         if pub is None or pub[0] not in self._sessions:
             self._ctx.stats["returned_publisher_gone"] += 1
@@ -316,11 +342,7 @@ class Notifier:
         out.append(
             ToClient(
                 pub[0],
-                cm.Error(
-                    pub[1],
-                    cm.ErrorCode.UNDELIVERABLE,
-                    f"event {msg.event_id}: no instance of group {msg.detail!r} could take it",
-                ),
+                cm.Error(pub[1], cm.ErrorCode.UNDELIVERABLE, text),
             )
         )
 

@@ -17,7 +17,11 @@ Rules (``node.core``'s, numbered as there):
    at its first owner and are relayed along its owners, the last one
    answering the access node.
 5. The owner matches an event once and sends one Notification per
-   subscribers' access node (tracked ones go through ``node.groups``).
+   subscribers' access node (tracked ones go through ``node.groups``).  An
+   unkeyed event's Notifications carry its access node as ``origin``, and
+   the match is reported to that node once, naming the nodes notified
+   other than this one (``Receipts.matched``, ``node.outbox`` rule 2) —
+   also when nothing matched.
 8. An error matching an event for one subscription is that subscription's
    (counted, logged), and every other match is served.
 """
@@ -42,6 +46,7 @@ from overlay.node.groups import Groups
 from overlay.node.migration import Migration
 from overlay.node.notify import Notifier
 from overlay.node.ordering import Ordering
+from overlay.node.outbox import Receipts
 from overlay.node.peers import PeerRuns
 from overlay.node.recovery import Recovery
 from overlay.node.sessions import Sessions
@@ -74,6 +79,7 @@ class Router:
         sessions: Sessions,
         peers: PeerRuns,
         recovery: Recovery,
+        receipts: Receipts,
     ) -> None:
         self._ctx = ctx
         self._migration = migration
@@ -85,6 +91,7 @@ class Router:
         self._sessions = sessions
         self._peers = peers
         self._recovery = recovery
+        self._receipts = receipts
 
     def reapply(self, msg: pm.Event | pm.Subscription | pm.UnSubscription, out: list[Action]) -> None:
         """A message handled as if it had just come (a Reforward's, a rollback's)."""
@@ -138,7 +145,8 @@ class Router:
         tracked = msg.key or (matched and any(s.group for s in matched))
         if tracked and self._groups.deliver_tracked(ch, msg, matched, out):  # ordered / groups: node.groups
             return
-        if not matched:
+        if not matched:  # an unkeyed event (a keyed one is tracked): nothing to wait for
+            self._receipts.matched(msg, (), out)
             return
         by_node: dict[int, list[str]] = {}
         for sub in matched:
@@ -147,16 +155,24 @@ class Router:
                 by_node[sub.access_node] = [sub.id]
             else:
                 ids.append(sub.id)
+        me = self._ctx.id
+        origin = msg.access_node
         for node, ids in by_node.items():
-            if node == self._ctx.id:
+            if node == me:
                 # This node is the subscribers' access node: straight to their
                 # clients, exactly as a Notification to ourselves would go.
                 self._notifier.notify_clients(msg.event_id, msg.event_exp, ids, msg.publish_time, out)
             else:
                 out.append(
-                    ToPeer(node, pm.Notification(msg.event_id, msg.event_exp, tuple(ids), ch.id, msg.publish_time))
+                    ToPeer(
+                        node,
+                        pm.Notification(
+                            msg.event_id, msg.event_exp, tuple(ids), ch.id, msg.publish_time, origin=origin
+                        ),
+                    )
                 )
         stats["notifications_out"] += len(matched)
+        self._receipts.matched(msg, tuple(by_node) if me not in by_node else tuple(n for n in by_node if n != me), out)
 
     def subscriptions_failed(self, ch: Channel, msg: pm.Event, subs: Sequence[Any], what: str) -> None:
         """Rule 5's exception: these subscriptions could not be served this

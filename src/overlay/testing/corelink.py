@@ -17,6 +17,9 @@ Delivery model (SPEC §1.1):
   That is how a test opens the window between two steps of a migration;
 * a ``RemoteProtocolError`` raised by a core is recorded in ``errors`` and
   answered with ``PeerError``, as the node's dispatcher does;
+* each delivery, and each client message, is one batch: the core's
+  ``end_batch`` (its batched notes and receipts) follows it, as the node's
+  dispatcher calls it after each batch it hands the core;
 * a split a migration session waits on (``node.balancing`` rule 3), which the
   shell works out in background steps, is finished right after the delivery
   that started it (the simulator interleaves its steps instead); indexing is
@@ -136,6 +139,7 @@ class CoreLink:
             self.send(dst, src, pm.PeerError("protocol_error", str(exc)))
             return (src, dst, msg)
         self.execute(dst, acts)
+        self.execute(dst, self.cores[dst].end_batch())
         self.finish_split(dst)
         return (src, dst, msg)
 
@@ -184,7 +188,9 @@ class CoreLink:
 
     def client_send(self, node: int, sid: int, msg: cm.ClientMessage) -> None:
         """The client of session ``sid`` on ``node`` sends ``msg`` (no delivery yet)."""
-        self.execute(node, self.cores[node].handle_client(sid, msg, self.now))
+        core = self.cores[node]
+        self.execute(node, core.handle_client(sid, msg, self.now))
+        self.execute(node, core.end_batch())
 
     def request(self, node: int, sid: int, msg: cm.ClientMessage) -> list[cm.ClientMessage]:
         """Send, settle, and return what the session received meanwhile."""

@@ -66,7 +66,7 @@ from .clients import SimClients
 from .faults import NodeFaults
 from .invariants import check_all
 from .network import SimNetwork
-from .records import SimResult
+from .records import EventRec, SimResult
 from .setup import SimParams, fault_config, quiet_logs
 
 __all__ = ["SimCluster"]
@@ -87,6 +87,8 @@ _STATS: Final = (
     "notifications_orphaned",
     "events_unroutable",
     "subscriptions_unroutable",
+    "events_resent",
+    "duplicates_dropped",
 )
 
 
@@ -130,6 +132,7 @@ class SimCluster:
             net.on_advance = on_advance
         # What the invariants read (``invariants``).
         self.ids, self.cores, self.arrivals, self.matched = net.ids, net.cores, net.arrivals, net.matched
+        self.sent = net.sent
         self.failures, self.trace = net.failures, net.trace
         self.clients, self.admins, self.events = users.clients, users.admins, users.events
         self.subs, self.notes, self.key_ranks = users.subs, users.notes, users.key_ranks
@@ -156,6 +159,7 @@ class SimCluster:
             self._subs_only_phase()
             self.phase = "drain"
             self._drain()
+            self._unacknowledged_events()
             self.failures.extend(check_all(self))
         except Exception as exc:  # noqa: BLE001 - a crash of a core is a finding, reported with the seed
             self.failures.append(
@@ -278,6 +282,19 @@ class SimCluster:
             target = nxt if nxt is not None and nxt > self.net.now else self.net.now + self.slice / 4
             self.net.advance(faults=False, to=target)
 
+    def _unacknowledged_events(self) -> None:
+        """Events are recorded at their PubAck, which comes once they are
+        confirmed (``node.outbox``); a publisher that closed before it never
+        learnt the id: its accepted events are recorded here, and judged as
+        every other (an accepted event is delivered all the same).  Runs with
+        node faults record each event at its first Publish (``sim.client_faults``)."""
+        if self.params.node_faults:
+            return
+        for eid, (node, sid, step, values) in self.net.accepted.items():
+            c = self.users.by_session.get((node, sid))
+            if eid not in self.events and c is not None and c.closed_at is not None:
+                self.events[eid] = EventRec(eid, values, step, c.name)
+
     def unsettled(self) -> list[str]:
         """Why the cluster is not quiet yet (empty when it is)."""
         why = []
@@ -306,6 +323,10 @@ class SimCluster:
                 )
             if c.monitor.busy:
                 why.append(f"node {i}: BUSY")
+            if len(c.outbox):
+                why.append(f"node {i}: {len(c.outbox)} events not confirmed yet: {c.outbox.ids()[:5]}")
+            if c.receipts.pending:
+                why.append(f"node {i}: receipts not sent yet")
         return why
 
     def settled(self) -> bool:

@@ -61,8 +61,14 @@ class SimNetwork:
         # (event id, global sub id) -> step at which the subscriber's access
         # node first got the Notification (the race with an unsubscribe).
         self.arrivals: dict[tuple[str, str], int] = {}
-        # event id -> steps at which a channel matched it (must be exactly one).
+        # event id -> steps at which a channel matched it (exactly one; at most
+        # one per dispatch by its access node's outbox, which re-sends).
         self.matched: dict[str, list[int]] = {}
+        # event id -> dispatches by its access node's outbox (the first and each re-send).
+        self.sent: Counter[str] = Counter()
+        # event id -> (node, session, step, values) of the unkeyed events the
+        # access nodes accepted (their publisher may close before the PubAck).
+        self.accepted: dict[str, tuple[int, int, int, dict[str, Any]]] = {}
         self.seed = seed
         # Runs with node faults number the runs of each node from 1 (0 is
         # "unknown" to the cores: a restart would go unnoticed).
@@ -221,7 +227,8 @@ class SimNetwork:
 
     def spy(self, core: NodeCore) -> None:
         """Record when a channel matches each event, and when each notification
-        reaches the subscriber's access node (white-box: wraps two methods)."""
+        reaches the subscriber's access node; what the outbox accepts and how
+        often it sends each event (white-box: wraps four methods)."""
         router = core.router  # every match goes through Router.match
         orig_match = router.match
         arrivals = self.arrivals
@@ -241,6 +248,20 @@ class SimNetwork:
             orig_notify(event_id, event, sub_ids, publish_time, out)
 
         notifier.notify_clients = notify_clients  # type: ignore[method-assign]
+        outbox = core.outbox
+        orig_send, orig_dispatch = outbox.send, outbox.dispatch
+        sent, accepted, node = self.sent, self.accepted, core.id
+
+        def send(ev: pm.Event, sid: int, seq: int, out: list[Action]) -> None:
+            accepted[ev.event_id] = (node, sid, self.step_no, dict(ev.event_exp))
+            orig_send(ev, sid, seq, out)
+
+        def dispatch(ev: pm.Event, out: list[Action]) -> None:
+            sent[ev.event_id] += 1
+            orig_dispatch(ev, out)
+
+        outbox.send = send  # type: ignore[method-assign]
+        outbox.dispatch = dispatch
 
     def advance(self, *, faults: bool, to: float | None = None, dt_scale: float = 1.0) -> None:
         rng = self.rng

@@ -1,0 +1,411 @@
+"""The publisher's access node keeps what it accepted until it is confirmed (SPEC §16).
+
+Nothing acknowledged is lost: an access node acknowledges an unkeyed event
+(``PubAck``) only once the event is at every access node of a subscription
+it matches, and until then keeps it, to send it again if an owner or a link
+died with it.  (A keyed event waits for its home's verdict instead,
+``node.ordering`` rule 2.)
+
+Rules this module keeps:
+
+1. **Keep.** Every accepted unkeyed event is kept — the ``pm.Event``, the
+   publishers waiting for it (``(session, seq)``; more than one when the
+   same publisher-chosen id is published again while it is kept: it is
+   not dispatched again, ``attach``), when to send it again and when to
+   give up — until it is *complete*.  At ``outbox_limit`` kept events a new
+   publish is answered ``Choke`` (``node.clients``): backpressure, the
+   client sends it again after the delay; counted ``choked_outbox_full``.
+2. **Complete.** The owner reports the event matched (``EventsMatched``,
+   naming the other access nodes its notifications went to; no match names
+   none), and each node named confirmed that its notification arrived
+   (``EventsDelivered``) — or is dead (``node_dead``: no kept event waits
+   for it, nor does any reported later, until ``node_back``).  A
+   confirmation may come before the report: it is kept for it.  An event
+   sent twice may be reported by two owners: the first report whose every
+   node confirmed completes it.  Then each waiting publisher whose session
+   is open gets its ``PubAck``, and an ``undeliverable`` error a group
+   returned meanwhile (``defer_error``) after it: a PubAck means the event
+   reached every matching subscription's access node.
+3. **Re-send.** An event not complete ``resend_after`` seconds after it was
+   sent is dispatched again to its channel's *current* owner (looked up in
+   the routing table again, hops reset), counted ``events_resent``; the
+   wait doubles after each re-send, within the event's life.
+   ``resend_all`` re-sends every kept event at once (after a dead node's
+   channels got new owners, ``node.recovery``).  A second match is
+   harmless: subscribers' access nodes drop what they delivered already
+   (``node.dedup``) and confirm it all the same.
+4. **Give up.** An event still not complete ``event_ttl`` seconds after it
+   was accepted leaves the outbox: each waiting publisher gets an
+   ``undeliverable`` Error naming it (it may have reached some
+   subscribers), counted ``events_expired`` and logged — never silent.
+5. **Receipts** (``Receipts``, on every node): an owner's ``EventsMatched``
+   entries and a subscribers' access node's ``EventsDelivered`` ids are
+   collected per destination over one batch of inbound messages and sent
+   by ``end_batch`` (``NodeCore.end_batch``, and every tick) in messages of
+   a bounded size; those for this node's own outbox are a call, not a
+   message.
+
+Timing: first re-send deadlines come in the order events were accepted
+(now + a fixed wait), so they sit in two parallel deques — no tuple per
+event; only re-sent events, rare, go through a heap.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+from collections import deque
+from collections.abc import Callable, Container
+from typing import Any, Final
+
+import msgspec
+
+from overlay.actions import Action, ToClient, ToPeer
+from overlay.errors import RemoteProtocolError
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+from overlay.node.context import NodeContext
+
+__all__ = ["FULL_DELAY", "Outbox", "Receipts"]
+
+log = logging.getLogger("overlay.node")
+
+# Seconds a publisher refused for a full outbox waits before sending again
+# (rule 1): about one confirmation round trip under load, when room is likely.
+FULL_DELAY: Final = 0.1
+# Bytes one receipt entry may take in a frame: the longest event id (a client
+# id of 128 characters, "/", a publisher's id of 128) plus msgpack framing.
+# Batches are cut so a message stays under half the frame limit.
+ENTRY_BYTES: Final = 280
+NODE_BYTES: Final = 3  # a node id in EventsMatched.nodes
+
+_EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
+_replace: Final = msgspec.structs.replace
+
+DispatchEvent = Callable[[pm.Event, list[Action]], None]
+
+
+class _Kept:
+    """One event in the outbox (rules 1–4)."""
+
+    __slots__ = ("confirmed", "done", "errors", "ev", "expires", "more", "resend_at", "rounds", "seq", "sid", "tries")
+
+    def __init__(self, ev: pm.Event, sid: int, seq: int, resend_at: float, expires: float) -> None:
+        self.ev = ev
+        self.sid = sid  # the first publisher waiting for it ...
+        self.seq = seq
+        self.more: list[tuple[int, int]] | None = None  # ... and any other (session, seq)
+        self.resend_at = resend_at
+        self.expires = expires
+        self.tries = 0  # re-sends so far
+        self.rounds: list[set[int]] | None = None  # per owner report: nodes still to confirm
+        self.confirmed: set[int] | None = None  # nodes that confirmed (or died)
+        self.errors: list[tuple[str, str]] | None = None  # (code, text) deferred until the PubAck
+        self.done = False
+
+
+class Outbox:
+    """Rules 1–4 at the publisher's access node.
+
+    ``dispatch`` routes an event to its channel's owner (``Router.dispatch_event``;
+    the simulator wraps it to count sends); ``sessions`` tells which client
+    sessions are open.  Invariant: an event
+    id is in ``_kept`` iff its entry is not ``done``, and every entry not
+    done has a pending deadline (in the deques until its first re-send, in
+    the heap after).
+    """
+
+    def __init__(self, ctx: NodeContext, *, dispatch: DispatchEvent, sessions: Container[int]) -> None:
+        self._ctx = ctx
+        self.dispatch = dispatch
+        self._sessions = sessions
+        cl = ctx.config.cluster
+        self.limit = cl.outbox_limit
+        self.resend_after = cl.resend_after
+        self.ttl = cl.event_ttl
+        self._kept: dict[str, _Kept] = {}
+        self._dead: set[int] = set()  # nodes no event waits for (rule 2)
+        self._first_at: deque[float] = deque()  # first re-send deadlines ...
+        self._first: deque[_Kept] = deque()  # ... of these entries
+        self._later: list[tuple[float, int, _Kept]] = []  # (deadline, tie, entry) after a re-send
+        self._tie = itertools.count()
+        self.resent = 0
+        self.expired = 0
+        self.completed = 0
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def __contains__(self, event_id: object) -> bool:
+        return event_id in self._kept
+
+    @property
+    def full(self) -> bool:
+        """Rule 1: no room for one more event."""
+        return len(self._kept) >= self.limit
+
+    def ids(self) -> list[str]:
+        """The kept event ids, oldest first (status, tests)."""
+        return list(self._kept)
+
+    def waiting(self, event_id: str) -> list[tuple[int, int]]:
+        """The publishers ``(session, seq)`` a kept event's PubAck is for ([] if not kept)."""
+        k = self._kept.get(event_id)
+        return [] if k is None else [(k.sid, k.seq), *(k.more or ())]
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "kept": len(self._kept),
+            "limit": self.limit,
+            "completed": self.completed,
+            "resent": self.resent,
+            "expired": self.expired,
+        }
+
+    # -- rule 1 ------------------------------------------------------------------------------
+
+    def send(self, ev: pm.Event, sid: int, seq: int, out: list[Action]) -> None:
+        """Keep ``ev`` for publisher ``(sid, seq)``, then dispatch it (kept first:
+        a local owner may complete it before ``dispatch`` returns)."""
+        now = self._ctx.now
+        k = _Kept(ev, sid, seq, now + self.resend_after, now + self.ttl)
+        self._kept[ev.event_id] = k
+        self._first_at.append(k.resend_at)
+        self._first.append(k)
+        self.dispatch(ev, out)
+
+    def attach(self, event_id: str, sid: int, seq: int) -> bool:
+        """Rule 1: the same id published again while kept waits with the first."""
+        k = self._kept.get(event_id)
+        if k is None:
+            return False
+        if k.more is None:
+            k.more = [(sid, seq)]
+        else:
+            k.more.append((sid, seq))
+        return True
+
+    # -- rule 2 ------------------------------------------------------------------------------
+
+    def on_matched(self, msg: pm.EventsMatched, out: list[Action]) -> None:
+        if len(msg.event_ids) != len(msg.nodes):
+            raise RemoteProtocolError(
+                f"EventsMatched lists {len(msg.event_ids)} events but {len(msg.nodes)} node lists"
+            )
+        matched = self.matched
+        for event_id, nodes in zip(msg.event_ids, msg.nodes):
+            matched(event_id, nodes, out)
+
+    def on_delivered(self, src: int, msg: pm.EventsDelivered, out: list[Action]) -> None:
+        delivered = self.delivered
+        for event_id in msg.event_ids:
+            delivered(event_id, src, out)
+
+    def matched(self, event_id: str, nodes: tuple[int, ...], out: list[Action]) -> None:
+        """An owner matched the event; ``nodes`` are to confirm it."""
+        k = self._kept.get(event_id)
+        if k is None:
+            self._ctx.stats["receipts_stale"] += 1  # complete, expired, or not ours
+            return
+        confirmed = k.confirmed
+        missing = set(nodes) if confirmed is None else {n for n in nodes if n not in confirmed}
+        if self._dead:
+            missing -= self._dead
+        if not missing:
+            self._complete(k, out)
+        elif k.rounds is None:
+            k.rounds = [missing]
+        else:
+            k.rounds.append(missing)
+
+    def delivered(self, event_id: str, node: int, out: list[Action]) -> None:
+        """``node`` got the event's notification (``EventsDelivered``)."""
+        k = self._kept.get(event_id)
+        if k is None:
+            self._ctx.stats["receipts_stale"] += 1  # a group's re-dispatch, a re-sent copy ...
+            return
+        self._confirm(k, node, out)
+
+    def _confirm(self, k: _Kept, node: int, out: list[Action]) -> None:
+        if k.confirmed is None:
+            k.confirmed = {node}
+        else:
+            k.confirmed.add(node)
+        rounds = k.rounds
+        if rounds:
+            for r in rounds:
+                r.discard(node)
+                if not r:
+                    self._complete(k, out)
+                    return
+
+    def node_dead(self, node: int, out: list[Action]) -> None:
+        """``node`` is dead: no kept event waits for it, nor one reported later."""
+        self._dead.add(node)
+        for k in list(self._kept.values()):
+            if not k.done:
+                self._confirm(k, node, out)
+
+    def node_back(self, node: int) -> None:
+        """A new run of ``node`` is up: its confirmations are waited for again."""
+        self._dead.discard(node)
+
+    def defer_error(self, event_id: str, code: str, text: str) -> bool:
+        """Rule 2: an error about a kept event goes to its publishers after its PubAck."""
+        k = self._kept.get(event_id)
+        if k is None:
+            return False
+        if k.errors is None:
+            k.errors = [(code, text)]
+        else:
+            k.errors.append((code, text))
+        return True
+
+    def _complete(self, k: _Kept, out: list[Action]) -> None:
+        event_id = k.ev.event_id
+        del self._kept[event_id]
+        k.done = True
+        self.completed += 1
+        self._ctx.stats["events_confirmed"] += 1
+        sessions = self._sessions
+        if k.sid in sessions:
+            out.append(ToClient(k.sid, cm.PubAck(k.seq, event_id)))
+        if k.more is not None:
+            out.extend(ToClient(sid, cm.PubAck(seq, event_id)) for sid, seq in k.more if sid in sessions)
+        if k.errors is not None:
+            for code, text in k.errors:
+                self._tell(k, code, text, out)
+
+    def _tell(self, k: _Kept, code: str, text: str, out: list[Action]) -> None:
+        for sid, seq in ((k.sid, k.seq), *(k.more or ())):
+            if sid in self._sessions:
+                out.append(ToClient(sid, cm.Error(seq, code, text)))
+
+    # -- rules 3 and 4 -----------------------------------------------------------------------
+
+    def tick(self, now: float, out: list[Action]) -> None:
+        """Re-send what is due, give up what is past its life."""
+        at, first = self._first_at, self._first
+        while at and at[0] <= now:
+            at.popleft()
+            k = first.popleft()
+            if not k.done and not k.tries:  # else complete, or re-sent meanwhile (in the heap)
+                self._due(k, now, out)
+        later = self._later
+        while later and later[0][0] <= now:
+            when, _, k = heapq.heappop(later)
+            if not k.done and k.resend_at == when:  # else complete, or its deadline moved
+                self._due(k, now, out)
+
+    def resend_all(self, now: float, out: list[Action]) -> None:
+        """Rule 3: every kept event to its channel's current owner, now."""
+        for k in list(self._kept.values()):
+            if not k.done:
+                self._resend(k, now, out)
+
+    def _due(self, k: _Kept, now: float, out: list[Action]) -> None:
+        if now >= k.expires:
+            self._expire(k, out)
+        else:
+            self._resend(k, now, out)
+
+    def _resend(self, k: _Kept, now: float, out: list[Action]) -> None:
+        k.tries += 1
+        self.resent += 1
+        self._ctx.stats["events_resent"] += 1
+        k.resend_at = min(now + self.resend_after * (1 << min(k.tries, 16)), k.expires)
+        heapq.heappush(self._later, (k.resend_at, next(self._tie), k))
+        ev = k.ev
+        chid = self._ctx.routing.lookup_event(ev.event_exp)
+        if chid is None:  # no channel holds it now (a table in flux): tried again later
+            self._ctx.stats["events_resent_unroutable"] += 1
+            return
+        self.dispatch(_replace(ev, ch_id=chid, dispatch_sign=_EVENT_DISPATCHED, hops=0), out)
+
+    def _expire(self, k: _Kept, out: list[Action]) -> None:
+        event_id = k.ev.event_id
+        del self._kept[event_id]
+        k.done = True
+        self.expired += 1
+        self._ctx.stats["events_expired"] += 1
+        waiting = sorted(n for r in k.rounds or () for n in r)
+        log.warning(
+            "node %d: event %s not confirmed within %gs (%d re-sends; %s); its publisher is told it is undeliverable",
+            self._ctx.id,
+            event_id,
+            self.ttl,
+            k.tries,
+            f"waiting for nodes {waiting}" if waiting else "never reported matched",
+        )
+        self._tell(
+            k,
+            cm.ErrorCode.UNDELIVERABLE,
+            f"event {event_id}: not confirmed within {self.ttl:g}s; it may have reached some subscribers",
+            out,
+        )
+        for code, text in k.errors or ():
+            self._tell(k, code, text, out)
+
+
+class Receipts:
+    """Rule 5: the ``EventsMatched`` and ``EventsDelivered`` of the current
+    batch, per destination; ``outbox`` is this node's own."""
+
+    def __init__(self, ctx: NodeContext, outbox: Outbox) -> None:
+        self._ctx = ctx
+        self._outbox = outbox
+        self._matched: dict[int, tuple[list[str], list[tuple[int, ...]]]] = {}
+        self._delivered: dict[int, list[str]] = {}
+        self._noted = False
+
+    @property
+    def pending(self) -> bool:
+        """Receipts wait for ``end_batch``."""
+        return self._noted
+
+    def matched(self, ev: pm.Event, nodes: tuple[int, ...], out: list[Action]) -> None:
+        """The owner matched ``ev``; ``nodes`` (not this one) got its notifications."""
+        access = ev.access_node
+        if access == self._ctx.id:
+            self._outbox.matched(ev.event_id, nodes, out)
+            return
+        self._noted = True
+        batch = self._matched.get(access)
+        if batch is None:
+            self._matched[access] = ([ev.event_id], [nodes])
+        else:
+            batch[0].append(ev.event_id)
+            batch[1].append(nodes)
+
+    def delivered(self, origin: int, event_id: str, out: list[Action]) -> None:
+        """A notification of ``event_id``, published through ``origin``, arrived here."""
+        if origin == self._ctx.id:
+            self._outbox.delivered(event_id, origin, out)
+            return
+        self._noted = True
+        ids = self._delivered.get(origin)
+        if ids is None:
+            self._delivered[origin] = [event_id]
+        else:
+            ids.append(event_id)
+
+    def end_batch(self) -> list[Action]:
+        if not self._noted:
+            return []
+        self._noted = False
+        out: list[Action] = []
+        frame = self._ctx.config.cluster.max_frame_size // 2
+        if self._matched:
+            size = max(1, frame // (ENTRY_BYTES + NODE_BYTES * (len(self._ctx.peers) + 1)))
+            for node, (ids, nodes) in self._matched.items():
+                for i in range(0, len(ids), size):
+                    out.append(ToPeer(node, pm.EventsMatched(tuple(ids[i : i + size]), tuple(nodes[i : i + size]))))
+            self._matched.clear()
+        if self._delivered:
+            size = max(1, frame // ENTRY_BYTES)
+            for node, eids in self._delivered.items():
+                for i in range(0, len(eids), size):
+                    out.append(ToPeer(node, pm.EventsDelivered(tuple(eids[i : i + size]))))
+            self._delivered.clear()
+        return out

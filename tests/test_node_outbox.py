@@ -1,0 +1,179 @@
+"""Nothing acknowledged is lost (SPEC §16; ``node.outbox``, ``node.dedup``) on three
+sans-IO cores joined by CoreLink: the PubAck waits for the receipts, an owner
+that dies is covered by the re-send to the channel's new owner, and the
+copies the re-send makes are dropped by event id — every PubAck'd event
+reaches every matching subscription exactly once.  Plus publisher-chosen ids
+and the outbox's bound at the client protocol."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import msgspec
+
+from coreworld import CONFIG, HIGH, SPLIT_500, World
+from overlay.channels.channel import Channel
+from overlay.channels.routing_table import RouteEntry
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+from overlay.node.outbox import FULL_DELAY
+from overlay.testing.memory_link import MemoryLink
+
+RESEND = CONFIG.cluster.resend_after
+
+
+def high_on_node_2() -> tuple[World, int, int]:
+    """Channel HIGH (price > 500) owned by node 2; a subscriber on node 0 and one on node 1."""
+    w = World()
+    ops = w.client(0, "ops")
+    w.admin(0, ops, "split", **SPLIT_500)
+    w.admin(0, ops, "place", channel="0.2", node=2)
+    s0, s1 = w.client(0, "s0"), w.client(1, "s1")
+    w.subscribe(0, s0, "a", "price > 600")
+    w.subscribe(1, s1, "b", 'price > 600 and sym = "AB"')
+    return w, s0, s1
+
+
+def kill(w: World, node: int) -> None:
+    """``node`` dies: what is queued to or from it is lost, and nothing more gets through."""
+    for key in list(w.net.links):
+        if node in key:
+            w.net.links[key] = MemoryLink()
+            w.net.links[key].paused = True
+
+
+def recover(w: World, chid: object, dead: int, heir: int) -> None:
+    """``heir`` takes ``dead``'s channel with the same subscriptions (as the
+    recovery rebuilds it), and every live table names it."""
+    old = w.cores[dead].local[chid]
+    ch = Channel(old.id, old.space, w.cores[heir].schema)
+    for sub in old:
+        ch.add(sub)
+    w.cores[heir].local.add(ch)
+    for i, core in w.cores.items():
+        if i != dead:
+            core.routing.set(old.id, RouteEntry(old.space, (heir,)))
+
+
+def test_the_pub_ack_waits_for_every_subscribers_access_node() -> None:
+    w, _s0, s1 = high_on_node_2()
+    pub = w.client(1, "pub")
+    net = w.net
+    net.pause(2, 0)  # the notification to node 0 waits
+    mark, seen = len(net.trace), len(net.to_clients)
+    eid = w.publish(1, pub, {"price": 700.0, "sym": "AB"})
+    net.run()
+    assert net.received(1, pub, since=seen, kind=cm.PubAck) == []  # node 1's own client has it; node 0 not yet
+    assert net.received(1, s1, since=seen, kind=cm.Notify) != []
+    net.release()
+    net.run()
+    assert [a.event_id for a in net.received(1, pub, since=seen, kind=cm.PubAck)] == [eid]
+    assert net.types(mark) == [
+        (1, 2, "Event"),
+        (2, 1, "Notification"),
+        (2, 1, "EventsMatched"),
+        (2, 0, "Notification"),
+        (0, 1, "EventsDelivered"),
+    ]
+    matched = next(m for _, _, m in net.trace[mark:] if isinstance(m, pm.EventsMatched))
+    assert matched.event_ids == (eid,) and sorted(matched.nodes[0]) == [0, 1]  # every node notified but the owner
+    assert w.notifies() == w.expected()
+
+
+def test_an_owner_that_dies_is_covered_by_the_re_send_and_each_subscription_gets_each_event_once() -> None:
+    w, s0, s1 = high_on_node_2()
+    pub = w.client(1, "pub")
+    net = w.net
+    # e1: node 2 matches it; its notification reaches node 1, the one to node 0 dies with it.
+    net.pause(2, 0)
+    e1 = w.publish(1, pub, {"price": 700.0, "sym": "AB"})
+    net.run()
+    assert len(net.received(1, s1, kind=cm.Notify)) == 1
+    kill(w, 2)
+    # e2: accepted after node 2 died, lost on the way to it.  e3 matches nothing there.
+    e2 = w.publish(1, pub, {"price": 800.0, "sym": "AB"})
+    e3 = w.publish(1, pub, {"price": 900.0, "sym": "ZZ"})
+    net.run()
+    assert net.received(1, pub, kind=cm.PubAck) == []  # none is confirmed: nothing is acknowledged
+    # The first re-send still goes to node 2 (the table says so): lost too.
+    net.tick(1, RESEND)
+    net.run()
+    assert w.cores[1].stats["events_resent"] == 3 and net.received(1, pub, kind=cm.PubAck) == []
+    # Node 0 takes node 2's channel, and the next re-send finds it there.
+    recover(w, HIGH, dead=2, heir=0)
+    net.tick(1, 3 * RESEND)
+    net.run()
+    assert {a.event_id for a in net.received(1, pub, kind=cm.PubAck)} == {e1, e2, e3}
+    assert len(w.cores[1].outbox) == 0
+    # Exactly once per matching subscription: node 1's copy of e1 was dropped as a duplicate.
+    assert w.cores[1].stats["duplicates_dropped"] == 1
+    assert w.notifies() == w.expected()
+    assert w.notifies() == Counter(
+        {
+            (0, s0, e1, frozenset({"a"})): 1,
+            (0, s0, e2, frozenset({"a"})): 1,
+            (0, s0, e3, frozenset({"a"})): 1,
+            (1, s1, e1, frozenset({"b"})): 1,
+            (1, s1, e2, frozenset({"b"})): 1,
+        }
+    )
+
+
+def test_a_subscribers_access_node_that_dies_is_not_waited_for() -> None:
+    w, _s0, _s1 = high_on_node_2()
+    pub = w.client(1, "pub")
+    kill(w, 0)
+    w.publish(1, pub, {"price": 700.0, "sym": "AB"})
+    w.net.run()
+    assert w.net.received(1, pub, kind=cm.PubAck) == []
+    out: list = []
+    w.cores[1].recovery.node_dead(0, 10.0, out, reassign=False)  # a majority declared it dead (node.liveness)
+    w.net.execute(1, out)
+    assert len(w.net.received(1, pub, kind=cm.PubAck)) == 1
+
+
+def test_a_publisher_chosen_id_sent_twice_is_delivered_once() -> None:
+    w, _s0, _s1 = high_on_node_2()
+    net = w.net
+    pub = w.client(1, "pub")
+    values = {"price": 700.0, "sym": "AB"}
+    net.client_send(1, pub, cm.Publish(1, values, event_id="e-1"))
+    net.client_send(1, pub, cm.Publish(2, values, event_id="e-1"))  # again, while kept: joins the first
+    net.run()
+    assert [(a.seq, a.event_id) for a in net.received(1, pub, kind=cm.PubAck)] == [(1, "pub/e-1"), (2, "pub/e-1")]
+    assert w.cores[1].stats["publishes_rejoined"] == 1 and w.cores[1].stats["events_in"] == 1
+    # After a lost connection, to another node: a new event at the access node, the same one for subscribers.
+    other = net.open_client(0, "pub")
+    net.client_send(0, other, cm.Publish(3, values, event_id="e-1"))
+    net.run()
+    assert [a.event_id for a in net.received(0, other, kind=cm.PubAck)] == ["pub/e-1"]
+    notes = [m.event_id for _, _, m in net.to_clients if isinstance(m, cm.Notify)]
+    assert Counter(notes) == Counter({"pub/e-1": 2})  # s0 once, s1 once
+    assert w.cores[0].stats["duplicates_dropped"] + w.cores[1].stats["duplicates_dropped"] == 2
+
+
+def test_a_chosen_id_must_be_plain() -> None:
+    w = World()
+    net = w.net
+    ok, anon = net.open_client(1, "pub"), net.open_client(1, "bad client")
+    for seq, sid, eid in ((1, ok, "a b"), (2, ok, "x/y"), (3, ok, "é"), (4, anon, "fine")):
+        net.client_send(1, sid, cm.Publish(seq, {"price": 1.0, "sym": "A"}, event_id=eid))
+        (err,) = [m for m in net.received(1, sid) if getattr(m, "seq", None) == seq]
+        assert isinstance(err, cm.Error) and err.code == cm.ErrorCode.BAD_EVENT, err
+    assert w.cores[1].stats["rejected_bad_event"] == 4 and w.cores[1].stats["events_in"] == 0
+
+
+def test_a_full_outbox_answers_choke() -> None:
+    cluster = msgspec.structs.replace(CONFIG.cluster, outbox_limit=2)
+    w = World(start=False)
+    for core in w.cores.values():
+        core.ctx.config = msgspec.structs.replace(CONFIG, cluster=cluster)
+        core.outbox.limit = 2
+    w.net.start()
+    pub = w.client(1, "pub")
+    for seq in (1, 2, 3):
+        w.net.client_send(1, pub, cm.Publish(seq, {"price": 1.0, "sym": "A"}))
+    assert w.net.received(1, pub, kind=cm.Choke) == [cm.Choke(3, FULL_DELAY)]
+    assert w.cores[1].stats["choked_outbox_full"] == 1
+    w.net.run()
+    assert [a.seq for a in w.net.received(1, pub, kind=cm.PubAck)] == [1, 2]
