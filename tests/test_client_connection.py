@@ -36,6 +36,7 @@ class FakeNode:
         self.node_id = node_id
         self.received: list[cm.ClientMessage] = []
         self.refuse: dict[str, str] = {}
+        self.silent = False  # publishes go unanswered
         self.sessions = 0
         self._writer: asyncio.StreamWriter | None = None
         self._writers: set[asyncio.StreamWriter] = set()
@@ -109,7 +110,7 @@ class FakeNode:
                 self.send(cm.SubAck(seq, sid))
             case cm.Unsubscribe(seq=seq, sub_id=sid):
                 self.send(cm.UnsubAck(seq, sid))
-            case cm.Publish(seq=seq):
+            case cm.Publish(seq=seq) if not self.silent:
                 self._events += 1
                 self.send(cm.PubAck(seq, f"{self.node_id}-{self._events}"))
             case cm.Admin(seq=seq):
@@ -257,6 +258,28 @@ async def test_a_lost_connection_is_reconnected_and_what_was_open_sent_again(nod
     eid = node.notify(("s",))
     assert (await sub.next(5.0)).event_id == eid
     await client.close()
+
+
+async def test_a_publish_not_acknowledged_goes_again_after_a_reconnect_under_its_id(node: FakeNode) -> None:
+    """The node may have accepted the first copy: the same event id lets the
+    cluster deliver it once (overlay.node.outbox)."""
+    client = await connected(node)
+    node.silent = True
+    publishing = asyncio.ensure_future(client.publish(EVENT))
+    await wait_until(lambda: len(node.of(cm.Publish)) == 1, 5.0, "the publish")
+    node.silent = False
+    node.drop()
+    eid = await asyncio.wait_for(publishing, 10.0)
+    first, again = node.of(cm.Publish)
+    assert isinstance(first, cm.Publish) and isinstance(again, cm.Publish)
+    assert first.event_id and again.event_id == first.event_id and again.seq != first.seq
+    assert eid == "1-1"  # the fake node's name for it
+    await client.close()
+
+
+async def test_a_client_without_an_id_gets_one_of_its_own(node: FakeNode) -> None:
+    address = ("127.0.0.1", 1)
+    assert Client([address]).client_id != Client([address]).client_id
 
 
 async def test_without_reconnect_a_lost_connection_ends_calls_and_subscriptions(node: FakeNode) -> None:

@@ -278,14 +278,14 @@ def test_pipelined_publishes_are_kept_until_their_puback() -> None:
 
 
 def test_a_choked_pipelined_publish_goes_again_after_the_delay_and_pauses_new_ones() -> None:
-    p = opened()
+    p = opened(event_prefix="c1")
     seq = p.publish_windowed(EVENT, wall=WALL)
     sent(p)
     feed(p, cm.Choke(seq, 0.5), now=10.0)
     assert p.chokes == 1 and p.window.pause_left(10.1) == pytest.approx(0.4)
     assert p.tick(10.4) == [] and not p.has_output
     p.tick(10.5)
-    assert sent(p) == [cm.Publish(seq, EVENT, WALL)]  # the same publish, the same seq
+    assert sent(p) == [cm.Publish(seq, EVENT, WALL, event_id="c1.1")]  # the same publish, seq and id
     assert p.window.pause_left(10.5) == 0.0
 
 
@@ -478,3 +478,23 @@ def test_a_notification_keeps_what_the_notify_said() -> None:
     subscribed(p, "a")
     (event,) = feed(p, cm.Notify("0-4", EVENT, ("a",), 12.5, "k", 3, 0))
     assert event == Delivered(Notification("0-4", EVENT, ("a",), 12.5, WALL, "k", 3, 0), ("a",))
+
+
+# -- rule 8: event ids -------------------------------------------------------------------------
+
+
+def test_every_pipelined_publish_names_its_event_and_keeps_the_name_when_sent_again() -> None:
+    p = opened(event_prefix="ab12")
+    seqs = [p.publish_windowed(EVENT, wall=WALL) for _ in range(2)]
+    assert [m.event_id for m in sent(p)] == ["ab12.1", "ab12.2"]  # type: ignore[attr-defined]
+    feed(p, cm.PubAck(seqs[0], "c1/ab12.1"))
+    p.connection_lost()
+    handshake(p)
+    (again,) = sent(p)
+    assert isinstance(again, cm.Publish) and (again.seq, again.event_id) == (seqs[1], "ab12.2")
+    assert p.next_event_id() == "ab12.3"
+
+
+def test_two_clients_of_the_same_id_never_name_two_events_alike() -> None:
+    a, b = ClientProtocol("same"), ClientProtocol("same")
+    assert a.event_prefix != b.event_prefix and a.next_event_id() != b.next_event_id()

@@ -375,7 +375,13 @@ async def test_a_paused_node_learns_it_was_declared_dead_and_rejoins_as_a_new_ru
         through = Client([procs.addr(victim)], client_id="through-victim")
         world.clients.append(through)
         await through.connect()
-        await world.publish(through.publish, range(10_000, 10_010), rate=100.0)
+
+        # Keyed: the client names its unkeyed events itself (client_id/…); a
+        # keyed one is named by its access node's run, which this test checks.
+        def through_keyed(event: dict[str, Any]) -> Any:
+            return through.publish(event, key=f"t{event['qty']}")
+
+        await world.publish(through_keyed, range(10_000, 10_010), rate=100.0)
         before = [e.event_id for q, e in world.audit.events.items() if q >= 10_000]
         pub = await world.publisher()
         publishing = world.publish(pub.publish, range(int(RATE * SECONDS)))
@@ -389,7 +395,7 @@ async def test_a_paused_node_learns_it_was_declared_dead_and_rejoins_as_a_new_ru
         await publishing
         # The new run serves: publishes through it are delivered (the audit),
         # under ids of a new incarnation.
-        await world.publish(through.publish, range(20_000, 20_000 + AFTER), rate=100.0)
+        await world.publish(through_keyed, range(20_000, 20_000 + AFTER), rate=100.0)
         ids = [e.event_id for q, e in world.audit.events.items() if q >= 20_000 and e.event_id]
         assert before and ids, (before, ids)
         assert {run_prefix(i) for i in ids}.isdisjoint(run_prefix(i) for i in before), (before[:2], ids[:2])

@@ -22,7 +22,9 @@ STYLE habits 6–8):
    ``reconnect=False`` the client closes instead: pending calls and open
    subscriptions end with ``ConnectionLost``.
 4. Requests are retried, not failed, while the cluster is not ready and
-   when a node answers Choke(delay); ``publish`` waits for its PubAck.
+   when a node answers Choke(delay); ``publish`` waits for its PubAck.  An
+   unkeyed publish names its event (protocol rule 8) and keeps the id when
+   it is sent again after a lost connection: it is delivered once.
    ``publish_windowed`` does not: it keeps at most ``window`` publishes
    unacknowledged and ``flush()`` waits for all of them and raises the first
    refusal (protocol rule 2, ``overlay.client.window``).
@@ -39,8 +41,8 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import os
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
@@ -98,7 +100,7 @@ class Client:
             raise ValueError("a client needs at least one access node address")
         self.token = token
         self.addresses = list(addresses)
-        self.client_id = client_id or f"client-{os.getpid()}-{id(self):x}"
+        self.client_id = client_id or f"client-{uuid.uuid4().hex[:16]}"  # unique per instance
         self.reconnect = reconnect
         self.max_frame = max_frame
         self.protocol = ClientProtocol(self.client_id, token=token, max_frame=max_frame)
@@ -341,14 +343,24 @@ class Client:
         ``key`` (and optionally ``rank``) ask for ordered delivery (SPEC §10).
         """
         check_order(key, rank)
-        reply = await self._ask(cm.Publish(0, event, time.time(), key, rank), timeout, retry=True)
+        eid = "" if key else self.protocol.next_event_id()  # a keyed event is named by the node
+        reply = await self._ask(cm.Publish(0, event, time.time(), key, rank, eid), timeout, retry=True)
         assert isinstance(reply, cm.PubAck)
         return reply.event_id
 
     async def publish_once(
-        self, event: str | dict[str, Value], *, key: str = "", rank: int = 0, timeout: float = REQUEST_TIMEOUT
+        self,
+        event: str | dict[str, Value],
+        *,
+        key: str = "",
+        rank: int = 0,
+        timeout: float = REQUEST_TIMEOUT,
+        event_id: str = "",
     ) -> cm.PubAck | cm.Choke:
         """One attempt, for a caller that handles Choke itself (the routing agent).
+
+        ``event_id``: the id of the event (protocol rule 8), the same on each
+        attempt of one publish; "" names a new one (a keyed event: the node).
 
         Returns the PubAck or the Choke; raises ``RequestError`` (``NotReady``
         for not_ready) for a rejection, ``ConnectionLost`` if the connection
@@ -357,7 +369,8 @@ class Client:
         check_order(key, rank)
         if not self.connected:
             raise ConnectionLost("not connected to the access node")
-        reply = await self._ask(cm.Publish(0, event, time.time(), key, rank), timeout, retry=False)
+        eid = "" if key else event_id or self.protocol.next_event_id()
+        reply = await self._ask(cm.Publish(0, event, time.time(), key, rank, eid), timeout, retry=False)
         if isinstance(reply, cm.Error):
             if reply.code == cm.ErrorCode.NOT_READY:
                 raise NotReady(reply.message)

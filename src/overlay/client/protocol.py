@@ -39,11 +39,20 @@ queued for the application.  Rules (SPEC §4, §12; Client rules 1–5):
 7. An Error that answers nothing of ours is the node's news: ``NodeError``,
    carrying a ``SlowConsumerError`` for ``slow_consumer`` (the node dropped
    notifications for this connection) and a ``RequestError`` otherwise.
+8. **Event ids.**  Every unkeyed publish names its event
+   (``Publish.event_id``, ``next_event_id``): this instance's random
+   ``event_prefix`` and a counter, so two clients given the same
+   ``client_id`` — one process after another, or the same program twice —
+   never name two events alike.  A publish sent again (rules 2, 3, and the
+   publish window's rule 5) keeps its id, so the cluster delivers it once
+   (the node's ``client_id/event_id``; ``overlay.node.outbox``).
 """
 
 from __future__ import annotations
 
 import enum
+import itertools
+import uuid
 from collections import deque
 from typing import Final
 
@@ -111,8 +120,19 @@ class ClientProtocol:
     holds a spec for each subscription of the client, ``acked`` once the
     node acknowledged it (then it is re-subscribed on every new connection)."""
 
-    def __init__(self, client_id: str, *, token: str = "", max_frame: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(
+        self,
+        client_id: str,
+        *,
+        token: str = "",
+        max_frame: int = DEFAULT_MAX_FRAME_SIZE,
+        event_prefix: str | None = None,
+    ) -> None:
         self.client_id = client_id
+        # Rule 8: 32 random bits per instance (a counter alone would repeat the
+        # ids of an earlier run under the same client id); "." then the counter.
+        self.event_prefix = (event_prefix if event_prefix is not None else uuid.uuid4().hex[:8]) + "."
+        self._event_no = itertools.count(1)
         self.token = token
         self.max_frame = max_frame
         self.state = ConnState.IDLE
@@ -271,6 +291,10 @@ class ClientProtocol:
         self._seq += 1
         return self._seq
 
+    def next_event_id(self) -> str:
+        """Rule 8: a new id for an event of this client."""
+        return f"{self.event_prefix}{next(self._event_no)}"
+
     def _send_request(self, req: Request) -> None:
         self._out.append(self.requests.on_wire(req, self._next_seq()))
 
@@ -317,7 +341,7 @@ class ClientProtocol:
         """A pipelined publish (window rule 1; the caller checked ``window.room``); returns its seq."""
         if self.state is ConnState.CLOSED:
             raise ConnectionLost(self.closed_reason)
-        msg = cm.Publish(self._next_seq(), event, wall)
+        msg = cm.Publish(self._next_seq(), event, wall, event_id=self.next_event_id())
         encode_frame(msg, self.max_frame)  # refused now if it cannot be sent
         self.window.add(msg)
         if self.state is ConnState.OPEN:

@@ -19,11 +19,12 @@ keeps these rules:
    (bounded by ``min_timeout``/``max_timeout``) is a failure: a large latency
    is fed in (the node is avoided until its estimate recovers) and the publish
    is sent again to another node.  The first node may have accepted it all
-   the same, so **a publish that timed out is delivered at least once**, not
-   exactly once: the two copies get different event ids (each access node
-   names its events), so subscribers cannot tell them apart — only a
-   publisher-chosen event id in ``Publish`` would make the re-send
-   idempotent, and the protocol has none yet.  ``resent`` counts these.
+   the same; every attempt carries the same event id (the agent names each
+   event, and every connection says Hello with the agent's ``client_id``, so
+   the cluster's id ``client_id/event_id`` is the same through any node), and
+   the subscribers' access nodes drop the second copy: **a publish that timed
+   out is delivered once** to plain subscriptions (a group instance may get
+   both copies: group copies are not de-duplicated).  ``resent`` counts these.
 4. **Probing.**  An avoided node gets no publishes, hence no new samples, so
    a connected node without a sample for ``probe_interval`` s is pinged
    (``Client.ping``: an Unsubscribe of an id no subscription has, which waits
@@ -87,9 +88,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
-import os
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -138,14 +140,19 @@ class AgentClient:
         if not addresses:
             raise ValueError("an agent client needs at least one access node address")
         self.settings = settings or AgentSettings()
-        self.client_id = client_id or f"agent-{os.getpid()}-{id(self):x}"
+        self.client_id = client_id or f"agent-{uuid.uuid4().hex[:16]}"
+        # Rule 3: this agent's event ids, the same through every node (a random
+        # prefix per instance, as ``ClientProtocol`` rule 8, then a counter).
+        self._event_prefix = f"{uuid.uuid4().hex[:8]}."
+        self._event_no = itertools.count(1)
         self.addresses = list(addresses)
         self._errors = ErrorReporter(error_cb, self.client_id)
         # One single-address Client per node: each reconnects to its own node
-        # only, and reports its errors through this agent's callback.
+        # only, and reports its errors through this agent's callback.  All say
+        # Hello with the agent's id: an event's id is the same through any of them.
         self.clients = [
-            Client([a], client_id=f"{self.client_id}/{i}", max_frame=max_frame, token=token, error_cb=self._errors.add)
-            for i, a in enumerate(self.addresses)
+            Client([a], client_id=self.client_id, max_frame=max_frame, token=token, error_cb=self._errors.add)
+            for a in self.addresses
         ]
         s = self.settings
         self.agent: RoutingAgent[int] = RoutingAgent(
@@ -240,6 +247,7 @@ class AgentClient:
         agent = self.agent
         pending = self._pending
         failed: set[int] = set()  # nodes that timed out on this publish
+        event_id = "" if key else f"{self._event_prefix}{next(self._event_no)}"  # rule 3: one id, every attempt
         while True:
             now = clock()
             if now >= deadline:
@@ -256,7 +264,9 @@ class AgentClient:
             wait = min(agent.timeout(node), deadline - now)
             pending[node] += 1
             try:
-                reply = await self.clients[node].publish_once(event, key=key, rank=rank, timeout=wait)
+                reply = await self.clients[node].publish_once(
+                    event, key=key, rank=rank, timeout=wait, event_id=event_id
+                )
             except (TimeoutError, ConnectionLost):
                 self.timeouts += 1
                 self.resent += 1
