@@ -95,6 +95,8 @@ def _one_seed(seed: int, faults: bool = False) -> tuple[int, bool, list[str], di
 # by the words each check writes; checked in this order.
 _KINDS: Final = (
     ("crash at step", "a core raised"),
+    (" rejected ", "a node rejected a peer's message (protocol error)"),
+    ("refused: undeliverable", "an event given up unconfirmed (undeliverable after event_ttl)"),
     (" lost for ", "rule 6: a PubAck'd event not delivered to a promised subscription"),
     ("never matched", "rule 6: a PubAck'd event never matched"),
     ("out of rank order", "rule 6: a key's events out of rank order"),

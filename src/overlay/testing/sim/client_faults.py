@@ -6,7 +6,10 @@ Rules:
 1. **Event ids.**  Every publish carries an id the client chose
    (``Publish.event_id``, ``<client>-e<n>``, unique in the run): the event is
    recorded when first sent, and a re-send with the same id — to the same
-   node or, after its session was lost, to another — is the same event.
+   node or, after its session was lost, to another — is the same event.  The
+   cluster names it ``<client id>/<id>`` (``node.clients``): its PubAck and
+   notifications carry that name, known from the first send
+   (``SimClients.event_names``).
 2. **Refusals are retried** later on the same session: ``not_ready`` (a
    node rejoining), ``overloaded`` (a full outbox) and ``Choke(delay)``;
    a request is sent at most ``MAX_TRIES`` times, then given up (an event
@@ -74,6 +77,9 @@ class ClientFaults:
         self._event_no += 1
         rec = EventRec(f"{c.name}-e{self._event_no}", values, users.net.step_no, c.name)
         users.events[rec.event_id] = rec
+        name = f"{c.name}/{rec.event_id}"  # the cluster's name for it (rule 1)
+        rec.aliases.append(name)
+        users.event_names[name] = rec
         self._send_event(c, rec, event)
 
     def _send_event(self, c: SimClient, rec: EventRec, event: Any = None) -> None:
@@ -89,8 +95,8 @@ class ClientFaults:
             users.net.failures.append(f"{c.name}: second PubAck for event {rec.event_id} ({msg!r})")
             return
         rec.acked_at = users.net.step_no
-        if msg.event_id != rec.event_id:  # the node named it otherwise: its notifications carry that name
-            users.events.setdefault(msg.event_id, rec)
+        if msg.event_id not in rec.ids():  # the node named it otherwise: its notifications carry that name
+            users.event_names.setdefault(msg.event_id, rec)
             rec.aliases.append(msg.event_id)
 
     # -- rules 2 and 3 -----------------------------------------------------------------------

@@ -43,6 +43,7 @@ class SimClients:
         self.by_session: dict[tuple[int, int], SimClient] = {}
         self.admins: dict[int, SimClient] = {}
         self.events: dict[str, EventRec] = {}
+        self.event_names: dict[str, EventRec] = {}  # with node faults: the cluster's names of the events
         self.subs: list[SubRec] = []
         self.notes: Counter[tuple[str, str, str]] = Counter()
         self.key_ranks: dict[tuple[str, str, str], list[int]] = {}  # (client, sub, key) -> ranks as notified

@@ -135,6 +135,7 @@ class SimCluster:
         self.sent = net.sent
         self.failures, self.trace = net.failures, net.trace
         self.clients, self.admins, self.events = users.clients, users.admins, users.events
+        self.event_names = users.event_names
         self.subs, self.notes, self.key_ranks = users.subs, users.notes, users.key_ranks
         self.races = 0  # (event, subscription) pairs an unsubscribe legitimately overtook
         self.exempt = 0  # (event, subscription) pairs whose session was lost before delivery (invariants rule 6)
