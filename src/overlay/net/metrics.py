@@ -91,6 +91,24 @@ _COUNTERS: Final = (
         "Tracked notifications whose client did not ack within ack_timeout.",
         "delivery_ack_timeouts",
     ),
+    # Nothing acknowledged is lost (overlay.node.outbox, overlay.node.dedup).
+    (
+        "overlay_events_confirmed",
+        "Unkeyed events PubAck'ed once every matching subscription's access node confirmed them.",
+        "events_confirmed",
+    ),
+    ("overlay_events_resent", "Unconfirmed events sent again to their channel's current owner.", "events_resent"),
+    (
+        "overlay_events_expired",
+        "Events given up unconfirmed after event_ttl (the publisher is told undeliverable).",
+        "events_expired",
+    ),
+    (
+        "overlay_duplicates_dropped",
+        "Notifications of an event id this access node had delivered lately, dropped.",
+        "duplicates_dropped",
+    ),
+    ("overlay_outbox_chokes", "Publishes answered Choke because the outbox was full.", "choked_outbox_full"),
 )
 _DROPS: Final = (
     ("slow_consumer", "slow_consumer_drops"),
@@ -152,6 +170,9 @@ class NodeCollector:
             sum(len(ch) for ch in core.local),
         )
         yield gauge("overlay_client_sessions", "Client sessions open on this node.", len(core.sessions))
+        yield gauge(
+            "overlay_outbox_events", "Accepted events not confirmed yet (overlay.node.outbox).", len(core.outbox)
+        )
         peer_dc = GaugeMetricFamily(
             "overlay_peer_dc", "Load level dc of a peer, from its last LIEM.", labels=["node", "peer"]
         )

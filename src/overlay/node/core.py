@@ -202,6 +202,7 @@ class NodeCore:
             recovery=self.recovery,
             receipts=self.receipts,
         )
+        self.outbox.dispatch = self.router.dispatch_event  # the lambda above, without its frame (hot path)
         self.membership = Membership(
             ctx, self.startup, self.sessions, self.migration, self.balancing, self.loads, self.updates
         )

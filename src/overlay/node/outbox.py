@@ -171,9 +171,10 @@ class Outbox:
         now = self._ctx.now
         k = _Kept(ev, sid, seq, now + self.resend_after, now + self.ttl)
         self._kept[ev.event_id] = k
-        self._first_at.append(k.resend_at)
-        self._first.append(k)
         self.dispatch(ev, out)
+        if not k.done:  # else confirmed at once (a local owner, local subscribers): no deadline
+            self._first_at.append(k.resend_at)
+            self._first.append(k)
 
     def attach(self, event_id: str, sid: int, seq: int) -> bool:
         """Rule 1: the same id published again while kept waits with the first."""
@@ -208,8 +209,12 @@ class Outbox:
         if k is None:
             self._ctx.stats["receipts_stale"] += 1  # complete, expired, or not ours
             return
-        confirmed = k.confirmed
-        missing = set(nodes) if confirmed is None else {n for n in nodes if n not in confirmed}
+        if not nodes:  # nothing matched, or only the owner's own clients
+            self._complete(k, out)
+            return
+        missing = set(nodes)
+        if k.confirmed is not None:
+            missing -= k.confirmed
         if self._dead:
             missing -= self._dead
         if not missing:
@@ -228,10 +233,6 @@ class Outbox:
         self._confirm(k, node, out)
 
     def _confirm(self, k: _Kept, node: int, out: list[Action]) -> None:
-        if k.confirmed is None:
-            k.confirmed = {node}
-        else:
-            k.confirmed.add(node)
         rounds = k.rounds
         if rounds:
             for r in rounds:
@@ -239,6 +240,11 @@ class Outbox:
                 if not r:
                     self._complete(k, out)
                     return
+        # Not complete yet: kept for a report still to come (a set made only then).
+        if k.confirmed is None:
+            k.confirmed = {node}
+        else:
+            k.confirmed.add(node)
 
     def node_dead(self, node: int, out: list[Action]) -> None:
         """``node`` is dead: no kept event waits for it, nor one reported later."""

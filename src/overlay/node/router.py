@@ -167,12 +167,16 @@ class Router:
                     ToPeer(
                         node,
                         pm.Notification(
-                            msg.event_id, msg.event_exp, tuple(ids), ch.id, msg.publish_time, origin=origin
+                            msg.event_id, msg.event_exp, tuple(ids), ch.id, msg.publish_time, "", 0, -1, origin
                         ),
                     )
                 )
         stats["notifications_out"] += len(matched)
-        self._receipts.matched(msg, tuple(by_node) if me not in by_node else tuple(n for n in by_node if n != me), out)
+        if len(by_node) == 1:  # the common case, without a generator
+            nodes: tuple[int, ...] = () if me in by_node else (node,)
+        else:
+            nodes = tuple([n for n in by_node if n != me])
+        self._receipts.matched(msg, nodes, out)
 
     def subscriptions_failed(self, ch: Channel, msg: pm.Event, subs: Sequence[Any], what: str) -> None:
         """Rule 5's exception: these subscriptions could not be served this

@@ -101,6 +101,9 @@ class Sessions(Mapping[int, Session]):
     def __len__(self) -> int:
         return len(self._by_id)
 
+    def __contains__(self, sid: object) -> bool:
+        return sid in self._by_id  # Mapping's would go through __getitem__ and a KeyError: hot (PubAcks)
+
     def pending(self) -> int:
         """(Un)subscriptions still waiting for their channels."""
         return len(self._pending)
