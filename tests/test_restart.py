@@ -85,8 +85,11 @@ def test_a_restarted_initializer_joins_the_running_cluster_instead_of_reinitiali
     # The survivors' tables did not change; the restarted node took theirs.
     assert all(dict(w.cores[i].routing.entries()) == tables[i] for i in (1, 2))
     assert core.ready and dict(core.routing.entries()) == tables[1] and core.epoch == 1000
-    # Its channels are back, empty (their subscriptions died with it), not re-created as EC.
-    assert set(core.local.ids()) == {ChannelId(0, 1), ChannelId(0, 2)} and all(len(c) == 0 for c in core.local)
+    # Its channels are back, not re-created as EC, with the subscriptions the
+    # access nodes hold for them (node.recovery rule 5): c1's "a" is in [0, 500].
+    assert set(core.local.ids()) == {ChannelId(0, 1), ChannelId(0, 2)}
+    assert [len(core.local[c]) for c in (ChannelId(0, 1), ChannelId(0, 2))] == [1, 0]
+    assert not core.recovery.rebuilding
     assert core.local.new_id() == ChannelId(0, 3)  # no id of the running cluster is reused
     assert w.net.errors == []
     # Publishing works on every node, and a new subscription on the restarted node is served.

@@ -165,7 +165,7 @@ async def test_a_restarted_initializer_joins_and_the_survivors_keep_serving(tmp_
             await asyncio.sleep(12 * SLICE)
             assert all(procs.alive(i) for i in range(3)), [procs.log_of(i)[-2000:] for i in range(3)]
             log0 = procs.log_of(0)
-            assert "initialising the cluster" not in log0 and "re-created empty" in log0
+            assert "initialising the cluster" not in log0 and "re-created, their subscriptions asked of" in log0
             async with Client([procs.addr(1)]) as c:
                 high = await c.subscribe("price > 800")  # on node 0's re-created channel
                 for node in range(3):

@@ -65,8 +65,8 @@ SKIPPED: Final[Mapping[str, str]] = {
     "mid-run is left out of S and of the per-window loads",
     "leave": "membership: a node that drained and left counts as a node with no load in the windows "
     "after it left, and slices without its report are not complete",
-    "rejoin": "a node restarted and found the cluster running: channels it owned were re-created empty, and "
-    "its capture file of before the restart was renamed `.old`, which the replay does not read — "
+    "rejoin": "a node restarted and found the cluster running: channels it owned were re-created and "
+    "rebuilt from the access nodes, and its capture file of before the restart was renamed `.old`, which the replay does not read — "
     "losses of that node's subscriptions around the restart are expected",
 }
 

@@ -21,11 +21,10 @@ The rules:
 4. A node that adopts a table reconciles its local table with it: channels
    the table does not give it are dropped (an initializer's tentative EC);
    channels the table gives it that it does not hold (it held them before
-   it restarted) are re-created empty, so events for them are matched (their
-   subscriptions died with the old process and must be made again — the
-   recovery of a dead node's channels is not implemented yet) and nothing
-   loops through re-routes; a replicated channel's other replicas keep it,
-   and the node leaves its replica set.
+   it restarted) are re-created, and rebuilt as a dead node's channels are
+   (``node.recovery`` rule 5: every access node sends their subscriptions,
+   their events wait until it has); a replicated channel's other replicas
+   keep it, and the node leaves its replica set.
 5. Table updates that arrive before the table are kept and applied after it.
 6. A sync from a peer of the same epoch, to a node that holds a table, is
    authoritative for that peer's own channels (the owner made every change
@@ -124,10 +123,18 @@ class Boot:
     """The routing table at start (rules 1–6).  ``engaged`` names the
     channels in a session or a split, which a sync leaves alone (rule 6)."""
 
-    def __init__(self, ctx: NodeContext, updates: TableUpdates, *, engaged: Callable[[], set[ChannelId]]) -> None:
+    def __init__(
+        self,
+        ctx: NodeContext,
+        updates: TableUpdates,
+        *,
+        engaged: Callable[[], set[ChannelId]],
+        recreated: Callable[[list[ChannelId], list[Action]], None] = lambda chids, out: None,
+    ) -> None:
         self._ctx = ctx
         self._updates = updates
         self._engaged = engaged
+        self._recreated = recreated  # rule 4: their subscriptions are rebuilt (node.recovery)
         self.has_table = False
         self.ready = False
         self.epoch = 0  # of the table held (rule 3)
@@ -241,7 +248,7 @@ class Boot:
             entry = self._ctx.routing.get(ch.id)
             if entry is None or self._ctx.id not in entry.owners:
                 self._ctx.local.remove(ch.id)
-        recreated: list[str] = []
+        recreated: list[ChannelId] = []
         left: list[str] = []
         for chid in self._ctx.routing.channels_of(self._ctx.id):
             if chid in self._ctx.local:
@@ -254,17 +261,19 @@ class Boot:
                 left.append(str(chid))
             else:
                 self._ctx.local.add(Channel(chid, entry.space, self._ctx.schema))
-                recreated.append(str(chid))
+                recreated.append(chid)
         if recreated or left:
             self._ctx.stats["channels_recreated_empty"] += len(recreated)
             log.warning(
                 "node %d: the cluster's table names this node owner of channels it does not hold (lost when it "
-                "stopped): %s re-created empty (their subscriptions must be made again)%s",
+                "stopped): %s re-created, their subscriptions asked of the access nodes%s",
                 self._ctx.id,
-                ", ".join(recreated) or "none",
+                ", ".join(map(str, recreated)) or "none",
                 f"; left the replica sets of {', '.join(left)}" if left else "",
             )
-            self._ctx.journal.record("rejoin", self._ctx.now, recreated=recreated, replicas_left=left)
+            self._ctx.journal.record("rejoin", self._ctx.now, recreated=[str(c) for c in recreated], replicas_left=left)
+            if recreated:
+                self._recreated(recreated, out)
         for upd in self.state.take_buffered():
             self._updates.apply(upd)
         self._init_waiting = set()  # an initialisation of ours, if any, is abandoned

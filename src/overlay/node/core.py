@@ -163,7 +163,12 @@ class NodeCore:
             reapply=lambda msg, out: self.router.reapply(msg, out),
             admin_done=lambda admin, result, out: self.admin.done(admin, result, out),
         )
-        self.startup = Boot(ctx, self.updates, engaged=lambda: self.balancing.engaged())
+        self.startup = Boot(
+            ctx,
+            self.updates,
+            engaged=lambda: self.balancing.engaged(),
+            recreated=lambda chids, out: self.recovery.restarted(chids, out),
+        )
         self.balancing = Balancing(
             ctx,
             self.migration,
@@ -488,6 +493,7 @@ class NodeCore:
         self.migration.peer_gone(node, f"node {node} was declared dead", out)  # its tracked deliveries too
         self.ordering.link_changed(node, False, out)
         self.monitor.loads.pop(node, None)  # its last LIEM no longer counts in dc̄
+        self.peer_runs.drop_subscriptions_of(node)  # its clients died with it
         self.outbox.node_dead(node, out)  # its receipts will not come (node.outbox rule 2)
 
     def peer_reachable(self, node: int) -> None:

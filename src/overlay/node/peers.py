@@ -40,6 +40,19 @@ class PeerRuns:
         inc = ctx.incarnation if access == ctx.id else self._incarnation.get(access)
         return inc is not None and not gid.startswith(sub_prefix(access, inc))
 
+    def drop_subscriptions_of(self, node: int) -> None:
+        """``node`` was declared dead: its clients are gone with it."""
+        ctx = self._ctx
+        dropped = 0
+        for ch in ctx.local:
+            gone = [s.id for s in ch if s.access_node == node]
+            for gid in gone:
+                ch.remove(gid)
+            dropped += len(gone)
+        if dropped:
+            ctx.stats["subscriptions_of_dead_clients_removed"] += dropped
+            log.info("node %d: removed %d subscriptions of dead node %d's clients", ctx.id, dropped, node)
+
     def drop_subscriptions_of_old_run(self, node: int) -> None:
         """The clients of ``node``'s previous run are gone with it."""
         ctx = self._ctx

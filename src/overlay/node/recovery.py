@@ -33,6 +33,12 @@ Rules:
    update, and creates the channel then.  Then the held events are matched
    in arrival order.  A node that dies meanwhile is not waited for; after
    ``peer_timeout`` the channel stops waiting (logged with who was missing).
+5. A node that restarted before anyone declared it dead finds the table
+   still naming it owner of channels it lost (``node.boot`` rule 4): it
+   re-creates and holds them as in rule 4, and announces them in an update
+   marked ``dead`` with its own id — its previous run's channels — so every
+   access node sends it their subscriptions and re-sends what was not
+   confirmed; nobody declares anything dead for it.
 """
 
 from __future__ import annotations
@@ -210,7 +216,7 @@ class Recovery:
         """An update marked ``dead`` that was just applied to the routing table (rule 3)."""
         ctx = self._ctx
         dead = msg.dead
-        if dead not in self._gone and dead != ctx.id:
+        if dead not in self._gone and dead not in (ctx.id, src):  # src == dead: its new run (rule 5)
             self._liveness.declare(dead, 0, f"node {src} reassigned its channels", now)
             self.node_dead(dead, now, out, reassign=False)
         for item in msg.update_chs:
@@ -226,6 +232,15 @@ class Recovery:
             self._sessions.rebuilt(chid, out)
         ctx.stats["channels_recovered"] += sum(1 for i in msg.update_chs if i.entry.owner == ctx.id)
         self._resend(now, out)
+
+    def restarted(self, chids: list[ChannelId], out: list[Action]) -> None:
+        """Rule 5: this node's new run holds channels its previous run owned."""
+        ctx = self._ctx
+        now = ctx.now
+        for chid in chids:
+            self._ensure(chid, ctx.id, now, out)
+        ctx.stats["channels_recovered"] += len(chids)
+        self._updates.broadcast((), [(c, ctx.routing[c]) for c in chids], out, dead=ctx.id)
 
     def _send_rebuild(self, chid: ChannelId, entry: RouteEntry, dead: int, out: list[Action]) -> None:
         subs = tuple(self._sessions.held(entry.space))
