@@ -158,6 +158,7 @@ def test_the_clients_of_a_crashed_node_reconnect_elsewhere_and_resend(monkeypatc
     (eid,) = [e.event_id for e in sim.events.values() if e.publisher == c.name and e.acked_at is None]
     nf.crash(1, restart_after=5.0)
     assert all(rec.lost_at is not None for rec in c.subs.values() if rec.local_id in held)
+    assert all(rec.died_at == sim.net.step_no for rec in c.subs.values()), "its node's run died at the crash"
     run_for(sim, 0.6)
     assert c.connected and c.node != 1
     sent = [line for line in sim.trace if f"client {c.name}@{c.node} -> Publish" in line]
@@ -275,6 +276,22 @@ def test_no_quorum_sends_the_client_to_another_node(monkeypatch: pytest.MonkeyPa
     run_for(sim, 0.6)
     rec = next(e for e in sim.events.values() if e.values == values)
     assert c.connected and c.node != 0 and rec.acked_at is not None and rec.sends == 2
+
+
+def test_a_run_declared_dead_was_dying_since_its_pause_began() -> None:
+    """A paused node a majority declared dead rejoins; its clients' subscriptions
+    date its death from the pause (invariants rule 6)."""
+    sim, nf = started(seed=10)
+    c = client_on(sim, 2)
+    run_for(sim, 0.1)
+    paused_at = sim.net.step_no
+    nf.pause(2, 0.3)
+    run_for(sim, 1.0)
+    nf.rejoin(2, "declared dead by the test")
+    assert not c.connected
+    assert {rec.died_at for rec in c.subs.values()} == {paused_at}
+    run_for(sim, 1.0)
+    assert c.connected and 2 in sim.cores and sim.cores[2].incarnation == 2
 
 
 def test_a_node_that_never_had_a_fault_may_not_close_sessions() -> None:

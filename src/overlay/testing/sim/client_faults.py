@@ -19,7 +19,9 @@ Rules:
    another node, as the error says: it closes the session and reconnects
    elsewhere (rule 4), the refused request with it.
 4. **A lost session** — its node crashed, stopped to rejoin, or closed it —
-   ends every subscription of the session (``SubRec.lost_at``); the client
+   ends every subscription of the session (``SubRec.lost_at``; when a
+   node's run ends, every subscription ever made on that run notes since
+   when it was dying, ``SubRec.died_at``); the client
    reconnects after a short delay to another node that serves clients (up,
    not paused; the one it lost only when no other does), says Hello,
    re-sends every publish not yet PubAcked with its id, and subscribes
@@ -157,9 +159,13 @@ class ClientFaults:
 
     # -- rule 4 ------------------------------------------------------------------------------
 
-    def node_down(self, node: int) -> None:
-        """``node``'s run is gone: every session on it ends."""
+    def node_down(self, node: int, incarnation: int, since: int) -> None:
+        """That run of ``node`` is gone (dying since step ``since``): every
+        session on it ends."""
         users = self.users
+        for rec in users.subs:
+            if rec.run == (node, incarnation) and rec.died_at is None:
+                rec.died_at = since
         for c in [*users.clients, *users.admins.values()]:
             if c.node == node and c.connected and c.closed_at is None:
                 self.lost(c, f"node {node} went down")

@@ -183,7 +183,7 @@ class SimClients:
     def subscribe(self, c: SimClient, spec: SubSpec) -> SubRec:
         """A new subscription of ``c``, sent."""
         self._sub_no += 1
-        rec = SubRec(c, f"s{self._sub_no}", spec, self._net.step_no)
+        rec = SubRec(c, f"s{self._sub_no}", spec, self._net.step_no, run=(c.node, self._net.cores[c.node].incarnation))
         c.subs[rec.local_id] = rec
         self.subs.append(rec)
         self.send_subscribe(c, rec)

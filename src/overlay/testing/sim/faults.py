@@ -12,7 +12,8 @@ calls ``step`` each time the clock moves) and models what the shell
 2. **Crash.**  The node's core is gone: every message queued to or from it
    is lost, in-flight frames too; whatever is sent to it while it is down is
    lost (the shell queues it, then discards it at the new run's hello); its
-   clients' sessions end (``on_sessions_lost``: they reconnect elsewhere);
+   clients' sessions end (``on_sessions_lost``: they reconnect elsewhere,
+   told since which step the run was dying);
    it ticks no more.  Each peer's link reports down at once (``peer_link``)
    and, past ``peer_timeout``, unreachable (``peer_unreachable``), as the
    shell's ticker does.
@@ -87,8 +88,11 @@ class Cut:
 
 class NodeFaults:
     """Rules 1–6 for one run, on ``net`` (cores, links, clock) with the
-    run's ``rng``.  ``on_sessions_lost(node)`` ends the sessions of a crashed
-    node's clients; ``on_restarted(node)`` runs once a new run of it is up."""
+    run's ``rng``.  ``on_sessions_lost(node, incarnation, since)`` ends the
+    sessions of a node's clients when that run of it ends — ``since`` is the
+    step its end began: the crash, or the start of the pause or cut that got
+    it declared dead;
+    ``on_restarted(node)`` runs once a new run of it is up."""
 
     def __init__(self, net: SimNetwork, params: SimParams, rng: random.Random) -> None:
         self.net = net
@@ -114,7 +118,8 @@ class NodeFaults:
         self.down_since: dict[Pair, float] = {}
         self.reported: dict[Pair, bool] = {}
         self.lost: Counter[str] = Counter()  # messages lost, by type
-        self.on_sessions_lost: Callable[[int], None] = lambda node: None
+        self.on_sessions_lost: Callable[[int, int, int], None] = lambda node, incarnation, since: None
+        self.fault_steps: dict[int, tuple[int, float | None]] = {}  # node -> (step its last fault began, when it ended)
         self.on_restarted: Callable[[int], None] = lambda node: None
 
     # -- what the network asks ---------------------------------------------------------------
@@ -213,11 +218,13 @@ class NodeFaults:
         self.ends_at = ends_at
         self.history.append((self.net.now, kind, node))
         self.net.faults[kind.value] += 1
+        self.fault_steps[node] = (self.net.step_no, None)
 
     def _end(self) -> None:
         assert self.current is not None
         kind, node = self.current
         self.spans.append((self.began, self.net.now, kind, node))
+        self.fault_steps[node] = (self.fault_steps[node][0], self.net.now)
         if kind is Fault.CRASH:
             self.restart(node)
         elif kind is Fault.PARTITION:
@@ -243,7 +250,7 @@ class NodeFaults:
             self.note(f"node {node} crashes for good")
         else:
             self.note(f"node {node} crashes; restarts in {restart_after:.2f}s")
-        self._go_down(node)
+        self._go_down(node, net.step_no)
 
     def rejoin(self, node: int, reason: str) -> None:
         """A core asked for a new run (``Rejoin``: it was declared dead while
@@ -254,15 +261,19 @@ class NodeFaults:
             return
         delay = self.rng.uniform(0.05, 0.3)
         self.note(f"node {node} stops to rejoin as a new run in {delay:.2f}s: {reason}")
+        since = self.net.step_no  # declared dead for no fault of its own, unless it had one lately:
+        began, ended = self.fault_steps.get(node, (since, None))
+        if ended is None or self.net.now - ended <= self.recovery_floor():
+            since = began  # it began dying when that pause or cut began
         if self.current is not None and self.current[1] == node:
             self._end()  # its cut or pause ends with this run
         self.history.append((self.net.now, Fault.REJOIN, node))
         self.net.faults[Fault.REJOIN.value] += 1
         self.rejoining[node] = self.net.now + delay
         self.next_at = max(self.next_at, self.net.now + delay + self.recovery_gap())
-        self._go_down(node)
+        self._go_down(node, since)
 
-    def _go_down(self, node: int) -> None:
+    def _go_down(self, node: int, since: int) -> None:
         net = self.net
         now = net.now
         self.crashed[node] = now
@@ -270,7 +281,7 @@ class NodeFaults:
         for key in self._links_of(node):
             self._lose_queued(key)
         net.retire(node)
-        self.on_sessions_lost(node)
+        self.on_sessions_lost(node, self.incarnation[node], since)
         for pair in [p for p in self.down_since if node in p]:
             self.down_since.pop(pair)
             self.reported.pop(pair, None)

@@ -46,7 +46,9 @@ matcher (``SubSpec.matches``), not from the cores' bookkeeping.
    closed or lost) and that matches e, e is delivered to s exactly once —
    unless s was never notified and its session was lost (its access node,
    the only one, crashed or sent it away: "other than the subscriber's only
-   access node").  Every PubAck'd event was matched.  As in rule 1, never
+   access node"), or its access node's run had begun to die when e was
+   PubAcked (crashed, or paused or cut off and then declared dead: dead to
+   the cluster while the client still held the session).  Every PubAck'd event was matched.  As in rule 1, never
    two notifications of one event to one subscription, none for an event it
    does not match, an unknown event or subscription; and, where keys are
    used, a subscription sees a key's events in rank order.  Rules 2–5 hold
@@ -208,7 +210,7 @@ def check_promise(sim: SimCluster) -> list[str]:
             if not rec.spec.matches(ev.values):
                 continue
             n = counts.get((ev.event_id, rec.client.name, rec.local_id), 0)
-            if n == 0 and rec.lost_at is not None:
+            if n == 0 and (rec.lost_at is not None or (rec.died_at is not None and rec.died_at <= ev.acked_at)):
                 exempt += 1  # its only access node went before delivering it
                 continue
             if n == 0:
@@ -216,7 +218,9 @@ def check_promise(sim: SimCluster) -> list[str]:
                     f"event {ev.event_id} {ev.values} (published at step {ev.pub_at} by {ev.publisher}, "
                     f"{ev.sends} send(s), PubAck at step {ev.acked_at}) lost for {rec.client.name}/{rec.local_id} "
                     f"[{rec.spec.text()}] (gid {rec.gid} at node.run {_node_of(rec)}, SubAck at step {rec.acked_at}, "
-                    f"ended at {end}; reached its access node at step {_arrival(sim, ev, rec)})"
+                    f"ended at {end}; reached its access node at step {_arrival(sim, ev, rec)}"
+                    + (f"; its access node's run dying from step {rec.died_at}" if rec.died_at is not None else "")
+                    + ")"
                 )
     sim.exempt += exempt
     return out

@@ -37,6 +37,10 @@ class SubRec:
     # client left a node cut off in a minority.  The client re-subscribes
     # elsewhere with a new ``SubRec``.
     lost_at: int | None = None
+    run: tuple[int, int] = (-1, 0)  # (access node, its incarnation) it was made on
+    # That run ended (crash, or declared dead and rejoined), whenever the
+    # client left it: the step its end began (the crash, or the pause or cut before it).
+    died_at: int | None = None
     tries: int = 0  # Subscribes refused for now (not_ready, no_quorum) and sent again
 
     @property
