@@ -108,6 +108,7 @@ PEER_MESSAGES: list[pm.PeerMessage] = [
     pm.Rebuild(CH1, (SUB.stored(),), last=False, dead=3),
     pm.EventsMatched(("0-1", "0-2"), ((1, 2), ())),
     pm.EventsDelivered(("0-1",)),
+    pm.LinkAck(1234),
 ]
 
 CLIENT_MESSAGES: list[cm.ClientMessage] = [

@@ -62,6 +62,7 @@ SAMPLES: dict[type, pm.PeerMessage] = {
     pm.Rebuild: pm.Rebuild(CH[0], (_SUB.stored(),)),
     pm.EventsMatched: pm.EventsMatched(("e",), ((1,),)),
     pm.EventsDelivered: pm.EventsDelivered(("e",)),
+    pm.LinkAck: pm.LinkAck(1),
 }
 
 

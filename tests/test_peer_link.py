@@ -10,6 +10,7 @@ import asyncio
 import pytest
 
 from conftest import LOCAL
+from overlay.actions import ToPeer
 from overlay.messages import peer as pm
 from overlay.messages.codec import encode_frame
 from overlay.net.node import PEER_MAGIC
@@ -87,3 +88,37 @@ async def test_a_stop_that_meets_the_link_failing_still_stops_the_link() -> None
             assert task.cancelled(), "the link swallowed its cancel and went on reconnecting"
     finally:
         await cl.stop()
+
+
+async def test_frames_a_broken_connection_lost_are_sent_again_once_and_in_order() -> None:
+    # net.peer_link rule 6: the link to node 1 is aborted again and again while
+    # node 0 sends; node 1's core sees every event once, in the order sent.
+    async with LoopbackCluster(LOCAL, 2, balancing=False) as cl:
+        got: list[str] = []
+        core = cl.nodes[1].core
+        handle = core.handle_peer
+
+        def spy(src: int, msg: pm.PeerMessage, now: float) -> list:  # type: ignore[type-arg]
+            if type(msg) is pm.Event and msg.event_id.startswith("x"):
+                got.append(msg.event_id)
+                return []
+            return handle(src, msg, now)
+
+        core.handle_peer = spy  # type: ignore[method-assign]
+        link = cl.nodes[0].links[1]
+        sent = [f"x{i}" for i in range(6000)]
+        ec = cl.nodes[0].core.routing.lookup_event({"price": 1.0, "sym": "A"})
+        for k in range(0, len(sent), 500):
+            cl.nodes[0].execute(
+                [
+                    ToPeer(1, pm.Event(eid, {"price": 1.0, "sym": "A"}, 0, pm.DispatchSign.EVENT_DISPATCHED, ec))
+                    for eid in sent[k : k + 500]
+                ]
+            )
+            await asyncio.sleep(0)  # the writer takes a batch
+            if k % 1000 == 0:
+                link.abort()
+                await wait_until(link.connected.is_set, WAIT, "the link back up")
+        await wait_until(lambda: len(got) >= len(sent), WAIT, "every event at node 1")
+        assert got == sent
+        assert link.resent > 0  # something was in flight when the connection broke

@@ -36,6 +36,7 @@ __all__ = [
     "EventsDelivered",
     "EventsMatched",
     "Heartbeat",
+    "LinkAck",
     "Notification",
     "NotificationAck",
     "PastOwner",
@@ -159,6 +160,18 @@ class PeerHello(PeerMessage, frozen=True):
     incarnation: Annotated[int, msgspec.Meta(ge=0)] = 0
     # The epoch of the caller's table (node.boot rule 3), when it holds one.
     epoch: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # In the callee's answering hello: how many frames it has received from
+    # the caller's current run on earlier connections of this link; the
+    # caller sends again what it wrote after those (net.peer_link rule 6).
+    received: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class LinkAck(PeerMessage, frozen=True):
+    """The receiving end of a peer link → its sender, on the same connection:
+    this many frames of the sender's current run have arrived (net.peer_link
+    rule 6).  Never reaches a node core."""
+
+    received: Annotated[int, msgspec.Meta(ge=0)]
 
 
 class PeerError(PeerMessage, frozen=True):
@@ -450,6 +463,7 @@ PeerUnion = (
     | Rebuild
     | EventsMatched
     | EventsDelivered
+    | LinkAck
 )
 
 HIGH: Final[frozenset[type]] = frozenset(

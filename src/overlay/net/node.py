@@ -84,6 +84,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, ParamSpec
 
+import msgspec
+
 from overlay.actions import Action, AddPeer, CloseClient, Rejoin, ToClient, ToPeer
 from overlay.config import ClusterConfig, NodeConfig
 from overlay.errors import RemoteProtocolError
@@ -96,7 +98,7 @@ from overlay.net.capture_writer import CaptureWriter
 from overlay.net.clients import CLIENT_MAGIC, ClientConnections
 from overlay.net.dispatch import INDEX_PAUSE, INDEX_STEP, Dispatcher, SlowLog
 from overlay.net.inbox import READ_CHUNK, FromPeer, Inbox, PeerHelloIn
-from overlay.net.peer_link import PEER_MAGIC, PeerLink, Sent
+from overlay.net.peer_link import ACK_EVERY, ACK_SECONDS, PEER_MAGIC, PeerLink, Sent
 from overlay.net.writer import ConnectionWriter
 from overlay.node import NodeCore
 
@@ -149,6 +151,8 @@ class Node:
         self.core = NodeCore(config, node_id, incarnation=new_incarnation(), admin_token=effective_admin_token(config))
         self._stats = self.core.ctx.stats  # the shell's counters sit with the core's (SPEC §14)
         self.peer_runs: dict[int, int] = {}  # the incarnation last seen of each peer (rule 9)
+        # Frames received from each peer run, over its connections (net.peer_link rule 6).
+        self._received: dict[tuple[int, int], int] = {}
         self._freeze_gc = freeze_gc
         self.capture: CaptureWriter | None = None  # SPEC §13: on when the config names a capture_dir
         if config.cluster.capture_dir:
@@ -224,6 +228,14 @@ class Node:
         self._tg.create_task(link.run(), name=link.name)
         log.info("node %d: link to joined node %d at %s:%d", self.id, peer.id, peer.host, peer.port)
 
+    def _received_from(self, key: tuple[int, int]) -> int:
+        """Frames of run ``key`` (node, incarnation) received on earlier
+        connections (net.peer_link rule 6); older runs of that node are forgotten."""
+        node, inc = key
+        for old in [k for k in self._received if k[0] == node and k[1] != inc]:
+            del self._received[old]
+        return self._received.get(key, 0)
+
     def peer_run(self, node: int, incarnation: int) -> None:
         """Rule 9: a new incarnation of ``node``: what was queued for its
         previous run is discarded."""
@@ -279,7 +291,8 @@ class Node:
                 self.started.set()
                 await self._stop.wait()
                 server.close()
-                await self._flush()
+                if not self.rejoin_reason:  # a run declared dead sends nothing more (rule 14)
+                    await self._flush()
                 raise _Stop
         except* _Stop:
             pass
@@ -428,21 +441,37 @@ class Node:
             writer.close()
 
     async def _serve_peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """A peer's inbound link: its hello first (answered at once, rule 9), then its messages."""
+        """A peer's inbound link: its hello first (answered at once, with how
+        many of its run's frames arrived before: rule 9, net.peer_link rule 6),
+        then its messages, acknowledged every ``ACK_EVERY`` frames or
+        ``ACK_SECONDS``."""
         frames = peer_reader(self.max_frame)
         inbox = self.inbox
         src = -1
+        key = (-1, 0)
+        count = acked = 0
+        acked_at = 0.0
         try:
             while data := await reader.read(READ_CHUNK):
                 for msg in frames.feed(data):
                     if src >= 0:
                         await inbox.put(FromPeer(src, msg), pm.is_high(msg))
+                        count += 1
                         continue
                     if not isinstance(msg, pm.PeerHello):
                         raise RemoteProtocolError(f"peer link opened with {type(msg).__name__}, not PeerHello")
                     src = msg.node_id
-                    writer.write(encode_frame(self.core.hello()))  # rule 9: the answering hello
+                    key = (src, msg.incarnation)
+                    count = acked = self._received_from(key)
+                    answer = msgspec.structs.replace(self.core.hello(), received=count)
+                    writer.write(encode_frame(answer))  # rule 9: the answering hello
                     await inbox.put(PeerHelloIn(src, msg), True)
+                if count > acked:
+                    self._received[key] = count
+                    now = time.monotonic()
+                    if count - acked >= ACK_EVERY or now - acked_at >= ACK_SECONDS:
+                        writer.write(encode_frame(pm.LinkAck(count)))
+                        acked, acked_at = count, now
         except RemoteProtocolError as exc:
             log.warning("node %d: peer %d misbehaved: %s; closing its link", self.id, src, exc)
             self._stats["rejected_peer_protocol"] += 1

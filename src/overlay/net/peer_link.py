@@ -20,6 +20,15 @@ Rules:
    ticker, once per outage, that the peer has been away past the timeout.
 5. The link knows its node only through those callbacks and the numbers it
    is built with: no reference to the ``Node``.
+6. Nothing is lost with a connection while both runs live: every frame
+   written stays in ``unacked`` until the peer's ``LinkAck`` (written back
+   on the same connection, every ``ACK_EVERY`` frames or ``ACK_SECONDS``)
+   counts it.  On reconnect the peer's answering hello says how many frames
+   of this run it has (``received``); the ones after are sent again first,
+   in order, so the peer sees each frame once.  When the peer restarted,
+   what was meant for its previous run goes (``discard``).  Past
+   ``queue_size`` unacknowledged frames the oldest are given up, counted
+   (``frames_unconfirmed_dropped``) — the peer is not reading.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import asyncio
 import enum
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Final
 
@@ -37,15 +47,19 @@ from overlay.messages import peer as pm
 from overlay.messages.codec import encode_frame, peer_reader
 from overlay.net.inbox import READ_CHUNK
 from overlay.net.queues import TwoLevelQueue
-from overlay.net.writer import write_batches
+from overlay.net.writer import MAX_BATCH
 
-__all__ = ["BACKOFF_MAX", "BACKOFF_MIN", "PEER_MAGIC", "PeerClosed", "PeerLink", "Sent"]
+__all__ = ["ACK_EVERY", "ACK_SECONDS", "BACKOFF_MAX", "BACKOFF_MIN", "PEER_MAGIC", "PeerClosed", "PeerLink", "Sent"]
 
 log = logging.getLogger("overlay.net")
 
 PEER_MAGIC: Final = b"OVP1"
 BACKOFF_MIN: Final = 0.05
 BACKOFF_MAX: Final = 2.0
+# Rule 6: the receiving end acknowledges after this many frames, or this
+# many seconds after the first unacknowledged one (whichever comes first).
+ACK_EVERY: Final = 256
+ACK_SECONDS: Final = 0.05
 
 
 class Sent(enum.Enum):
@@ -92,6 +106,15 @@ class PeerLink:
         self.down_since: float | None = time.time()  # None while connected
         self.reported_down = False
         self.dropped = 0  # frames dropped during the current outage (rule 3)
+        # Rule 6: frames written and not yet acknowledged, and how many of
+        # this peer run's frames it acknowledged.
+        self.unacked: deque[bytes] = deque()
+        self.acked = 0
+        self.resent = 0  # frames sent again after a reconnect
+        self.given_up = 0  # unacknowledged frames dropped past the bound
+        self._pending: list[pm.PeerMessage] = []  # frames read behind the peer's hello
+        self._frames = peer_reader(self.max_frame)
+        self._transport: asyncio.BaseTransport | None = None
 
     @property
     def name(self) -> str:
@@ -117,9 +140,44 @@ class PeerLink:
         return Sent.OVERFLOW
 
     def discard(self) -> int:
-        """Drop what is queued (it was meant for the peer's previous run); how many frames."""
+        """Drop what is queued or unacknowledged (it was meant for the peer's
+        previous run); how many frames."""
         self.dropped = 0
-        return self.queue.clear()
+        n = len(self.unacked)
+        self.unacked.clear()
+        self.acked = 0
+        return self.queue.clear() + n
+
+    def abort(self) -> None:
+        """Drop the connection at once, unwritten bytes and all, as a broken
+        network does (tests of rule 6); the link reconnects."""
+        if self._transport is not None and self.connected.is_set():
+            self._transport.abort()  # type: ignore[attr-defined]
+
+    def _ack(self, received: int) -> None:
+        """Rule 6: the peer has ``received`` frames of this run."""
+        n = received - self.acked
+        if n <= 0:
+            return
+        unacked = self.unacked
+        for _ in range(min(n, len(unacked))):
+            unacked.popleft()
+        self.acked = received
+
+    def _resume(self, received: int) -> None:
+        """Rule 6 on reconnect: what the peer did not get goes first."""
+        self._ack(received)
+        if self.unacked:
+            frames = list(self.unacked)
+            self.unacked.clear()
+            self.resent += len(frames)
+            self.queue.requeue_front(frames)
+            log.info(
+                "node %d: link to node %d: %d frames the broken connection may have lost are sent again",
+                self.node_id,
+                self.peer.id,
+                len(frames),
+            )
 
     def overdue(self, now: float, limit: float) -> bool:
         """Rule 4: True once per outage, when a peer that was connected once has been away past ``limit``."""
@@ -135,7 +193,7 @@ class PeerLink:
 
     async def _handshake(self, reader: asyncio.StreamReader) -> None:
         """Rule 2: the peer's answering hello, before anything queued goes out."""
-        frames = peer_reader(self.max_frame)
+        frames = self._frames = peer_reader(self.max_frame)  # the connection's one reader: _watch_close goes on with it
         while True:
             data = await reader.read(READ_CHUNK)
             if not data:
@@ -145,7 +203,9 @@ class PeerLink:
                 hello = msgs[0]
                 if not isinstance(hello, pm.PeerHello) or hello.node_id != self.peer.id:
                     raise RemoteProtocolError(f"node {self.peer.id} answered the hello with {hello!r}")
-                self._answered(self.peer.id, hello.incarnation)
+                self._answered(self.peer.id, hello.incarnation)  # may discard (a new run)
+                self._resume(hello.received)
+                self._pending = msgs[1:]  # acks behind the hello in the same read
                 return
 
     async def run(self) -> None:
@@ -180,6 +240,7 @@ class PeerLink:
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
             backoff = BACKOFF_MIN
+            self._transport = writer.transport
             self._up()
             try:
                 self._changed(peer.id, True)
@@ -219,7 +280,7 @@ class PeerLink:
         name = self.name
         halves = (
             asyncio.create_task(self._watch_close(reader), name=f"{name}-watch"),
-            asyncio.create_task(write_batches(self.queue, writer), name=f"{name}-write"),
+            asyncio.create_task(self._write(writer), name=f"{name}-write"),
         )
         try:
             done, _ = await asyncio.wait(halves, return_when=asyncio.FIRST_COMPLETED)
@@ -232,9 +293,32 @@ class PeerLink:
                 raise exc
         raise ConnectionResetError("link ended")  # neither half returns otherwise
 
-    @staticmethod
-    async def _watch_close(reader: asyncio.StreamReader) -> None:
-        # The peer never writes on our outbound link; EOF means it went away.
-        while await reader.read(READ_CHUNK):
-            pass
+    async def _write(self, writer: asyncio.StreamWriter) -> None:
+        """Write what is queued, high first, in batches; keep it until acknowledged (rule 6)."""
+        queue, unacked, bound = self.queue, self.unacked, self.queue.maxsize
+        while True:
+            await queue.wait()
+            batch = queue.drain(MAX_BATCH)
+            unacked.extend(batch)
+            if len(unacked) > bound:
+                over = len(unacked) - bound
+                for _ in range(over):
+                    unacked.popleft()
+                self.acked += over
+                self.given_up += over
+            writer.writelines(batch)
+            await writer.drain()
+
+    async def _watch_close(self, reader: asyncio.StreamReader) -> None:
+        # The peer writes only acknowledgements on our outbound link; EOF
+        # means it went away.
+        frames = self._frames
+        for msg in self._pending:
+            if type(msg) is pm.LinkAck:
+                self._ack(msg.received)
+        self._pending = []
+        while data := await reader.read(READ_CHUNK):
+            for msg in frames.feed(data):
+                if type(msg) is pm.LinkAck:
+                    self._ack(msg.received)
         raise PeerClosed("peer closed the link")

@@ -81,6 +81,13 @@ class TwoLevelQueue(Generic[T]):
         while not self.high and not self.normal:
             await self._nonempty.wait()
 
+    def requeue_front(self, items: list[T]) -> None:
+        """Put ``items`` back ahead of everything, in their order (frames a
+        broken connection may have lost, sent again first: net.peer_link)."""
+        if items:
+            self.high.extendleft(reversed(items))
+            self._nonempty.set()
+
     def clear(self) -> int:
         """Drop everything queued (frames for a peer's run that is over); how many."""
         n = len(self)
