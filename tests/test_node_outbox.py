@@ -12,11 +12,12 @@ from collections import Counter
 import msgspec
 
 from coreworld import CONFIG, HIGH, SPLIT_500, World
+from overlay.actions import ToPeer
 from overlay.channels.channel import Channel
 from overlay.channels.routing_table import RouteEntry
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node.outbox import FULL_DELAY
+from overlay.node.outbox import FULL_DELAY, RECEIPTS_BATCH
 from overlay.testing.memory_link import MemoryLink
 
 RESEND = CONFIG.cluster.resend_after
@@ -177,3 +178,16 @@ def test_a_full_outbox_answers_choke() -> None:
     assert w.cores[1].stats["choked_outbox_full"] == 1
     w.net.run()
     assert [a.seq for a in w.net.received(1, pub, kind=cm.PubAck)] == [1, 2]
+
+
+def test_receipts_wait_while_the_node_is_busy_unless_a_frame_s_worth_waits() -> None:
+    """node.outbox rule 5: the shell's dispatcher says whether its inbox is empty."""
+    core = World().cores[2]
+    out: list = []
+    core.receipts.delivered(1, "1-1", out)
+    assert out == [] and core.end_batch(idle=False) == []
+    assert core.end_batch() == [ToPeer(1, pm.EventsDelivered(("1-1",)))]
+    for i in range(RECEIPTS_BATCH):
+        core.receipts.delivered(0, f"0-{i}", out)
+    (sent,) = core.end_batch(idle=False)
+    assert isinstance(sent.msg, pm.EventsDelivered) and len(sent.msg.event_ids) == RECEIPTS_BATCH

@@ -153,7 +153,8 @@ class ClientConnections:
                     item = FromClient(sid, msg)
                     if not put_nowait(item, False):  # full: wait for room (rule 2)
                         await inbox.put(item, False)
-                acts = core.end_batch()  # acks client_ack batched (node.ordering rule 8)
+                # Acks client_ack batched (node.ordering rule 8); receipts are the dispatcher's.
+                acts = core.end_batch(idle=False)
                 if acts:
                     self._execute(acts)
         except RemoteProtocolError as exc:

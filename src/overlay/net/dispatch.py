@@ -7,8 +7,9 @@ Rules:
    type (``net.inbox``); what the core returns goes to ``execute``.  It gives
    the loop a turn at least every ``DISPATCH_SLICE`` while busy, so the
    writers send replies and notifications during a burst.  After each batch,
-   the core's batched notes (``NodeCore.end_batch``) go out, and the indexer
-   is woken when the core has background work.
+   the core's batched notes (``NodeCore.end_batch``) go out — its receipts
+   once the inbox is empty (``node.outbox`` rule 5) —, and the indexer is
+   woken when the core has background work.
 2. A message that breaks the protocol is logged (a peer is answered with
    ``PeerError``); any other error of one message's handling is logged with
    its traceback.  Either way the next message is handled: one message's
@@ -141,7 +142,9 @@ class Dispatcher:
                     execute(acts)
                 if time.perf_counter() - t0 > slow.threshold:
                     slow.note(*described(item), now, t0)
-            acts = core.end_batch()  # notes collected over the batch (node.ordering rule 8)
+            # Notes collected over the batch (node.ordering rule 8); receipts once
+            # the inbox is empty, or enough wait (node.outbox rule 5).
+            acts = core.end_batch(idle=not len(inbox))
             if acts:
                 execute(acts)
             if core.index_wanted:

@@ -500,12 +500,14 @@ class NodeCore:
         if not self.liveness.is_dead(node):  # a dead run stays unreachable until a new one says hello
             self.ctx.unreachable.discard(node)
 
-    def end_batch(self) -> list[Action]:
+    def end_batch(self, *, idle: bool = True) -> list[Action]:
         """After each batch of inbound messages: the batched notes (SPEC §10
-        rule 8) and receipts (node.outbox rule 5)."""
+        rule 8), and the receipts once the node is ``idle`` (nothing more
+        waits in its inbox) or enough wait (node.outbox rule 5)."""
         out = self.ordering.end_batch()
-        if self.receipts.pending:
-            out.extend(self.receipts.end_batch())
+        receipts = self.receipts
+        if receipts.pending and (idle or receipts.full):
+            out.extend(receipts.end_batch())
         return out
 
     # -- time ---------------------------------------------------------------------------------------

@@ -40,10 +40,12 @@ Rules this module keeps:
    subscribers), counted ``events_expired`` and logged — never silent.
 5. **Receipts** (``Receipts``, on every node): an owner's ``EventsMatched``
    entries and a subscribers' access node's ``EventsDelivered`` ids are
-   collected per destination over one batch of inbound messages and sent
-   by ``end_batch`` (``NodeCore.end_batch``, and every tick) in messages of
-   a bounded size; those for this node's own outbox are a call, not a
-   message.
+   collected per destination and sent by ``end_batch`` in messages of a
+   bounded size — after a batch of inbound messages that left the node
+   idle, or once ``RECEIPTS_BATCH`` are waiting, and on every tick: under
+   load, one frame per destination carries many batches' receipts, and an
+   idle node answers at once.  Those for this node's own outbox are a call,
+   not a message.
 
 Timing: first re-send deadlines come in the order events were accepted
 (now + a fixed wait), so they sit in two parallel deques — no tuple per
@@ -79,6 +81,9 @@ FULL_DELAY: Final = 0.1
 # Batches are cut so a message stays under half the frame limit.
 ENTRY_BYTES: Final = 280
 NODE_BYTES: Final = 3  # a node id in EventsMatched.nodes
+# Receipts that go out even while more inbound messages wait (rule 5): a
+# frame's worth, so a busy node's receipts are not held for long.
+RECEIPTS_BATCH: Final = 1024
 
 _EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
 _replace: Final = msgspec.structs.replace
@@ -363,12 +368,17 @@ class Receipts:
         self._outbox = outbox
         self._matched: dict[int, tuple[list[str], list[tuple[int, ...]]]] = {}
         self._delivered: dict[int, list[str]] = {}
-        self._noted = False
+        self._noted = 0  # receipts waiting
 
     @property
     def pending(self) -> bool:
         """Receipts wait for ``end_batch``."""
-        return self._noted
+        return self._noted > 0
+
+    @property
+    def full(self) -> bool:
+        """Rule 5: enough wait to go out even while the node is busy."""
+        return self._noted >= RECEIPTS_BATCH
 
     def matched(self, ev: pm.Event, nodes: tuple[int, ...], out: list[Action]) -> None:
         """The owner matched ``ev``; ``nodes`` (not this one) got its notifications."""
@@ -376,7 +386,7 @@ class Receipts:
         if access == self._ctx.id:
             self._outbox.matched(ev.event_id, nodes, out)
             return
-        self._noted = True
+        self._noted += 1
         batch = self._matched.get(access)
         if batch is None:
             self._matched[access] = ([ev.event_id], [nodes])
@@ -389,7 +399,7 @@ class Receipts:
         if origin == self._ctx.id:
             self._outbox.delivered(event_id, origin, out)
             return
-        self._noted = True
+        self._noted += 1
         ids = self._delivered.get(origin)
         if ids is None:
             self._delivered[origin] = [event_id]
@@ -399,7 +409,7 @@ class Receipts:
     def end_batch(self) -> list[Action]:
         if not self._noted:
             return []
-        self._noted = False
+        self._noted = 0
         out: list[Action] = []
         frame = self._ctx.config.cluster.max_frame_size // 2
         if self._matched:
