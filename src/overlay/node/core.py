@@ -51,21 +51,23 @@ from overlay.node.boot import Boot
 from overlay.node.clients import Clients
 from overlay.node.context import NodeContext
 from overlay.node.dedup import SeenEvents
+from overlay.node.failures import Failures
 from overlay.node.groups import Groups
 from overlay.node.indexing import Indexing
 from overlay.node.liveness import Liveness
 from overlay.node.loads import ChannelLoads
 from overlay.node.membership import DrainState, Membership
 from overlay.node.migration import Migration
-from overlay.node.notify import UNDELIVERABLE, Notifier
-from overlay.node.ordering import ACKED, COMPLETE, SEQUENCED, Ordering
+from overlay.node.notify import Notifier
+from overlay.node.ordering import Ordering
 from overlay.node.outbox import Outbox, Receipts
+from overlay.node.peer_messages import PeerMessages
 from overlay.node.peers import PeerRuns
 from overlay.node.recovery import Recovery
 from overlay.node.router import Router
 from overlay.node.sessions import Session, Sessions
 from overlay.node.splits import Splits
-from overlay.node.status import node_status
+from overlay.node.status import node_status, state_summary
 from overlay.node.updates import TableUpdates
 
 __all__ = ["Action", "AddPeer", "CloseClient", "NodeCore", "Rejoin", "ToClient", "ToPeer"]
@@ -92,21 +94,11 @@ class NodeCore:
         self.stats, self.journal = ctx.stats, ctx.journal.entries  # counters; the decision journal (SPEC §14)
         # What changing admin commands need, on the client protocol and on HTTP alike; "" = nothing.
         self.admin_token = config.cluster.admin_token if admin_token is None else admin_token
-        self._rejoin_asked = False
         # Components in the order they depend on each other; a component that
         # needs one built later gets a one-line lambda (the only cycles:
         # ordering/groups/migration hand messages back to the router).
         self.peer_runs = PeerRuns(ctx)
-        cl = config.cluster
-        self.liveness = Liveness(
-            node_id,
-            incarnation,
-            ctx.peers,
-            interval=cl.heartbeat_interval,
-            timeout=cl.suspect_timeout,
-            damping=cl.rejoin_damping,
-            flap_window=cl.flap_window,
-        )
+        self.liveness = Liveness.configured(node_id, incarnation, ctx.peers, config.cluster)
         self.updates = TableUpdates(ctx, admin_done=lambda admin, result, out: self.admin.done(admin, result, out))
         self.sessions = Sessions(
             ctx,
@@ -179,6 +171,10 @@ class NodeCore:
             draining=lambda: self.membership.draining,
             damped=self.liveness.damped,
         )
+        # The monitor (SPEC §6), and the core's one random source (balancing's draws: the simulator reseeds it).
+        self.monitor: Monitor = self.balancing.monitor
+        self.rng: random.Random = self.balancing.rng
+        self.background_step = self.balancing.background_step  # the shell's background work
         # The two sides of a session and balancing need each other.
         self.migration.planner = self.arrivals.planner = self.balancing
         ctx.journal.slice_no = lambda: self.balancing.monitor.slice_no
@@ -188,11 +184,25 @@ class NodeCore:
             self.updates,
             self.sessions,
             match=lambda ch, ev, out: self.router.match(ch, ev, out),
-            peer_gone=self._peer_dead,
+            peer_gone=lambda node, out: self.failures.peer_dead(node, out),
             resend=lambda now, out: self.outbox.resend_all(now, out),
-            loads=self._loads,
+            loads=lambda: self.failures.loads(),
             dead_load=lambda node: getattr(self.monitor.loads.get(node), "d", 0.0),
             damped=self.liveness.damped,
+        )
+        self.failures = Failures(
+            ctx,
+            self.liveness,
+            self.recovery,
+            peers=ctx.peers,
+            monitor=self.balancing.monitor,
+            gone=(
+                lambda node, out: self.migration.peer_gone(node, f"node {node} was declared dead", out),
+                lambda node, out: self.ordering.link_changed(node, False, out),  # its keys get new homes
+                lambda node, out: self.peer_runs.drop_subscriptions_of(node),  # its clients died with it
+                self.outbox.node_dead,  # its receipts will not come (node.outbox rule 2)
+            ),
+            node_back=self.outbox.node_back,
         )
         self.router = Router(
             ctx,
@@ -232,6 +242,24 @@ class NodeCore:
             quorum=lambda: self.liveness.has_quorum(self.ctx.now),
             admin=self.admin.handle,
             admin_token=self.admin_token,
+        )
+        self.peer_messages = PeerMessages(
+            ctx,
+            arrivals=self.arrivals,
+            balancing=self.balancing,
+            failures=self.failures,
+            migration=self.migration,
+            notifier=self.notifier,
+            outbox=self.outbox,
+            receipts=self.receipts,
+            recovery=self.recovery,
+            router=self.router,
+            sessions=self.sessions,
+            startup=self.startup,
+            updates=self.updates,
+            ordering=self.ordering,
+            groups=self.groups,
+            peer_hello=self.peer_hello,
         )
 
     # -- what the shell and the simulator read ---------------------------------------------------
@@ -277,18 +305,8 @@ class NodeCore:
         return self.membership.drain_state
 
     @property
-    def monitor(self) -> Monitor:
-        return self.balancing.monitor
-
-    @property
-    def last_report(self) -> SliceReport | None:
-        """The monitor's report of the last slice (SPEC §6), None before the first."""
+    def last_report(self) -> SliceReport | None:  # the monitor's report of the last slice (SPEC §6), or None
         return self.balancing.last_report
-
-    @property
-    def rng(self) -> random.Random:
-        """The core's one random source (balancing's draws): the simulator reseeds it."""
-        return self.balancing.rng
 
     @property
     def index_wanted(self) -> bool:
@@ -300,17 +318,10 @@ class NodeCore:
         """What the last background step did (the shell's slow log)."""
         return self.balancing.background_last
 
-    def _loads(self) -> dict[int, tuple[float, float]]:
-        """(dc, capacity) of this node and every peer with a recent LIEM (node.recovery rule 2)."""
-        mon = self.monitor
-        loads = {p.node: (p.dc, p.capacity or 1.0) for p in mon.live()}
-        loads[self.id] = (mon.dc, mon.capacity or 1.0)
-        return loads
-
     def status(self) -> dict[str, Any]:
-        status = node_status(self.ctx, self.startup, self.balancing, self.membership, self.sessions, self.liveness)
-        status["outbox"] = self.outbox.status()
-        return status
+        return node_status(
+            self.ctx, self.startup, self.balancing, self.membership, self.sessions, self.liveness, self.outbox
+        )
 
     def session(self, sid: int) -> Session | None:
         return self.sessions.get(sid)
@@ -345,10 +356,7 @@ class NodeCore:
             self.ctx.stats["peers_restarted"] += 1
             self.migration.peer_gone(node, f"node {node} restarted", out)
             self.peer_runs.drop_subscriptions_of_old_run(node)
-        if self.liveness.revived(node, msg.incarnation, now):  # node.liveness rule 7
-            self.recovery.node_back(node)
-            self.outbox.node_back(node)  # a new run's receipts are waited for again
-        self.liveness.heard(node, now)
+        self.failures.hello(node, msg.incarnation, now)  # a dead node back (node.liveness rule 7)
         self.startup.hello(node, msg, now, out)
         return out
 
@@ -380,95 +388,9 @@ class NodeCore:
     def handle_peer(self, src: int, msg: pm.PeerMessage, now: float) -> list[Action]:
         out: list[Action] = []
         self._clock(now)
-        if src in self.liveness.dead and type(msg) is not pm.PeerHello:
-            # A run declared dead may still be talking (it was paused or cut
-            # off): nothing it says counts; our heartbeats tell it to rejoin.
-            self.ctx.stats["dropped_from_dead_peer"] += 1
-            if type(msg) is pm.Heartbeat and msg.incarnation and msg.incarnation != self.liveness.dead[src]:
-                pass  # a new run that has not said hello yet: wait for its hello
-            return out
-        self.liveness.heard(src, now)
-        match msg:
-            case pm.Event():
-                self.router.on_event(msg, out)
-            case pm.Notification():
-                notifier = self.notifier
-                if msg.key or notifier.has_groups:  # acks go back to the owner (node.notify)
-                    notifier.notify(
-                        msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, src, msg.key, msg.rank, out
-                    )
-                else:
-                    notifier.notify_clients(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out)
-                if msg.origin >= 0 and not msg.key:  # the publisher's access node waits for it (node.outbox)
-                    self.receipts.delivered(msg.origin, msg.event_id, out)
-            case pm.Subscription():
-                self.router.on_subscription(msg, out)
-            case pm.UnSubscription():
-                self.router.on_unsubscription(msg, out)
-            case pm.SubscriptionApplied():
-                self.sessions.on_applied(msg, out)
-            case pm.NotificationAck():
-                self.ctx.stats["notification_acks"] += 1
-                self._on_notification_ack(msg, out)
-            case pm.RoutingTableInit():
-                self.startup.on_table(src, msg, out)
-            case pm.ReplyRoutingTableInit():
-                self.startup.on_init_reply(src)
-            case pm.UpdateRoutingTable():
-                self.startup.on_update(src, msg, out)
-                if msg.dead >= 0 and self.startup.has_table:  # a dead node's channels (node.recovery)
-                    self.recovery.on_update(src, msg, now, out)
-            case pm.ReplyUpdateGlobal():
-                if not self.migration.on_update_reply(src, msg, now, out):
-                    self.updates.on_reply(src, msg.session, out)
-            case pm.RequestLoadBalance():
-                self.arrivals.on_request(src, msg, now, out)
-            case pm.ChannelTransfer():
-                self.arrivals.on_channel_transfer(src, msg, now, out)
-            case pm.SubscriptionMove():
-                self.arrivals.on_subscription_move(src, msg, now, out)
-            case pm.Reforward():
-                self.arrivals.on_reforward(src, msg, now, out)
-            case pm.CompleteLoadBalance():
-                self.arrivals.on_complete(src, msg, now, out)
-            case pm.ReplyRequestLoadBalance() | pm.ReplyChannelTransfer() | pm.ReplySubscriptionMove():
-                self.migration.on_reply(src, msg, now, out)
-            case pm.EventsMatched():
-                self.outbox.on_matched(msg, out)
-            case pm.EventsDelivered():
-                self.outbox.on_delivered(src, msg, out)
-            case pm.LIEM():
-                self.ctx.stats["liems_in"] += 1
-                self.balancing.on_liem(src, msg)
-            case pm.Heartbeat():
-                for node in self.liveness.on_heartbeat(src, msg, now):
-                    self.recovery.node_dead(node, now, out)
-                self._check_rejoin(out)
-            case pm.Rebuild():
-                self.recovery.on_rebuild(src, msg, now, out)
-            case pm.PeerHello():
-                out.extend(self.peer_hello(src, msg, now))
-            case pm.PeerError():
-                log.warning("node %d: peer %d refused a message: %s %s", self.id, src, msg.code, msg.message)
-            case _:
-                raise RemoteProtocolError(f"unexpected {type(msg).__name__} from node {src}")
+        if self.failures.heard(src, msg, now):  # not from a run declared dead (node.failures rule 3)
+            self.peer_messages.handle(src, msg, now, out)
         return out
-
-    def _on_notification_ack(self, msg: pm.NotificationAck, out: list[Action]) -> None:
-        """To the component of the leg ``msg.code`` names (see ``pm.NotificationAck``)."""
-        code = msg.code
-        if not msg.event_id and code in (COMPLETE, SEQUENCED, ACKED):
-            self.ordering.on_batched(msg, out)
-        elif code == pm.AckCode.DELIVERY:
-            self.groups.on_delivery_ack(msg, out)
-        elif code == COMPLETE:
-            self.ordering.on_complete_ack(msg.event_id, out)
-        elif code == UNDELIVERABLE:
-            self.notifier.on_returned(msg, out)
-        elif code == SEQUENCED or msg.failed:
-            self.ordering.on_verdict(msg, out)
-        else:
-            self.ctx.stats["notification_acks_unknown"] += 1
 
     def peer_link(self, node: int, up: bool, now: float) -> list[Action]:
         """The shell reports a peer link's state (SPEC §10 rule 1: homes move at
@@ -484,17 +406,9 @@ class NodeCore:
         self.ctx.unreachable.add(node)
         self.ctx.now = now
         out: list[Action] = []
-        timeout = self.ctx.config.cluster.peer_timeout
-        self.migration.peer_gone(node, f"no answer from node {node}: unreachable for {timeout}s", out)
+        why = f"no answer from node {node}: unreachable for {self.ctx.config.cluster.peer_timeout}s"
+        self.migration.peer_gone(node, why, out)
         return out
-
-    def _peer_dead(self, node: int, out: list[Action]) -> None:
-        """node.recovery rule 1: nothing waits for a dead run; its keys get new homes."""
-        self.migration.peer_gone(node, f"node {node} was declared dead", out)  # its tracked deliveries too
-        self.ordering.link_changed(node, False, out)
-        self.monitor.loads.pop(node, None)  # its last LIEM no longer counts in dc̄
-        self.peer_runs.drop_subscriptions_of(node)  # its clients died with it
-        self.outbox.node_dead(node, out)  # its receipts will not come (node.outbox rule 2)
 
     def peer_reachable(self, node: int) -> None:
         if not self.liveness.is_dead(node):  # a dead run stays unreachable until a new one says hello
@@ -510,16 +424,11 @@ class NodeCore:
             out.extend(receipts.end_batch())
         return out
 
-    # -- time ---------------------------------------------------------------------------------------
-
     def _clock(self, now: float) -> None:
         self.ctx.now = now
         capture = self.ctx.capture
         if capture is not None:
             capture.now = now
-
-    def background_step(self, limit: int, now: float) -> tuple[bool, list[Action]]:
-        return self.balancing.background_step(limit, now)
 
     def index_pending(self, limit: int) -> int:
         return self.indexing.step(limit, self.migration.leaving())
@@ -531,7 +440,7 @@ class NodeCore:
         out: list[Action] = []
         self._clock(now)
         parts: tuple[tuple[str, Callable[[], None]], ...] = (
-            ("liveness", lambda: self._liveness_tick(now, out)),
+            ("liveness", lambda: self.failures.tick(now, out)),
             ("boot", lambda: out.extend(self.startup.check(now))),
             ("slice", lambda: self.balancing.tick(now, out)),
             ("ordering", lambda: self.ordering.tick(now, out)),
@@ -545,49 +454,23 @@ class NodeCore:
                 part()
             except Exception:
                 self.ctx.stats["tick_errors"] += 1
-                log.exception("node %d: the %s part of a tick failed; state: %s", self.id, name, self._state_summary())
+                log.exception(
+                    "node %d: the %s part of a tick failed; state: %s",
+                    self.id,
+                    name,
+                    state_summary(self.ctx, self.startup, self.balancing, self.migration, self.arrivals),
+                )
         return out
 
-    def _liveness_tick(self, now: float, out: list[Action]) -> None:
-        """SPEC §16: heartbeats out, deaths declared, rebuilds that waited too long."""
-        live = self.liveness
-        live.start(now)
-        for node in live.check(now):
-            self.recovery.node_dead(node, now, out)
-        if live.due(now):
-            beat = live.heartbeat(now)
-            out.extend(ToPeer(p, beat) for p in self.peers)
-        self.recovery.tick(now, out)
-        self._check_rejoin(out)
-
-    def _check_rejoin(self, out: list[Action]) -> None:
-        """node.liveness rule 5: once, ask the shell for a new, empty run."""
-        live = self.liveness
-        if live.rejoin and not self._rejoin_asked:
-            self._rejoin_asked = True
-            self.ctx.stats["declared_dead_rejoins"] += 1
-            out.append(Rejoin(live.rejoin_reason))
-
     def _outbox_tick(self, now: float, out: list[Action]) -> None:
-        """SPEC §16: re-sends and expiries (node.outbox rules 3, 4), the receipts
-        of the batch (a driver that never calls end_batch), old ids forgotten."""
+        """SPEC §16: re-sends, expiries (node.outbox rules 3, 4), the receipts of a driver without end_batch."""
         self.outbox.tick(now, out)
         out.extend(self.receipts.end_batch())
-        self.notifier.seen.expire(now)
 
     def _groups_tick(self, now: float, out: list[Action]) -> None:
-        """SPEC §11 on time: the access node's acks, the owner's deadlines, housekeeping."""
+        """SPEC §11 on time: the access node's acks, the owner's deadlines; housekeeping (old ids too)."""
         self.notifier.tick(now, out)
         self.groups.tick(now, out)
         self.groups.prune(now)
         self.notifier.prune(now)
-
-    def _state_summary(self) -> str:
-        """What an operator needs to read a failure in the log (rule 8)."""
-        mig = self.migration
-        return (
-            f"ready={self.ready} state={self.monitor.state.value} channels={[str(c) for c in self.local.ids()]} "
-            f"outgoing={[(m.session, m.receiver, m.state.value) for m in mig.outgoing.values()]} "
-            f"incoming={[(k, m.state.value) for k, m in self.arrivals.incoming.items()]} "
-            f"splitting={self.balancing.splitting()} unreachable={sorted(self.ctx.unreachable)}"
-        )
+        self.notifier.seen.expire(now)

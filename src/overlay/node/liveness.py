@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from overlay.config import ClusterSettings
 from overlay.messages import peer as pm
 
 __all__ = ["Liveness"]
@@ -89,6 +90,19 @@ class Liveness:
         self.flap_window = flap_window
         self._deaths_at: dict[int, list[float]] = {}
         self._damped_until: dict[int, float] = {}
+
+    @classmethod
+    def configured(cls, node_id: int, incarnation: int, peers: Sequence[int], cluster: ClusterSettings) -> Liveness:
+        """A detector with the ``[cluster]`` settings."""
+        return cls(
+            node_id,
+            incarnation,
+            peers,
+            interval=cluster.heartbeat_interval,
+            timeout=cluster.suspect_timeout,
+            damping=cluster.rejoin_damping,
+            flap_window=cluster.flap_window,
+        )
 
     # -- what comes in ---------------------------------------------------------------------
 

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from overlay.node.arrivals import Arrivals
 from overlay.node.balancing import Balancing
 from overlay.node.boot import Boot
 from overlay.node.context import NodeContext
 from overlay.node.liveness import Liveness
 from overlay.node.membership import Membership
+from overlay.node.migration import Migration
+from overlay.node.outbox import Outbox
 from overlay.node.sessions import Sessions
 
-__all__ = ["node_status"]
+__all__ = ["node_status", "state_summary"]
 
 
 def node_status(
@@ -25,6 +28,7 @@ def node_status(
     membership: Membership,
     sessions: Sessions,
     liveness: Liveness | None = None,
+    outbox: Outbox | None = None,
 ) -> dict[str, Any]:
     """A JSON-ready snapshot: readiness, load and state, peers, channels, routing table, counters."""
     mon = balancing.monitor
@@ -57,5 +61,16 @@ def node_status(
         "incarnation": ctx.incarnation,
         # Failures (SPEC §16): quorum, who is suspected or dead, how long each peer has been silent.
         **({"liveness": liveness.status(ctx.now)} if liveness is not None else {}),
+        **({"outbox": outbox.status()} if outbox is not None else {}),
         "stats": dict(ctx.stats),
     }
+
+
+def state_summary(ctx: NodeContext, boot: Boot, balancing: Balancing, migration: Migration, arrivals: Arrivals) -> str:
+    """What an operator needs to read a failure in the log (``node.core`` rule 8)."""
+    return (
+        f"ready={boot.ready} state={balancing.monitor.state.value} channels={[str(c) for c in ctx.local.ids()]} "
+        f"outgoing={[(m.session, m.receiver, m.state.value) for m in migration.outgoing.values()]} "
+        f"incoming={[(k, m.state.value) for k, m in arrivals.incoming.items()]} "
+        f"splitting={balancing.splitting()} unreachable={sorted(ctx.unreachable)}"
+    )

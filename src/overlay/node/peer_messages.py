@@ -1,0 +1,156 @@
+"""Each peer message to the component that handles it (``node.core``'s dispatch).
+
+One ``match`` over the message types of SPEC §9 and what a deployment adds;
+a ``NotificationAck`` goes on by the leg its ``code`` names.  No state of
+its own: the components own theirs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from overlay.actions import Action
+from overlay.errors import RemoteProtocolError
+from overlay.messages import peer as pm
+from overlay.node.arrivals import Arrivals
+from overlay.node.balancing import Balancing
+from overlay.node.boot import Boot
+from overlay.node.context import NodeContext
+from overlay.node.failures import Failures
+from overlay.node.groups import Groups
+from overlay.node.migration import Migration
+from overlay.node.notify import UNDELIVERABLE, Notifier
+from overlay.node.ordering import ACKED, COMPLETE, SEQUENCED, Ordering
+from overlay.node.outbox import Outbox, Receipts
+from overlay.node.recovery import Recovery
+from overlay.node.router import Router
+from overlay.node.sessions import Sessions
+from overlay.node.updates import TableUpdates
+
+__all__ = ["PeerMessages"]
+
+log = logging.getLogger("overlay.node")
+
+PeerHello = Callable[[int, pm.PeerHello, float], list[Action]]
+
+
+class PeerMessages:
+    """The dispatch of peer messages; ``peer_hello`` is the node core's own handling of a hello."""
+
+    def __init__(
+        self,
+        ctx: NodeContext,
+        *,
+        arrivals: Arrivals,
+        balancing: Balancing,
+        failures: Failures,
+        migration: Migration,
+        notifier: Notifier,
+        outbox: Outbox,
+        receipts: Receipts,
+        recovery: Recovery,
+        router: Router,
+        sessions: Sessions,
+        startup: Boot,
+        updates: TableUpdates,
+        ordering: Ordering,
+        groups: Groups,
+        peer_hello: PeerHello,
+    ) -> None:
+        self._ctx = ctx
+        self._arrivals = arrivals
+        self._balancing = balancing
+        self._failures = failures
+        self._migration = migration
+        self._notifier = notifier
+        self._outbox = outbox
+        self._receipts = receipts
+        self._recovery = recovery
+        self._router = router
+        self._sessions = sessions
+        self._startup = startup
+        self._updates = updates
+        self._ordering = ordering
+        self._groups = groups
+        self._peer_hello = peer_hello
+
+    def handle(self, src: int, msg: pm.PeerMessage, now: float, out: list[Action]) -> None:
+        match msg:
+            case pm.Event():
+                self._router.on_event(msg, out)
+            case pm.Notification():
+                notifier = self._notifier
+                if msg.key or notifier.has_groups:  # acks go back to the owner (node.notify)
+                    notifier.notify(
+                        msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, src, msg.key, msg.rank, out
+                    )
+                else:
+                    notifier.notify_clients(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out)
+                if msg.origin >= 0 and not msg.key:  # the publisher's access node waits for it (node.outbox)
+                    self._receipts.delivered(msg.origin, msg.event_id, out)
+            case pm.Subscription():
+                self._router.on_subscription(msg, out)
+            case pm.UnSubscription():
+                self._router.on_unsubscription(msg, out)
+            case pm.SubscriptionApplied():
+                self._sessions.on_applied(msg, out)
+            case pm.NotificationAck():
+                self._ctx.stats["notification_acks"] += 1
+                self._on_notification_ack(msg, out)
+            case pm.RoutingTableInit():
+                self._startup.on_table(src, msg, out)
+            case pm.ReplyRoutingTableInit():
+                self._startup.on_init_reply(src)
+            case pm.UpdateRoutingTable():
+                self._startup.on_update(src, msg, out)
+                if msg.dead >= 0 and self._startup.has_table:  # a dead node's channels (node.recovery)
+                    self._recovery.on_update(src, msg, now, out)
+            case pm.ReplyUpdateGlobal():
+                if not self._migration.on_update_reply(src, msg, now, out):
+                    self._updates.on_reply(src, msg.session, out)
+            case pm.RequestLoadBalance():
+                self._arrivals.on_request(src, msg, now, out)
+            case pm.ChannelTransfer():
+                self._arrivals.on_channel_transfer(src, msg, now, out)
+            case pm.SubscriptionMove():
+                self._arrivals.on_subscription_move(src, msg, now, out)
+            case pm.Reforward():
+                self._arrivals.on_reforward(src, msg, now, out)
+            case pm.CompleteLoadBalance():
+                self._arrivals.on_complete(src, msg, now, out)
+            case pm.ReplyRequestLoadBalance() | pm.ReplyChannelTransfer() | pm.ReplySubscriptionMove():
+                self._migration.on_reply(src, msg, now, out)
+            case pm.EventsMatched():
+                self._outbox.on_matched(msg, out)
+            case pm.EventsDelivered():
+                self._outbox.on_delivered(src, msg, out)
+            case pm.LIEM():
+                self._ctx.stats["liems_in"] += 1
+                self._balancing.on_liem(src, msg)
+            case pm.Heartbeat():
+                self._failures.on_heartbeat(src, msg, now, out)
+            case pm.Rebuild():
+                self._recovery.on_rebuild(src, msg, now, out)
+            case pm.PeerHello():
+                out.extend(self._peer_hello(src, msg, now))
+            case pm.PeerError():
+                log.warning("node %d: peer %d refused a message: %s %s", self._ctx.id, src, msg.code, msg.message)
+            case _:
+                raise RemoteProtocolError(f"unexpected {type(msg).__name__} from node {src}")
+
+    def _on_notification_ack(self, msg: pm.NotificationAck, out: list[Action]) -> None:
+        """To the component of the leg ``msg.code`` names (see ``pm.NotificationAck``)."""
+        code = msg.code
+        if not msg.event_id and code in (COMPLETE, SEQUENCED, ACKED):
+            self._ordering.on_batched(msg, out)
+        elif code == pm.AckCode.DELIVERY:
+            self._groups.on_delivery_ack(msg, out)
+        elif code == COMPLETE:
+            self._ordering.on_complete_ack(msg.event_id, out)
+        elif code == UNDELIVERABLE:
+            self._notifier.on_returned(msg, out)
+        elif code == SEQUENCED or msg.failed:
+            self._ordering.on_verdict(msg, out)
+        else:
+            self._ctx.stats["notification_acks_unknown"] += 1
