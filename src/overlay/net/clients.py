@@ -39,7 +39,7 @@ from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages.codec import client_reader, encode_frame
 from overlay.net.inbox import READ_CHUNK, ClientClosed, FromClient, Inbox
-from overlay.net.writer import ConnectionWriter
+from overlay.net.writer import ConnectionWriter, write_frames
 from overlay.node import NodeCore
 
 __all__ = ["CLIENT_MAGIC", "ClientConnections"]
@@ -141,7 +141,7 @@ class ClientConnections:
         put_nowait = inbox.put_nowait
         client_ack = core.client_ack
         try:
-            writer.write(CLIENT_MAGIC)
+            write_frames(writer, [CLIENT_MAGIC])
             while data := await reader.read(READ_CHUNK):
                 for msg in frames.feed(data):
                     if type(msg) is cm.Ack and client_ack(sid, msg):

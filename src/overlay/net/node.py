@@ -99,7 +99,7 @@ from overlay.net.clients import CLIENT_MAGIC, ClientConnections
 from overlay.net.dispatch import INDEX_PAUSE, INDEX_STEP, Dispatcher, SlowLog
 from overlay.net.inbox import READ_CHUNK, FromPeer, Inbox, PeerHelloIn
 from overlay.net.peer_link import ACK_EVERY, ACK_SECONDS, PEER_MAGIC, PeerLink, Sent
-from overlay.net.writer import ConnectionWriter
+from overlay.net.writer import ConnectionWriter, write_frames
 from overlay.node import NodeCore
 
 __all__ = ["CLIENT_MAGIC", "INDEX_PAUSE", "INDEX_STEP", "PEER_MAGIC", "TICK_SECONDS", "Node", "new_incarnation"]
@@ -437,7 +437,8 @@ class Node:
             log.warning("node %d: connection with unknown preamble %r closed", self.id, magic)
             self._stats["rejected_bad_preamble"] += 1
             error = cm.Error(-1, cm.ErrorCode.PROTOCOL, "unknown preamble: expected OVC1 or OVP1", fatal=True)
-            writer.write(CLIENT_MAGIC + encode_frame(error))
+            with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
+                write_frames(writer, [CLIENT_MAGIC + encode_frame(error)])
             writer.close()
 
     async def _serve_peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -464,18 +465,19 @@ class Node:
                     key = (src, msg.incarnation)
                     count = acked = self._received_from(key)
                     answer = msgspec.structs.replace(self.core.hello(), received=count)
-                    writer.write(encode_frame(answer))  # rule 9: the answering hello
+                    write_frames(writer, [encode_frame(answer)])  # rule 9: the answering hello
                     await inbox.put(PeerHelloIn(src, msg), True)
                 if count > acked:
                     self._received[key] = count
                     now = time.monotonic()
                     if count - acked >= ACK_EVERY or now - acked_at >= ACK_SECONDS:
-                        writer.write(encode_frame(pm.LinkAck(count)))
+                        write_frames(writer, [encode_frame(pm.LinkAck(count))])
                         acked, acked_at = count, now
         except RemoteProtocolError as exc:
             log.warning("node %d: peer %d misbehaved: %s; closing its link", self.id, src, exc)
             self._stats["rejected_peer_protocol"] += 1
-            writer.write(encode_frame(pm.PeerError("protocol_error", str(exc))))
+            with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
+                write_frames(writer, [encode_frame(pm.PeerError("protocol_error", str(exc)))])
         except OSError:
             pass
         except Exception:  # rule 6: this link only

@@ -47,7 +47,7 @@ from overlay.messages import peer as pm
 from overlay.messages.codec import encode_frame, peer_reader
 from overlay.net.inbox import READ_CHUNK
 from overlay.net.queues import TwoLevelQueue
-from overlay.net.writer import MAX_BATCH
+from overlay.net.writer import MAX_BATCH, write_frames
 
 __all__ = ["ACK_EVERY", "ACK_SECONDS", "BACKOFF_MAX", "BACKOFF_MIN", "PEER_MAGIC", "PeerClosed", "PeerLink", "Sent"]
 
@@ -222,7 +222,7 @@ class PeerLink:
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 continue
             try:
-                writer.write(PEER_MAGIC + encode_frame(self._hello()))
+                write_frames(writer, [PEER_MAGIC + encode_frame(self._hello())])
                 # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancel
                 # that meets the hello failing, and the link never stopped.
                 async with asyncio.timeout(self.hello_timeout):
@@ -306,7 +306,7 @@ class PeerLink:
                     unacked.popleft()
                 self.acked += over
                 self.given_up += over
-            writer.writelines(batch)
+            write_frames(writer, batch)  # a reset connection: OSError (net.writer rule 4)
             await writer.drain()
 
     async def _watch_close(self, reader: asyncio.StreamReader) -> None:

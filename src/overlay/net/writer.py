@@ -11,21 +11,41 @@ Rules:
    Raising would end the node's TaskGroup.
 3. ``flush`` waits — on an event the writer sets once its queue is empty and
    written, not by polling — until what is queued went out, or the timeout.
+4. A connection that closed under a write is an ``OSError``
+   (``ConnectionResetError``), as its callers expect: uvloop raises
+   ``RuntimeError`` ("the handler is closed") when a write meets a transport
+   the peer reset before the reading side noticed — one escaping a writer
+   ended the node's TaskGroup, and with it the node (a peer killed with
+   SIGKILL took a survivor down).  Every write of the shell — these
+   writers, the peer links, the hellos, acks and errors — goes through
+   ``write_frames``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterable
 from typing import Final, NoReturn
 
 from overlay.net.queues import TwoLevelQueue
 
-__all__ = ["MAX_BATCH", "ConnectionWriter", "write_batches"]
+__all__ = ["MAX_BATCH", "ConnectionWriter", "write_batches", "write_frames"]
 
 # Frames per writelines(): enough to amortise the system call, small enough
 # that one batch does not hold the loop for long.
 MAX_BATCH: Final = 512
+
+
+def write_frames(writer: asyncio.StreamWriter, frames: Iterable[bytes]) -> None:
+    """``writer.writelines(frames)``; a connection closed under it raises
+    ``ConnectionResetError`` (rule 4), whatever the event loop."""
+    try:
+        writer.writelines(frames)
+    except RuntimeError as exc:
+        if not writer.is_closing():
+            raise
+        raise ConnectionResetError(f"the connection closed under a write ({exc})") from exc
 
 
 async def write_batches(
@@ -35,7 +55,7 @@ async def write_batches(
     task is cancelled; ``idle`` is set whenever a batch emptied the queue."""
     while True:
         await queue.wait()
-        writer.writelines(queue.drain(MAX_BATCH))
+        write_frames(writer, queue.drain(MAX_BATCH))
         await writer.drain()
         if idle is not None and not len(queue):
             idle.set()
@@ -70,6 +90,8 @@ class ConnectionWriter:
 
     def close(self) -> None:
         """Close after what is queued (e.g. the fatal Error just sent): the
-        transport writes its buffer out before it closes."""
-        self.writer.writelines(self.queue.drain(len(self.queue)))
+        transport writes its buffer out before it closes; a connection that
+        closed already loses nothing more (rule 4)."""
+        with contextlib.suppress(ConnectionResetError):
+            write_frames(self.writer, self.queue.drain(len(self.queue)))
         self.writer.close()

@@ -114,6 +114,7 @@ class Audit:
         # (publish started, publish→delivery seconds) of every first delivery of a pair.
         self.latencies: list[tuple[float, float]] = []
         self.first_delivery: dict[int, float] = {}  # qty -> when the application first received it
+        self.deliveries: list[tuple[str, int, str, float]] = []  # (subscription, qty, event id, received)
         self.failed: dict[int, str] = {}  # qty -> why its publish failed
         self.ended: dict[str, str] = {}  # subscription -> why its iteration ended early
 
@@ -161,6 +162,7 @@ class Audit:
         self.delivered[key] += 1
         received = note.received or time.time()
         self.first_delivery.setdefault(qty, received)
+        self.deliveries.append((name, qty, note.event_id, received))
         if self.delivered[key] == 1 and note.publish_time:
             self.latencies.append((note.publish_time, received - note.publish_time))
 
@@ -186,13 +188,17 @@ class Audit:
         lost = [self._pair(n, q) for n, q in lost_pairs]
         when = [self.events[q].started for _, q in lost_pairs]
         duplicated, wrong, unknown = [], [], []
+        copies: dict[tuple[str, int], set[str]] = collections.defaultdict(set)
+        for sub, q, eid, _ in self.deliveries:
+            copies[(sub, q)].add(eid)
         for (name, qty), n in sorted(self.delivered.items()):
             ev = self.events.get(qty)
             if ev is None or name not in self.subs:
                 unknown.append(f"event {qty} to {name}")
                 continue
             if n > 1:
-                duplicated.append(f"{self._pair(name, qty)} {n}x")
+                ids = sorted(copies[(name, qty)])
+                duplicated.append(f"{self._pair(name, qty)} {n}x (ids {', '.join(ids)})")
             if not self.subs[name].filter.matches(ev.values):
                 wrong.append(self._pair(name, qty))
         ended = [f"{name}: {why}" for name, why in sorted(self.ended.items())]
@@ -205,14 +211,25 @@ class Audit:
         span = (min(when), max(when)) if when else None
         return Verdict(len(owed), delivered, lost, duplicated, wrong, unknown, ended, span)
 
-    def lost_outside(self, start: float, end: float) -> list[str]:
-        """Acknowledged pairs not delivered whose event was published before
-        ``start`` or after ``end``: a loss no outage window explains."""
-        return [
-            self._pair(n, q)
-            for n, q in self.owed()
-            if not self.delivered.get((n, q)) and not start <= self.events[q].started <= end
-        ]
+    def dump(self) -> dict[str, Any]:
+        """Everything the audit saw, JSON-ready: for the post-mortem of a failed run."""
+        return {
+            "events": {
+                q: {"values": e.values, "started": e.started, "acked": e.acked if e.acked < NEVER else None}
+                | {"event_id": e.event_id, "failed": self.failed.get(q)}
+                for q, e in self.events.items()
+            },
+            "subs": {
+                n: {
+                    "expression": s.expression,
+                    "subacks": s.subacks,
+                    "lost_home": s.lost_home if s.lost_home > -NEVER else None,
+                }
+                for n, s in self.subs.items()
+            },
+            "deliveries": self.deliveries,
+            "ended": self.ended,
+        }
 
     def _pair(self, name: str, qty: int) -> str:
         ev = self.events.get(qty)
