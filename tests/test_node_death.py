@@ -61,3 +61,15 @@ async def test_a_node_left_alone_refuses_publishes_and_subscriptions_with_no_quo
         assert sub.value.code == cm.ErrorCode.NO_QUORUM
         # One vote of three is no majority: nobody was declared dead.
         assert not cl.nodes[2].core.liveness.dead
+
+
+async def test_the_agent_takes_a_publish_a_cut_off_node_refuses_to_another_node_under_the_same_id() -> None:
+    async with cluster() as cl:
+        sub = await (await cl.client(2)).subscribe("price < 100")
+        cut = cl.nodes[0].core.liveness
+        cut.has_quorum = lambda now: False  # type: ignore[method-assign]  # node 0 believes it is cut off
+        agent = await cl.agent(0, 1, probe_interval=0)
+        ids = [await agent.publish({"price": float(i), "sym": "AB"}) for i in range(20)]
+        assert agent.quorum_refusals >= 1 and agent.published[0] == 0
+        assert sorted(await notified(sub, 20)) == sorted(ids)
+        assert cl.stat("rejected_no_quorum") == agent.quorum_refusals

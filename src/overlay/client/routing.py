@@ -25,6 +25,10 @@ keeps these rules:
    the subscribers' access nodes drop the second copy: **a publish that timed
    out is delivered once** to plain subscriptions (a group instance may get
    both copies: group copies are not de-duplicated).  ``resent`` counts these.
+   A ``no_quorum`` answer (the node is cut off from the cluster's majority,
+   and did nothing) is treated the same way, without waiting: the publish
+   goes to another node under the same id (``quorum_refusals``); when every
+   node refuses, it waits and tries again until its timeout.
 4. **Probing.**  An avoided node gets no publishes, hence no new samples, so
    a connected node without a sample for ``probe_interval`` s is pinged
    (``Client.ping``: an Unsubscribe of an id no subscription has, which waits
@@ -161,6 +165,7 @@ class AgentClient:
         self.chokes = 0
         self.timeouts = 0
         self.resent = 0
+        self.quorum_refusals = 0  # publishes a node refused with no_quorum (rule 3)
         self.probes = 0
         self.published: list[int] = [0] * len(self.clients)  # PubAcks per node
         self._pending: dict[int, int] = dict.fromkeys(range(len(self.clients)), 0)  # publishes awaiting an answer
@@ -275,6 +280,17 @@ class AgentClient:
                 continue
             except NotReady:
                 await asyncio.sleep(NOT_READY_RETRY)
+                continue
+            except RequestError as exc:
+                if exc.code != cm.ErrorCode.NO_QUORUM:
+                    raise
+                # That node is cut off from the majority: it did nothing with
+                # the event; another node takes it, under the same id.
+                self.quorum_refusals += 1
+                agent.on_timeout(node, clock())
+                failed.add(node)
+                if len(failed | {i for i in range(len(self.clients)) if i not in up}) >= len(self.clients):
+                    await asyncio.sleep(NOT_READY_RETRY)  # every node refuses: wait for a majority
                 continue
             finally:
                 pending[node] -= 1

@@ -183,7 +183,11 @@ class Recovery:
             dc = {n: loads.get(n, (0.0, 1.0)) for n in cands}
             level = {n: dc[n][0] + given.get(n, 0.0) / dc[n][1] for n in cands}
             under = [(level[n], dc[n][1]) for n in cands]
-            to = min(cands, key=lambda n: (-rank_u(level[n], dc[n][1], under, share, levels), level[n], n))
+            # Ties of the rounded rank go to the lowest level once the channel is there.
+            to = min(
+                cands,
+                key=lambda n: (-rank_u(level[n], dc[n][1], under, share, levels), level[n] + share / dc[n][1], n),
+            )
             given[to] = given.get(to, 0.0) + share
             items.append((chid, RouteEntry(entry.space, (to,))))
             choices.append({"channel": str(chid), "to": to, "level": round(level[to], 6)})
