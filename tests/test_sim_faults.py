@@ -195,26 +195,43 @@ def test_a_lossy_partition_loses_everything_across_it_then_heals_with_hellos() -
     assert [s[2:] for s in nf.spans] == [(Fault.PARTITION, 2)]
 
 
-def test_a_noticed_break_holds_what_is_sent_until_the_heal() -> None:
+def test_a_partition_holds_what_crosses_it_until_the_heal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing is lost while both runs live (net.peer_link rule 6): in flight
+    at the cut, sent before or after a link notices — all delivered after
+    the heal, after the hellos, in order."""
     sim, nf = started(seed=5)
     net = sim.net
+    downs: list[int] = []
+    core1 = sim.cores[1]
+    real = core1.peer_link
+
+    def peer_link(node: int, up: bool, now: float) -> list[Action]:
+        if not up:
+            downs.append(node)
+        return real(node, up, now)
+
+    monkeypatch.setattr(core1, "peer_link", peer_link)
+    first = pm.PeerError("probe", "first")
+    net.send(1, 0, first)
     nf.partition(0, 1.0, lossy=False)
     cut = nf.cut
     assert cut is not None
     cut.notice = dict.fromkeys(cut.notice, net.now + 0.5)  # every link notices half-way
     net.send(1, 0, PROBE)
-    assert nf.lost["PeerError"] == 1, "before its link notices, a sender writes into the void"
-    run_for(sim, 0.6)
-    net.send(1, 0, PROBE)
-    assert probes(sim, 1, 0) == 1 and (1, 0) not in net.ready_links(), "then the link holds it"
     run_for(sim, 0.3)
-    assert probes(sim, 1, 0) == 1
+    assert not downs and nf.lost["PeerError"] == 0
+    run_for(sim, 0.3)
+    assert downs == [0], "node 1's link to 0 noticed the break"
+    net.send(1, 0, PROBE)
+    assert probes(sim, 1, 0) == 2 and (1, 0) not in net.ready_links(), "held, not lost"
+    run_for(sim, 0.3)
+    assert probes(sim, 1, 0) == 2
     run_for(sim, 0.2)
-    assert probes(sim, 1, 0) == 0, "delivered after the heal"
+    assert probes(sim, 1, 0) == 0 and nf.lost["PeerError"] == 0, "delivered after the heal"
     heal = next(i for i, line in enumerate(sim.trace) if "partition heals" in line)
-    delivered = next(i for i, line in enumerate(sim.trace) if "1->0 PeerError(code='probe'" in line)
     hello = next(i for i, line in enumerate(sim.trace) if i > heal and "1->0 (connect)" in line)
-    assert heal < hello < delivered, "the hello goes before what was held"
+    got = [i for i, line in enumerate(sim.trace) if "1->0 PeerError(code='probe'" in line]
+    assert len(got) == 3 and hello < got[0] and "first" in sim.trace[got[0]], "the hello goes first, then in order"
 
 
 # -- pause (rule 5) ---------------------------------------------------------------------------

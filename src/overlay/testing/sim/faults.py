@@ -24,14 +24,19 @@ calls ``step`` each time the clock moves) and models what the shell
    other message: hellos are handed over at once, through the codec.  Peers
    that had reported it unreachable hear it is back (``peer_reachable``),
    and every link reports up.
-4. **Partition.**  For a while every message between the node and the
-   others is lost, both ways, in-flight ones at the cut too.  A *lossy* cut
-   loses all of it (a connection writing into a black hole until the heal
-   breaks it); otherwise each direction's link notices the break at a random
-   moment of the cut (``peer_link`` down, unreachable past the timeout) and
-   from then on holds what is sent, to deliver it after the heal.  At the
-   heal every link reconnects with a hello each way (rule 3's hand-over),
-   then reports up.  The cut node keeps its clients.
+4. **Partition.**  For a while nothing passes between the node and the
+   others, either way.  Nothing is lost while both runs live (the shell's
+   ``net.peer_link`` rule 6: a frame stays unacknowledged until the peer
+   counts it, and what the peer lacks goes again first on reconnect): what
+   was in flight at the cut and what is sent during it is held, and
+   delivered in order after the heal.  Each direction's link notices the
+   break at a random moment of the cut (``peer_link`` down, unreachable past
+   the timeout).  At the heal every link reconnects with a hello each way
+   (rule 3's hand-over), then reports up.  A node that rejoins as a new run
+   loses what it held and what was held for it (rule 3).  The cut node keeps
+   its clients.  A *lossy* cut (``p_lossy_cut``; off in the fault seeds)
+   models a shell without that rule: everything across the cut is lost, in
+   flight at the cut too, and the links notice only at the heal.
 5. **Pause** (SIGSTOP/SIGCONT; the "stalled node" of ``sim.cluster`` rule 3):
    the node receives nothing, ticks nothing and serves no client; what is
    sent to it waits on its links and is processed late.  Longer than
@@ -135,7 +140,7 @@ class NodeFaults:
         lost = src in self.crashed or dst in self.crashed
         cut = self.cut
         if not lost and cut is not None and cut.across(src, dst):
-            lost = cut.lossy or not cut.noticed.get((src, dst), False)
+            lost = cut.lossy  # else held on its link until the heal
         if lost:
             self.lost[type(msg).__name__] += 1
             net = self.net
@@ -187,7 +192,6 @@ class NodeFaults:
                 if at <= now and not cut.noticed.get(pair):
                     cut.noticed[pair] = True
                     self._link_down(*pair)
-                    self.net.links[pair].blocked_until = math.inf  # held until the heal
         limit = self.net.timeout
         for pair, since in sorted(self.down_since.items()):
             viewer, peer = pair
@@ -307,11 +311,13 @@ class NodeFaults:
         self._begun(Fault.PARTITION, node, now + seconds)
         cut = Cut(node, now + seconds, lossy)
         for key in self._links_of(node):
-            self._lose_queued(key)
-            if not lossy:
+            if lossy:
+                self._lose_queued(key)
+            else:
+                net.links[key].blocked_until = math.inf  # held until the heal
                 cut.notice[key] = now + self.rng.uniform(0.0, seconds)
         self.cut = cut
-        how = "everything across it lost" if lossy else "links notice the break within it"
+        how = "everything across it lost" if lossy else "what crosses it held"
         self.note(f"node {node} is cut off for {seconds:.2f}s ({how})")
 
     def heal(self) -> None:

@@ -156,7 +156,9 @@ class SimParams:
     w_partition: float = 0.3
     w_pause: float = 0.3
     p_no_restart: float = 0.1  # a crashed node stays down to the end of the run
-    p_lossy_cut: float = 0.5  # a partition loses everything sent across it (else: until the link notices)
+    # A partition loses everything sent across it: a shell without net.peer_link
+    # rule 6 (else held until the heal, as the shell does).
+    p_lossy_cut: float = 0.0
 
     @classmethod
     def for_seed(cls, seed: int) -> SimParams:
