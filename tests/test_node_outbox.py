@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 
 import msgspec
+import pytest
 
 from coreworld import CONFIG, HIGH, SPLIT_500, World
 from overlay.actions import ToPeer
@@ -17,7 +18,7 @@ from overlay.channels.channel import Channel
 from overlay.channels.routing_table import RouteEntry
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node.outbox import FULL_DELAY, RECEIPTS_BATCH
+from overlay.node.outbox import FULL_DELAY, RECEIPT_DELAY, RECEIPTS_BATCH
 from overlay.testing.memory_link import MemoryLink
 
 RESEND = CONFIG.cluster.resend_after
@@ -180,14 +181,20 @@ def test_a_full_outbox_answers_choke() -> None:
     assert [a.seq for a in w.net.received(1, pub, kind=cm.PubAck)] == [1, 2]
 
 
-def test_receipts_wait_while_the_node_is_busy_unless_a_frame_s_worth_waits() -> None:
+def test_receipts_wait_while_the_node_is_busy_unless_due() -> None:
     """node.outbox rule 5: the shell's dispatcher says whether its inbox is empty."""
     core = World().cores[2]
     out: list = []
+    core.ctx.now = 10.0
     core.receipts.delivered(1, "1-1", out)
     assert out == [] and core.end_batch(idle=False) == []
-    assert core.end_batch() == [ToPeer(1, pm.EventsDelivered(("1-1",)))]
-    for i in range(RECEIPTS_BATCH):
+    assert core.receipts_due_in(10.0) == pytest.approx(RECEIPT_DELAY)
+    assert core.end_batch() == [ToPeer(1, pm.EventsDelivered(("1-1",)))]  # idle: at once
+    assert core.receipts_due_in(10.0) is None
+    core.receipts.delivered(1, "1-2", out)
+    core.ctx.now += RECEIPT_DELAY  # busy, but the oldest has waited long enough
+    assert core.end_batch(idle=False) == [ToPeer(1, pm.EventsDelivered(("1-2",)))]
+    for i in range(RECEIPTS_BATCH):  # busy, but a frame's worth waits
         core.receipts.delivered(0, f"0-{i}", out)
     (sent,) = core.end_batch(idle=False)
     assert isinstance(sent.msg, pm.EventsDelivered) and len(sent.msg.event_ids) == RECEIPTS_BATCH

@@ -266,3 +266,14 @@ def test_a_large_batch_is_cut_below_the_frame_limit() -> None:
     msgs = receipts.end_batch()
     assert len(msgs) > 1 and [e for m in msgs for e in m.msg.event_ids] == [f"1-{i}" for i in range(100)]
     assert all(len(msgspec.msgpack.encode(m.msg)) < 2048 for m in msgs)
+
+
+def test_a_confirmation_that_completes_nothing_counts_for_a_later_report() -> None:
+    r = Rig()
+    r.publish("0-1")
+    out: list[Action] = []
+    r.outbox.on_matched(pm.EventsMatched(("0-1",), ((1, 2),)), out)
+    r.outbox.on_delivered(1, pm.EventsDelivered(("0-1",)), out)
+    assert out == []
+    r.outbox.on_matched(pm.EventsMatched(("0-1",), ((1,),)), out)  # the new owner's, after a re-send
+    assert acks(out) == [(1, 1, "0-1")]

@@ -8,8 +8,9 @@ Rules:
    the loop a turn at least every ``DISPATCH_SLICE`` while busy, so the
    writers send replies and notifications during a burst.  After each batch,
    the core's batched notes (``NodeCore.end_batch``) go out — its receipts
-   once the inbox is empty (``node.outbox`` rule 5) —, and the indexer is
-   woken when the core has background work.
+   once due (``node.outbox`` rule 5: the dispatcher, waiting on an empty
+   inbox, wakes when they are) —, and the indexer is woken when the core
+   has background work.
 2. A message that breaks the protocol is logged (a peer is answered with
    ``PeerError``); any other error of one message's handling is logged with
    its traceback.  Either way the next message is handled: one message's
@@ -100,7 +101,18 @@ class Dispatcher:
         slice_end = time.perf_counter() + DISPATCH_SLICE
         while True:
             if not len(inbox):
-                await inbox.wait()
+                due = core.receipts_due_in(time.time())
+                if due is None:
+                    await inbox.wait()
+                else:  # node.outbox rule 5: receipts wait a moment for more to share their frame
+                    try:
+                        async with asyncio.timeout(due):
+                            await inbox.wait()
+                    except TimeoutError:
+                        acts = core.end_batch()
+                        if acts:
+                            execute(acts)
+                        continue
                 slice_end = time.perf_counter() + DISPATCH_SLICE
             elif time.perf_counter() > slice_end:
                 # Still busy after a slice: one loop turn, so the writer tasks
@@ -143,8 +155,8 @@ class Dispatcher:
                 if time.perf_counter() - t0 > slow.threshold:
                     slow.note(*described(item), now, t0)
             # Notes collected over the batch (node.ordering rule 8); receipts once
-            # the inbox is empty, or enough wait (node.outbox rule 5).
-            acts = core.end_batch(idle=not len(inbox))
+            # due (node.outbox rule 5: above, when the inbox stays empty).
+            acts = core.end_batch(idle=False)
             if acts:
                 execute(acts)
             if core.index_wanted:

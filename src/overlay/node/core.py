@@ -416,13 +416,18 @@ class NodeCore:
 
     def end_batch(self, *, idle: bool = True) -> list[Action]:
         """After each batch of inbound messages: the batched notes (SPEC §10
-        rule 8), and the receipts once the node is ``idle`` (nothing more
-        waits in its inbox) or enough wait (node.outbox rule 5)."""
+        rule 8), and the receipts once the node is ``idle`` or they are due
+        (node.outbox rule 5; ``receipts_due_in`` says when)."""
         out = self.ordering.end_batch()
         receipts = self.receipts
-        if receipts.pending and (idle or receipts.full):
+        if receipts.pending and (idle or receipts.due(self.ctx.now)):
             out.extend(receipts.end_batch())
         return out
+
+    def receipts_due_in(self, now: float) -> float | None:
+        """Seconds until the receipts waiting must go (``end_batch``); None: none wait."""
+        receipts = self.receipts
+        return receipts.wait_left(now) if receipts.pending else None
 
     def _clock(self, now: float) -> None:
         self.ctx.now = now

@@ -42,10 +42,11 @@ Rules this module keeps:
    entries and a subscribers' access node's ``EventsDelivered`` ids are
    collected per destination and sent by ``end_batch`` in messages of a
    bounded size — after a batch of inbound messages that left the node
-   idle, or once ``RECEIPTS_BATCH`` are waiting, and on every tick: under
-   load, one frame per destination carries many batches' receipts, and an
-   idle node answers at once.  Those for this node's own outbox are a call,
-   not a message.
+   idle, once the oldest has waited ``RECEIPT_DELAY`` or ``RECEIPTS_BATCH``
+   are waiting, and on every tick: under load, one frame per destination
+   carries many batches' receipts (each frame costs both ends more than the
+   ids it carries), and an idle node answers at once.  Those for this
+   node's own outbox are a call, not a message.
 
 Timing: first re-send deadlines come in the order events were accepted
 (now + a fixed wait), so they sit in two parallel deques — no tuple per
@@ -82,8 +83,11 @@ FULL_DELAY: Final = 0.1
 ENTRY_BYTES: Final = 280
 NODE_BYTES: Final = 3  # a node id in EventsMatched.nodes
 # Receipts that go out even while more inbound messages wait (rule 5): a
-# frame's worth, so a busy node's receipts are not held for long.
+# frame's worth, or the oldest this many seconds old — a busy node's PubAcks
+# come at most that much later, for a frame per destination every 2 ms, not
+# per batch of inbound messages.
 RECEIPTS_BATCH: Final = 1024
+RECEIPT_DELAY: Final = 0.002
 
 _EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
 _replace: Final = msgspec.structs.replace
@@ -94,7 +98,20 @@ DispatchEvent = Callable[[pm.Event, list[Action]], None]
 class _Kept:
     """One event in the outbox (rules 1–4)."""
 
-    __slots__ = ("confirmed", "done", "errors", "ev", "expires", "more", "resend_at", "rounds", "seq", "sid", "tries")
+    __slots__ = (
+        "confirmed",
+        "done",
+        "errors",
+        "ev",
+        "expires",
+        "more",
+        "resend_at",
+        "rounds",
+        "seq",
+        "sid",
+        "tries",
+        "waiting",
+    )
 
     def __init__(self, ev: pm.Event, sid: int, seq: int, resend_at: float, expires: float) -> None:
         self.ev = ev
@@ -104,7 +121,8 @@ class _Kept:
         self.resend_at = resend_at
         self.expires = expires
         self.tries = 0  # re-sends so far
-        self.rounds: list[set[int]] | None = None  # per owner report: nodes still to confirm
+        self.waiting: set[int] | None = None  # the first owner report: nodes still to confirm ...
+        self.rounds: list[set[int]] | None = None  # ... and any later one's (the event was sent again)
         self.confirmed: set[int] | None = None  # nodes that confirmed (or died)
         self.errors: list[tuple[str, str]] | None = None  # (code, text) deferred until the PubAck
         self.done = False
@@ -204,9 +222,17 @@ class Outbox:
             matched(event_id, nodes, out)
 
     def on_delivered(self, src: int, msg: pm.EventsDelivered, out: list[Action]) -> None:
-        delivered = self.delivered
+        kept, confirm = self._kept, self._confirm
         for event_id in msg.event_ids:
-            delivered(event_id, src, out)
+            k = kept.get(event_id)
+            if k is None:
+                self._ctx.stats["receipts_stale"] += 1
+                continue
+            w = k.waiting
+            if w is not None and len(w) == 1 and src in w and k.rounds is None:  # the common case, inline
+                self._complete(k, out)
+                continue
+            confirm(k, src, out)
 
     def matched(self, event_id: str, nodes: tuple[int, ...], out: list[Action]) -> None:
         """An owner matched the event; ``nodes`` are to confirm it."""
@@ -217,13 +243,15 @@ class Outbox:
         if not nodes:  # nothing matched, or only the owner's own clients
             self._complete(k, out)
             return
-        missing = set(nodes)
+        missing = {nodes[0]} if len(nodes) == 1 else set(nodes)
         if k.confirmed is not None:
             missing -= k.confirmed
         if self._dead:
             missing -= self._dead
         if not missing:
             self._complete(k, out)
+        elif k.waiting is None:
+            k.waiting = missing
         elif k.rounds is None:
             k.rounds = [missing]
         else:
@@ -238,6 +266,12 @@ class Outbox:
         self._confirm(k, node, out)
 
     def _confirm(self, k: _Kept, node: int, out: list[Action]) -> None:
+        w = k.waiting
+        if w is not None:
+            w.discard(node)
+            if not w:
+                self._complete(k, out)
+                return
         rounds = k.rounds
         if rounds:
             for r in rounds:
@@ -340,7 +374,7 @@ class Outbox:
         k.done = True
         self.expired += 1
         self._ctx.stats["events_expired"] += 1
-        waiting = sorted(n for r in k.rounds or () for n in r)
+        waiting = sorted({n for r in (k.waiting or (), *(k.rounds or ())) for n in r})
         log.warning(
             "node %d: event %s not confirmed within %gs (%d re-sends; %s); its publisher is told it is undeliverable",
             self._ctx.id,
@@ -369,16 +403,20 @@ class Receipts:
         self._matched: dict[int, tuple[list[str], list[tuple[int, ...]]]] = {}
         self._delivered: dict[int, list[str]] = {}
         self._noted = 0  # receipts waiting
+        self._since = 0.0  # when the oldest of them was noted
 
     @property
     def pending(self) -> bool:
         """Receipts wait for ``end_batch``."""
         return self._noted > 0
 
-    @property
-    def full(self) -> bool:
-        """Rule 5: enough wait to go out even while the node is busy."""
-        return self._noted >= RECEIPTS_BATCH
+    def due(self, now: float) -> bool:
+        """Rule 5: enough wait, or long enough, to go out even while the node is busy."""
+        return self._noted >= RECEIPTS_BATCH or now - self._since >= RECEIPT_DELAY
+
+    def wait_left(self, now: float) -> float:
+        """Seconds until the receipts waiting are due (0: now)."""
+        return max(0.0, self._since + RECEIPT_DELAY - now)
 
     def matched(self, ev: pm.Event, nodes: tuple[int, ...], out: list[Action]) -> None:
         """The owner matched ``ev``; ``nodes`` (not this one) got its notifications."""
@@ -386,6 +424,8 @@ class Receipts:
         if access == self._ctx.id:
             self._outbox.matched(ev.event_id, nodes, out)
             return
+        if not self._noted:
+            self._since = self._ctx.now
         self._noted += 1
         batch = self._matched.get(access)
         if batch is None:
@@ -399,6 +439,8 @@ class Receipts:
         if origin == self._ctx.id:
             self._outbox.delivered(event_id, origin, out)
             return
+        if not self._noted:
+            self._since = self._ctx.now
         self._noted += 1
         ids = self._delivered.get(origin)
         if ids is None:
