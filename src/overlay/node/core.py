@@ -356,6 +356,7 @@ class NodeCore:
             self.ctx.stats["peers_restarted"] += 1
             self.migration.peer_gone(node, f"node {node} restarted", out)
             self.peer_runs.drop_subscriptions_of_old_run(node)
+            self.recovery.peer_restarted(node, out)
         self.failures.hello(node, msg.incarnation, now)  # a dead node back (node.liveness rule 7)
         self.startup.hello(node, msg, now, out)
         return out

@@ -103,6 +103,9 @@ class PeerMessages:
             case pm.ReplyRoutingTableInit():
                 self._startup.on_init_reply(src)
             case pm.UpdateRoutingTable():
+                if msg.dead == src and self._startup.has_table:  # a new run's channels (node.recovery rule 5)
+                    self._recovery.on_restart(src, msg, now, out)
+                    return
                 self._startup.on_update(src, msg, out)
                 if msg.dead >= 0 and self._startup.has_table:  # a dead node's channels (node.recovery)
                     self._recovery.on_update(src, msg, now, out)

@@ -31,14 +31,18 @@ Rules:
    unacknowledged, counted, and its access node re-sends it) until every
    live node has sent its last ``Rebuild`` — a Rebuild may come before the
    update, and creates the channel then.  Then the held events are matched
-   in arrival order.  A node that dies meanwhile is not waited for; after
-   ``peer_timeout`` the channel stops waiting (logged with who was missing).
+   in arrival order.  A node that dies or restarts meanwhile is not waited
+   for; a live node is (links lose nothing while both runs live), with a
+   warning every ``peer_timeout`` naming who is missing.
 5. A node that restarted before anyone declared it dead finds the table
    still naming it owner of channels it lost (``node.boot`` rule 4): it
    re-creates and holds them as in rule 4, and announces them in an update
    marked ``dead`` with its own id — its previous run's channels — so every
    access node sends it their subscriptions and re-sends what was not
-   confirmed; nobody declares anything dead for it.
+   confirmed; nobody declares anything dead for it.  The announcement claims
+   nothing: a node whose table gives such a channel to another node (the
+   new run took a table older than a recovery) answers with its entry,
+   which makes the new run drop it (rule 3).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from overlay.actions import Action, ToPeer
 from overlay.balance.evaluators import rank_u
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.routing_table import RouteEntry
+from overlay.channels.subscriptions import Subscription as StoredSubscription
 from overlay.messages import peer as pm
 from overlay.node.context import NodeContext
 from overlay.node.liveness import Liveness
@@ -226,15 +231,47 @@ class Recovery:
         for item in msg.update_chs:
             chid, owner = item.ch_id, item.entry.owner
             if owner != ctx.id:
-                if chid in ctx.local and chid not in self.rebuilding:
+                if chid in ctx.local:
                     ctx.local.remove(chid)  # the coordinator gave it to another node
                     ctx.stats["channels_dropped_by_recovery"] += 1
-                self.rebuilding.pop(chid, None)
+                rb = self.rebuilding.pop(chid, None)
+                if rb is not None and rb.held:  # unconfirmed: their access nodes send them again
+                    ctx.stats["events_dropped_rebuilding"] += len(rb.held)
             else:
                 self._ensure(chid, dead, now, out)
             self._send_rebuild(chid, item.entry, dead, out)
             self._sessions.rebuilt(chid, out)
         ctx.stats["channels_recovered"] += sum(1 for i in msg.update_chs if i.entry.owner == ctx.id)
+        self._resend(now, out)
+
+    def on_restart(self, src: int, msg: pm.UpdateRoutingTable, now: float, out: list[Action]) -> None:
+        """Rule 5 at the other nodes: a new run of ``src`` holds the channels it
+        names.  Where this node's table agrees, it sends its clients'
+        subscriptions; where it does not (the new run took a table older than
+        a recovery), it tells ``src`` the entry it holds instead — never the
+        other way round: a restart claims nothing."""
+        ctx = self._ctx
+        correct: list[tuple[ChannelId, RouteEntry]] = []
+        for item in msg.update_chs:
+            entry = ctx.routing.get(item.ch_id)
+            if entry is None or entry.owners != (src,):
+                if entry is not None:
+                    correct.append((item.ch_id, entry))
+                self._send_rebuild(item.ch_id, item.entry, src, out, subs=())  # nothing here for it
+                continue
+            self._send_rebuild(item.ch_id, entry, src, out)
+            self._sessions.rebuilt(item.ch_id, out)
+        if correct:
+            ctx.stats["restart_claims_corrected"] += len(correct)
+            log.warning(
+                "node %d: node %d's new run holds %s, which this node's table gives to others: told so",
+                ctx.id,
+                src,
+                [str(c) for c, _ in correct],
+            )
+            upd = pm.UpdateRoutingTable((), tuple(pm.RouteItem(c, e) for c, e in correct), 0, ctx.id, src)
+            out.append(ToPeer(src, upd))
+        out.append(ToPeer(src, pm.ReplyUpdateGlobal(msg.session, msg.origin)))
         self._resend(now, out)
 
     def restarted(self, chids: list[ChannelId], out: list[Action]) -> None:
@@ -246,8 +283,16 @@ class Recovery:
         ctx.stats["channels_recovered"] += len(chids)
         self._updates.broadcast((), [(c, ctx.routing[c]) for c in chids], out, dead=ctx.id)
 
-    def _send_rebuild(self, chid: ChannelId, entry: RouteEntry, dead: int, out: list[Action]) -> None:
-        subs = tuple(self._sessions.held(entry.space))
+    def _send_rebuild(
+        self,
+        chid: ChannelId,
+        entry: RouteEntry,
+        dead: int,
+        out: list[Action],
+        subs: tuple[StoredSubscription, ...] | None = None,
+    ) -> None:
+        if subs is None:
+            subs = tuple(self._sessions.held(entry.space))
         chunks = [subs[i : i + REBUILD_CHUNK] for i in range(0, len(subs), REBUILD_CHUNK)] or [()]
         self._ctx.stats["rebuild_subscriptions_sent"] += len(subs)
         for i, chunk in enumerate(chunks):
@@ -282,7 +327,10 @@ class Recovery:
     def on_rebuild(self, src: int, msg: pm.Rebuild, now: float, out: list[Action]) -> None:
         ctx = self._ctx
         rb = self.rebuilding.get(msg.ch_id)
-        if rb is None and msg.ch_id not in ctx.local:  # before the update that names this node
+        entry = ctx.routing.get(msg.ch_id)
+        if rb is None and msg.ch_id not in ctx.local and entry is not None and msg.dead in entry.owners:
+            # Before the update that names this node (the table still names
+            # the dead node); one naming a live node is late and stale.
             rb = self._ensure(msg.ch_id, msg.dead, now, out)
         ch = ctx.local.get(msg.ch_id)
         if ch is None:
@@ -330,14 +378,20 @@ class Recovery:
         if self._liveness.dead and self._liveness.coordinator(now) == self._ctx.id and self._dead_owned():
             self._reassign(-1, now, out)
         for chid, rb in list(self.rebuilding.items()):
-            if now >= rb.deadline:
+            if now >= rb.deadline:  # rule 4: a live node's Rebuild is late, not lost — keep waiting
+                rb.deadline = now + self._ctx.config.cluster.peer_timeout
+                self._ctx.stats["rebuilds_late"] += 1
                 log.warning(
-                    "node %d: channel %s stops waiting for the subscriptions of nodes %s (no Rebuild within %.1fs)",
+                    "node %d: channel %s still waits for the subscriptions of nodes %s (%d events held)",
                     self._ctx.id,
                     chid,
                     sorted(rb.waiting),
-                    self._ctx.config.cluster.peer_timeout,
+                    len(rb.held),
                 )
-                self._ctx.stats["rebuilds_timed_out"] += 1
-                rb.waiting.clear()
+
+    def peer_restarted(self, node: int, out: list[Action]) -> None:
+        """Rule 4: a run that ended (restarted) sends no Rebuild: not waited for."""
+        for chid, rb in list(self.rebuilding.items()):
+            if node in rb.waiting:
+                rb.waiting.discard(node)
                 self._maybe_release(chid, out)
