@@ -203,6 +203,12 @@ class NodeCore:
                 self.outbox.node_dead,  # its receipts will not come (node.outbox rule 2)
             ),
             node_back=self.outbox.node_back,
+            peer_runs=self.peer_runs,
+            restarted=(
+                lambda node, out: self.migration.peer_gone(node, f"node {node} restarted", out),
+                lambda node, out: self.peer_runs.drop_subscriptions_of_old_run(node),
+                self.recovery.peer_restarted,
+            ),
         )
         self.router = Router(
             ctx,
@@ -261,6 +267,8 @@ class NodeCore:
             groups=self.groups,
             peer_hello=self.peer_hello,
         )
+        self.hello = self.membership.hello  # this node's PeerHello (node.membership)
+        self.client_opened = self.sessions.open  # a new client session's id
 
     # -- what the shell and the simulator read ---------------------------------------------------
 
@@ -330,8 +338,6 @@ class NodeCore:
         """No migration session on either side and no (un)subscription waiting."""
         return not self.migration.busy() and not self.sessions.pending()
 
-    # -- lifecycle (overlay.node.boot) -------------------------------------------------------------
-
     def start(self, now: float) -> list[Action]:
         """Rule 1 for a cluster known to be new (core tests, the simulator)."""
         return self.startup.start(now)
@@ -339,9 +345,6 @@ class NodeCore:
     def boot(self, now: float) -> list[Action]:
         """Start as a process does (the shell): the table comes from the peers."""
         return self.startup.boot(now)
-
-    def hello(self) -> pm.PeerHello:
-        return self.membership.hello()
 
     def peer_hello(self, node: int, msg: pm.PeerHello, now: float) -> list[Action]:
         """A peer (re)connected to us: it may have joined (node.membership), or
@@ -351,20 +354,11 @@ class NodeCore:
             raise RemoteProtocolError(f"node {node} belongs to cluster {msg.cluster!r}, not {cluster!r}")
         self.ctx.now = now
         out = self.membership.on_hello(node, msg)  # an unknown node joins (node.membership rule 5)
-        if self.peer_runs.hello(node, msg.incarnation):
-            log.warning("node %d: node %d restarted; dropping what its previous run left here", self.id, node)
-            self.ctx.stats["peers_restarted"] += 1
-            self.migration.peer_gone(node, f"node {node} restarted", out)
-            self.peer_runs.drop_subscriptions_of_old_run(node)
-            self.recovery.peer_restarted(node, out)
-        self.failures.hello(node, msg.incarnation, now)  # a dead node back (node.liveness rule 7)
+        self.failures.hello(node, msg.incarnation, now, out)  # a restart (rule 7), a dead node back
         self.startup.hello(node, msg, now, out)
         return out
 
     # -- clients (overlay.node.clients, .sessions) -----------------------------------------------
-
-    def client_opened(self) -> int:
-        return self.sessions.open()
 
     def client_closed(self, sid: int) -> list[Action]:
         """Drop the session's subscriptions everywhere (the client re-subscribes on reconnect)."""

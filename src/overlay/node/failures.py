@@ -17,10 +17,14 @@ a dead node's channels; this module is what the node core does with them:
    component (``gone``: its migration sessions, its keys' homes, its
    clients' subscriptions, the receipts it owed), and its last LIEM leaves
    dc̄.
+7. A peer's hello with a new incarnation: it restarted (``node.core`` rule
+   7); what its previous run left here goes (``restarted``: sessions with
+   it, its dead clients' subscriptions, rebuilds waiting for it).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 from overlay.actions import Action, Rejoin, ToPeer
@@ -28,9 +32,12 @@ from overlay.balance.monitor import Monitor
 from overlay.messages import peer as pm
 from overlay.node.context import NodeContext
 from overlay.node.liveness import Liveness
+from overlay.node.peers import PeerRuns
 from overlay.node.recovery import Recovery
 
 __all__ = ["Failures"]
+
+log = logging.getLogger("overlay.node")
 
 NodeBack = Callable[[int], None]
 Gone = Callable[[int, list[Action]], object]
@@ -50,6 +57,8 @@ class Failures:
         monitor: Monitor,
         gone: Sequence[Gone],
         node_back: NodeBack,
+        peer_runs: PeerRuns,
+        restarted: Sequence[Gone],
     ) -> None:
         self._ctx = ctx
         self.liveness = liveness
@@ -58,6 +67,8 @@ class Failures:
         self._monitor = monitor
         self._gone = gone
         self._node_back = node_back
+        self._peer_runs = peer_runs
+        self._restarted = restarted
         self._rejoin_asked = False
 
     def peer_dead(self, node: int, out: list[Action]) -> None:
@@ -99,8 +110,13 @@ class Failures:
         self.liveness.heard(src, now)
         return True
 
-    def hello(self, node: int, incarnation: int, now: float) -> None:
-        """Rule 5."""
+    def hello(self, node: int, incarnation: int, now: float, out: list[Action]) -> None:
+        """Rules 5 and 7."""
+        if self._peer_runs.hello(node, incarnation):
+            log.warning("node %d: node %d restarted; dropping what its previous run left here", self._ctx.id, node)
+            self._ctx.stats["peers_restarted"] += 1
+            for gone in self._restarted:
+                gone(node, out)
         if self.liveness.revived(node, incarnation, now):
             self.recovery.node_back(node)
             self._node_back(node)
