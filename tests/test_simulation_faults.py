@@ -96,3 +96,18 @@ def test_the_seeds_exercise_the_faults() -> None:
     )
     missing = [k for k in wanted if not totals[k]]
     assert not missing, f"never happened in {SEEDS} seeds: {missing}; totals {dict(totals)}"
+
+
+# A ratchet while the xfail above stands: measured at b09ac02, 160 of these 200
+# seeds pass and 8 find a PubAck'd event missing for a promised subscription.
+# A change that makes either figure worse fails here; raise them as fixes land.
+MIN_PASSING: Final = 150
+MAX_RULE_6: Final = 12
+
+
+def test_no_regression_on_the_seeds_that_keep_the_promise() -> None:
+    results = _results()
+    passing = sum(r.ok for r in results.values())
+    lost = [s for s, r in results.items() if any("rule 6" in f or "lost for" in f for f in r.failures)]
+    assert passing >= MIN_PASSING, f"{passing} of {SEEDS} seeds pass (at least {MIN_PASSING} did)"
+    assert len(lost) <= MAX_RULE_6, f"{len(lost)} seeds lose a PubAck'd event (at most {MAX_RULE_6} did): {lost}"

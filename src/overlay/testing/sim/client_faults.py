@@ -40,15 +40,39 @@ from __future__ import annotations
 import heapq
 import random
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from overlay.messages import client as cm
 from overlay.messages.codec import client_reader
 
-from .records import EventRec, SimClient
+from .network import SimNetwork
+from .records import EventRec, SimClient, SubRec
+from .workload import SubSpec
 
-if TYPE_CHECKING:
-    from .clients import SimClients
+
+class SimUsers(Protocol):
+    """What the client faults need of the simulated clients (``sim.clients``),
+    named here so that module and this one do not import each other."""
+
+    net: SimNetwork
+    clients: list[SimClient]
+    by_session: dict[tuple[int, int], SimClient]
+    admins: dict[int, SimClient]
+    events: dict[str, EventRec]
+    event_names: dict[str, EventRec]
+    subs: list[SubRec]
+    admin_results: Counter[str]
+
+    def open(self, node: int, *, admin: bool = False) -> SimClient: ...
+
+    def subscribe(self, c: SimClient, spec: SubSpec) -> SubRec: ...
+
+    def send(self, c: SimClient, msg: cm.ClientMessage) -> None: ...
+
+    def next_seq(self, c: SimClient, kind: str, data: Any) -> int: ...
+
+    def send_subscribe(self, c: SimClient, rec: SubRec) -> None: ...
+
 
 __all__ = ["MAX_TRIES", "RETRIED", "ClientFaults"]
 
@@ -63,7 +87,7 @@ RECONNECT = 0  # the ticket of a reconnect timer (retries have tickets from 1)
 class ClientFaults:
     """Rules 1–5 for every client of ``users``."""
 
-    def __init__(self, users: SimClients, rng: random.Random) -> None:
+    def __init__(self, users: SimUsers, rng: random.Random) -> None:
         self.users = users
         self.rng = rng
         self.timers: list[tuple[float, int, int, int, SimClient]] = []  # (due, order, session_no, ticket, client)

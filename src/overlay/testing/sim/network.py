@@ -17,7 +17,7 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from overlay.actions import Action, CloseClient, Rejoin, ToClient, ToPeer
 from overlay.config import ClusterConfig
@@ -29,8 +29,21 @@ from overlay.testing.memory_link import MemoryLink
 
 from .setup import SimParams
 
-if TYPE_CHECKING:
-    from .faults import NodeFaults
+
+class FaultModel(Protocol):
+    """What the network asks of its node faults (``sim.faults.NodeFaults``),
+    named here so that module and this one do not import each other."""
+
+    suspect: float
+
+    def drops(self, src: int, dst: int, msg: pm.PeerMessage) -> bool: ...
+
+    def rejoin(self, node: int, reason: str) -> None: ...
+
+    def had_fault(self, node: int) -> bool: ...
+
+    def step(self, *, allow_new: bool) -> None: ...
+
 
 __all__ = ["MAX_STEPS", "SimNetwork"]
 
@@ -79,7 +92,7 @@ class SimNetwork:
             self.spy(core)
             self.cores[i] = core
         self.retired: list[NodeCore] = []  # crashed runs (their stats still count)
-        self.node_faults: NodeFaults | None = None
+        self.node_faults: FaultModel | None = None
         self.links: dict[tuple[int, int], MemoryLink] = {
             (a, b): MemoryLink() for a in self.ids for b in self.ids if a != b
         }
