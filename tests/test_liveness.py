@@ -261,3 +261,29 @@ def test_a_node_that_was_paused_itself_does_not_count_its_peers_silence() -> Non
         t = round(t + 0.1, 6)
         assert lv.check(t) == []
     assert lv.suspects(t) == [1, 2, 3, 4]
+
+
+def test_an_unanswered_subscription_is_sent_again_when_a_node_dies_and_a_late_copy_resurrects_nothing() -> None:
+    # node.sessions rule 6, node.router rule 9.
+    cl = Cluster()
+    net = cl.net
+    s1 = net.open_client(1, "sub-1")
+    net.hold_types(pm.Subscription, src=1, dst=0)
+    net.client_send(1, s1, cm.Subscribe(1, "a", "price < 100"))
+    net.run()
+    (lost,) = [m for m in net.links[(1, 0)].queued() if isinstance(m, pm.Subscription)]
+    net.links[(1, 0)].pop()  # it dies with the connection, as if node 0 had forwarded it and died
+    net.release()
+    cl.run_until(1.0)
+    assert not net.received(1, s1, kind=cm.SubAck)
+    cl.crash(2)  # any death: node 1 tries its waiting subscription again
+    cl.run_until(4.0)
+    assert net.received(1, s1, kind=cm.SubAck)
+    assert lost.sub_id in net.cores[0].local[EC]
+    net.client_send(1, s1, cm.Unsubscribe(2, "a"))
+    cl.run_until(4.5)
+    assert net.received(1, s1, kind=cm.UnsubAck) and lost.sub_id not in net.cores[0].local[EC]
+    net.send(1, 0, lost)  # the first try, arriving last
+    cl.run_until(5.0)
+    assert lost.sub_id not in net.cores[0].local[EC]
+    assert net.cores[0].stats["subscriptions_resurrection_refused"] == 1

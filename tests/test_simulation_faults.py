@@ -32,13 +32,13 @@ SEEDS: Final = 200
 BATCH: Final = 20
 WORKERS: Final = min(2, os.cpu_count() or 1)  # the seeds run on two processes: ~35-45 s
 
-# The node cores' half of SPEC §16 landed piece by piece; on about a fifth
-# of the seeds the promise, or rules 2-5 after it, still fails in the cores.
+# The node cores' half of SPEC §16 is not complete: about 15 % of the seeds
+# still fail (the ratchet below keeps it from getting worse).
 CORE_PENDING: Final = (
     "SPEC §16 in the node cores is not complete: some PubAck'd events miss a promised subscription "
-    "(rule 6); (un)subscriptions whose messages died with a crashed or rejoining run are never applied "
-    "or answered (rules 2, 5); subscriptions given up stay stored (rule 3); events expire undeliverable; "
-    "routing tables differ after some recoveries (rule 4)"
+    "(rule 6); events expire undeliverable after long chains of faults; some subscriptions end up "
+    "stored in the wrong places or after their end (rule 3); routing tables differ after some "
+    "recoveries (rule 4)"
 )
 
 
@@ -98,10 +98,11 @@ def test_the_seeds_exercise_the_faults() -> None:
     assert not missing, f"never happened in {SEEDS} seeds: {missing}; totals {dict(totals)}"
 
 
-# A ratchet while the xfail above stands: measured at b09ac02, 160 of these 200
-# seeds pass and 8 find a PubAck'd event missing for a promised subscription.
+# A ratchet while the xfail above stands: measured with (un)subscriptions sent
+# again after a death, 171 of these 200 seeds pass and 9 find a PubAck'd event
+# missing for a promised subscription.
 # A change that makes either figure worse fails here; raise them as fixes land.
-MIN_PASSING: Final = 150
+MIN_PASSING: Final = 165
 MAX_RULE_6: Final = 12
 
 

@@ -210,6 +210,9 @@ class Subscription(PeerMessage, frozen=True):
     hops: int = 0
     group: Ident = ""  # subscriber group (SPEC §11); "" = none
     weight: Weight = 1.0  # the instance's static weight Ws in its group
+    # Which try of its access node this copy is (node.sessions rule 6): the
+    # answer carries it back, and an answer to an earlier try is ignored.
+    attempt: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     def stored(self) -> StoredSubscription:
         return StoredSubscription(self.sub_id, self.sub_exp, self.subscriber, self.access_node, self.group, self.weight)
@@ -223,6 +226,7 @@ class UnSubscription(PeerMessage, frozen=True):
     dispatch_sign: DispatchSign
     ch_id: ChannelId | None = None
     hops: int = 0
+    attempt: Annotated[int, msgspec.Meta(ge=0)] = 0  # as in Subscription
 
 
 class SubscriptionApplied(PeerMessage, frozen=True):
@@ -235,6 +239,7 @@ class SubscriptionApplied(PeerMessage, frozen=True):
     # Non-empty when ch_id was no longer at the sender and the message went on
     # to these channels instead: the access node waits for them in its place.
     rerouted_to: tuple[ChannelId, ...] = ()
+    attempt: Annotated[int, msgspec.Meta(ge=0)] = 0  # the copy's (node.sessions rule 6)
 
 
 class Event(PeerMessage, frozen=True):

@@ -94,9 +94,8 @@ class NodeCore:
         self.stats, self.journal = ctx.stats, ctx.journal.entries  # counters; the decision journal (SPEC §14)
         # What changing admin commands need, on the client protocol and on HTTP alike; "" = nothing.
         self.admin_token = config.cluster.admin_token if admin_token is None else admin_token
-        # Components in the order they depend on each other; a component that
-        # needs one built later gets a one-line lambda (the only cycles:
-        # ordering/groups/migration hand messages back to the router).
+        # Components in the order they depend on each other; one that needs one built
+        # later gets a lambda (ordering/groups/migration hand messages back to the router).
         self.peer_runs = PeerRuns(ctx)
         self.liveness = Liveness.configured(node_id, incarnation, ctx.peers, config.cluster)
         self.updates = TableUpdates(ctx, admin_done=lambda admin, result, out: self.admin.done(admin, result, out))
@@ -171,9 +170,8 @@ class NodeCore:
             draining=lambda: self.membership.draining,
             damped=self.liveness.damped,
         )
-        # The monitor (SPEC §6), and the core's one random source (balancing's draws: the simulator reseeds it).
-        self.monitor: Monitor = self.balancing.monitor
-        self.rng: random.Random = self.balancing.rng
+        self.monitor: Monitor = self.balancing.monitor  # SPEC §6
+        self.rng: random.Random = self.balancing.rng  # the core's one random source: the simulator reseeds it
         self.background_step = self.balancing.background_step  # the shell's background work
         # The two sides of a session and balancing need each other.
         self.migration.planner = self.arrivals.planner = self.balancing
@@ -201,6 +199,7 @@ class NodeCore:
                 lambda node, out: self.ordering.link_changed(node, False, out),  # its keys get new homes
                 lambda node, out: self.peer_runs.drop_subscriptions_of(node),  # its clients died with it
                 self.outbox.node_dead,  # its receipts will not come (node.outbox rule 2)
+                lambda node, out: self.sessions.retry_all(out),  # copies it held or forwarded (sessions rule 6)
             ),
             node_back=self.outbox.node_back,
             peer_runs=self.peer_runs,
@@ -208,6 +207,7 @@ class NodeCore:
                 lambda node, out: self.migration.peer_gone(node, f"node {node} restarted", out),
                 lambda node, out: self.peer_runs.drop_subscriptions_of_old_run(node),
                 self.recovery.peer_restarted,
+                lambda node, out: self.sessions.retry_all(out),
             ),
         )
         self.router = Router(

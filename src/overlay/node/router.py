@@ -24,6 +24,9 @@ Rules (``node.core``'s, numbered as there):
    also when nothing matched.
 8. An error matching an event for one subscription is that subscription's
    (counted, logged), and every other match is served.
+9. An owner remembers the ids unsubscribed here lately (``MAX_REMOVED``): a
+   late copy of such a subscription — one its access node sent again
+   (``node.sessions`` rule 6) — is answered but never stored again.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ log = logging.getLogger("overlay.node")
 # A message re-routed this many times is dropped (counted and logged): tables
 # that disagree for longer than a few hops are a bug, not a transient.
 MAX_HOPS: Final = 4
+# Unsubscribed ids an owner remembers (rule 9): far more than can be in flight.
+MAX_REMOVED: Final = 100_000
 
 
 class Router:
@@ -91,6 +96,8 @@ class Router:
         self._sessions = sessions
         self._peers = peers
         self._recovery = recovery
+        # Rule 9: ids unsubscribed here lately (ids never repeat, node.core rule 6).
+        self._removed: dict[str, None] = {}
         self._receipts = receipts
 
     def reapply(self, msg: pm.Event | pm.Subscription | pm.UnSubscription, out: list[Action]) -> None:
@@ -232,10 +239,12 @@ class Router:
             return
         if self._to_first_replica(chid, msg, out):
             return
-        if ch.add(msg.stored()):
+        if msg.sub_id in self._removed:  # a late copy of a subscription ended here: never back (rule 9)
+            self._ctx.stats["subscriptions_resurrection_refused"] += 1
+        elif ch.add(msg.stored()):
             self._ctx.stats["subscriptions_applied"] += 1
         if mig is None and not self._relay(chid, msg, out):  # a new replica answers a Reforward itself
-            self._applied(msg.sub_id, chid, msg.access_node, True, (), out)
+            self._applied(msg.sub_id, chid, msg.access_node, True, (), out, msg.attempt)
 
     def on_unsubscription(self, msg: pm.UnSubscription, out: list[Action]) -> None:
         chid = msg.ch_id
@@ -253,8 +262,12 @@ class Router:
             return
         if ch.remove(msg.sub_id) is not None:
             self._ctx.stats["unsubscriptions_applied"] += 1
+        removed = self._removed
+        removed[msg.sub_id] = None
+        if len(removed) > MAX_REMOVED:
+            del removed[next(iter(removed))]
         if mig is None and not self._relay(chid, msg, out):  # a new replica answers a Reforward itself
-            self._applied(msg.sub_id, chid, msg.access_node, False, (), out)
+            self._applied(msg.sub_id, chid, msg.access_node, False, (), out, msg.attempt)
 
     def _relay(self, chid: ChannelId, msg: pm.Subscription | pm.UnSubscription, out: list[Action]) -> bool:
         """A replicated channel's (un)subscriptions reach its first owner and go
@@ -302,7 +315,7 @@ class Router:
                 chans = [c for c in chans if c in heirs]
         self._ctx.stats["subscriptions_rerouted"] += 1
         # Tell the access node which channels replace the one it waits on, then send on.
-        self._applied(msg.sub_id, old, msg.access_node, subscribe, tuple(chans), out)
+        self._applied(msg.sub_id, old, msg.access_node, subscribe, tuple(chans), out, msg.attempt)
         for chid in chans:
             fwd = msgspec.structs.replace(msg, ch_id=chid, hops=msg.hops + 1)
             self.dispatch_sub(fwd, out)
@@ -327,8 +340,9 @@ class Router:
         subscribe: bool,
         rerouted: tuple[ChannelId, ...],
         out: list[Action],
+        attempt: int = 0,
     ) -> None:
-        note = pm.SubscriptionApplied(gid, chid, subscribe, rerouted)
+        note = pm.SubscriptionApplied(gid, chid, subscribe, rerouted, attempt)
         if access == self._ctx.id:
             self._sessions.on_applied(note, out)
         else:

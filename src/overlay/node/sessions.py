@@ -19,6 +19,12 @@ Rules (``node.core`` rules 4 and 6):
    when a dead node's channel is rebuilt elsewhere (``node.recovery``) it
    sends the new owner every one it holds that overlaps the channel
    (``held``), and what waited on that channel is applied (``rebuilt``).
+6. A node's death or restart may take (un)subscription copies with it (one
+   it was forwarding, one it held unanswered): every (un)subscription still
+   waiting is sent again, to every channel it belongs to now, as a new try;
+   answers to earlier tries are ignored (``SubscriptionApplied.attempt``).
+   Owners apply a copy twice harmlessly, and never store again an id they
+   saw unsubscribed (``node.router`` rule 9).
 """
 
 from __future__ import annotations
@@ -63,9 +69,28 @@ class Session:
 class Pending:
     """An (un)subscription waiting for its channels to apply it (rule 2)."""
 
-    __slots__ = ("applied", "channels", "local_id", "seq", "session", "subscribe", "then", "waiting")
+    __slots__ = (
+        "applied",
+        "attempt",
+        "channels",
+        "local_id",
+        "seq",
+        "session",
+        "subscribe",
+        "template",
+        "then",
+        "waiting",
+    )
 
-    def __init__(self, session: int, seq: int, local_id: str, subscribe: bool, chans: Iterable[ChannelId]) -> None:
+    def __init__(
+        self,
+        session: int,
+        seq: int,
+        local_id: str,
+        subscribe: bool,
+        chans: Iterable[ChannelId],
+        template: pm.Subscription | pm.UnSubscription | None = None,
+    ) -> None:
         self.session = session
         self.seq = seq
         self.local_id = local_id
@@ -76,6 +101,9 @@ class Pending:
         self.channels = len(self.waiting)
         # An unsubscribe that waits for this subscribe (rule 3): the arguments of send_unsubscribe.
         self.then: tuple[int, int, str, str, Filter] | None = None
+        # Rule 6: the message its copies are made of, and which try this is.
+        self.template = template
+        self.attempt = 0
 
 
 class Sessions(Mapping[int, Session]):
@@ -159,7 +187,10 @@ class Sessions(Mapping[int, Session]):
         self.owners[gid] = (sess.id, local_id)
         if ctx.capture is not None:
             ctx.capture.subscribe(gid, local_id, sess.id, sess.client_id, expression)
-        self._pending[gid] = Pending(sess.id, seq, local_id, True, chans)
+        template = pm.Subscription(
+            gid, f, sess.client_id, ctx.id, pm.DispatchSign.SUBSCRIBE_DISPATCHED, group=group, weight=weight
+        )
+        self._pending[gid] = Pending(sess.id, seq, local_id, True, chans, template)
         return gid
 
     def forget_pending(self, gid: str) -> None:
@@ -188,11 +219,11 @@ class Sessions(Mapping[int, Session]):
             prior.then = (sid, seq, local_id, gid, f)
             return
         chans = ctx.routing.lookup_subscription(f)
-        self._pending[gid] = Pending(sid, seq, local_id, False, chans or [NO_CHANNEL])
+        unsub = pm.UnSubscription(gid, f, local_id, ctx.id, pm.DispatchSign.UNSUBSCRIBE_DISPATCHED)
+        self._pending[gid] = Pending(sid, seq, local_id, False, chans or [NO_CHANNEL], unsub if chans else None)
         if not chans:
             self.on_applied(pm.SubscriptionApplied(gid, NO_CHANNEL, False), out)
             return
-        unsub = pm.UnSubscription(gid, f, local_id, ctx.id, pm.DispatchSign.UNSUBSCRIBE_DISPATCHED)
         for chid in chans:
             self._dispatch_sub(msgspec.structs.replace(unsub, ch_id=chid), out)
 
@@ -213,13 +244,31 @@ class Sessions(Mapping[int, Session]):
         for gid, p in list(self._pending.items()):
             n = p.waiting.get(chid, 0)
             for _ in range(max(n, 0)):
-                self.on_applied(pm.SubscriptionApplied(gid, chid, p.subscribe), out)
+                self.on_applied(pm.SubscriptionApplied(gid, chid, p.subscribe, (), p.attempt), out)
+
+    def retry_all(self, out: list[Action]) -> None:
+        """Rule 6: every (un)subscription still waiting is sent again, as a new try."""
+        routing = self._ctx.routing
+        for p in list(self._pending.values()):
+            t = p.template
+            if t is None:
+                continue
+            chans = routing.lookup_subscription(t.sub_exp if isinstance(t, pm.Subscription) else t.unsub_exp)
+            if not chans:
+                continue  # nothing to apply it to any more: its channels' answers will come or were had
+            p.attempt += 1
+            p.waiting = Counter(chans)
+            p.applied = set()
+            p.channels = len(chans)
+            self._ctx.stats["subscriptions_retried"] += 1
+            for chid in chans:
+                self._dispatch_sub(msgspec.structs.replace(t, ch_id=chid, attempt=p.attempt), out)
 
     def on_applied(self, msg: pm.SubscriptionApplied, out: list[Action]) -> None:
         """Rule 2: a copy was applied, or rerouted to the channels it names."""
         p = self._pending.get(msg.sub_id)
-        if p is None or p.subscribe != msg.subscribe:
-            return
+        if p is None or p.subscribe != msg.subscribe or msg.attempt != p.attempt:
+            return  # done, or an answer to an earlier try (rule 6)
         # Signed count of copies per channel: below zero while an answer has
         # overtaken the reroute notice that announces its copy (a Reforward
         # travels on the high queue, the notice on the normal one).
