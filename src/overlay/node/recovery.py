@@ -318,7 +318,9 @@ class Recovery:
         # (A channel here already — one a dead sender handed over, re-stated —
         # waits too: what the sender's lost Reforwards carried comes back in
         # the Rebuilds.)
-        waiting = set(self._liveness.live(now)) - {dead}
+        # Every member not dead: a suspected one is slow, not gone — its
+        # Rebuild comes late, or its death takes it off the list (rule 4).
+        waiting = {ctx.id, *ctx.peers} - set(self._liveness.dead) - {dead}
         rb = _Rebuilding(dead, waiting, now + ctx.config.cluster.peer_timeout)
         self.rebuilding[chid] = rb
         log.info("node %d: rebuilding channel %s of dead node %d; waiting for %s", ctx.id, chid, dead, sorted(waiting))
