@@ -92,8 +92,7 @@ class NodeCore:
         # The shared tables and lists, never replaced (membership grows ``peers`` in place).
         self.schema, self.routing, self.local, self.peers = ctx.schema, ctx.routing, ctx.local, ctx.peers
         self.stats, self.journal = ctx.stats, ctx.journal.entries  # counters; the decision journal (SPEC §14)
-        # What changing admin commands need, on the client protocol and on HTTP alike; "" = nothing.
-        self.admin_token = config.cluster.admin_token if admin_token is None else admin_token
+        self.admin_token = config.cluster.admin_token if admin_token is None else admin_token  # "" = none needed
         # Components in the order they depend on each other; one that needs one built
         # later gets a lambda (ordering/groups/migration hand messages back to the router).
         self.peer_runs = PeerRuns(ctx)
@@ -153,6 +152,7 @@ class NodeCore:
             self.loads,
             reapply=lambda msg, out: self.router.reapply(msg, out),
             admin_done=lambda admin, result, out: self.admin.done(admin, result, out),
+            rebuilding=lambda: self.recovery.rebuilding,
         )
         self.startup = Boot(
             ctx,

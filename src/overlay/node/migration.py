@@ -10,7 +10,7 @@ subscriptions, then applies Reforwards in order.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import msgspec
@@ -62,8 +62,10 @@ class Migration:
         *,
         reapply: Reapply,
         admin_done: AdminDone,
+        rebuilding: Callable[[], Collection[ChannelId]] = frozenset,
     ) -> None:
         self._ctx = ctx
+        self._rebuilding = rebuilding  # channels waiting for their subscriptions (node.recovery rule 4)
         self._updates = updates
         self._groups = groups
         self._arrivals = arrivals
@@ -90,8 +92,10 @@ class Migration:
         return sorted(self._admin_waits)
 
     def arriving(self) -> set[ChannelId]:
-        """Channels of incoming sessions (``node.arrivals``): not to be split, merged or moved."""
-        return self._arrivals.arriving()
+        """Channels of incoming sessions (``node.arrivals``), and channels being
+        rebuilt after a death (``node.recovery``): not to be split, merged or moved."""
+        rebuilding = self._rebuilding()
+        return self._arrivals.arriving() | set(rebuilding) if rebuilding else self._arrivals.arriving()
 
     def leaving(self) -> set[ChannelId]:
         """Channels on their way out (their receiver indexes them)."""

@@ -336,7 +336,7 @@ class Recovery:
             rb = self._ensure(msg.ch_id, msg.dead, now, out)
         ch = ctx.local.get(msg.ch_id)
         if ch is None:
-            ctx.stats["rebuilds_ignored"] += 1
+            self._to_heirs(src, msg)
             return
         for sub in msg.subscriptions:
             if sub.access_node == src and ch.add(sub):
@@ -344,6 +344,19 @@ class Recovery:
         if rb is not None and msg.last:
             rb.waiting.discard(src)
             self._maybe_release(msg.ch_id, out)
+
+    def _to_heirs(self, src: int, msg: pm.Rebuild) -> None:
+        """Rule 4: a Rebuild for a channel split or merged here meanwhile goes to
+        the local channels that replaced it, each subscription where it belongs."""
+        ctx = self._ctx
+        heirs = [ctx.local[c] for c in self._updates.heirs(msg.ch_id) if c in ctx.local]
+        if not heirs:
+            ctx.stats["rebuilds_ignored"] += 1
+            return
+        for sub in msg.subscriptions:
+            for ch in heirs:
+                if sub.access_node == src and ch.space.overlaps(sub.filter, ctx.schema) and ch.add(sub):
+                    ctx.stats["subscriptions_rebuilt"] += 1
 
     def holds(self, chid: ChannelId, ev: pm.Event) -> bool:
         """Rule 4: keep ``ev`` while its channel waits for Rebuilds."""
