@@ -299,17 +299,7 @@ class Groups:
                 out.append(
                     ToPeer(
                         s.access_node,
-                        pm.Notification(
-                            msg.event_id,
-                            msg.event_exp,
-                            (s.id,),
-                            chid,
-                            msg.publish_time,
-                            msg.key,
-                            msg.rank,
-                            msg.home,
-                            origin,
-                        ),
+                        _notification(msg, (s.id,), chid, origin),
                     )
                 )
             self._ctx.stats["notifications_out"] += 1
@@ -326,17 +316,7 @@ class Groups:
                 out.append(
                     ToPeer(
                         node,
-                        pm.Notification(
-                            msg.event_id,
-                            msg.event_exp,
-                            tuple(ids),
-                            chid,
-                            msg.publish_time,
-                            msg.key,
-                            msg.rank,
-                            msg.home,
-                            origin,
-                        ),
+                        _notification(msg, tuple(ids), chid, origin),
                     )
                 )
         self._ctx.stats["notifications_out"] += len(targets)
@@ -443,3 +423,10 @@ class Groups:
             )
         if cs.groups:
             self._ctx.stats["group_states_restored"] += len(cs.groups)
+
+
+def _notification(msg: pm.Event, sub_ids: tuple[str, ...], chid: ChannelId, origin: int) -> pm.Notification:
+    """The Notification of ``msg`` for ``sub_ids`` of one access node."""
+    return pm.Notification(
+        msg.event_id, msg.event_exp, sub_ids, chid, msg.publish_time, msg.key, msg.rank, msg.home, origin
+    )

@@ -10,6 +10,7 @@ here — the subscriptions of its clients, which died with it — is stale.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from overlay.node.context import NodeContext, sub_prefix
 
@@ -42,26 +43,20 @@ class PeerRuns:
 
     def drop_subscriptions_of(self, node: int) -> None:
         """``node`` was declared dead: its clients are gone with it."""
-        ctx = self._ctx
-        dropped = 0
-        for ch in ctx.local:
-            gone = [s.id for s in ch if s.access_node == node]
-            for gid in gone:
-                ch.remove(gid)
-            dropped += len(gone)
-        if dropped:
-            ctx.stats["subscriptions_of_dead_clients_removed"] += dropped
-            log.info("node %d: removed %d subscriptions of dead node %d's clients", ctx.id, dropped, node)
+        self._drop(node, lambda gid: True, f"dead node {node}'s clients")
 
     def drop_subscriptions_of_old_run(self, node: int) -> None:
         """The clients of ``node``'s previous run are gone with it."""
+        self._drop(node, lambda gid: self.stale_sub(gid, node), f"node {node}'s previous run")
+
+    def _drop(self, node: int, gone: Callable[[str], bool], whose: str) -> None:
         ctx = self._ctx
         dropped = 0
         for ch in ctx.local:
-            stale = [s.id for s in ch if s.access_node == node and self.stale_sub(s.id, node)]
-            for gid in stale:
+            ids = [s.id for s in ch if s.access_node == node and gone(s.id)]
+            for gid in ids:
                 ch.remove(gid)
-            dropped += len(stale)
+            dropped += len(ids)
         if dropped:
             ctx.stats["subscriptions_of_dead_clients_removed"] += dropped
-            log.info("node %d: removed %d subscriptions of node %d's previous run", ctx.id, dropped, node)
+            log.info("node %d: removed %d subscriptions of %s", ctx.id, dropped, whose)

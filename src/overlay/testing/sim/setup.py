@@ -83,16 +83,22 @@ def make_config(
     return config_from_dict(doc, "<sim>")
 
 
-def random_config(seed: int) -> ClusterConfig:
-    """The cluster a seed runs on: 2–5 nodes, capacities and bandwidths vary."""
-    rng = random.Random(f"config:{seed}")
-    n = rng.choice((2, 3, 3, 4, 4, 5))
+def _nodes_and_links(rng: random.Random, n: int) -> tuple[list[float], dict[tuple[int, int], float]]:
+    """A seed's capacities and the bandwidths that differ from the default (drawn in this order)."""
     caps = [rng.choice((1.0, 1.0, 1.0, 2.0, 0.5)) for _ in range(n)]
     bw = {}
     for a in range(n):
         for b in range(a + 1, n):
             if rng.random() < 0.3:
                 bw[(a, b)] = rng.choice((10.0, 50.0, 200.0))
+    return caps, bw
+
+
+def random_config(seed: int) -> ClusterConfig:
+    """The cluster a seed runs on: 2–5 nodes, capacities and bandwidths vary."""
+    rng = random.Random(f"config:{seed}")
+    n = rng.choice((2, 3, 3, 4, 4, 5))
+    caps, bw = _nodes_and_links(rng, n)
     return make_config(
         n,
         capacities=caps,
@@ -107,12 +113,7 @@ def fault_config(seed: int) -> ClusterConfig:
     the product's defaults."""
     rng = random.Random(f"fault-config:{seed}")
     n = rng.choice((3, 3, 4, 5))
-    caps = [rng.choice((1.0, 1.0, 1.0, 2.0, 0.5)) for _ in range(n)]
-    bw = {}
-    for a in range(n):
-        for b in range(a + 1, n):
-            if rng.random() < 0.3:
-                bw[(a, b)] = rng.choice((10.0, 50.0, 200.0))
+    caps, bw = _nodes_and_links(rng, n)
     return make_config(
         n,
         capacities=caps,
