@@ -66,6 +66,27 @@ def test_a_minority_has_no_quorum_and_declares_nobody_dead() -> None:
     assert not lv.dead
 
 
+def test_the_quorum_answer_kept_between_calls_is_always_the_one_computed_afresh() -> None:
+    # has_quorum remembers a True answer until a peer's silence could end it;
+    # whatever is heard or declared meanwhile, it must agree with live().
+    import random
+
+    rng = random.Random(16)
+    for _ in range(200):
+        lv = live()
+        now = 0.0
+        for _ in range(60):
+            now += rng.choice((0.0, 0.05, 0.3, 0.9, 1.6))
+            act = rng.random()
+            if act < 0.5:
+                lv.heard(rng.choice((1, 2, 3, 4)), now)
+            elif act < 0.55:
+                lv.declare(rng.choice((1, 2, 3, 4)), 0, "test", now)
+            elif act < 0.6:
+                lv.revived(rng.choice((1, 2, 3, 4)), 9, now)
+            assert lv.has_quorum(now) == (len(lv.live(now)) >= lv.majority()), now
+
+
 def test_a_death_is_learned_from_a_live_peer_and_a_run_told_it_is_dead_rejoins() -> None:
     lv = live()
     assert lv.on_heartbeat(1, beat(dead=((3, 5),)), 1.0) == [3]

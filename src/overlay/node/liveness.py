@@ -90,6 +90,11 @@ class Liveness:
         self.flap_window = flap_window
         self._deaths_at: dict[int, list[float]] = {}
         self._damped_until: dict[int, float] = {}
+        # has_quorum is asked on every publish: a True answer holds until the
+        # moment enough peers' silence could pass the timeout (only a death
+        # or a change of the configured peers can end it sooner).
+        self._quorum_until = 0.0
+        self._quorum_peers = -1
 
     @classmethod
     def configured(cls, node_id: int, incarnation: int, peers: Sequence[int], cluster: ClusterSettings) -> Liveness:
@@ -186,7 +191,21 @@ class Liveness:
 
     def has_quorum(self, now: float) -> bool:
         """Rule 4."""
-        return len(self.live(now)) >= self.majority()
+        if now < self._quorum_until and len(self._peers) == self._quorum_peers:
+            return True
+        if len(self.live(now)) < self.majority():
+            return False
+        # Each peer counted stays live until its deadline; the quorum holds
+        # until fewer than majority − 1 deadlines are still ahead.
+        start = self._started if self._started is not None else now
+        heard, dead = self._heard, self.dead
+        deadlines = sorted(
+            (max(heard.get(p, start), start) + self.timeout for p in self._peers if p not in dead), reverse=True
+        )
+        need = self.majority() - 1
+        self._quorum_until = deadlines[need - 1] if need > 0 else float("inf")
+        self._quorum_peers = len(self._peers)
+        return True
 
     def coordinator(self, now: float) -> int:
         """Rule 6."""
@@ -249,6 +268,7 @@ class Liveness:
         if incarnation and known and incarnation < known:
             return False  # a death of an older run: this one is alive
         self.dead[node] = incarnation or known
+        self._quorum_until = 0.0
         self.deaths += 1
         times = [t for t in self._deaths_at.get(node, []) if now - t <= self.flap_window]
         self._deaths_at[node] = [*times, now]
