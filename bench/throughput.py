@@ -417,8 +417,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--repeat", type=int, default=REPEATS, help="runs per configuration; the median is shown (default %(default)s)"
     )
     ap.add_argument(
-        "--profile", action="store_true", help="also run overlay-1 1→1 with cProfile in the node and print it"
+        "--profile", action="store_true", help="also run the overlay 1→1 with cProfile in its nodes and print it"
     )
+    ap.add_argument(
+        "--profile-nodes", type=int, default=1, choices=(1, 3), help="nodes of the profiled run (default %(default)s)"
+    )
+    ap.add_argument("--profile-dir", default="", help="keep the profiled nodes' .pstats files here (to compare runs)")
     ap.add_argument("--no-check", action="store_true", help="skip the load-generator check")
     ap.add_argument(
         "--nice",
@@ -527,9 +531,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     if args.profile:
-        with tempfile.TemporaryDirectory(prefix="bench-profile-") as prof:
-            with overlay_cluster(1, prof) as target:
-                r = run_workload(target, Run("overlay", "1", 1, "max"), int(EVENTS_1TO1 * scale), limit=TIME_LIMIT)
+        with contextlib.ExitStack() as stack:
+            prof = args.profile_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-profile-"))
+            Path(prof).mkdir(parents=True, exist_ok=True)
+            with overlay_cluster(args.profile_nodes, prof) as target:
+                r = run_workload(
+                    target,
+                    Run("overlay", str(args.profile_nodes), 1, "max"),
+                    int(EVENTS_1TO1 * scale),
+                    limit=TIME_LIMIT,
+                )
             print(f"\nprofiled run (cProfile slows the node): {_fmt_rate(r.throughput)}/s")
             print_profile(prof)
     print(f"\ntotal {time.monotonic() - started:.0f} s")
