@@ -7,6 +7,9 @@ import msgspec
 import pytest
 
 from coreworld import _LOADED, EC
+from overlay.actions import ToPeer
+from overlay.channels import ChannelId
+from overlay.channels.routing_table import RouteEntry
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node.liveness import Liveness
@@ -185,6 +188,26 @@ def test_the_majority_reassigns_a_dead_owners_channel_and_rebuilds_its_subscript
     cl.run_until(4.5)
     got = [(n, s) for n, s, m in net.to_clients[mark:] if isinstance(m, cm.Notify)]
     assert sorted(got) == [(1, s1), (2, s2)]
+
+
+def test_a_restarted_owner_gets_subscriptions_for_a_channel_this_table_never_heard_of() -> None:
+    """Fault seed 66: a split's announcement died with the owner; its new run
+    claims the split's halves, which node 2's table does not know.  Node 2's
+    clients' subscriptions in them must still go (node.recovery rule 5)."""
+    cl = Cluster()
+    net = cl.net
+    s2 = net.open_client(2, "sub-2")
+    net.client_send(2, s2, cm.Subscribe(1, "a", "price >= 900"))
+    net.client_send(2, s2, cm.Subscribe(2, "b", "price < 10"))
+    net.run()
+    core = net.cores[2]
+    half = ChannelId(0, 9)
+    claim = pm.UpdateRoutingTable((), (pm.RouteItem(half, RouteEntry(core.routing[EC].space, (0,))),), 1, 0, 0)
+    assert half not in core.routing
+    out = core.handle_peer(0, claim, net.now)
+    rebuilds = [a.msg for a in out if isinstance(a, ToPeer) and isinstance(a.msg, pm.Rebuild)]
+    assert [r.ch_id for r in rebuilds] == [half] and rebuilds[-1].last
+    assert sorted(s.id.split(":")[2] for r in rebuilds for s in r.subscriptions) == ["a", "b"]
 
 
 def test_a_node_cut_off_alone_answers_no_quorum_and_learns_it_was_declared_dead() -> None:

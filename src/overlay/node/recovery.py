@@ -254,9 +254,16 @@ class Recovery:
         correct: list[tuple[ChannelId, RouteEntry]] = []
         for item in msg.update_chs:
             entry = ctx.routing.get(item.ch_id)
-            if entry is None or entry.owners != (src,):
-                if entry is not None:
-                    correct.append((item.ch_id, entry))
+            if entry is None:
+                # A channel this table never heard of: a split or merge whose
+                # announcement died with the old run.  Its space is the new
+                # run's word, and this node's clients may hold subscriptions
+                # in it: they go, or their events would be lost.
+                self._send_rebuild(item.ch_id, item.entry, src, out)
+                self._sessions.rebuilt(item.ch_id, out)
+                continue
+            if entry.owners != (src,):
+                correct.append((item.ch_id, entry))
                 self._send_rebuild(item.ch_id, item.entry, src, out, subs=())  # nothing here for it
                 continue
             self._send_rebuild(item.ch_id, entry, src, out)
