@@ -101,6 +101,30 @@ def test_two_reports_the_first_fully_confirmed_completes() -> None:
     assert acks(out) == [(1, 1, "0-1")]
 
 
+def test_a_report_left_to_the_access_nodes_is_each_ones_confirmation_too() -> None:
+    """The owner notified only other nodes: each reports the match (Notification.confirm)."""
+    r = Rig()
+    r.publish("0-1", seq=1)
+    r.publish("0-2", seq=2)
+    out: list[Action] = []
+    r.outbox.matched("0-1", (2,), out, 2)  # one access node: complete on its report alone
+    assert acks(out) == [(1, 1, "0-1")]
+    r.outbox.matched("0-2", (2, 3), out, 3)  # two: each one's report confirms it
+    assert len(acks(out)) == 1 and "0-2" in r.outbox
+    r.outbox.matched("0-2", (2, 3), out, 2)  # the same round from the other one
+    assert acks(out)[-1] == (1, 2, "0-2") and len(r.outbox) == 0
+
+
+def test_a_report_from_a_node_not_named_confirms_nothing() -> None:
+    r = Rig()
+    r.publish("0-1")
+    out: list[Action] = []
+    r.outbox.matched("0-1", (2,), out, 3)  # e.g. an owner's own report: 3 is not a subscribers' node
+    assert out == [] and "0-1" in r.outbox
+    r.outbox.delivered("0-1", 2, out)
+    assert acks(out) == [(1, 1, "0-1")]
+
+
 def test_a_dead_node_is_not_waited_for_now_or_later() -> None:
     r = Rig()
     r.publish("0-1", seq=1)
@@ -228,8 +252,8 @@ def test_batched_messages_are_checked() -> None:
     r.publish("0-1")
     out: list[Action] = []
     with pytest.raises(RemoteProtocolError, match="2 events but 1 node lists"):
-        r.outbox.on_matched(pm.EventsMatched(("0-1", "0-2"), ((1,),)), out)
-    r.outbox.on_matched(pm.EventsMatched(("0-1",), ((1,),)), out)
+        r.outbox.on_matched(1, pm.EventsMatched(("0-1", "0-2"), ((1,),)), out)
+    r.outbox.on_matched(3, pm.EventsMatched(("0-1",), ((1,),)), out)
     r.outbox.on_delivered(1, pm.EventsDelivered(("0-1",)), out)
     assert acks(out) == [(1, 1, "0-1")]
 
@@ -272,8 +296,8 @@ def test_a_confirmation_that_completes_nothing_counts_for_a_later_report() -> No
     r = Rig()
     r.publish("0-1")
     out: list[Action] = []
-    r.outbox.on_matched(pm.EventsMatched(("0-1",), ((1, 2),)), out)
+    r.outbox.on_matched(3, pm.EventsMatched(("0-1",), ((1, 2),)), out)
     r.outbox.on_delivered(1, pm.EventsDelivered(("0-1",)), out)
     assert out == []
-    r.outbox.on_matched(pm.EventsMatched(("0-1",), ((1,),)), out)  # the new owner's, after a re-send
+    r.outbox.on_matched(4, pm.EventsMatched(("0-1",), ((1,),)), out)  # the new owner's, after a re-send
     assert acks(out) == [(1, 1, "0-1")]

@@ -270,6 +270,13 @@ class Notification(PeerMessage, frozen=True):
     # access node tells it the notification arrived (``EventsDelivered``).
     # -1: not tracked (an older peer).
     origin: int = -1
+    # Every other access node the owner sent this event's notifications to
+    # (this one included), when the owner leaves its match report to them:
+    # the receiving node tells ``origin`` in an ``EventsMatched`` naming
+    # these nodes, and that report counts as its own confirmation too
+    # (``node.outbox`` rule 2).  Empty: the owner reports the match itself,
+    # this node only confirms (``EventsDelivered``).
+    confirm: tuple[int, ...] = ()
 
 
 class AckCode(enum.StrEnum):

@@ -15,14 +15,18 @@ Rules this module keeps:
    give up — until it is *complete*.  At ``outbox_limit`` kept events a new
    publish is answered ``Choke`` (``node.clients``): backpressure, the
    client sends it again after the delay; counted ``choked_outbox_full``.
-2. **Complete.** The owner reports the event matched (``EventsMatched``,
-   naming the other access nodes its notifications went to; no match names
-   none), and each node named confirmed that its notification arrived
+2. **Complete.** The owner's match is reported (``EventsMatched``, naming
+   the other access nodes its notifications went to; no match names none),
+   and each node named confirmed that its notification arrived
    (``EventsDelivered``) — or is dead (``node_dead``: no kept event waits
-   for it, nor does any reported later, until ``node_back``).  A
-   confirmation may come before the report: it is kept for it.  An event
-   sent twice may be reported by two owners: the first report whose every
-   node confirmed completes it.  Then each waiting publisher whose session
+   for it, nor does any reported later, until ``node_back``).  The owner
+   reports it itself only when it notified no other node; otherwise it
+   leaves the report to the nodes it notified (``Notification.confirm``),
+   and a report from a node it names is that node's confirmation too — so
+   an event with one subscribers' access node costs one receipt, and is
+   complete on it.  A confirmation may come before the report: it is kept
+   for it.  An event sent twice may be reported by two owners: the first
+   report whose every node confirmed completes it.  Then each waiting publisher whose session
    is open gets its ``PubAck``, and an ``undeliverable`` error a group
    returned meanwhile (``defer_error``) after it: a PubAck means the event
    reached every matching subscription's access node.
@@ -38,8 +42,9 @@ Rules this module keeps:
    was accepted leaves the outbox: each waiting publisher gets an
    ``undeliverable`` Error naming it (it may have reached some
    subscribers), counted ``events_expired`` and logged — never silent.
-5. **Receipts** (``Receipts``, on every node): an owner's ``EventsMatched``
-   entries and a subscribers' access node's ``EventsDelivered`` ids are
+5. **Receipts** (``Receipts``, on every node): the ``EventsMatched``
+   entries (an owner's, or a subscribers' access node's that reports for
+   its owner) and the ``EventsDelivered`` ids are
    collected per destination and sent by ``end_batch`` in messages of a
    bounded size — after a batch of inbound messages that left the node
    idle, once the oldest has waited ``RECEIPT_DELAY`` or ``RECEIPTS_BATCH``
@@ -212,14 +217,14 @@ class Outbox:
 
     # -- rule 2 ------------------------------------------------------------------------------
 
-    def on_matched(self, msg: pm.EventsMatched, out: list[Action]) -> None:
+    def on_matched(self, src: int, msg: pm.EventsMatched, out: list[Action]) -> None:
         if len(msg.event_ids) != len(msg.nodes):
             raise RemoteProtocolError(
                 f"EventsMatched lists {len(msg.event_ids)} events but {len(msg.nodes)} node lists"
             )
         matched = self.matched
         for event_id, nodes in zip(msg.event_ids, msg.nodes):
-            matched(event_id, nodes, out)
+            matched(event_id, nodes, out, src)
 
     def on_delivered(self, src: int, msg: pm.EventsDelivered, out: list[Action]) -> None:
         kept, confirm = self._kept, self._confirm
@@ -234,13 +239,18 @@ class Outbox:
                 continue
             confirm(k, src, out)
 
-    def matched(self, event_id: str, nodes: tuple[int, ...], out: list[Action]) -> None:
-        """An owner matched the event; ``nodes`` are to confirm it."""
+    def matched(self, event_id: str, nodes: tuple[int, ...], out: list[Action], by: int = -1) -> None:
+        """An owner matched the event; ``nodes`` are to confirm it.  ``by``: the
+        node that reported it, which confirms it too when named (a report the
+        owner left to the access nodes it notified, ``Notification.confirm``)."""
         k = self._kept.get(event_id)
         if k is None:
             self._ctx.stats["receipts_stale"] += 1  # complete, expired, or not ours
             return
         if not nodes:  # nothing matched, or only the owner's own clients
+            self._complete(k, out)
+            return
+        if len(nodes) == 1 and nodes[0] == by and k.waiting is None:  # the common case: one access node
             self._complete(k, out)
             return
         missing = {nodes[0]} if len(nodes) == 1 else set(nodes)
@@ -250,12 +260,15 @@ class Outbox:
             missing -= self._dead
         if not missing:
             self._complete(k, out)
-        elif k.waiting is None:
+            return
+        if k.waiting is None:
             k.waiting = missing
         elif k.rounds is None:
             k.rounds = [missing]
         else:
             k.rounds.append(missing)
+        if by in missing:
+            self._confirm(k, by, out)
 
     def delivered(self, event_id: str, node: int, out: list[Action]) -> None:
         """``node`` got the event's notification (``EventsDelivered``)."""
@@ -432,6 +445,23 @@ class Receipts:
             self._matched[access] = ([ev.event_id], [nodes])
         else:
             batch[0].append(ev.event_id)
+            batch[1].append(nodes)
+
+    def reported(self, origin: int, event_id: str, nodes: tuple[int, ...], out: list[Action]) -> None:
+        """A notification of ``event_id`` arrived here, and its owner left the
+        report of its match (to ``nodes``, this one among them) to us."""
+        me = self._ctx.id
+        if origin == me:
+            self._outbox.matched(event_id, nodes, out, me)
+            return
+        if not self._noted:
+            self._since = self._ctx.now
+        self._noted += 1
+        batch = self._matched.get(origin)
+        if batch is None:
+            self._matched[origin] = ([event_id], [nodes])
+        else:
+            batch[0].append(event_id)
             batch[1].append(nodes)
 
     def delivered(self, origin: int, event_id: str, out: list[Action]) -> None:

@@ -88,7 +88,10 @@ class PeerMessages:
                 else:
                     notifier.notify_clients(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out)
                 if msg.origin >= 0 and not msg.key:  # the publisher's access node waits for it (node.outbox)
-                    self._receipts.delivered(msg.origin, msg.event_id, out)
+                    if msg.confirm:  # the owner left its match report to us (node.outbox rule 2)
+                        self._receipts.reported(msg.origin, msg.event_id, msg.confirm, out)
+                    else:
+                        self._receipts.delivered(msg.origin, msg.event_id, out)
             case pm.Subscription():
                 self._router.on_subscription(msg, out)
             case pm.UnSubscription():
@@ -125,7 +128,7 @@ class PeerMessages:
             case pm.ReplyRequestLoadBalance() | pm.ReplyChannelTransfer() | pm.ReplySubscriptionMove():
                 self._migration.on_reply(src, msg, now, out)
             case pm.EventsMatched():
-                self._outbox.on_matched(msg, out)
+                self._outbox.on_matched(src, msg, out)
             case pm.EventsDelivered():
                 self._outbox.on_delivered(src, msg, out)
             case pm.LIEM():

@@ -19,9 +19,12 @@ Rules (``node.core``'s, numbered as there):
 5. The owner matches an event once and sends one Notification per
    subscribers' access node (tracked ones go through ``node.groups``).  An
    unkeyed event's Notifications carry its access node as ``origin``, and
-   the match is reported to that node once, naming the nodes notified
-   other than this one (``Receipts.matched``, ``node.outbox`` rule 2) —
-   also when nothing matched.
+   the match is reported to that node naming the nodes notified other than
+   this one (``node.outbox`` rule 2): when there are any, each of them
+   reports it as it confirms (``Notification.confirm``) — one receipt per
+   event and access node, not the owner's as well; when there are none
+   (nothing matched, or only this node's clients), the owner reports it
+   (``Receipts.matched``).
 8. An error matching an event for one subscription is that subscription's
    (counted, logged), and every other match is served.
 9. An owner remembers the ids unsubscribed here lately (``MAX_REMOVED``): a
@@ -164,6 +167,11 @@ class Router:
                 ids.append(sub.id)
         me = self._ctx.id
         origin = msg.access_node
+        if len(by_node) == 1:  # the common case, without a generator
+            nodes: tuple[int, ...] = () if me in by_node else (next(iter(by_node)),)
+        else:
+            nodes = tuple([n for n in by_node if n != me])
+        # Rule 5: with notifications for other nodes, they report the match.
         for node, ids in by_node.items():
             if node == me:
                 # This node is the subscribers' access node: straight to their
@@ -174,16 +182,13 @@ class Router:
                     ToPeer(
                         node,
                         pm.Notification(
-                            msg.event_id, msg.event_exp, tuple(ids), ch.id, msg.publish_time, "", 0, -1, origin
+                            msg.event_id, msg.event_exp, tuple(ids), ch.id, msg.publish_time, "", 0, -1, origin, nodes
                         ),
                     )
                 )
         stats["notifications_out"] += len(matched)
-        if len(by_node) == 1:  # the common case, without a generator
-            nodes: tuple[int, ...] = () if me in by_node else (node,)
-        else:
-            nodes = tuple([n for n in by_node if n != me])
-        self._receipts.matched(msg, nodes, out)
+        if not nodes:  # only this node's own clients: the report is the owner's
+            self._receipts.matched(msg, nodes, out)
 
     def subscriptions_failed(self, ch: Channel, msg: pm.Event, subs: Sequence[Any], what: str) -> None:
         """Rule 5's exception: these subscriptions could not be served this
