@@ -233,7 +233,7 @@ class SimCluster:
             self.net.count_step()
             r = self.rng.random()
             ready = self.net.ready_links()
-            if ready and r < p.p_deliver:
+            if ready and (r < p.p_deliver or self.net.lagging()):
                 self.net.deliver(self.rng.choice(ready))
             elif (r < p.p_deliver + p.p_client or (not ready and r < p.p_deliver)) and self._ops_due(done, start):
                 if self.users.act():
@@ -257,7 +257,7 @@ class SimCluster:
             self.net.count_step()
             r = self.rng.random()
             ready = self.net.ready_links()
-            if ready and r < 0.75:
+            if ready and (r < 0.75 or self.net.lagging()):
                 self.net.deliver(self.rng.choice(ready))
             elif r < 0.8:
                 self.users.act(only=("subscribe", "unsubscribe"))

@@ -49,6 +49,9 @@ __all__ = ["MAX_STEPS", "SimNetwork"]
 
 # A run that takes more steps than this is looping, not progressing.
 MAX_STEPS: Final = 400_000
+# With node faults, the longest a ready message waits for the driver (simulated
+# seconds; ``lagging``): far above a loopback hop, far below the suspicion.
+MAX_LAG: Final = 0.05
 
 
 class SimNetwork:
@@ -129,6 +132,24 @@ class SimNetwork:
                 if t is not None and t <= now and stall[key[1]] <= now:
                     out.append(key)
         return out
+
+    def lagging(self) -> bool:
+        """With node faults: a message has been ready for ``MAX_LAG`` without
+        being delivered — the clock must not move on before it goes.  A link
+        carries far more than the heartbeats of every node (4 per peer per
+        second); without this bound the driver's random choice delivered
+        fewer messages per simulated second than the cores sent, the high
+        level (heartbeats) never emptied, and normal messages waited on it
+        for tens of seconds — a network no shell runs on."""
+        if self.node_faults is None:
+            return False
+        limit = self.now - MAX_LAG
+        stall = self.stall_until
+        for key, link in self.links.items():
+            t = link.head_ready()
+            if t is not None and t <= limit and stall[key[1]] <= self.now:
+                return True
+        return False
 
     def next_ready(self) -> float | None:
         best = None
