@@ -158,10 +158,24 @@ class Arrivals:
             # Stored at once, indexed in the background (Channel rule 5): indexing
             # thousands here would hold up every event behind this message.
             # Those of a dead client (node.core rule 7) are not taken.
+            ch = self._ctx.local.get(cs.ch_id)
+            if ch is None:
+                # Gone since its ChannelTransfer: a recovery gave it to another
+                # node (node.recovery), which rebuilds its subscriptions from
+                # their access nodes — these copies are not needed (fault seed 668).
+                self._ctx.stats["subscription_moves_for_gone_channels"] += 1
+                log.warning(
+                    "node %d: %d subscriptions moved from node %d for channel %s, which is no longer here; dropped",
+                    self._ctx.id,
+                    len(cs.subscriptions),
+                    src,
+                    cs.ch_id,
+                )
+                continue
             subs = [s for s in cs.subscriptions if not self._stale_sub(s.id, s.access_node)]
             if len(subs) < len(cs.subscriptions):
                 self._ctx.stats["subscriptions_of_dead_clients_removed"] += len(cs.subscriptions) - len(subs)
-            self._ctx.local[cs.ch_id].add_deferred(subs)
+            ch.add_deferred(subs)
             self._indexing.want()
             self._groups.restore(cs)  # the group dispatch state (node.groups)
         out.append(ToPeer(src, pm.ReplySubscriptionMove(msg.session)))

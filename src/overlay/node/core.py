@@ -187,6 +187,7 @@ class NodeCore:
             loads=lambda: self.failures.loads(),
             dead_load=lambda node: getattr(self.monitor.loads.get(node), "d", 0.0),
             damped=self.liveness.damped,
+            arriving=lambda: self.arrivals.arriving(),
         )
         self.failures = Failures(
             ctx,

@@ -77,6 +77,7 @@ Resend = Callable[[float, list[Action]], None]
 Loads = Callable[[], dict[int, tuple[float, float]]]  # node -> (dc, capacity), this node included
 DeadLoad = Callable[[int], float]
 Damped = Callable[[int, float], bool]
+Arriving = Callable[[], set[ChannelId]]
 
 
 def theirs_replicated(ctx: NodeContext, chid: ChannelId) -> bool:
@@ -110,6 +111,7 @@ class Recovery:
         loads: Loads,
         dead_load: DeadLoad,
         damped: Damped,
+        arriving: Arriving,
     ) -> None:
         self._ctx = ctx
         self._liveness = liveness
@@ -121,6 +123,7 @@ class Recovery:
         self._loads = loads
         self._dead_load = dead_load
         self._damped = damped
+        self._arriving = arriving  # channels an incoming migration is bringing (node.arrivals)
         self.rebuilding: dict[ChannelId, _Rebuilding] = {}
         self._gone: set[int] = set()  # dead nodes rule 1 ran for, until they come back
 
@@ -231,8 +234,11 @@ class Recovery:
         for item in msg.update_chs:
             chid, owner = item.ch_id, item.entry.owner
             if owner != ctx.id:
-                if chid in ctx.local:
-                    ctx.local.remove(chid)  # the coordinator gave it to another node
+                # The coordinator gave it to another node — unless a live
+                # sender is moving it here: the update re-states the sender
+                # as owner, and the migration decides (fault seed 668).
+                if chid in ctx.local and chid not in self._arriving():
+                    ctx.local.remove(chid)
                     ctx.stats["channels_dropped_by_recovery"] += 1
                 rb = self.rebuilding.pop(chid, None)
                 if rb is not None and rb.held:  # unconfirmed: their access nodes send them again
