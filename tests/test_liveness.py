@@ -12,7 +12,7 @@ from overlay.channels import ChannelId
 from overlay.channels.routing_table import RouteEntry
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node.liveness import Liveness
+from overlay.node.liveness import LEASE, Liveness
 from overlay.testing.corelink import CoreLink
 
 pytestmark = pytest.mark.timeout(60)
@@ -70,8 +70,9 @@ def test_a_minority_has_no_quorum_and_declares_nobody_dead() -> None:
 
 
 def test_the_quorum_answer_kept_between_calls_is_always_the_one_computed_afresh() -> None:
-    # has_quorum remembers a True answer until a peer's silence could end it;
-    # whatever is heard or declared meanwhile, it must agree with live().
+    # has_quorum remembers a True answer until a deadline could end it;
+    # whatever is heard, echoed or declared meanwhile, it must agree with a
+    # detector that computes it afresh.
     import random
 
     rng = random.Random(16)
@@ -81,13 +82,41 @@ def test_the_quorum_answer_kept_between_calls_is_always_the_one_computed_afresh(
         for _ in range(60):
             now += rng.choice((0.0, 0.05, 0.3, 0.9, 1.6))
             act = rng.random()
-            if act < 0.5:
-                lv.heard(rng.choice((1, 2, 3, 4)), now)
-            elif act < 0.55:
-                lv.declare(rng.choice((1, 2, 3, 4)), 0, "test", now)
+            p = rng.choice((1, 2, 3, 4))
+            if act < 0.3:
+                lv.heard(p, now)
             elif act < 0.6:
-                lv.revived(rng.choice((1, 2, 3, 4)), 9, now)
-            assert lv.has_quorum(now) == (len(lv.live(now)) >= lv.majority()), now
+                lv.on_heartbeat(p, pm.Heartbeat(1, sent=now, echo=max(0.0, now - rng.choice((0.1, 0.5, 1.2)))), now)
+            elif act < 0.65:
+                lv.declare(p, 0, "test", now)
+            elif act < 0.7:
+                lv.revived(p, 9, now)
+            kept = lv.has_quorum(now)
+            lv._quorum_until = 0.0  # forget: compute afresh
+            assert kept == lv.has_quorum(now), now
+
+
+def test_a_node_whose_heartbeats_are_not_echoed_stops_serving_before_it_can_be_declared_dead() -> None:
+    """Rule 4's lease: cut off one way (it hears its peers, they do not hear
+    it), a node still stops answering before any peer may declare it dead."""
+    lv = live()
+    assert lv.heartbeat(0.25).sent == 0.25 and lv.to(1, lv.heartbeat(0.25)).echo == -1.0
+    for t in (0.25, 0.5):
+        for p in (1, 2, 3, 4):
+            lv.on_heartbeat(p, pm.Heartbeat(1, sent=t, echo=t), t)
+    assert lv.to(3, lv.heartbeat(0.6)).echo == 0.5  # what node 3 sent last, sent back
+    assert lv.has_quorum(0.6)
+    # From 0.5 on, nothing it sends arrives: its peers keep talking, echoing 0.5.
+    t = 0.5
+    while lv.has_quorum(t):
+        for p in (1, 2, 3, 4):
+            lv.on_heartbeat(p, pm.Heartbeat(1, sent=t, echo=0.5), t)
+        t = round(t + 0.05, 2)
+    assert t <= 0.5 + LEASE * TIMEOUT + 0.05 < 0.5 + TIMEOUT  # the peers' earliest declaration
+    assert lv.live(t) == [0, 1, 2, 3, 4]  # it still suspects nobody: only the lease ended
+    lv.on_heartbeat(1, pm.Heartbeat(1, sent=t, echo=t), t)
+    lv.on_heartbeat(2, pm.Heartbeat(1, sent=t, echo=t), t)
+    assert lv.has_quorum(t)  # echoes again from a majority (itself, 1 and 2)
 
 
 def test_a_death_is_learned_from_a_live_peer_and_a_run_told_it_is_dead_rejoins() -> None:

@@ -418,6 +418,11 @@ class Heartbeat(PeerMessage, frozen=True):
     # The sender's table may have been rebuilt after a death: its number of
     # deaths seen, so a node behind learns it (informational).
     deaths: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # The quorum lease (node.liveness rule 4): the sender's clock when it
+    # sent this, and the latest such ``sent`` it had from the recipient — a
+    # value of the recipient's own clock, so no clocks need to agree.  -1: none.
+    sent: Annotated[float, msgspec.Meta(ge=-1.0, le=1e12)] = -1.0
+    echo: Annotated[float, msgspec.Meta(ge=-1.0, le=1e12)] = -1.0
 
 
 class Rebuild(PeerMessage, frozen=True):

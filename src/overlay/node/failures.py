@@ -92,7 +92,7 @@ class Failures:
             self.recovery.node_dead(node, now, out)
         if live.due(now):
             beat = live.heartbeat(now)
-            out.extend(ToPeer(p, beat) for p in self._peers)
+            out.extend(ToPeer(p, live.to(p, beat)) for p in self._peers)
         self.recovery.tick(now, out)
         self._check_rejoin(out)
 

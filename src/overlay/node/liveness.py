@@ -17,9 +17,18 @@ Rules:
    of it says hello (it restarted) — or it rejoins (rule 5).
 4. *Quorum*: this node and the peers it neither suspects nor holds dead are
    a majority of the configured nodes.  Without it the node is cut off in a
-   minority and refuses publishes and subscriptions (``no_quorum``); it
-   declares nobody dead on its own count.  Until ``suspect_timeout`` after
-   start nobody is suspected (a node just started has heard nobody yet).
+   minority: it declares nobody dead on its own count.  Until
+   ``suspect_timeout`` after start nobody is suspected (a node just started
+   has heard nobody yet).  Serving (``has_quorum``: publishes and
+   subscriptions, else ``no_quorum``) asks more — a *lease*: a majority
+   must have echoed one of this node's heartbeats sent within the last
+   ``LEASE`` × ``suspect_timeout`` (each heartbeat carries the time its
+   sender sent it and the latest such time it had from the recipient).  A
+   peer declares this node dead only ``suspect_timeout`` after it last
+   heard from it, which is after that heartbeat was sent: a node cut off —
+   both ways or only one — stops serving before the majority can take its
+   channels over, so it never acknowledges anything against a stale table
+   (fault seed 418).  Before any echo, the start-up grace above stands in.
 5. A node that finds itself in a peer's dead list, in its current run, was
    declared dead while it was paused or cut off: its tables and channels are
    stale, and it must rejoin as a new, empty run (``rejoin`` is True; the
@@ -46,12 +55,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import msgspec
+
 from overlay.config import ClusterSettings
 from overlay.messages import peer as pm
 
-__all__ = ["Liveness"]
+__all__ = ["LEASE", "Liveness"]
 
 log = logging.getLogger("overlay.node")
+
+# Rule 4: the quorum lease, as a fraction of ``suspect_timeout``.  Below 1 by
+# a margin for a heartbeat's delivery and a tick's lateness; above the
+# heartbeat round trip (an interval plus the delays of the high queue).
+LEASE = 2 / 3
 
 
 class Liveness:
@@ -78,6 +94,9 @@ class Liveness:
         self._last_check: float | None = None
         self._next_beat = 0.0
         self._heard: dict[int, float] = {}
+        self._their_sent: dict[int, float] = {}  # peer -> its last heartbeat's ``sent`` (echoed back)
+        self._echo: dict[int, float] = {}  # peer -> the latest of our ``sent`` it echoed (rule 4)
+        self.lease = LEASE * timeout
         self._reports: dict[int, frozenset[int]] = {}  # peer -> whom its last heartbeat suspects
         self._incarnations: dict[int, int] = {}  # peer -> incarnation of its last heartbeat
         self.dead: dict[int, int] = {}  # node -> the incarnation it was declared dead in
@@ -123,6 +142,12 @@ class Liveness:
     def on_heartbeat(self, node: int, msg: pm.Heartbeat, now: float) -> list[int]:
         """A peer's heartbeat; the deaths it taught this node (rule 3)."""
         self._heard[node] = now
+        if msg.sent >= 0.0:
+            self._their_sent[node] = msg.sent
+        if msg.echo <= now and msg.echo > self._echo.get(node, -1.0):  # never from our future
+            if node not in self._echo:
+                self._quorum_until = 0.0  # the start-up grace gives way to the lease: recompute
+            self._echo[node] = msg.echo
         if msg.incarnation:
             self._incarnations[node] = msg.incarnation
         self._reports[node] = frozenset(msg.suspects)
@@ -190,20 +215,29 @@ class Liveness:
         return sorted({self.id, *(p for p in self._peers if p not in sus and p not in self.dead)})
 
     def has_quorum(self, now: float) -> bool:
-        """Rule 4."""
+        """Rule 4: a majority live, and its lease held."""
         if now < self._quorum_until and len(self._peers) == self._quorum_peers:
             return True
-        if len(self.live(now)) < self.majority():
-            return False
-        # Each peer counted stays live until its deadline; the quorum holds
+        need = self.majority() - 1
+        if need <= 0:
+            return True
+        # Each peer counts until its deadline: its echo's lease, its silence's
+        # suspicion, or (no echo yet) the start-up grace.  The quorum holds
         # until fewer than majority − 1 deadlines are still ahead.
         start = self._started if self._started is not None else now
-        heard, dead = self._heard, self.dead
-        deadlines = sorted(
-            (max(heard.get(p, start), start) + self.timeout for p in self._peers if p not in dead), reverse=True
-        )
-        need = self.majority() - 1
-        self._quorum_until = deadlines[need - 1] if need > 0 else float("inf")
+        heard, echo, dead = self._heard, self._echo, self.dead
+        timeout, lease = self.timeout, self.lease
+        deadlines = []
+        for p in self._peers:
+            if p in dead:
+                continue
+            e = echo.get(p)
+            until = start + timeout if e is None else e + lease
+            deadlines.append(min(until, max(heard.get(p, start), start) + timeout))
+        deadlines.sort(reverse=True)
+        if len(deadlines) < need or deadlines[need - 1] <= now:
+            return False
+        self._quorum_until = deadlines[need - 1]
         self._quorum_peers = len(self._peers)
         return True
 
@@ -287,12 +321,18 @@ class Liveness:
         return True
 
     def heartbeat(self, now: float) -> pm.Heartbeat:
+        """The round's heartbeat, without the per-peer echo (``to``)."""
         return pm.Heartbeat(
             self.incarnation,
             tuple(self.suspects(now)),
             tuple(pm.DeadNode(n, inc) for n, inc in sorted(self.dead.items())),
             self.deaths,
+            now,
         )
+
+    def to(self, peer: int, beat: pm.Heartbeat) -> pm.Heartbeat:
+        """``beat`` for ``peer``: with the latest ``sent`` this node had from it (rule 4)."""
+        return msgspec.structs.replace(beat, echo=self._their_sent.get(peer, -1.0))
 
     def status(self, now: float) -> dict[str, object]:
         return {
