@@ -17,7 +17,9 @@ from overlay.channels.predicates import (
 from overlay.channels.schema import RFID_MAX
 from overlay.errors import SchemaError
 from strategies import (
+    ENUM,
     SMALL,
+    all_events,
     all_strings,
     any_predicate,
     brute_matches,
@@ -29,6 +31,7 @@ from strategies import (
 )
 
 PROPS = settings(max_examples=200, deadline=None)
+ENUM_EVENTS = all_events(ENUM)
 
 
 def P(attr, op, *args):
@@ -399,3 +402,47 @@ def test_filter_covers_is_sound(f1, f2, sample):
         for e in sample:
             if brute_matches(f2, e):
                 assert brute_matches(f1, e)
+
+
+# -- includes (rule 5): the exact coverage a content scope uses --------------------------
+
+
+def _satisfiable(f: Filter, schema) -> bool:
+    return all(not conjunction(f.on(a), schema.attributes[a]).is_empty() for a in f.attrs())
+
+
+def test_includes_decides_per_attribute_where_covers_needs_one_predicate(schema):
+    scope = Filter((P("price", "in[]", 10, 20),))
+    sub = Filter((P("price", ">=", 10), P("price", "<=", 20), P("sym", "=", "IBM")))
+    assert scope.includes(sub, schema) and not scope.covers(sub, schema)
+    assert not scope.includes(Filter((P("price", ">=", 10),)), schema)
+    # A scope on an attribute the subscription leaves free: not included —
+    # unless the scope allows the whole domain of a distinguishing attribute.
+    assert not Filter((P("sym", "prefix", "AB"),)).includes(Filter((P("price", "<", 5),)), schema)
+    assert Filter((P("price", ">=", 0),)).includes(Filter((P("sym", "=", "A"),)), schema)
+    # Not a DA: an event without `note` matches the subscription, never the scope.
+    assert not Filter((P("note", "!=", "x"),)).includes(Filter((P("price", "<", 5),)), schema)
+    assert Filter((P("sym", "prefix", "AB"),)).includes(
+        Filter((P("sym", "prefix", "ABC"), P("sym", "suffix", "Z"))), schema
+    )
+    assert not Filter((P("sym", "prefix", "AB"),)).includes(Filter((P("sym", "contains", "AB"),)), schema)
+
+
+@PROPS
+@given(scope=filters(SMALL, 3), f=filters(SMALL, 4), event=events(SMALL))
+def test_an_included_filter_matches_only_events_inside_the_scope(scope, f, event):
+    """Soundness against the brute-force matcher: what ``includes`` lets in never
+    matches an event outside the scope; the spec's coverage implies it."""
+    if scope.covers(f, SMALL) and _satisfiable(f, SMALL):
+        assert scope.includes(f, SMALL)
+    if scope.includes(f, SMALL) and brute_matches(f, event):
+        assert brute_matches(scope, event)
+
+
+@PROPS
+@given(scope=filters(ENUM, 3), f=filters(ENUM, 4))
+def test_includes_is_exact_over_an_enumerable_schema(scope, f):
+    if not _satisfiable(f, ENUM):
+        return
+    inside = all(brute_matches(scope, e) for e in ENUM_EVENTS if brute_matches(f, e))
+    assert scope.includes(f, ENUM) == inside

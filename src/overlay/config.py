@@ -8,6 +8,7 @@ Layout::
     [bandwidth]     default, and [[bandwidth.links]] {a, b, bw} (symmetric)
     [schema]        the content model's schema (overlay.channels.schema)
     [agent]         the client's routing agent (``AgentSettings``; nodes only check it)
+    [auth]          client tokens (``AuthSettings``, ``overlay.auth``)
 
 Everything is checked when loaded; a bad file raises ``ConfigError`` naming
 the offending key, in this order (``_from_doc``):
@@ -21,6 +22,10 @@ the offending key, in this order (``_from_doc``):
 3. node ids are unique, and no two listening sockets of the file share a
    host and port (a node's ``port`` and ``admin_port`` count; port 0, an
    ephemeral port, never clashes).
+4. ``[auth]``: key paths are relative to the file's directory; a table
+   without ``public_keys`` is refused (nodes would check nothing), and so is
+   ``[cluster] admin_token`` beside it — one rule for admin rights: with
+   ``[auth]``, they come from a token with the ``admin`` role.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from overlay.errors import ConfigError, OverlayError
 
 __all__ = [
     "AgentSettings",
+    "AuthSettings",
     "BandwidthLink",
     "ClusterConfig",
     "ClusterSettings",
@@ -141,6 +147,7 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     slow_ms: Annotated[float, msgspec.Meta(ge=0, le=MAX_SLOW_MS)] = 5.0
     # Bearer token the admin HTTP endpoint asks of requests that change the
     # cluster (e.g. drain); empty: no auth.  OVERLAY_ADMIN_TOKEN overrides it.
+    # The legacy rule: a cluster with [auth] takes admin rights from tokens.
     admin_token: str = ""
 
 
@@ -178,6 +185,30 @@ class AgentSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dedup: Annotated[int, msgspec.Meta(ge=1)] = 65_536  # event ids remembered per subscription
 
 
+class AuthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[auth]``: clients present signed tokens (SPEC §16, ``overlay.auth``).
+
+    Auth is on when ``public_keys`` lists at least one key (rule 4)."""
+
+    # PEM Ed25519 public keys whose tokens the nodes accept; several during a
+    # key rotation (each token names its key).  Nodes read nothing else.
+    public_keys: tuple[str, ...] = ()
+    # The PEM private key `overlay token create` signs with; nodes never read it.
+    signing_key: str = ""
+    # false: a session without a token may publish and subscribe, unscoped
+    # (a roll-out step); a token presented is checked all the same, and admin
+    # commands always need one with the admin role.
+    required: bool = True
+    # Seconds by which clocks may disagree on a token's exp and nbf.
+    leeway: Annotated[float, msgspec.Meta(ge=0, le=300)] = 5.0
+    # The longest ttl `overlay token create` issues (seconds).
+    max_ttl: Annotated[float, msgspec.Meta(gt=0, le=366 * 24 * 3600)] = 30 * 24 * 3600.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.public_keys)
+
+
 class ClusterConfig(msgspec.Struct, frozen=True):
     cluster: ClusterSettings
     nodes: tuple[NodeConfig, ...]
@@ -186,6 +217,7 @@ class ClusterConfig(msgspec.Struct, frozen=True):
     path: str = ""
     sequencer: SequencerSettings = msgspec.field(default_factory=SequencerSettings)
     groups: GroupSettings = msgspec.field(default_factory=GroupSettings)
+    auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
 
     def node(self, node_id: int) -> NodeConfig:
         for n in self.nodes:
@@ -245,6 +277,7 @@ def _check_names(doc: Mapping[str, Any]) -> None:
         "schema": SCHEMA_KEYS,
         "nodes": _fields(NodeConfig),
         "agent": _fields(AgentSettings),
+        "auth": _fields(AuthSettings),
     }
     for name in doc:
         if name not in tables:
@@ -333,6 +366,7 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
         groups = _convert(doc.get("groups", {}), GroupSettings, "[groups]")
         if "agent" in doc:  # read by clients; checked here so a typo fails for nodes too
             _convert(doc["agent"], AgentSettings, "[agent]")
+        auth = _auth(doc, path, settings)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     if not nodes:
@@ -370,7 +404,32 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
             parse_subscription(groups.low_priority, schema)
         except OverlayError as exc:
             raise ConfigError(f"{path}: [groups] low_priority: {exc}") from exc
-    return ClusterConfig(settings, nodes, bandwidth, schema, path, sequencer=sequencer, groups=groups)
+    return ClusterConfig(settings, nodes, bandwidth, schema, path, sequencer=sequencer, groups=groups, auth=auth)
+
+
+def _auth(doc: Mapping[str, Any], path: str, settings: ClusterSettings) -> AuthSettings:
+    """Rule 4: ``[auth]`` with its key paths made relative to the file's directory."""
+    if "auth" not in doc:
+        return AuthSettings()
+    auth: AuthSettings = _convert(doc["auth"], AuthSettings, "[auth]")
+    if not auth.public_keys:
+        raise ConfigError(
+            "[auth] public_keys: list at least one PEM public key (`overlay token keys DIR` makes a pair); "
+            "without one no node checks a token"
+        )
+    if settings.admin_token:
+        raise ConfigError(
+            "[cluster] admin_token and [auth] cannot both be set: with [auth], admin rights come from a token "
+            "with the admin role (`overlay token create --role admin`); remove admin_token"
+        )
+    base = Path(path).parent if path and not path.startswith("<") else Path()
+
+    def resolve(p: str) -> str:
+        return str(base / Path(p).expanduser()) if p else p
+
+    return msgspec.structs.replace(
+        auth, public_keys=tuple(resolve(p) for p in auth.public_keys), signing_key=resolve(auth.signing_key)
+    )
 
 
 def load_config(path: str | Path) -> ClusterConfig:

@@ -8,9 +8,12 @@ text, so callers (and the wire protocol) can act on them.
 from __future__ import annotations
 
 __all__ = [
+    "AuthError",
+    "BadScope",
     "ConfigError",
     "ConnectionLost",
     "ExpressionError",
+    "Forbidden",
     "LocalProtocolError",
     "NotReady",
     "OverlayError",
@@ -18,6 +21,9 @@ __all__ = [
     "RequestError",
     "SchemaError",
     "SlowConsumerError",
+    "TokenError",
+    "TokenExpired",
+    "UnknownRole",
 ]
 
 
@@ -125,3 +131,55 @@ class RequestError(OverlayError):
 
 class ConnectionLost(OverlayError):
     """The connection to the access node is gone and could not be re-established."""
+
+
+class AuthError(OverlayError):
+    """A client's credentials do not allow what it asked (SPEC §16, ``overlay.auth``)."""
+
+
+class TokenError(AuthError):
+    """The token itself is refused: missing, malformed, signed by a key the
+    cluster does not trust, for another cluster, or not valid yet.  A node
+    answers ``unauthorized``."""
+
+
+class TokenExpired(TokenError):
+    """The token's ``exp`` has passed (beyond the leeway).  ``expired_at`` is
+    its ``exp`` (Unix seconds)."""
+
+    def __init__(self, message: str, *, expired_at: float) -> None:
+        super().__init__(message)
+        self.expired_at = expired_at
+
+
+class UnknownRole(TokenError):
+    """The token (or ``overlay token create``) names a role that is not
+    ``publish``, ``subscribe`` or ``admin``."""
+
+    def __init__(self, message: str, *, role: str) -> None:
+        super().__init__(message)
+        self.role = role
+
+
+class BadScope(TokenError):
+    """A content scope is not an expression of this cluster's schema, or names
+    a role the token does not have.  ``role`` is the scope's role; ``position``
+    points into ``text`` when the expression was at fault (-1 otherwise)."""
+
+    def __init__(self, message: str, *, role: str, text: str = "", position: int = -1) -> None:
+        super().__init__(message)
+        self.role = role
+        self.text = text
+        self.position = position
+
+
+class Forbidden(AuthError):
+    """A valid token that does not allow the request: the role is missing, or
+    the subscription or event lies outside the role's content scope
+    (``scope`` is its text, ``""`` for a missing role).  A node answers
+    ``forbidden``; the session stays open."""
+
+    def __init__(self, message: str, *, role: str, scope: str = "") -> None:
+        super().__init__(message)
+        self.role = role
+        self.scope = scope

@@ -17,6 +17,15 @@ Rules this module keeps:
 4. ``f1 ⊒ f2`` iff same attribute and ``L(f1) ⊇ L(f2)``; ``F1 ⊒ F2`` iff every
    predicate of ``F1`` covers some predicate of ``F2`` (the spec's definition,
    sound but not complete for conjunctions).
+5. ``F1 includes F2`` iff for every predicate ``f`` of ``F1``, ``L(f)``
+   contains ``L`` of the conjunction of ``F2``'s predicates on ``f``'s
+   attribute (that conjunction is the whole domain when ``F2`` has none there,
+   and a non-distinguishing attribute ``F2`` leaves free may be absent from an
+   event, which ``f`` then fails).  Since an event has one item per attribute,
+   this is exact for the satisfiable filters the parser lets in: every event
+   matching ``F2`` matches ``F1``, and ``F1 ⊒ F2`` implies it.  A content
+   scope uses it (``overlay.auth``): ``price in [10, 20]`` includes
+   ``price >= 10 and price <= 20``, which no single predicate is within.
 """
 
 from __future__ import annotations
@@ -232,6 +241,25 @@ class Filter(msgspec.Struct, frozen=True, array_like=True):
     def covers(self, other: Filter, schema: Schema) -> bool:
         """Rule 4: every predicate of self covers some predicate of other."""
         return all(any(covers(p, q, schema) for q in other.predicates) for p in self.predicates)
+
+    def includes(self, other: Filter, schema: Schema) -> bool:
+        """Rule 5: every event matching ``other`` matches ``self``, decided
+        attribute by attribute (a content scope and a subscription, ``overlay.auth``)."""
+        for p in self.predicates:
+            attr = schema.attribute(p.attr)
+            on = other.on(p.attr)
+            if not on and not schema.is_da(p.attr):
+                return False  # other matches events without the attribute; self never does
+            if attr.kind is Kind.STRING:
+                if not _string_covers(p, StringConj(on)):
+                    return False
+                continue
+            allowed = IntervalSet.whole(_domain(attr), attr.kind.discrete)
+            for q in on:
+                allowed = allowed.intersection(_interval_values(q, attr))
+            if not allowed.issubset(_interval_values(p, attr)):
+                return False
+        return True
 
     def text(self, schema: Schema | None = None) -> str:
         return " and ".join(p.text(schema) for p in self.predicates)
