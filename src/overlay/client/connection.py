@@ -33,6 +33,14 @@ STYLE habits 6–8):
    error callback (``error_cb``) as a ``SlowConsumerError`` — so are the
    node's own drops for this connection and its other unsolicited errors
    (``overlay.client.callbacks``).  Nothing waits on a slow consumer.
+6. Tokens (``overlay.auth``): ``token`` is a string, or a function that
+   returns the current one, called before every connection — a client
+   whose token expires (the node closes the session, ``token_expired``)
+   reconnects with a fresh one.  Without ``client_id`` the client takes the
+   token's subject (nodes accept a token only for the client id it names).
+   A node's refusal of the token (``unauthorized``) is final on the first
+   connection (``connect`` raises it); on a reconnect it ends the client
+   too, unless a token function may give a new token next time.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Final
 
+from overlay.auth.tokens import unverified_subject
 from overlay.channels.schema import Value
 from overlay.client.callbacks import ErrorCallback, ErrorReporter
 from overlay.client.deliveries import Deliveries, Notification
@@ -62,7 +71,7 @@ from overlay.client.protocol import ClientProtocol, ConnState
 from overlay.client.requests import RequestMessage
 from overlay.client.subscription import Sink, Subscription
 from overlay.client.tasks import OwnedTasks
-from overlay.client.transport import Conn, Transport
+from overlay.client.transport import Conn, TokenSource, Transport
 from overlay.errors import ConnectionLost, LocalProtocolError, NotReady, RequestError
 from overlay.messages import client as cm
 from overlay.messages.codec import DEFAULT_MAX_FRAME_SIZE, encode_frame
@@ -82,9 +91,11 @@ class Client:
     ``error_cb(error)`` (a function or a coroutine function) receives the
     errors no call raises: ``SlowConsumerError`` when notifications are
     dropped, the node's unsolicited errors, a subscription lost after a
-    reconnect; without it they are logged.  ``token``: the cluster's admin
-    token, for ``admin`` commands that change the cluster (split, place,
-    drain) when the cluster has one."""
+    reconnect; without it they are logged.  ``token``: a signed token
+    (``overlay token create``), or a function returning the current one
+    (rule 6), when the cluster has ``[auth]``; otherwise the cluster's legacy
+    admin token, for ``admin`` commands that change the cluster (split,
+    place, drain) when it has one."""
 
     def __init__(
         self,
@@ -93,17 +104,19 @@ class Client:
         client_id: str | None = None,
         reconnect: bool = True,
         max_frame: int = DEFAULT_MAX_FRAME_SIZE,
-        token: str = "",
+        token: TokenSource = "",
         error_cb: ErrorCallback | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("a client needs at least one access node address")
-        self.token = token
+        self._token_source = token if callable(token) else None  # rule 6
+        self.token = token() if callable(token) else token
         self.addresses = list(addresses)
-        self.client_id = client_id or f"client-{uuid.uuid4().hex[:16]}"  # unique per instance
+        # Unique per instance, unless the token names the client (rule 6).
+        self.client_id = client_id or unverified_subject(self.token) or f"client-{uuid.uuid4().hex[:16]}"
         self.reconnect = reconnect
         self.max_frame = max_frame
-        self.protocol = ClientProtocol(self.client_id, token=token, max_frame=max_frame)
+        self.protocol = ClientProtocol(self.client_id, token=self.token, max_frame=max_frame)
         self.subscriptions: dict[str, Subscription] = {}
         # Called with this client each time its connection is lost (before any
         # reconnect): the routing agent moves subscriptions away from it.
@@ -117,6 +130,7 @@ class Client:
             self.client_id,
             on_message=lambda msg: self._on_message(msg),  # looked up per call: a test may wrap it
             on_events=self._handle,
+            token_source=self._token_source,
         )
         self._changed = asyncio.Event()  # the connection's state changed, or the window moved
         self._timer_wake = asyncio.Event()  # a timer earlier than the one awaited
@@ -200,7 +214,12 @@ class Client:
                 self._shut("connection to the access node lost")
                 return
             self._transport.next_address()
-            conn = await self._transport.open(refusal_is_final=False)
+            try:
+                conn = await self._transport.open(refusal_is_final=False)
+            except RequestError as exc:  # rule 6: the token is refused, and no new one will come
+                self._errors.add(exc)
+                self._shut(f"the access node refused the session: {exc}")
+                return
 
     async def _timers(self) -> None:
         """Rule 2: the protocol's deadlines and pauses, on time."""

@@ -99,6 +99,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, Final
 
+from overlay.auth.tokens import unverified_subject
 from overlay.channels.schema import Value
 from overlay.client.agent import RoutingAgent
 from overlay.client.callbacks import ErrorCallback, ErrorReporter
@@ -108,6 +109,7 @@ from overlay.client.limits import DEFAULT_QUEUE, NOT_READY_RETRY, REQUEST_TIMEOU
 from overlay.client.load_factor import LoadFactorConfig
 from overlay.client.placement import MAX_PLACE_ATTEMPTS, Placements
 from overlay.client.tasks import OwnedTasks
+from overlay.client.transport import TokenSource
 from overlay.config import AgentSettings, load_agent_settings
 from overlay.errors import ConnectionLost, NotReady, RequestError
 from overlay.messages import client as cm
@@ -138,13 +140,15 @@ class AgentClient:
         client_id: str | None = None,
         settings: AgentSettings | None = None,
         max_frame: int = DEFAULT_MAX_FRAME_SIZE,
-        token: str = "",
+        token: TokenSource = "",
         error_cb: ErrorCallback | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("an agent client needs at least one access node address")
         self.settings = settings or AgentSettings()
-        self.client_id = client_id or f"agent-{uuid.uuid4().hex[:16]}"
+        # A token names its client (``overlay.client.connection`` rule 6).
+        subject = unverified_subject(token() if callable(token) else token)
+        self.client_id = client_id or subject or f"agent-{uuid.uuid4().hex[:16]}"
         # Rule 3: this agent's event ids, the same through every node (a random
         # prefix per instance, as ``ClientProtocol`` rule 8, then a counter).
         self._event_prefix = f"{uuid.uuid4().hex[:8]}."

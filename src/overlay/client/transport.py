@@ -6,7 +6,11 @@ Rules (``overlay.client.connection`` rule 1; STYLE habit 6):
    between failed attempts (``RECONNECT_MIN`` doubling to ``RECONNECT_MAX``).
    An attempt fails on a socket error, on a node that breaks the protocol in
    its hello, and — except for the first connection, where the caller hears
-   of it — on a node refusing the session.
+   of it — on a node refusing the session.  A refusal of the client's token
+   (``unauthorized``) is final on a reconnect too when the token is a fixed
+   string: every node would refuse it again.  A token function
+   (``token_source``) is called before every hello, so the next attempt
+   may carry a new token.
 2. The hello is the protocol's (``ClientProtocol.connect`` and its Welcome);
    the messages that arrive with the Welcome are the reader's first.
 3. Per connection, one reader task hands each message to ``on_message`` in
@@ -35,7 +39,7 @@ from overlay.client.protocol import ClientProtocol, ConnState
 from overlay.errors import RemoteProtocolError, RequestError
 from overlay.messages import client as cm
 
-__all__ = ["Conn", "Transport"]
+__all__ = ["AUTH_REFUSALS", "Conn", "TokenSource", "Transport"]
 
 log = logging.getLogger("overlay.client")
 
@@ -47,6 +51,10 @@ WRITE_BATCH: Final = 512
 
 # An open connection: its streams, and the messages that came with the Welcome.
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter, list[cm.ClientMessage]]
+# A client's token: the string, or a function returning the current one (rule 1).
+TokenSource = str | Callable[[], str]
+# Refusals that no other node, and no retry, would answer otherwise (rule 1).
+AUTH_REFUSALS: Final = frozenset({cm.ErrorCode.UNAUTHORIZED, cm.ErrorCode.TOKEN_EXPIRED})
 
 
 class Transport:
@@ -63,8 +71,10 @@ class Transport:
         *,
         on_message: Callable[[cm.ClientMessage], None],
         on_events: Callable[[list[Event]], None],
+        token_source: Callable[[], str] | None = None,
     ) -> None:
         self.protocol = protocol
+        self.token_source = token_source
         self.addresses = list(addresses)
         self.owner = owner
         self._on_message = on_message
@@ -89,7 +99,7 @@ class Transport:
             try:
                 return await self._handshake(host, port)
             except RequestError as exc:
-                if refusal_is_final:
+                if refusal_is_final or (exc.code in AUTH_REFUSALS and self.token_source is None):
                     raise
                 log.warning("%s: node at %s:%d refused the session: %s", self.owner, host, port, exc)
             except (OSError, asyncio.IncompleteReadError, RemoteProtocolError) as exc:
@@ -100,6 +110,8 @@ class Transport:
 
     async def _handshake(self, host: str, port: int) -> Conn:
         """Rule 2."""
+        if self.token_source is not None:  # rule 1: the current token, for this hello
+            self.protocol.token = self.token_source()
         reader, writer = await asyncio.open_connection(host, port)
         protocol = self.protocol
         msgs: list[cm.ClientMessage] = []

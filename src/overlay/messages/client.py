@@ -71,7 +71,12 @@ class ErrorCode(StrEnum):
     UNRESPONSIVE = "unresponsive"  # the client answered neither an ack nor a revoke in time (fatal)
     OVERLOADED = "overloaded"  # the access node holds as many unconfirmed events as it may: retry shortly
     NO_QUORUM = "no_quorum"  # the node is cut off from a majority of the cluster: retry on another node
-    UNAUTHORIZED = "unauthorized"  # an admin command without the cluster's admin token
+    # Client authentication (SPEC §16, ``overlay.auth``).
+    UNAUTHORIZED = (
+        "unauthorized"  # no token, or a bad one (fatal at Hello); or an admin command without the admin token
+    )
+    FORBIDDEN = "forbidden"  # the token lacks the role, or the request lies outside its content scope
+    TOKEN_EXPIRED = "token_expired"  # the session's token expired: it is closed (fatal); reconnect with a new one
 
 
 class ClientMessage(msgspec.Struct, frozen=True, tag=True, array_like=True):
@@ -81,9 +86,11 @@ class ClientMessage(msgspec.Struct, frozen=True, tag=True, array_like=True):
 class Hello(ClientMessage, frozen=True):
     client_id: Ident
     version: int = 1
-    # The cluster's admin token, for a session that sends admin commands that
-    # change the cluster (split, place, drain) when ``[cluster] admin_token`` is set.
-    token: Annotated[str, msgspec.Meta(max_length=4096)] = ""
+    # A signed token (``overlay.auth``) when the cluster has ``[auth]``: the
+    # session's roles and content scopes; otherwise the cluster's legacy
+    # ``[cluster] admin_token``, for the commands that change the cluster.
+    # Bounded by ``overlay.auth.tokens.MAX_TOKEN_LENGTH`` (scopes make it long).
+    token: Annotated[str, msgspec.Meta(max_length=16 * 1024)] = ""
 
 
 class Welcome(ClientMessage, frozen=True):

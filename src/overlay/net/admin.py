@@ -15,10 +15,12 @@ Rules this module keeps:
 3. Every error is JSON, ``{"error": …, "status": …}``: an unknown path is a
    404, a wrong method a 405, a bad query a 400, a missing or wrong token a
    401 — never aiohttp's HTML pages.
-4. Auth: every method but GET/HEAD needs ``Authorization: Bearer <token>``
-   when a token is configured (``[cluster] admin_token``, or the
-   ``OVERLAY_ADMIN_TOKEN`` environment variable, which wins so a token need
-   not sit in a config file).  No token configured: no auth.
+4. Auth: every method but GET/HEAD needs ``Authorization: Bearer <token>``:
+   with ``[auth]``, a signed token (``overlay.auth``) with the ``admin``
+   role — 401 when missing, bad or expired, 403 without the role; without
+   it, the legacy shared token when one is configured (``[cluster]
+   admin_token``, or the ``OVERLAY_ADMIN_TOKEN`` environment variable, which
+   wins so a token need not sit in a config file).  Neither: no auth.
 5. The whole-cluster view (``/cluster``, ``/events`` and the page at ``/``)
    is this node's status plus each other node's, fetched over HTTP and
    cached for a moment (``overlay.net.cluster_view``, whose rules say why
@@ -37,6 +39,7 @@ import hmac
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from importlib import resources
 from typing import Any, Final
@@ -45,8 +48,10 @@ import msgspec
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from overlay.auth.tokens import Role, Verifier
 from overlay.channels.space import ExceptConstraint, RangeConstraint, SetConstraint
 from overlay.config import ClusterConfig
+from overlay.errors import ConfigError, TokenError
 from overlay.net.cluster_view import ClusterView, slice_history
 from overlay.net.metrics import NodeCollector
 from overlay.net.view import NodeView
@@ -79,7 +84,16 @@ def json_error(status: int, message: str, **extra: Any) -> web.Response:
 
 
 def effective_admin_token(config: ClusterConfig) -> str:
-    """The node's admin token: ``OVERLAY_ADMIN_TOKEN`` wins over ``[cluster] admin_token``."""
+    """The node's legacy admin token: ``OVERLAY_ADMIN_TOKEN`` wins over
+    ``[cluster] admin_token``.  With ``[auth]`` there is none (one rule:
+    admin rights come from tokens), and the variable set is an error."""
+    if config.auth.enabled:
+        if os.environ.get(TOKEN_ENV):
+            raise ConfigError(
+                f"{TOKEN_ENV} is set, but {config.path or 'the config'} has [auth]: admin rights come from a token "
+                f"with the admin role; unset {TOKEN_ENV}"
+            )
+        return ""
     return os.environ.get(TOKEN_ENV) or config.cluster.admin_token
 
 
@@ -152,12 +166,42 @@ class AdminServer:
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method in ("GET", "HEAD") or not self.token:
+        if request.method in ("GET", "HEAD"):
             return await handler(request)
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token.encode()):
+        given = given.strip() if scheme.lower() == "bearer" else ""
+        verifier = self.core.verifier
+        if verifier is not None:
+            refused = self._token_refusal(verifier, given, request)
+            if refused is not None:
+                return refused
+        elif self.token and not hmac.compare_digest(given.encode(), self.token.encode()):
             return json_error(401, "this endpoint changes the cluster: send Authorization: Bearer <admin token>")
         return await handler(request)
+
+    def _token_refusal(self, verifier: Verifier, token: str, request: web.Request) -> web.Response | None:
+        """Rule 4 with ``[auth]``: a valid token with the admin role, as on the
+        client protocol (``node.admin``); 401 without one, 403 without the role.
+        Counted with the client protocol's refusals, logged each time (HTTP
+        has no session to log once per)."""
+        stats = self.core.stats
+        what = f"{request.method} {request.path}"
+        try:
+            rights = verifier.verify(token, time.time())
+        except TokenError as exc:
+            stats["rejected_unauthorized"] += 1
+            log.warning("node %d: admin request %s refused: %s", self.node.id, what, exc)
+            hint = "send Authorization: Bearer <token with the admin role>"
+            return json_error(401, f"{exc} ({hint})" if token else f"{what} changes the cluster: {hint}")
+        if Role.ADMIN not in rights.roles:
+            stats["rejected_forbidden"] += 1
+            log.warning(
+                "node %d: admin request %s refused: %s has no admin role", self.node.id, what, rights.describe()
+            )
+            return json_error(
+                403, f"{what} changes the cluster and needs a token with the admin role; yours has {rights.describe()}"
+            )
+        return None
 
     # -- routes -------------------------------------------------------------------------
 

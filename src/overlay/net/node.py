@@ -87,6 +87,7 @@ from typing import Any, Final, ParamSpec
 import msgspec
 
 from overlay.actions import Action, AddPeer, CloseClient, Rejoin, ToClient, ToPeer
+from overlay.auth.keys import verifier_for
 from overlay.config import ClusterConfig, NodeConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
@@ -148,7 +149,13 @@ class Node:
     ) -> None:
         self.config = config
         self.id = node_id
-        self.core = NodeCore(config, node_id, incarnation=new_incarnation(), admin_token=effective_admin_token(config))
+        self.core = NodeCore(
+            config,
+            node_id,
+            incarnation=new_incarnation(),
+            admin_token=effective_admin_token(config),
+            verifier=verifier_for(config),  # reads [auth] public_keys: a bad key stops the node here
+        )
         self._stats = self.core.ctx.stats  # the shell's counters sit with the core's (SPEC §14)
         self.peer_runs: dict[int, int] = {}  # the incarnation last seen of each peer (rule 9)
         # Frames received from each peer run, over its connections (net.peer_link rule 6).

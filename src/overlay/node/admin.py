@@ -1,9 +1,11 @@
 """Operator commands on the client protocol: status, split, place, drain, journal (SPEC §14).
 
-One rule for admin rights, as on the admin HTTP endpoint: when the cluster
-has an admin token, the commands that change the cluster (``split``,
-``place``, ``drain``) need a session whose Hello carried it; reading
-(``status``, ``journal``) does not.  An operator's split or move of a
+One rule for admin rights, as on the admin HTTP endpoint: the commands that
+change the cluster (``split``, ``place``, ``drain``) need a session whose
+token has the ``admin`` role when the cluster has ``[auth]`` (refused
+``forbidden``, naming the roles it has), or, without ``[auth]``, whose Hello
+carried the cluster's legacy admin token when one is set (refused
+``unauthorized``); reading (``status``, ``journal``) needs neither.  An operator's split or move of a
 replicated channel first gives it back to its first owner alone
 (``UpdateRoutingTable``), and the other replicas drop their copies
 (``node.updates`` rule 3).  A command that waits on a session or a table
@@ -22,7 +24,7 @@ from overlay.balance.split import Cut
 from overlay.channels.channel import ChannelId
 from overlay.channels.predicates import MAX_SET_SIZE
 from overlay.channels.routing_table import RouteEntry
-from overlay.errors import LocalProtocolError, OverlayError
+from overlay.errors import Forbidden, LocalProtocolError, OverlayError
 from overlay.messages import client as cm
 from overlay.node.balancing import Balancing
 from overlay.node.context import NodeContext
@@ -72,6 +74,12 @@ class Admin:
         self._drain = drain
 
     def handle(self, sess: Session, msg: cm.Admin, now: float, out: list[Action]) -> None:
+        if msg.command in CHANGING_COMMANDS and not sess.admin and sess.rights is not None:
+            try:
+                sess.rights.check_admin(msg.command)
+            except Forbidden as exc:
+                self._forbid(sess, msg, exc, out)
+                return
         if msg.command in CHANGING_COMMANDS and not sess.admin:
             self._ctx.stats["rejected_unauthorized"] += 1
             log.warning(
@@ -138,6 +146,13 @@ class Admin:
                     )
         except (OverlayError, KeyError, ValueError, TypeError) as exc:
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.ADMIN, str(exc))))
+
+    def _forbid(self, sess: Session, msg: cm.Admin, exc: Forbidden, out: list[Action]) -> None:
+        self._ctx.stats["rejected_forbidden"] += 1
+        if not sess.auth_logged:  # once per session (node.clients rule A4)
+            sess.auth_logged = True
+            log.warning("node %d: client %r (session %d) refused: %s", self._ctx.id, sess.client_id, sess.id, exc)
+        out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.FORBIDDEN, str(exc))))
 
     def _stays(self, sid: int, seq: int, chid: ChannelId, how: str, out: list[Action]) -> None:
         """A ``place`` onto this node itself: nothing moves; say so."""

@@ -1,7 +1,8 @@
 """The client protocol at an access node: Hello, publish, (un)subscribe, acks (SPEC §4).
 
 Rules: a client must say Hello first (a Hello carrying the cluster's admin
-token gives the session admin rights, ``node.admin``); publish and subscribe
+token gives the session admin rights, ``node.admin``, unless the cluster has
+``[auth]``: then the auth rules below hold); publish and subscribe
 before the cluster is ready are answered ``not_ready``; bad expressions and
 events are answered with an error and the position, and the session stays
 open; a message that is not a client request closes it.  An event gets its
@@ -18,11 +19,35 @@ connection, while kept or later, is delivered once (``node.dedup``); one
 sent again while its first copy is kept waits for that copy's PubAck.
 Otherwise the node names it (``node.core`` rule 6).  A keyed event's id is
 always the node's: its re-sends are its sequencer's to judge.
+
+Auth (SPEC §16, ``overlay.auth``), when the node has a ``Verifier``:
+
+A1. The Hello's token is verified once, here, with the node's public keys
+    and ``now`` — no round trip to anyone.  A missing token (where tokens
+    are required), a bad one, or one for another client id than the Hello
+    names is answered with a fatal ``unauthorized`` Error saying why, and
+    the session is closed: nothing else it sends is read.  Where tokens are
+    optional, a Hello without one gets ``Rights.anonymous``.
+A2. Every publish and subscribe is checked against the session's rights:
+    the role, then the content scope (the event inside the publish scope;
+    the subscription included in the subscribe scope).  A refusal is a
+    ``forbidden`` Error naming the role or the scope; the session stays
+    open and nothing was done.  Unsubscribes and acks need no role: they
+    only undo or finish what was allowed.
+A3. A session whose token expires is closed with a fatal ``token_expired``
+    Error: at its first message past ``exp`` (plus the leeway), or by the
+    tick's sweep (``expire``) if it only listens — a subscriber's rights end
+    with its token too.  The client reconnects with a fresh token.
+A4. Every refusal is counted (``rejected_unauthorized``,
+    ``rejected_forbidden``, ``rejected_token_expired``: the metrics'
+    ``overlay_rejected{reason}``) and logged once per session.
 """
 
 from __future__ import annotations
 
+import heapq
 import hmac
+import logging
 import re
 from collections.abc import Callable
 from typing import Final
@@ -30,8 +55,9 @@ from typing import Final
 import msgspec
 
 from overlay.actions import Action, CloseClient, ToClient
+from overlay.auth.tokens import Rights, Role, Verifier
 from overlay.channels.expressions import parse_event, parse_subscription
-from overlay.errors import ExpressionError, SchemaError
+from overlay.errors import ExpressionError, Forbidden, SchemaError, TokenError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node.context import NodeContext
@@ -42,6 +68,8 @@ from overlay.node.router import Router
 from overlay.node.sessions import Session, Sessions
 
 __all__ = ["CLIENT_ID", "EVENT_ID", "Clients"]
+
+log = logging.getLogger("overlay.node")
 
 # A publisher-chosen event id: letters, digits and ``._:-`` (the message's
 # bound, 128); the client id it is named under: printable ASCII, no space,
@@ -55,7 +83,9 @@ AdminCommand = Callable[[Session, cm.Admin, float, list[Action]], None]
 class Clients:
     """What a client's messages do.  ``ready`` says whether the cluster is
     ready (``node.boot``); ``admin`` runs an operator command (``node.admin``);
-    ``admin_token`` is the token a Hello needs for admin rights ("" = none)."""
+    ``admin_token`` is the token a Hello needs for admin rights ("" = none)
+    without ``[auth]``; ``verifier`` checks tokens with it (rules A1–A4), and
+    ``auth_required`` says whether a Hello needs one."""
 
     def __init__(
         self,
@@ -70,6 +100,8 @@ class Clients:
         quorum: Callable[[], bool] = lambda: True,
         admin: AdminCommand,
         admin_token: str,
+        verifier: Verifier | None = None,
+        auth_required: bool = True,
     ) -> None:
         self._ctx = ctx
         self._sessions = sessions
@@ -81,6 +113,9 @@ class Clients:
         self._quorum = quorum
         self._admin = admin
         self._admin_token = admin_token
+        self._verifier = verifier
+        self._auth_required = auth_required
+        self._expiries: list[tuple[float, int]] = []  # (rights.expires, session): rule A3's sweep
 
     def handle(self, sid: int, msg: cm.ClientMessage, now: float) -> list[Action]:
         ctx = self._ctx
@@ -95,12 +130,20 @@ class Clients:
                 )
                 out.append(CloseClient(sid, "no Hello"))
                 return out
+            if self._verifier is not None:
+                if not self._authenticate(sess, msg, now, out):
+                    return out
+            else:
+                token = self._admin_token
+                sess.admin = not token or hmac.compare_digest(msg.token.encode(), token.encode())
             sess.greeted = True
             sess.client_id = msg.client_id
-            token = self._admin_token
-            sess.admin = not token or hmac.compare_digest(msg.token.encode(), token.encode())
             cfg = ctx.config
             out.append(ToClient(sid, cm.Welcome(ctx.id, sid, self._ready(), cfg.cluster.name, cfg.groups.ack_timeout)))
+            return out
+        rights = sess.rights
+        if rights is not None and rights.expired(now):  # rule A3
+            self._expire(sess, rights, out)
             return out
         match msg:
             case cm.Publish():
@@ -127,6 +170,67 @@ class Clients:
                 )
                 out.append(CloseClient(sid, f"sent {type(msg).__name__}"))
         return out
+
+    # -- auth (rules A1–A4) --------------------------------------------------------------
+
+    def _authenticate(self, sess: Session, msg: cm.Hello, now: float, out: list[Action]) -> bool:
+        """Rule A1: the session's rights from its Hello, or a refusal (False)."""
+        assert self._verifier is not None
+        if not msg.token and not self._auth_required:
+            sess.rights = Rights.anonymous(self._ctx.schema)
+            return True
+        try:
+            rights = self._verifier.verify(msg.token, now)
+            if rights.subject != msg.client_id:
+                raise TokenError(
+                    f"this token is for client {rights.subject!r}, and the Hello names {msg.client_id!r}: "
+                    "connect with the token's client id (the client library takes it when given no client_id)"
+                )
+        except TokenError as exc:
+            self._ctx.stats["rejected_unauthorized"] += 1
+            log.warning("node %d: client %r (session %d) refused: %s", self._ctx.id, msg.client_id, sess.id, exc)
+            out.append(ToClient(sess.id, cm.Error(-1, cm.ErrorCode.UNAUTHORIZED, str(exc), fatal=True)))
+            out.append(CloseClient(sess.id, "unauthorized"))
+            return False
+        sess.rights = rights
+        sess.admin = Role.ADMIN in rights.roles
+        heapq.heappush(self._expiries, (rights.expires, sess.id))
+        log.debug("node %d: session %d is %s, token %s", self._ctx.id, sess.id, rights.describe(), rights.token_id)
+        return True
+
+    def _forbid(self, sess: Session, seq: int, exc: Forbidden, out: list[Action]) -> None:
+        """Rule A2's refusal; rule A4's count and log."""
+        self._ctx.stats["rejected_forbidden"] += 1
+        if not sess.auth_logged:
+            sess.auth_logged = True
+            log.warning(
+                "node %d: client %r (session %d) refused: %s (further refusals of this session are only counted)",
+                self._ctx.id,
+                sess.client_id,
+                sess.id,
+                exc,
+            )
+        out.append(ToClient(sess.id, cm.Error(seq, cm.ErrorCode.FORBIDDEN, str(exc))))
+
+    def _expire(self, sess: Session, rights: Rights, out: list[Action]) -> None:
+        """Rule A3: the session's token ran out; it ends."""
+        self._ctx.stats["rejected_token_expired"] += 1
+        log.info("node %d: client %r (session %d): its token expired; closing", self._ctx.id, sess.client_id, sess.id)
+        why = "your token expired; the session is closed: reconnect with a new token (`overlay token create`)"
+        out.append(ToClient(sess.id, cm.Error(-1, cm.ErrorCode.TOKEN_EXPIRED, why, fatal=True)))
+        out.append(CloseClient(sess.id, "token expired"))
+        sess.rights = Rights("", frozenset(), {}, self._ctx.schema, expires=-1.0)  # nothing more until it is gone
+
+    def expire(self, now: float, out: list[Action]) -> None:
+        """Rule A3's sweep (from the tick): close the sessions whose token ran
+        out, listeners included.  O(log n) per session, once."""
+        heap = self._expiries
+        while heap and heap[0][0] <= now:
+            _, sid = heapq.heappop(heap)
+            sess = self._sessions.get(sid)
+            rights = sess.rights if sess is not None else None
+            if sess is not None and rights is not None and rights.expires >= 0 and rights.expired(now):
+                self._expire(sess, rights, out)
 
     def ack(self, sid: int, msg: cm.Ack) -> bool:
         """Count a client's Ack of a delivered notification, as ``handle``
@@ -164,9 +268,20 @@ class Clients:
             return True
         return False
 
+    def _role(self, sess: Session, seq: int, role: Role, what: str, out: list[Action]) -> bool:
+        """Rule A2's first half, before any parsing: False (refused) without ``role``."""
+        if sess.rights is None:
+            return True
+        try:
+            sess.rights.need(role, what)
+        except Forbidden as exc:
+            self._forbid(sess, seq, exc, out)
+            return False
+        return True
+
     def _publish(self, sess: Session, msg: cm.Publish, now: float, out: list[Action]) -> None:
         ctx = self._ctx
-        if self._not_ready(sess.id, msg.seq, out):
+        if self._not_ready(sess.id, msg.seq, out) or not self._role(sess, msg.seq, Role.PUBLISH, "publishing", out):
             return
         try:
             if isinstance(msg.event, str):
@@ -181,6 +296,12 @@ class Clients:
             ctx.stats["rejected_bad_event"] += 1
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EVENT, str(exc))))
             return
+        if sess.rights is not None:  # rule A2
+            try:
+                sess.rights.check_publish(values)
+            except Forbidden as exc:
+                self._forbid(sess, msg.seq, exc, out)
+                return
         chid = ctx.routing.lookup_event(values)
         if chid is None:
             ctx.stats["rejected_no_route"] += 1
@@ -222,7 +343,7 @@ class Clients:
 
     def _subscribe(self, sess: Session, msg: cm.Subscribe, out: list[Action]) -> None:
         ctx = self._ctx
-        if self._not_ready(sess.id, msg.seq, out):
+        if self._not_ready(sess.id, msg.seq, out) or not self._role(sess, msg.seq, Role.SUBSCRIBE, "subscribing", out):
             return
         if msg.sub_id in sess.subs:
             out.append(
@@ -242,6 +363,12 @@ class Clients:
             ctx.stats["rejected_bad_expression"] += 1
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EXPRESSION, exc.reason, exc.position)))
             return
+        if sess.rights is not None:  # rule A2
+            try:
+                sess.rights.check_subscribe(f)
+            except Forbidden as exc:
+                self._forbid(sess, msg.seq, exc, out)
+                return
         chans = ctx.routing.lookup_subscription(f)
         gid = self._sessions.subscribed(
             sess, msg.seq, msg.sub_id, f, msg.expression, chans, group=msg.group, weight=msg.weight

@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from overlay.actions import Action, AddPeer, CloseClient, Rejoin, ToClient, ToPeer
+from overlay.auth.tokens import Verifier
 from overlay.balance.monitor import Monitor, SliceReport
 from overlay.capture import CaptureBuffer
 from overlay.config import ClusterConfig
@@ -84,7 +85,13 @@ class NodeCore:
     """
 
     def __init__(
-        self, config: ClusterConfig, node_id: int, *, incarnation: int = 0, admin_token: str | None = None
+        self,
+        config: ClusterConfig,
+        node_id: int,
+        *,
+        incarnation: int = 0,
+        admin_token: str | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.ctx = ctx = NodeContext(config, node_id, incarnation)
         self.id = node_id
@@ -93,6 +100,9 @@ class NodeCore:
         self.schema, self.routing, self.local, self.peers = ctx.schema, ctx.routing, ctx.local, ctx.peers
         self.stats, self.journal = ctx.stats, ctx.journal.entries  # counters; the decision journal (SPEC §14)
         self.admin_token = config.cluster.admin_token if admin_token is None else admin_token  # "" = none needed
+        # Client tokens (overlay.auth): the shell reads the [auth] keys and hands
+        # the verifier in (no file is read here); None: auth is off.
+        self.verifier = verifier
         # Components in the order they depend on each other; one that needs one built
         # later gets a lambda (ordering/groups/migration hand messages back to the router).
         self.peer_runs = PeerRuns(ctx)
@@ -249,6 +259,8 @@ class NodeCore:
             quorum=lambda: self.liveness.has_quorum(self.ctx.now),
             admin=self.admin.handle,
             admin_token=self.admin_token,
+            verifier=verifier,
+            auth_required=config.auth.required,
         )
         self.peer_messages = PeerMessages(
             ctx,
@@ -449,6 +461,7 @@ class NodeCore:
             ("drain", lambda: self.membership.tick(now, out)),  # node.membership rule 1
             ("sessions", lambda: self.migration.tick(now, out)),
             ("outbox", lambda: self._outbox_tick(now, out)),
+            ("auth", lambda: self.clients.expire(now, out)),  # node.clients rule A3
         )
         for name, part in parts:
             try:

@@ -36,6 +36,7 @@ from typing import Final
 import msgspec
 
 from overlay.actions import Action, ToClient
+from overlay.auth.tokens import Rights
 from overlay.channels.channel import ChannelId
 from overlay.channels.predicates import Filter
 from overlay.channels.space import EventSpace
@@ -54,13 +55,16 @@ FailAcks = Callable[[int, list[Action]], None]
 
 
 class Session:
-    __slots__ = ("admin", "client_id", "greeted", "groups", "id", "n", "subs")
+    __slots__ = ("admin", "auth_logged", "client_id", "greeted", "groups", "id", "n", "rights", "subs")
 
     def __init__(self, sid: int) -> None:
         self.id = sid
         self.client_id = ""
         self.greeted = False
-        self.admin = False  # its Hello carried the admin token (or none is needed)
+        self.admin = False  # its Hello carried the admin token, or a token with the admin role (or none is needed)
+        # What its token allows (``overlay.auth``); None when the cluster has no [auth].
+        self.rights: Rights | None = None
+        self.auth_logged = False  # a refusal was logged: later ones are only counted
         self.subs: dict[str, tuple[str, Filter]] = {}  # local id -> (global id, filter)
         self.groups: dict[str, tuple[str, float]] = {}  # local id -> (group, weight), group members only
         self.n = 0

@@ -30,7 +30,7 @@ from typing import Any, Protocol, Self
 import msgspec
 
 from overlay.client import AgentClient, AgentSettings, Client
-from overlay.config import ClusterConfig, NodeConfig, load_config
+from overlay.config import AuthSettings, ClusterConfig, NodeConfig, load_config
 from overlay.net.node import Node
 from overlay.testing._loopback import HOST, WAIT, bound_socket, nodes_quiet, wait_until
 from overlay.testing._raw_client import RawClient
@@ -49,12 +49,21 @@ def override(
     sequencer: Mapping[str, Any] | None = None,
     groups: Mapping[str, Any] | None = None,
     bandwidth: Mapping[str, Any] | None = None,
+    auth: Mapping[str, Any] | None = None,
 ) -> ClusterConfig:
     """``config`` with the given fields of its ``[cluster]``, ``[sequencer]``,
-    ``[groups]`` and ``[bandwidth]`` tables replaced, the others kept; each
-    table is checked again (rule 2: ``msgspec.ValidationError`` names the field)."""
+    ``[groups]``, ``[bandwidth]`` and ``[auth]`` tables replaced, the others
+    kept; each table is checked again (rule 2: ``msgspec.ValidationError``
+    names the field).  ``[auth]`` key paths are taken as they are (absolute)."""
     changes: dict[str, Any] = {}
-    for name, given in (("cluster", cluster), ("sequencer", sequencer), ("groups", groups), ("bandwidth", bandwidth)):
+    tables = (
+        ("cluster", cluster),
+        ("sequencer", sequencer),
+        ("groups", groups),
+        ("bandwidth", bandwidth),
+        ("auth", auth),
+    )
+    for name, given in tables:
         if given:
             current = getattr(config, name)
             changes[name] = msgspec.convert(msgspec.to_builtins(current) | dict(given), type(current))
@@ -75,8 +84,11 @@ class LoopbackCluster:
       real admin ports (a node's peers find its endpoint: ``/cluster``,
       drain).  Without it a node still serves HTTP, on a port only it knows.
     * ``capture`` — a directory every node captures to (SPEC §13).
-    * ``sequencer``, ``groups``, ``bandwidth`` and keyword arguments (the
-      ``[cluster]`` table) — overrides of the config's tables (``override``).
+    * ``sequencer``, ``groups``, ``bandwidth``, ``auth`` and keyword
+      arguments (the ``[cluster]`` table) — overrides of the config's tables
+      (``override``).  Without ``auth`` the nodes check no token (the
+      config's own ``[auth]`` is dropped unless ``keep_auth``): tests that
+      are not about authentication connect as they always did.
     * ``placeholders`` — ids in the config with a bound, non-listening
       socket (``socks[i]``) and no node: a peer that is down, or that the test
       plays itself by listening on that socket.
@@ -100,6 +112,8 @@ class LoopbackCluster:
         sequencer: Mapping[str, Any] | None = None,
         groups: Mapping[str, Any] | None = None,
         bandwidth: Mapping[str, Any] | None = None,
+        auth: Mapping[str, Any] | None = None,
+        keep_auth: bool = False,
         placeholders: Iterable[int] = (),
         sndbuf: int | None = None,
         autostart: bool = True,
@@ -108,7 +122,9 @@ class LoopbackCluster:
         base = config if isinstance(config, ClusterConfig) else load_config(Path(config))
         if capture is not None:
             cluster["capture_dir"] = os.fspath(capture)
-        base = override(base, cluster=cluster, sequencer=sequencer, groups=groups, bandwidth=bandwidth)
+        if not keep_auth and auth is None:
+            base = msgspec.structs.replace(base, auth=AuthSettings())
+        base = override(base, cluster=cluster, sequencer=sequencer, groups=groups, bandwidth=bandwidth, auth=auth)
         ids = list(range(n)) if n is not None else base.node_ids
         if capacities is not None and len(capacities) != len(ids):
             raise ValueError(f"{len(capacities)} capacities for {len(ids)} nodes")
@@ -133,11 +149,15 @@ class LoopbackCluster:
             self._close_sockets()
             raise
         self.config: ClusterConfig = base.with_nodes(tuple(nodes))
-        self.nodes: dict[int, Node] = {
-            i: Node(self.config, i, sock=self.socks[i], admin_sock=self.admin_socks.get(i))
-            for i in ids
-            if i not in fake
-        }
+        try:
+            self.nodes: dict[int, Node] = {
+                i: Node(self.config, i, sock=self.socks[i], admin_sock=self.admin_socks.get(i))
+                for i in ids
+                if i not in fake
+            }
+        except BaseException:  # e.g. an [auth] key that cannot be read: no socket left open
+            self._close_sockets()
+            raise
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.clients: list[_Closable] = []
 
