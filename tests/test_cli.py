@@ -241,7 +241,7 @@ def test_version_comes_from_the_package_metadata() -> None:
     assert proc.returncode == 0 and proc.stdout.strip() == f"overlay {importlib.metadata.version('overlay')}"
 
 
-SUBCOMMANDS = ["node", "cluster", "pub", "sub", "status", "channel", "demo", "replay"]
+SUBCOMMANDS = ["node", "cluster", "pub", "sub", "status", "channel", "token", "demo", "replay"]
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in SUBCOMMANDS)], ids=["overlay", *SUBCOMMANDS])

@@ -1,5 +1,9 @@
 """Ed25519 key files for client tokens: read them, and make a pair for development.
 
+``local_token`` signs a token for the operator's own tools (``cluster up``,
+the demo, ``status``) with the config's signing key: the machine that holds
+it may issue any token anyway.
+
 Keys are PEM files: the signing key PKCS#8 (written readable by its owner
 only), the public key SubjectPublicKeyInfo — what ``openssl genpkey
 -algorithm ed25519`` and ``openssl pkey -pubout`` write, so either tool
@@ -10,6 +14,7 @@ do: a node with a key it cannot read must not start.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Final
 
@@ -23,15 +28,27 @@ from cryptography.hazmat.primitives.serialization import (
     load_pem_public_key,
 )
 
-from overlay.auth.tokens import Verifier
+from overlay.auth.tokens import Verifier, issue
 from overlay.config import ClusterConfig
 from overlay.errors import ConfigError
 
-__all__ = ["PRIVATE_NAME", "PUBLIC_NAME", "generate_keys", "load_public_key", "load_signing_key", "verifier_for"]
+__all__ = [
+    "LOCAL_TTL",
+    "PRIVATE_NAME",
+    "PUBLIC_NAME",
+    "generate_keys",
+    "load_public_key",
+    "load_signing_key",
+    "local_token",
+    "verifier_for",
+]
 
 # The files ``generate_keys`` writes in its directory.
 PRIVATE_NAME: Final = "auth.key"
 PUBLIC_NAME: Final = "auth.pub"
+# The life of the tokens the local tools sign themselves (``local_token``):
+# their clients take a new one at each reconnect.
+LOCAL_TTL: Final = 3600.0
 # A key file is a few hundred bytes: a bigger one is not a key.
 MAX_KEY_FILE: Final = 64 * 1024
 
@@ -97,3 +114,28 @@ def verifier_for(config: ClusterConfig) -> Verifier | None:
         return None
     keys = [load_public_key(p) for p in auth.public_keys]
     return Verifier(keys, audience=config.cluster.name, schema=config.schema, leeway=auth.leeway)
+
+
+def local_token(config: ClusterConfig, subject: str, *roles: str, ttl: float = LOCAL_TTL) -> str:
+    """A token the operator's own tools sign for themselves — ``cluster up``
+    checking its nodes, the demo's traffic — with the config's ``[auth]
+    signing_key``; ``""`` when the cluster has no ``[auth]``.  A
+    ``ConfigError`` when it has one but no signing key to sign with."""
+    auth = config.auth
+    if not auth.enabled:
+        return ""
+    if not auth.signing_key:
+        raise ConfigError(
+            f"{config.path or 'the config'}: [auth] has no signing_key, and the local tools sign their own "
+            "tokens with it (cluster up, demo, status); add it on the operator's machine"
+        )
+    key = load_signing_key(auth.signing_key)
+    return issue(
+        key,
+        subject=subject,
+        roles=roles,
+        audience=config.cluster.name,
+        ttl=min(ttl, auth.max_ttl),
+        now=time.time(),
+        schema=config.schema,
+    )

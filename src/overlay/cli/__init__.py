@@ -10,6 +10,9 @@
     overlay status --config F                the cluster at a glance
     overlay channel split --config F CH --attr A (--at V | --values a,b)
     overlay channel place --config F CH --node N
+    overlay token create --config F --role R [--scope R=EXPR] [--ttl 1h] [--subject ID]   a signed client token
+    overlay token verify --config F [TOKEN]  what a token allows, or why it is refused
+    overlay token keys DIR                   an Ed25519 key pair for [auth]
     overlay demo F [--seconds S]             cluster + bounded demo traffic (make run)
     overlay replay RUN_DIR [--master URL] [--out DIR]   Spark replay of a capture (SPEC §13)
 
@@ -47,6 +50,7 @@ The modules, one per command group, and what they share:
 * ``pubsub``        — ``pub`` and ``sub``;
 * ``status``        — ``status``;
 * ``admin``         — ``channel split|place`` and ``node drain``;
+* ``token``         — ``token create|verify|keys`` (``overlay.auth``);
 * ``demo``          — ``demo`` (``make run``), over ``workload``, which
   ``traffic`` (``cluster up --traffic``) drives too;
 * ``replay``        — ``replay`` (the Spark jobs: ``overlay_spark``, the replay extra);

@@ -1,5 +1,7 @@
 """Operator commands: ``overlay channel split|place`` and ``overlay node drain N``
-(``overlay.node.membership``), each presenting the admin token.
+(``overlay.node.membership``), each presenting the admin token: a token
+with the admin role where the cluster has ``[auth]``, the legacy shared
+token otherwise.
 
 ``channel`` sends the client protocol's Admin command to the channel's owner
 (found in ``overlay status``'s routing table).  ``node drain`` asks node N on
@@ -16,13 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from typing import Any, Final
 
 import aiohttp
 
 from overlay.channels import Kind, parse_rfid
-from overlay.cli.args import add_command, addresses, admin_url, config_node, node_id
+from overlay.cli.args import add_command, addresses, admin_url, client_id_for, config_node, node_id, user_token
 from overlay.cli.running import (
     CLOSE_TIMEOUT,
     CONNECT_TIMEOUT,
@@ -35,7 +36,7 @@ from overlay.cli.running import (
 from overlay.cli.status import statuses
 from overlay.client import Client
 from overlay.config import ClusterConfig, NodeConfig, load_config
-from overlay.errors import SchemaError
+from overlay.errors import RequestError, SchemaError
 
 __all__ = [
     "admin_token",
@@ -46,8 +47,6 @@ __all__ = [
     "format_drain",
     "register",
 ]
-
-TOKEN_ENV: Final = "OVERLAY_ADMIN_TOKEN"
 
 EXAMPLES: Final = """\
 examples:
@@ -123,12 +122,15 @@ async def _channel(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     command, kw = _channel_args(cfg, args)
     owner = await _owner_of(cfg, args.channel)
-    c = Client(addresses(cfg, owner), client_id="overlay-admin", reconnect=False, token=admin_token(args.token, cfg))
+    token = admin_token(args.token, cfg)
+    c = Client(addresses(cfg, owner), client_id=client_id_for(token, "overlay-admin"), reconnect=False, token=token)
     try:
         try:
             await c.connect(timeout=CONNECT_TIMEOUT)
         except TimeoutError:
             raise CommandFailed(f"node {owner}, the owner of {args.channel}, does not answer") from None
+        except RequestError as exc:
+            raise UsageError(f"node {owner} refused the token: {exc.reason}") from None
         print(describe_channel_result(command, await c.admin(command, **kw)), flush=True)
     finally:
         await finish_within(c.close(), CLOSE_TIMEOUT, "closing the connection")
@@ -159,9 +161,10 @@ def cmd_channel(args: argparse.Namespace) -> int:
 
 
 def admin_token(given: str | None, cfg: ClusterConfig) -> str:
-    """The token an operator command presents: ``--token``, else
+    """The token an operator command presents: ``--token``, else, with
+    ``[auth]``, ``$OVERLAY_TOKEN`` (a token with the admin role); without it,
     ``OVERLAY_ADMIN_TOKEN``, else the config's ``[cluster] admin_token``."""
-    return given or os.environ.get(TOKEN_ENV) or cfg.cluster.admin_token
+    return user_token(given, cfg, admin=True)
 
 
 async def drain_node(n: NodeConfig, token: str, timeout: float) -> dict[str, Any]:
@@ -185,12 +188,14 @@ async def drain_node(n: NodeConfig, token: str, timeout: float) -> dict[str, Any
         if resp.status != 200:
             raise CommandFailed(f"node {n.id} refused the drain (HTTP {resp.status}): {body.get('error', body)}")
         return body
-    c = Client([(n.host, n.port)], client_id="overlay-drain", reconnect=False, token=token)
+    c = Client([(n.host, n.port)], client_id=client_id_for(token, "overlay-drain"), reconnect=False, token=token)
     try:
         try:
             await c.connect(timeout=min(timeout, CONNECT_TIMEOUT))
         except (TimeoutError, OSError):
             raise CommandFailed(f"node {n.id} at {n.host}:{n.port} does not answer") from None
+        except RequestError as exc:
+            raise UsageError(f"node {n.id} refused the token: {exc.reason}") from None
         try:
             result: dict[str, Any] = await c.admin("drain", timeout=timeout)
         except TimeoutError:
@@ -233,5 +238,10 @@ def register(sub: Any) -> None:
     ch.add_argument("--at", help="split: cut an ordered attribute after this value")
     ch.add_argument("--values", help="split: comma-separated string values for the new type-1 child")
     ch.add_argument("--node", type=node_id, help="place: the receiving node")
-    ch.add_argument("--token", default=None, help="admin token (default: $OVERLAY_ADMIN_TOKEN, then the config's)")
+    ch.add_argument(
+        "--token",
+        default=None,
+        help="a token with the admin role (default: $OVERLAY_TOKEN); without [auth], the legacy admin token "
+        "(default: $OVERLAY_ADMIN_TOKEN, then the config's)",
+    )
     ch.set_defaults(func=cmd_channel)

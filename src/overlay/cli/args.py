@@ -11,18 +11,22 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from pathlib import Path
 from typing import Any, NoReturn
 
+from overlay.auth.tokens import unverified_subject
 from overlay.cli.running import EXIT_USAGE, UsageError
 from overlay.config import ClusterConfig, NodeConfig
 
 __all__ = [
+    "TOKEN_ENV",
     "Parser",
     "add_command",
     "addresses",
     "admin_url",
     "check_dir_option",
+    "client_id_for",
     "config_node",
     "integer",
     "node_id",
@@ -30,7 +34,13 @@ __all__ = [
     "number",
     "positive_float",
     "positive_int",
+    "user_token",
 ]
+
+# The environment variable client commands take a token from (``--token`` wins).
+TOKEN_ENV = "OVERLAY_TOKEN"
+# The legacy admin token's, for a cluster without [auth].
+ADMIN_TOKEN_ENV = "OVERLAY_ADMIN_TOKEN"
 
 
 def number(text: str) -> float:
@@ -92,6 +102,24 @@ def addresses(cfg: ClusterConfig, node: int | None) -> list[tuple[str, int]]:
     """Where a client command connects: node ``node`` (``--node``), or every node."""
     nodes = [config_node(cfg, node)] if node is not None else list(cfg.nodes)
     return [(n.host, n.port) for n in nodes]
+
+
+def user_token(given: str | None, cfg: ClusterConfig, *, admin: bool = False) -> str:
+    """The token a client command presents: ``--token``, else ``$OVERLAY_TOKEN``
+    where the cluster has ``[auth]``; without it, an operator command
+    (``admin``) presents the legacy admin token (``$OVERLAY_ADMIN_TOKEN``, then
+    the config's ``[cluster] admin_token``) and pub/sub none."""
+    if given:
+        return given
+    if cfg.auth.enabled:
+        return os.environ.get(TOKEN_ENV, "")
+    return (os.environ.get(ADMIN_TOKEN_ENV) or cfg.cluster.admin_token) if admin else ""
+
+
+def client_id_for(token: str, default: str) -> str | None:
+    """A command's client id: None (the library takes the token's subject)
+    for a signed token, which names its client; ``default`` otherwise."""
+    return None if unverified_subject(token) else default
 
 
 def check_dir_option(flag: str, path: str | None) -> None:

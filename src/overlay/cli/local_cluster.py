@@ -13,12 +13,14 @@ import sys
 from collections.abc import Awaitable
 from typing import Final, TypeVar
 
+from overlay.auth.keys import local_token
 from overlay.cli.args import admin_url
 from overlay.cli.ports import check_ports_free, held_by
 from overlay.cli.running import CLOSE_TIMEOUT, CommandFailed, log
 from overlay.client import Client
 from overlay.config import ClusterConfig, NodeConfig, load_config
-from overlay.errors import OverlayError
+from overlay.errors import OverlayError, RequestError
+from overlay.messages.client import ErrorCode
 
 __all__ = ["LocalCluster", "ready_lines", "wait_ready"]
 
@@ -207,9 +209,11 @@ async def wait_ready(cfg: ClusterConfig, timeout: float) -> None:
     name in its Welcome) and reports ready."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
+    # With [auth], a Hello needs a token: one signed with the config's key (its subject is the client id).
+    token = local_token(cfg, "overlay-cli", "subscribe", ttl=timeout + READY_CONNECT)
     for n in cfg.nodes:
         while True:
-            c = Client([(n.host, n.port)], client_id="overlay-cli", reconnect=False)
+            c = Client([(n.host, n.port)], client_id="overlay-cli", reconnect=False, token=token)
             try:
                 await c.connect(timeout=READY_CONNECT)
                 if c.node_id != n.id or c.cluster != cfg.cluster.name:
@@ -218,6 +222,11 @@ async def wait_ready(cfg: ClusterConfig, timeout: float) -> None:
                     break
             except CommandFailed:
                 raise
+            except RequestError as exc:
+                if exc.code == ErrorCode.UNAUTHORIZED:  # it answers, and will never take our token
+                    raise CommandFailed(
+                        f"node {n.id} refused the token signed with [auth] signing_key: {exc.reason}"
+                    ) from None
             except (OSError, OverlayError, TimeoutError):
                 pass  # not listening yet
             finally:

@@ -137,7 +137,10 @@ def register(sub: Any) -> None:
     n.add_argument("--config", required=True)
     n.add_argument("--id", type=node_id, default=None)
     n.add_argument(
-        "--token", default=None, help="drain: admin token (default: $OVERLAY_ADMIN_TOKEN, then the config's)"
+        "--token",
+        default=None,
+        help="drain: a token with the admin role (default: $OVERLAY_TOKEN); without [auth], the legacy admin "
+        "token (default: $OVERLAY_ADMIN_TOKEN, then the config's)",
     )
     n.add_argument("--timeout", type=positive_float, default=300.0, help="drain: seconds to wait for it to finish")
     n.add_argument("--capture", metavar="DIR", help="write this node's capture to DIR (overrides cluster.capture_dir)")

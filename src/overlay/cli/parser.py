@@ -8,7 +8,7 @@ import argparse
 import importlib.metadata
 from typing import Final
 
-from overlay.cli import admin, demo, node, pubsub, replay, status
+from overlay.cli import admin, demo, node, pubsub, replay, status, token
 from overlay.cli.args import Parser
 
 __all__ = ["EXIT_CODES", "build_parser"]
@@ -63,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     pubsub.register(sub)  # pub, sub
     status.register(sub)
     admin.register(sub)  # channel (node drain is node's)
+    token.register(sub)  # token create|verify|keys
     demo.register(sub)
     replay.register(sub)
     return p

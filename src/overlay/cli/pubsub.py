@@ -18,7 +18,16 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from overlay.channels import parse_event, parse_subscription
-from overlay.cli.args import add_command, addresses, config_node, node_id, positive_float, positive_int
+from overlay.cli.args import (
+    add_command,
+    addresses,
+    client_id_for,
+    config_node,
+    node_id,
+    positive_float,
+    positive_int,
+    user_token,
+)
 from overlay.cli.running import (
     CLOSE_TIMEOUT,
     CONNECT_TIMEOUT,
@@ -34,7 +43,14 @@ from overlay.cli.running import (
 from overlay.client import AgentClient, load_agent_settings
 from overlay.client.connection import check_order
 from overlay.config import ClusterConfig, load_config
-from overlay.errors import ConnectionLost, ExpressionError, LocalProtocolError, OverlayError, SchemaError
+from overlay.errors import (
+    ConnectionLost,
+    ExpressionError,
+    LocalProtocolError,
+    OverlayError,
+    RequestError,
+    SchemaError,
+)
 
 __all__ = ["cmd_pub", "cmd_sub", "register", "run_pub", "run_sub"]
 
@@ -58,11 +74,16 @@ Prints one JSON line per notification on stdout, the subscription's homes on std
 Ctrl-C ends it within 2 s, even when the cluster is gone (exit 130; 143 for SIGTERM)."""
 
 
+TOKEN_HELP: Final = "a signed token, where the cluster has [auth] (default: $OVERLAY_TOKEN; `overlay token create`)"
+
+
 async def _connect(agent: AgentClient, config: str) -> None:
     where = ", ".join(f"{h}:{p}" for h, p in agent.addresses)
     log.debug("connecting to %s", where)
     try:
         await agent.connect(timeout=CONNECT_TIMEOUT)
+    except RequestError as exc:  # every node refused the session: the token is at fault (exit 2)
+        raise UsageError(f"the cluster refused the session: {exc.reason}") from None
     except TimeoutError:
         raise CommandFailed(
             f"no node answers at {where} within {CONNECT_TIMEOUT:.0f}s: is the cluster up? "
@@ -83,7 +104,13 @@ async def run_pub(args: argparse.Namespace) -> int:
     events = args.events or _stdin_events()
     failed = 0
     # The routing agent (SPEC §12) over every node, or the one --node names.
-    agent = AgentClient(addresses(cfg, args.node), client_id="overlay-pub", settings=load_agent_settings(args.config))
+    token = user_token(args.token, cfg)
+    agent = AgentClient(
+        addresses(cfg, args.node),
+        client_id=client_id_for(token, "overlay-pub"),
+        settings=load_agent_settings(args.config),
+        token=token,
+    )
     try:
         await _connect(agent, args.config)
         for i, text in enumerate(events):
@@ -146,7 +173,13 @@ async def _notes(sub: Any, count: int | None) -> None:
 async def run_sub(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     # Held on two access nodes (one for a group) and moved when one is lost (SPEC §12).
-    agent = AgentClient(addresses(cfg, args.node), client_id="overlay-sub", settings=load_agent_settings(args.config))
+    token = user_token(args.token, cfg)
+    agent = AgentClient(
+        addresses(cfg, args.node),
+        client_id=client_id_for(token, "overlay-sub"),
+        settings=load_agent_settings(args.config),
+        token=token,
+    )
     try:
         await _connect(agent, args.config)
         try:
@@ -193,6 +226,7 @@ def register(sub: Any) -> None:
         help="sequence key: events with one key arrive in order (docs/concepts.md#ordered-delivery-per-key)",
     )
     pb.add_argument("--rank", type=positive_int, default=0, help="explicit rank of the first event (needs --key)")
+    pb.add_argument("--token", default=None, help=TOKEN_HELP)
     pb.add_argument("events", nargs="*")
     pb.set_defaults(func=cmd_pub)
 
@@ -208,6 +242,7 @@ def register(sub: Any) -> None:
         help="join this subscriber group: one instance gets each event (docs/concepts.md#subscriber-groups)",
     )
     sb.add_argument("--weight", type=positive_float, default=1.0, help="static weight Ws within the group")
+    sb.add_argument("--token", default=None, help=TOKEN_HELP)
     sb.add_argument("--count", type=positive_int, default=None, help="stop after this many notifications")
     sb.add_argument("--seconds", type=positive_float, default=None, help="stop after this many seconds")
     sb.set_defaults(func=cmd_sub)

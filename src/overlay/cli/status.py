@@ -11,7 +11,8 @@ from typing import Any, Final
 
 import aiohttp
 
-from overlay.cli.args import add_command, admin_url
+from overlay.auth.keys import local_token
+from overlay.cli.args import add_command, admin_url, user_token
 from overlay.cli.running import CLOSE_TIMEOUT, EXIT_FAILED, EXIT_OK, finish_within, run_command
 from overlay.client import Client
 from overlay.config import ClusterConfig, NodeConfig, load_config
@@ -30,10 +31,10 @@ Exits 1 when a node does not answer; Ctrl-C ends it within 2 s (exit 130)."""
 STATUS_TIMEOUT: Final = 3.0
 
 
-async def _client_status(n: NodeConfig) -> tuple[dict[str, Any] | None, str]:
+async def _client_status(n: NodeConfig, token: str) -> tuple[dict[str, Any] | None, str]:
     """A node without an admin port in the config (0: ephemeral) is asked over
-    the client protocol instead."""
-    c = Client([(n.host, n.port)], client_id="overlay-status", reconnect=False)
+    the client protocol instead (with ``[auth]``, under a token of its own)."""
+    c = Client([(n.host, n.port)], client_id="overlay-status", reconnect=False, token=token)
     try:
         await c.connect(timeout=2)
         return await c.admin("status", timeout=5), ""
@@ -58,9 +59,16 @@ async def _http_status(http: aiohttp.ClientSession, n: NodeConfig) -> tuple[dict
 
 async def node_statuses(cfg: ClusterConfig) -> list[tuple[dict[str, Any] | None, str]]:
     """Every node's ``/status`` from its admin endpoint, or why there is none."""
+    token = ""
+    if any(not n.admin_port for n in cfg.nodes):  # asked over the client protocol: a Hello needs a token
+        token = user_token(None, cfg) or (
+            local_token(cfg, "overlay-status", "subscribe") if cfg.auth.signing_key else ""
+        )
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=STATUS_TIMEOUT)) as http:
         return list(
-            await asyncio.gather(*(_http_status(http, n) if n.admin_port else _client_status(n) for n in cfg.nodes))
+            await asyncio.gather(
+                *(_http_status(http, n) if n.admin_port else _client_status(n, token) for n in cfg.nodes)
+            )
         )
 
 

@@ -9,12 +9,15 @@ Bounded by ``MAX_EVENTS``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
+from overlay.auth.keys import local_token
 from overlay.cli.running import CLOSE_TIMEOUT, CommandFailed, finish_within, first_cause, log, one_line
 from overlay.client import Client, Subscription
+from overlay.client.transport import TokenSource
 from overlay.config import ClusterConfig
 
 __all__ = [
@@ -73,6 +76,14 @@ async def _close_all(clients: Sequence[Client]) -> None:
 Report = Callable[[list[int], list[int], asyncio.Event], Awaitable[None]]
 
 
+def _token(cfg: ClusterConfig, subject: str, role: str) -> TokenSource:
+    """With ``[auth]``, a token function: each (re)connection signs a fresh
+    token with the config's key (``overlay.auth.keys.local_token``)."""
+    if not cfg.auth.enabled:
+        return ""
+    return functools.partial(local_token, cfg, subject, role)
+
+
 async def run_workload(
     cfg: ClusterConfig, name: str, seed: int, report: Report, published: list[int], delivered: list[int]
 ) -> None:
@@ -88,14 +99,20 @@ async def run_workload(
     try:
         async with asyncio.TaskGroup() as tg:
             for n in cfg.nodes:
-                c = await Client([(n.host, n.port)], client_id=f"{name}-sub-{n.id}").connect()
+                c = await Client(
+                    [(n.host, n.port)],
+                    client_id=f"{name}-sub-{n.id}",
+                    token=_token(cfg, f"{name}-sub-{n.id}", "subscribe"),
+                ).connect()
                 clients.append(c)
                 for expr in demo_subscriptions(rng, SUBSCRIBERS_PER_NODE):
                     tg.create_task(_consumer(await c.subscribe(expr), delivered))
             publishers = []
             for i in range(PUBLISHERS):
                 n = cfg.nodes[i % len(cfg.nodes)]
-                c = await Client([(n.host, n.port)], client_id=f"{name}-pub-{i}").connect()
+                c = await Client(
+                    [(n.host, n.port)], client_id=f"{name}-pub-{i}", token=_token(cfg, f"{name}-pub-{i}", "publish")
+                ).connect()
                 clients.append(c)
                 publishers.append(tg.create_task(_publisher(c, seed + i, stop, published)))
             await report(published, delivered, stop)

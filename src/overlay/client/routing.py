@@ -188,8 +188,10 @@ class AgentClient:
     async def connect(self, timeout: float = 10.0) -> AgentClient:
         """Connect to every node; returns once at least one is up (the others keep
         trying).  If none is up within ``timeout``: ``TimeoutError``, and nothing
-        is left running."""
+        is left running; if every node refused the session (a bad token): the
+        first refusal, a ``RequestError``, at once."""
         up = asyncio.Event()
+        refusals: list[RequestError] = []
 
         async def connect_one(i: int) -> None:
             while not self._closing:
@@ -198,8 +200,11 @@ class AgentClient:
                 except (TimeoutError, OSError) as exc:
                     log.info("%s: node %s not reachable yet: %s", self.client_id, self.addresses[i], exc)
                     continue
-                except RequestError as exc:
-                    log.warning("%s: node %s refused the session: %s", self.client_id, self.addresses[i], exc)
+                except RequestError as exc:  # logged below unless every node refused (then it is raised)
+                    log.debug("%s: node %s refused the session: %s", self.client_id, self.addresses[i], exc)
+                    refusals.append(exc)
+                    if len(refusals) == len(self.clients):
+                        up.set()  # nobody will take it: say why now, not after the timeout
                     return
                 up.set()
                 return
@@ -209,6 +214,10 @@ class AgentClient:
             self._tasks.spawn(connect_one(i), f"connect to {address}")
         try:
             await asyncio.wait_for(up.wait(), timeout)
+            if len(refusals) == len(self.clients):
+                raise refusals[0]
+            for exc in refusals:
+                log.warning("%s: a node refused the session: %s", self.client_id, exc)
         except BaseException:
             await self.close()
             raise
