@@ -192,3 +192,28 @@ async def test_the_verify_cost_is_paid_once_per_token(monkeypatch: pytest.Monkey
             async with Client([cl.addr(0)], token=tok, reconnect=False):
                 pass
         assert len(verifier._cache) == 1 and time.perf_counter() - t0 < 10
+
+
+def test_a_session_past_its_token_is_told_once() -> None:
+    """Rule A3 in the core: what the session sends after its token expired is
+    refused once with token_expired (the session closes) and then ignored."""
+    from overlay.actions import CloseClient, ToClient
+    from overlay.auth import load_public_key
+    from overlay.auth.tokens import Verifier
+    from overlay.node import NodeCore
+
+    cfg = LOCAL
+    keys = [load_public_key(auth()["public_keys"][0])]
+    verifier = Verifier(keys, audience=cfg.cluster.name, schema=cfg.schema, leeway=0.0)
+    core = NodeCore(cfg, 0, verifier=verifier)
+    sid = core.client_opened()
+    now = time.time()
+    out = core.handle_client(sid, cm.Hello("alice", 1, token("alice", ttl=60)), now)
+    assert isinstance(out[0], ToClient) and isinstance(out[0].msg, cm.Welcome)
+    publish = cm.Publish(1, {"price": 1.0, "sym": "A"})
+    first = core.handle_client(sid, publish, now + 61)
+    errors = [a.msg for a in first if isinstance(a, ToClient) and isinstance(a.msg, cm.Error)]
+    assert [e.code for e in errors] == [cm.ErrorCode.TOKEN_EXPIRED] and errors[0].fatal
+    assert any(isinstance(a, CloseClient) for a in first)
+    assert core.handle_client(sid, publish, now + 62) == []
+    assert core.tick(now + 63) is not None and core.stats["rejected_token_expired"] == 1

@@ -143,7 +143,8 @@ class Clients:
             return out
         rights = sess.rights
         if rights is not None and rights.expired(now):  # rule A3
-            self._expire(sess, rights, out)
+            if rights.expires >= 0:  # not told yet (< 0: closing, the rest is ignored)
+                self._expire(sess, rights, out)
             return out
         match msg:
             case cm.Publish():
