@@ -239,6 +239,29 @@ def test_a_restarted_owner_gets_subscriptions_for_a_channel_this_table_never_hea
     assert sorted(s.id.split(":")[2] for r in rebuilds for s in r.subscriptions) == ["a", "b"]
 
 
+def test_a_rebuild_is_its_access_nodes_whole_truth() -> None:
+    """Fault seed 593: a replica kept a subscription whose unsubscription died
+    with the first owner.  The access node's Rebuild (its last chunk) is the
+    whole truth of what it holds: what it does not name goes."""
+    cl = Cluster()
+    net = cl.net
+    s2 = net.open_client(2, "sub-2")
+    net.client_send(2, s2, cm.Subscribe(1, "keep", "price < 100"))
+    net.client_send(2, s2, cm.Subscribe(2, "gone", "price >= 500"))
+    net.run()
+    owner = net.cores[0]
+    ch = owner.local[EC]
+    ids = {s.id.split(":")[2]: s for s in ch}
+    assert set(ids) == {"keep", "gone"}
+    keep = ids["keep"]
+    chunk = pm.StoredSubscription(keep.id, keep.filter, keep.subscriber, 2, "", 1.0)
+    owner.handle_peer(2, pm.Rebuild(EC, (chunk,), last=False, dead=1), net.now)
+    assert len(ch) == 2  # not the last chunk: nothing judged yet
+    owner.handle_peer(2, pm.Rebuild(EC, (), last=True, dead=1), net.now)
+    assert [s.id.split(":")[2] for s in ch] == ["keep"]
+    assert owner.ctx.stats["subscriptions_dropped_by_rebuild"] == 1
+
+
 def test_a_node_cut_off_alone_answers_no_quorum_and_learns_it_was_declared_dead() -> None:
     cl = Cluster()
     net = cl.net

@@ -33,7 +33,13 @@ Rules:
    update, and creates the channel then.  Then the held events are matched
    in arrival order.  A node that dies or restarts meanwhile is not waited
    for; a live node is (links lose nothing while both runs live), with a
-   warning every ``peer_timeout`` naming who is missing.
+   warning every ``peer_timeout`` naming who is missing.  A Rebuild is the
+   whole truth of its access node: on its last chunk, any subscription the
+   channel holds from that node that the Rebuild did not name is removed
+   (an unsubscription lost with the old owner; a replica that kept a
+   subscription its first owner had dropped).  Chunks are collected per
+   (channel, access node), at most ``MAX_REBUILDS_OPEN`` at once (the
+   oldest, a sender that died midway, is forgotten).
 5. A node that restarted before anyone declared it dead finds the table
    still naming it owner of channels it lost (``node.boot`` rule 4): it
    re-creates and holds them as in rule 4, and announces them in an update
@@ -70,6 +76,9 @@ log = logging.getLogger("overlay.node")
 REBUILD_CHUNK: Final = 500
 # Events a rebuilding channel holds; past it the access nodes' re-sends cover.
 MAX_HELD: Final = 20_000
+# Rebuilds whose chunks are being collected at once (rule 4): one per channel
+# and access node in a recovery, far below this.
+MAX_REBUILDS_OPEN: Final = 10_000
 
 Match = Callable[[Channel, pm.Event, list[Action]], None]
 PeerGone = Callable[[int, list[Action]], None]
@@ -125,6 +134,8 @@ class Recovery:
         self._damped = damped
         self._arriving = arriving  # channels an incoming migration is bringing (node.arrivals)
         self.rebuilding: dict[ChannelId, _Rebuilding] = {}
+        # (channel, access node) -> the subscription ids of its Rebuild so far (rule 4)
+        self._rebuilt_ids: dict[tuple[ChannelId, int], set[str]] = {}
         self._gone: set[int] = set()  # dead nodes rule 1 ran for, until they come back
 
     # -- rule 1 -----------------------------------------------------------------------------------
@@ -351,9 +362,27 @@ class Recovery:
         if ch is None:
             self._to_heirs(src, msg)
             return
+        key = (msg.ch_id, src)
+        seen = self._rebuilt_ids.get(key)
+        if seen is None:
+            if len(self._rebuilt_ids) >= MAX_REBUILDS_OPEN:  # chunks of a sender that died midway
+                del self._rebuilt_ids[next(iter(self._rebuilt_ids))]
+            seen = self._rebuilt_ids[key] = set()
         for sub in msg.subscriptions:
-            if sub.access_node == src and ch.add(sub):
-                ctx.stats["subscriptions_rebuilt"] += 1
+            if sub.access_node == src:
+                seen.add(sub.id)
+                if ch.add(sub):
+                    ctx.stats["subscriptions_rebuilt"] += 1
+        if msg.last:
+            del self._rebuilt_ids[key]
+            # The access node is the source of truth (rule 4): what the channel
+            # holds from it and it no longer holds is gone — an unsubscription
+            # that died with the old owner, or was relayed to a replica that
+            # never got it (fault seed 593).
+            stale = [s.id for s in ch if s.access_node == src and s.id not in seen]
+            for sub_id in stale:
+                ch.remove(sub_id)
+            ctx.stats["subscriptions_dropped_by_rebuild"] += len(stale)
         if rb is not None and msg.last:
             rb.waiting.discard(src)
             self._maybe_release(msg.ch_id, out)
