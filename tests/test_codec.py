@@ -36,6 +36,7 @@ from overlay.messages.codec import (
     client_reader,
     encode,
     encode_frame,
+    is_peer_frame,
     peer_reader,
 )
 
@@ -109,6 +110,9 @@ PEER_MESSAGES: list[pm.PeerMessage] = [
     pm.EventsMatched(("0-1", "0-2"), ((1, 2), ())),
     pm.EventsDelivered(("0-1",)),
     pm.LinkAck(1234),
+    pm.PeerAuth(3, "local", b"n" * 32),
+    pm.PeerChallenge(4, b"m" * 32, b"p" * 32),
+    pm.PeerProof(b"q" * 32),
 ]
 
 CLIENT_MESSAGES: list[cm.ClientMessage] = [
@@ -351,6 +355,8 @@ BAD_PEER_BODIES = {
     "deeply nested": b"\x94\xa5Event\xa1e\x81\xa5price" + b"\x91" * 5000 + b"\x01",
     "invalid utf-8 in the tag": b"\x91\xa2\x00\x80",
     "invalid utf-8 in a field": b"\x93\xa9PeerHello\x01\xa2\x00\x80",
+    "a nonce too short to be fresh": msgspec.msgpack.encode(["PeerAuth", 1, "local", b"n" * 8]),
+    "a proof too short": msgspec.msgpack.encode(["PeerProof", b"p" * 4]),
 }
 
 BAD_CLIENT_BODIES = {
@@ -381,6 +387,20 @@ def test_bad_peer_frame_is_a_remote_protocol_error(body):
 def test_bad_client_frame_is_a_remote_protocol_error(body):
     with pytest.raises(RemoteProtocolError):
         client_reader().feed(frame(body))
+
+
+def test_the_reader_keeps_the_frame_that_failed_and_tells_a_peer_message_from_garbage():
+    # A node refuses a peer message on a client connection as such (net.clients rule 5).
+    r = client_reader()
+    peer_body = encode(pm.PeerHello(1, "local"))
+    with pytest.raises(RemoteProtocolError):
+        r.feed(encode_frame(cm.Ack("e")) + frame(peer_body))
+    assert r.bad == peer_body and is_peer_frame(r.bad)
+    g = client_reader()
+    with pytest.raises(RemoteProtocolError):
+        g.feed(frame(b"\xc1"))
+    assert g.bad == b"\xc1" and not is_peer_frame(g.bad)
+    assert client_reader().bad is None
 
 
 def test_bad_frame_fed_byte_by_byte_fails_only_when_complete():

@@ -9,6 +9,7 @@ Layout::
     [schema]        the content model's schema (overlay.channels.schema)
     [agent]         the client's routing agent (``AgentSettings``; nodes only check it)
     [auth]          client tokens (``AuthSettings``, ``overlay.auth``)
+    [tls]           certificates of nodes and clients, or insecure = true (``TlsSettings``)
 
 Everything is checked when loaded; a bad file raises ``ConfigError`` naming
 the offending key, in this order (``_from_doc``):
@@ -21,11 +22,16 @@ the offending key, in this order (``_from_doc``):
    stops a typo such as ``capacity = 1e308`` before it skews every score);
 3. node ids are unique, and no two listening sockets of the file share a
    host and port (a node's ``port`` and ``admin_port`` count; port 0, an
-   ephemeral port, never clashes).
+   ephemeral port, never clashes);
 4. ``[auth]``: key paths are relative to the file's directory; a table
    without ``public_keys`` is refused (nodes would check nothing), and so is
    ``[cluster] admin_token`` beside it — one rule for admin rights: with
-   ``[auth]``, they come from a token with the ``admin`` role.
+   ``[auth]``, they come from a token with the ``admin`` role;
+5. a ``[tls]`` table says one thing: TLS with its CA, certificate and key,
+   or ``insecure = true`` with the cluster secret, never a mix (``_check_tls``).
+   A file without the table loads (cores, the simulator and the test harness
+   need no certificates), but no node or client starts from it
+   (``overlay.security.tls``).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ __all__ = [
     "GroupSettings",
     "NodeConfig",
     "SequencerSettings",
+    "TlsSettings",
     "load_agent_settings",
     "load_config",
 ]
@@ -209,6 +216,33 @@ class AuthSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return bool(self.public_keys)
 
 
+class TlsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``[tls]``: how nodes and clients talk (SPEC §16, ``overlay.security``).
+
+    TLS on every listener: ``ca`` is the cluster's CA (peers and clients
+    verify against it), ``cert``/``key`` a node's certificate and key, where
+    ``{id}`` stands for the node id (one file for every node); paths are
+    relative to the config file.  ``client_cert``/``client_key``: what
+    clients reading this file (the CLI) present; ``verify_clients``: the
+    nodes ask every client for a CA-signed certificate.  ``insecure = true``
+    is plain TCP, for a trusted network only: peers then prove membership by
+    a challenge on ``secret`` (``OVERLAY_CLUSTER_SECRET`` wins over it)."""
+
+    ca: str = ""
+    cert: str = ""
+    key: str = ""
+    client_cert: str = ""
+    client_key: str = ""
+    verify_clients: bool = False
+    insecure: bool = False
+    secret: str = ""
+
+    @property
+    def configured(self) -> bool:
+        """Whether the file says how to talk at all (rule 5)."""
+        return self.insecure or bool(self.ca or self.cert or self.key)
+
+
 class ClusterConfig(msgspec.Struct, frozen=True):
     cluster: ClusterSettings
     nodes: tuple[NodeConfig, ...]
@@ -218,6 +252,7 @@ class ClusterConfig(msgspec.Struct, frozen=True):
     sequencer: SequencerSettings = msgspec.field(default_factory=SequencerSettings)
     groups: GroupSettings = msgspec.field(default_factory=GroupSettings)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
+    tls: TlsSettings = msgspec.field(default_factory=TlsSettings)
 
     def node(self, node_id: int) -> NodeConfig:
         for n in self.nodes:
@@ -278,6 +313,7 @@ def _check_names(doc: Mapping[str, Any]) -> None:
         "nodes": _fields(NodeConfig),
         "agent": _fields(AgentSettings),
         "auth": _fields(AuthSettings),
+        "tls": _fields(TlsSettings),
     }
     for name in doc:
         if name not in tables:
@@ -355,6 +391,33 @@ def _check_ports(nodes: tuple[NodeConfig, ...]) -> None:
         seen.setdefault(port, []).append((host, what))
 
 
+def _check_tls(tls: TlsSettings) -> None:
+    """Rule 5, for a file with a ``[tls]`` table."""
+    if tls.insecure:
+        mixed = [k for k in ("ca", "cert", "key", "client_cert", "client_key") if getattr(tls, k)]
+        if tls.verify_clients:
+            mixed.append("verify_clients")
+        if mixed:
+            raise ConfigError(
+                f"[tls] insecure = true turns TLS off, but {', '.join(mixed)} {'is' if len(mixed) == 1 else 'are'} "
+                "set too: remove them, or insecure"
+            )
+        return
+    missing = [k for k in ("ca", "cert", "key") if not getattr(tls, k)]
+    if missing:
+        raise ConfigError(
+            f"[tls] needs ca, cert and key (missing: {', '.join(missing)}); `overlay certs dev DIR --config F` "
+            "makes development ones — or set insecure = true for plain TCP on a network you trust"
+        )
+    if tls.secret:
+        raise ConfigError(
+            "[tls] secret is for insecure = true (peers prove membership by it without TLS); "
+            "with TLS their certificates do: remove it"
+        )
+    if bool(tls.client_cert) != bool(tls.client_key):
+        raise ConfigError("[tls] client_cert and client_key go together: set both, or neither")
+
+
 def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
     try:
         _check_names(doc)
@@ -367,6 +430,9 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
         if "agent" in doc:  # read by clients; checked here so a typo fails for nodes too
             _convert(doc["agent"], AgentSettings, "[agent]")
         auth = _auth(doc, path, settings)
+        tls = _convert(doc.get("tls", {}), TlsSettings, "[tls]")
+        if "tls" in doc:
+            _check_tls(tls)
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     if not nodes:
@@ -404,7 +470,9 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
             parse_subscription(groups.low_priority, schema)
         except OverlayError as exc:
             raise ConfigError(f"{path}: [groups] low_priority: {exc}") from exc
-    return ClusterConfig(settings, nodes, bandwidth, schema, path, sequencer=sequencer, groups=groups, auth=auth)
+    return ClusterConfig(
+        settings, nodes, bandwidth, schema, path, sequencer=sequencer, groups=groups, auth=auth, tls=tls
+    )
 
 
 def _auth(doc: Mapping[str, Any], path: str, settings: ClusterSettings) -> AuthSettings:

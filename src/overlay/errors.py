@@ -17,10 +17,12 @@ __all__ = [
     "LocalProtocolError",
     "NotReady",
     "OverlayError",
+    "PeerRefused",
     "RemoteProtocolError",
     "RequestError",
     "SchemaError",
     "SlowConsumerError",
+    "TlsError",
     "TokenError",
     "TokenExpired",
     "UnknownRole",
@@ -33,6 +35,21 @@ class OverlayError(Exception):
 
 class RemoteProtocolError(OverlayError):
     """The peer misbehaved: answer with an error message and close cleanly."""
+
+
+class PeerRefused(RemoteProtocolError):
+    """A peer link was refused before anything of it reached the node core:
+    the other side could not prove it is the cluster member it claims to be
+    (SPEC §16, ``overlay.security``).  ``reason`` is one of
+    ``overlay.security.Refusal`` — the label it is counted under.
+    ``by_peer``: the other side refused us (its PeerError), so this node
+    counts nothing."""
+
+    def __init__(self, reason: str, message: str, *, by_peer: bool = False) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.detail = message
+        self.by_peer = by_peer
 
 
 class LocalProtocolError(OverlayError):
@@ -127,6 +144,13 @@ class RequestError(OverlayError):
         self.code = code
         self.reason = message
         self.position = position
+
+
+class TlsError(OverlayError):
+    """A TLS connection could not be set up: the node's certificate does not
+    verify against the CA we were given, the node wants TLS and we spoke
+    plain TCP (or the reverse), or it wants a client certificate.  The
+    message says which, and what to configure."""
 
 
 class ConnectionLost(OverlayError):

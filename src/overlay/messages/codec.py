@@ -6,7 +6,9 @@ Rules:
    body is buffered, so a hostile prefix cannot make us allocate.
 3. Every decode failure — bad msgpack, unknown tag, wrong field type, a value
    out of its declared bounds — becomes ``RemoteProtocolError`` (``from`` the
-   msgspec error) at this one place.
+   msgspec error) at this one place; the reader keeps the frame that failed
+   (``FrameReader.bad``), so a node can tell a peer message sent on a client
+   connection (``is_peer_frame``) from plain garbage.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ __all__ = [
     "client_reader",
     "encode",
     "encode_frame",
+    "is_peer_frame",
     "peer_reader",
 ]
 
@@ -88,6 +91,7 @@ class FrameReader(Generic[M]):
         self._decoder: msgspec.msgpack.Decoder[M] = decoder
         self.max_size = max_size
         self._buf = bytearray()
+        self.bad: bytes | None = None  # rule 3: the body of the frame that failed to decode
 
     def feed(self, data: bytes) -> list[M]:
         buf = self._buf
@@ -107,18 +111,23 @@ class FrameReader(Generic[M]):
             try:
                 out.append(decode(memoryview(buf)[pos + size : end]))
             except msgspec.ValidationError as exc:
-                raise RemoteProtocolError(f"invalid message: {exc}") from exc
+                raise self._bad(buf, pos + size, end, f"invalid message: {exc}") from exc
             except msgspec.DecodeError as exc:
-                raise RemoteProtocolError(f"undecodable frame: {exc}") from exc
+                raise self._bad(buf, pos + size, end, f"undecodable frame: {exc}") from exc
             except RecursionError as exc:
                 # msgspec's depth limit: a small frame of nested arrays in a free-form field.
-                raise RemoteProtocolError(f"frame nested too deeply: {exc}") from exc
+                raise self._bad(buf, pos + size, end, f"frame nested too deeply: {exc}") from exc
             except UnicodeDecodeError as exc:  # msgspec raises this one itself for a bad str
-                raise RemoteProtocolError(f"invalid UTF-8 in a string: {exc}") from exc
+                raise self._bad(buf, pos + size, end, f"invalid UTF-8 in a string: {exc}") from exc
             pos = end
         if pos:
             del buf[:pos]
         return out
+
+    def _bad(self, buf: bytearray, start: int, end: int, text: str) -> RemoteProtocolError:
+        """Rule 3: keep the frame that failed (the error path only)."""
+        self.bad = bytes(buf[start:end])
+        return RemoteProtocolError(text)
 
     @property
     def buffered(self) -> int:
@@ -131,6 +140,15 @@ def peer_reader(max_size: int = DEFAULT_MAX_FRAME_SIZE) -> FrameReader[PeerMessa
 
 def client_reader(max_size: int = DEFAULT_MAX_FRAME_SIZE) -> FrameReader[ClientMessage]:
     return FrameReader(_client_decoder, max_size)
+
+
+def is_peer_frame(body: bytes) -> bool:
+    """Whether a frame body is a node-to-node message (rule 3)."""
+    try:
+        _peer_decoder.decode(body)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        return False
+    return True
 
 
 def encode_frames(msgs: Iterable[PeerMessage | ClientMessage]) -> list[bytes]:

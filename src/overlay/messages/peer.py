@@ -40,9 +40,12 @@ __all__ = [
     "Notification",
     "NotificationAck",
     "PastOwner",
+    "PeerAuth",
+    "PeerChallenge",
     "PeerError",
     "PeerHello",
     "PeerMessage",
+    "PeerProof",
     "Rebuild",
     "Reforward",
     "ReforwardItem",
@@ -179,6 +182,36 @@ class PeerError(PeerMessage, frozen=True):
 
     code: Ident
     message: str
+
+
+# Without TLS (``[tls] insecure = true``) a peer link opens with a
+# challenge–response on the cluster secret before the hello
+# (``overlay.security.peer_auth``): the caller's PeerAuth, the callee's
+# PeerChallenge, the caller's PeerProof.  None reaches a node core.
+Nonce = Annotated[bytes, msgspec.Meta(min_length=16, max_length=64)]
+Proof = Annotated[bytes, msgspec.Meta(min_length=32, max_length=64)]
+
+
+class PeerAuth(PeerMessage, frozen=True):
+    """Caller → callee, first frame: who calls, for which cluster, and a fresh nonce."""
+
+    node_id: NodeId
+    cluster: Ident
+    nonce: Nonce
+
+
+class PeerChallenge(PeerMessage, frozen=True):
+    """Callee → caller: its own nonce, and its proof of the secret over both nonces."""
+
+    node_id: NodeId
+    nonce: Nonce
+    proof: Proof
+
+
+class PeerProof(PeerMessage, frozen=True):
+    """Caller → callee: the caller's proof of the secret over both nonces."""
+
+    proof: Proof
 
 
 # -- 1–2: initialisation ----------------------------------------------------------
@@ -481,6 +514,9 @@ PeerUnion = (
     | EventsMatched
     | EventsDelivered
     | LinkAck
+    | PeerAuth
+    | PeerChallenge
+    | PeerProof
 )
 
 HIGH: Final[frozenset[type]] = frozenset(

@@ -1,0 +1,51 @@
+"""Why a connection was refused before it reached a node core (SPEC §16).
+
+Every refusal is counted under one of these reasons — stats key
+``tls_refused_<reason>`` or ``peer_refused_<reason>``, Prometheus families
+``overlay_tls_refused_total{reason}`` and ``overlay_peer_refused_total{reason}``
+(``overlay.net.metrics``) — and logged at WARNING with the remote address
+(``overlay.net.listener``, ``overlay.net.admission``).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+__all__ = ["PEER_REFUSALS", "TLS_REFUSALS", "Refusal", "stats_key"]
+
+
+class Refusal(enum.StrEnum):
+    # Before any preamble: the TLS layer.
+    NOT_TLS = "not_tls"  # plain bytes on a TLS port
+    BAD_CERTIFICATE = "bad_certificate"  # a certificate that does not verify against the cluster CA
+    TLS_HANDSHAKE = (
+        "tls_handshake"  # any other failed handshake: no certificate when one is required, timeout, protocol
+    )
+    TLS_ON_PLAIN_PORT = "tls_on_plain_port"  # a TLS ClientHello on an insecure node's plain port
+    NO_CLIENT_CERTIFICATE = "no_client_certificate"  # [tls] verify_clients, and a client showed none
+    # A peer link: who may open one.
+    NOT_A_NODE = "not_a_node"  # the peer preamble without a node certificate (none, or a client's)
+    IDENTITY_MISMATCH = (
+        "identity_mismatch"  # a node id other than the certificate's (or the proof's), or the dialled one
+    )
+    BAD_PROOF = "bad_proof"  # insecure mode: the challenge on the cluster secret failed
+    UNAUTHENTICATED = "unauthenticated"  # insecure mode: a link that skipped the challenge
+    WRONG_CLUSTER = "wrong_cluster"  # a PeerHello (or PeerAuth) naming another cluster
+    DUPLICATE_ID = "duplicate_id"  # a node id whose live link is open already
+    PEER_MESSAGE_ON_CLIENT = "peer_message_on_client"  # a node-to-node message on a client connection
+
+
+TLS_REFUSALS: Final = (
+    Refusal.NOT_TLS,
+    Refusal.BAD_CERTIFICATE,
+    Refusal.TLS_HANDSHAKE,
+    Refusal.TLS_ON_PLAIN_PORT,
+    Refusal.NO_CLIENT_CERTIFICATE,
+)
+PEER_REFUSALS: Final = tuple(r for r in Refusal if r not in TLS_REFUSALS)
+
+
+def stats_key(reason: Refusal) -> str:
+    """The node counter a refusal is counted under."""
+    return f"{'tls' if reason in TLS_REFUSALS else 'peer'}_refused_{reason.value}"
