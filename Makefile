@@ -20,7 +20,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test,lint,replay]'
 	touch $(STAMP)
 
+# TLS by default: the development CA and certificates local.toml names are
+# made on first use, into git-ignored cluster_configs/certs (kept after that).
 run: $(STAMP)
+	$(BIN)/overlay certs dev cluster_configs/certs --config cluster_configs/local.toml
 	$(BIN)/overlay demo cluster_configs/local.toml
 
 test: $(STAMP) browser java

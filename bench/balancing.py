@@ -104,6 +104,8 @@ def write_config(
     ports = iter(free_ports(text.count("\nport = ")))
     text = re.sub(r"(?m)^port = \d+$", lambda _: f"port = {next(ports)}", text)
     text = re.sub(r"(?m)^admin_port = \d+$", "admin_port = 0", text)
+    # Plain TCP: balancing is measured here, and the copy has no certificates beside it.
+    text = re.sub(r"(?ms)^\[tls\]\n.*?(?=^\[)", f'[tls]\ninsecure = true\nsecret = "{SECRET}"\n\n', text)
     settings = {"balancing": "true" if balancing else "false"}
     if slice_seconds is not None:
         settings["slice_seconds"] = repr(slice_seconds)
@@ -118,6 +120,9 @@ def write_config(
     path = directory / f"hetero5-{'on' if balancing else 'off'}.toml"
     path.write_text(text)
     return path
+
+
+SECRET: Final = "balancing bench secret"
 
 
 class Processes:

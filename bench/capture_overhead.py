@@ -65,12 +65,15 @@ def _node_main(cfg: Any, node_id: int, sock: socket.socket) -> None:
 
 
 def _config(nodes: int, capture_dir: str) -> tuple[Any, list[socket.socket]]:
+    import msgspec
+
     from overlay.config import NodeConfig, load_config
-    from overlay.testing import bound_socket, override
+    from overlay.testing import bound_socket, insecure_tls, override
 
     cfg = override(
         load_config(ROOT / "cluster_configs" / "local.toml"), cluster={"balancing": False, "capture_dir": capture_dir}
     )
+    cfg = msgspec.structs.replace(cfg, tls=insecure_tls())  # the capture's cost, not TLS's
     socks = [bound_socket() for _ in range(nodes)]
     return cfg.with_nodes(
         tuple(NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, 1.0) for i, s in enumerate(socks))

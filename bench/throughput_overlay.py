@@ -33,6 +33,8 @@ def bench_config(ports: Sequence[int]) -> Any:
     return config_from_dict(
         {
             "cluster": {"name": "bench", "initializer": 0, "balancing": False},
+            # Plain TCP, as the MQTT brokers it is compared with run here.
+            "tls": {"insecure": True, "secret": "throughput bench secret"},
             "nodes": [{"id": i, "host": HOST, "port": p} for i, p in enumerate(ports)],
             "schema": {
                 "distinguishing": ["topic"],

@@ -33,6 +33,7 @@ from overlay.cli import demo, local_cluster, status, workload
 from overlay.client import Notification
 from overlay.config import load_config
 from overlay.net.node import Node
+from overlay.testing import LOOPBACK_SECRET
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -61,16 +62,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def config_text(ports: list[int], *, name: str = "clitest", extra: str = "") -> str:
+# Plain TCP between these tests' nodes and commands (tests/test_tls.py runs the CLI over TLS).
+INSECURE_TLS = f'[tls]\ninsecure = true\nsecret = "{LOOPBACK_SECRET}"\n\n'
+
+
+def config_text(ports: list[int], *, name: str = "clitest", extra: str = "", tls: str = INSECURE_TLS) -> str:
     """local.toml's cluster and schema with ``len(ports)`` nodes on these ports
-    (admin ports 0: ephemeral) and no balancing."""
+    (admin ports 0: ephemeral), no balancing, and ``tls`` (plain TCP)."""
     base = LOCAL.read_text()
     head = base[: base.index("[[nodes]]")].replace('name = "local"', f'name = "{name}"')
     schema = base[base.index("[bandwidth]") :]
     nodes = "".join(
         f'[[nodes]]\nid = {i}\nhost = "127.0.0.1"\nport = {p}\nadmin_port = 0\n\n' for i, p in enumerate(ports)
     )
-    return head.replace("[cluster]\n", f"[cluster]\nbalancing = false\n{extra}") + nodes + schema
+    return head.replace("[cluster]\n", f"[cluster]\nbalancing = false\n{extra}") + nodes + tls + schema
 
 
 def write_config(path: Path, ports: list[int], **kw: str) -> Path:

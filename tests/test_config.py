@@ -65,6 +65,12 @@ def test_the_shipped_configs_load(path: Path) -> None:
             'host = "0.0.0.0"\nport = 7100',
             "node 1's port 0.0.0.0:7100 is node 0's port too",
         ),
+        # Rule 4: a [tls] table says one thing.
+        ('ca = "certs/ca.pem"', 'ca = "certs/ca.pem"\ninsecure = true', "insecure = true turns TLS off, but ca, cert"),
+        ('key = "certs/node-{id}.key"\n', "", "[tls] needs ca, cert and key (missing: key)"),
+        ('ca = "certs/ca.pem"', 'ca = "certs/ca.pem"\nsecret = "s"', "[tls] secret is for insecure = true"),
+        ('client_key = "certs/client.key"', "", "client_cert and client_key go together"),
+        ('ca = "certs/ca.pem"', 'ca = "certs/ca.pem"\nverify_client = true', "did you mean 'verify_clients'?"),
     ],
 )
 def test_a_mistake_is_named(tmp_path: Path, old: str, new: str, message: str) -> None:

@@ -27,7 +27,7 @@ from overlay.client import Client
 from overlay.client.connection import RequestError
 from overlay.config import ClusterConfig
 from overlay.net.admin import TOKEN_ENV
-from overlay.testing import LoopbackCluster, Traffic, wait_until
+from overlay.testing import LoopbackCluster, Traffic, wait_until, with_tls_table
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -45,9 +45,10 @@ async def get(url: str) -> Any:
 
 
 def write_config(cfg: ClusterConfig, path: Path) -> Path:
-    """cluster_configs/local.toml with ``cfg``'s nodes (their real ports), for the command line."""
+    """cluster_configs/local.toml with ``cfg``'s nodes (their real ports) and
+    its ``[tls]`` (the test cluster's plain TCP), for the command line."""
     lines, skipping = [], False
-    for line in (CONFIGS / "local.toml").read_text().splitlines():
+    for line in with_tls_table((CONFIGS / "local.toml").read_text(), cfg.tls).splitlines():
         if line.startswith("["):
             skipping = line.strip() == "[[nodes]]"
         if not skipping:

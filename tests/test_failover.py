@@ -28,7 +28,7 @@ from overlay.errors import LocalProtocolError, RequestError
 from overlay.messages import client as cm
 from overlay.net.inbox import ClientClosed
 from overlay.net.node import Node
-from overlay.testing import WAIT, LoopbackCluster, wait_until
+from overlay.testing import WAIT, LoopbackCluster, wait_until, with_tls_table
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -311,7 +311,7 @@ async def test_group_subscription_has_one_home_and_reports_load() -> None:
 def cluster_toml(cluster: LoopbackCluster, tmp_path: Path, extra: str = "") -> Path:
     import re
 
-    text = (CONFIGS / "local.toml").read_text()
+    text = with_tls_table((CONFIGS / "local.toml").read_text(), cluster.config.tls)  # the cluster's plain TCP
     for i in range(len(cluster.nodes)):
         text = re.sub(rf"port = 710{i}\n", f"port = {cluster.addr(i)[1]}\n", text)
     text = re.sub(r"admin_port = \d+", "admin_port = 0", text)

@@ -63,6 +63,9 @@ SAMPLES: dict[type, pm.PeerMessage] = {
     pm.EventsMatched: pm.EventsMatched(("e",), ((1,),)),
     pm.EventsDelivered: pm.EventsDelivered(("e",)),
     pm.LinkAck: pm.LinkAck(1),
+    pm.PeerAuth: pm.PeerAuth(1, "local", b"n" * 32),
+    pm.PeerChallenge: pm.PeerChallenge(2, b"n" * 32, b"p" * 32),
+    pm.PeerProof: pm.PeerProof(b"p" * 32),
 }
 
 

@@ -24,11 +24,20 @@ from overlay.actions import ToClient, ToPeer
 from overlay.channels import ChannelId, parse_subscription
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.messages.codec import HEADER, client_reader, encode_frame, peer_reader
+from overlay.messages.codec import HEADER, client_reader, encode_frame
 from overlay.net.inbox import FromPeer
-from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC, Node
+from overlay.net.node import CLIENT_MAGIC, Node
 from overlay.net.writer import ConnectionWriter
-from overlay.testing import WAIT, LoopbackCluster, bound_socket, override, wait_until
+from overlay.testing import (
+    WAIT,
+    LoopbackCluster,
+    accept_peer,
+    bound_socket,
+    dial_peer,
+    insecure_tls,
+    override,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -176,15 +185,17 @@ async def test_high_priority_frame_overtakes_normal_ones_queued_for_a_peer():
         done = asyncio.Event()
 
         async def fake_peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            assert await reader.readexactly(4) == PEER_MAGIC
-            frames = peer_reader()
+            frames, first = await accept_peer(reader, writer, c.config, 1)  # as node 1 would (SPEC §16)
+            got.extend(m for m in first if type(m) is not pm.Heartbeat)
             answered = False
             # Heartbeats (high, sent every tick) interleave: left out here.
-            while len(got) < 52 and (data := await reader.read(65536)):
-                got.extend(m for m in frames.feed(data) if type(m) is not pm.Heartbeat)
+            while True:
                 if got and not answered:  # the link's hello wants one back (net.node rule 9)
                     writer.write(encode_frame(pm.PeerHello(1, c.config.cluster.name, incarnation=1)))
                     answered = True
+                if len(got) >= 52 or not (data := await reader.read(65536)):
+                    break
+                got.extend(m for m in frames.feed(data) if type(m) is not pm.Heartbeat)
             done.set()
             await reader.read()  # hold the link open until the node stops
             writer.close()
@@ -223,12 +234,13 @@ async def test_dispatcher_takes_a_high_priority_message_before_queued_normal_one
         return ok
 
     node.inbox.put_nowait = put_spy  # type: ignore[method-assign]
-    _reader, writer = await asyncio.open_connection(*cluster.addr(0))
+    # A member the config does not list (node 1's own link is up: one live link per id, SPEC §16).
+    _reader, writer = await dial_peer(cluster.config, 9, 0)
     normals = [
-        pm.Event(f"x{i}", {"price": 1.0, "sym": "Z"}, 1, pm.DispatchSign.EVENT_DISPATCHED, EC) for i in range(200)
+        pm.Event(f"x{i}", {"price": 1.0, "sym": "Z"}, 9, pm.DispatchSign.EVENT_DISPATCHED, EC) for i in range(200)
     ]
-    burst = PEER_MAGIC + encode_frame(pm.PeerHello(1, "local", True))
-    burst += b"".join(encode_frame(m) for m in normals) + encode_frame(pm.LIEM(1, "STABLE", 0.0, 0.0, 1.0))
+    burst = encode_frame(pm.PeerHello(9, "local", True))
+    burst += b"".join(encode_frame(m) for m in normals) + encode_frame(pm.LIEM(9, "STABLE", 0.0, 0.0, 1.0))
     writer.write(burst)
     await writer.drain()
     try:
@@ -473,7 +485,7 @@ async def test_a_client_writer_whose_connection_was_reset_ends_quietly():
 
 
 async def test_an_action_the_shell_does_not_know_is_logged_and_counted_not_skipped(caplog):
-    node = Node(BASE, 0)  # not running: nothing is sent anywhere
+    node = Node(msgspec.structs.replace(BASE, tls=insecure_tls()), 0)  # not running: nothing is sent anywhere
     caplog.set_level(logging.ERROR, logger="overlay.net")
     node.execute([ToClient(99, cm.Ack("e")), ("Teleport", 1)])  # type: ignore[list-item]
     assert node.core.stats["shell_unknown_actions"] == 1

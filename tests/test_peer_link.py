@@ -13,8 +13,7 @@ from conftest import LOCAL
 from overlay.actions import ToPeer
 from overlay.messages import peer as pm
 from overlay.messages.codec import encode_frame
-from overlay.net.node import PEER_MAGIC
-from overlay.testing import WAIT, LoopbackCluster, wait_until
+from overlay.testing import WAIT, LoopbackCluster, accept_peer, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
 
@@ -30,8 +29,8 @@ async def _accepting(cl: LoopbackCluster, peer: int, on_connect) -> asyncio.Serv
 async def _answer_hello(
     cl: LoopbackCluster, peer: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
-    """The fake peer's side of the link's opening (net.node rule 9)."""
-    assert await reader.readexactly(4) == PEER_MAGIC
+    """The fake peer's side of the link's opening (net.node rules 9 and 15)."""
+    await accept_peer(reader, writer, cl.config, peer)
     writer.write(encode_frame(pm.PeerHello(peer, cl.config.cluster.name, incarnation=1)))
 
 

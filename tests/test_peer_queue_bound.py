@@ -12,8 +12,9 @@ import pytest
 from overlay.actions import ToPeer
 from overlay.config import NodeConfig
 from overlay.messages import peer as pm
-from overlay.messages.codec import encode_frame, peer_reader
-from overlay.net.node import PEER_MAGIC, Node
+from overlay.messages.codec import encode_frame
+from overlay.net.node import Node
+from overlay.testing import accept_peer, insecure_tls
 from test_node import BASE, EC, WAIT, bound_socket
 
 pytestmark = pytest.mark.timeout(30)
@@ -29,7 +30,9 @@ async def test_frames_for_a_down_peer_past_the_bound_are_dropped_and_counted() -
     socks = {0: bound_socket(), 1: bound_socket(listen=False)}  # node 1: refuses connections
     nodes = tuple(NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, 1.0) for i, s in socks.items())
     cfg = BASE.with_nodes(nodes)
-    cfg = msgspec.structs.replace(cfg, cluster=msgspec.structs.replace(cfg.cluster, peer_queue=BOUND))
+    cfg = msgspec.structs.replace(
+        cfg, cluster=msgspec.structs.replace(cfg.cluster, peer_queue=BOUND), tls=insecure_tls()
+    )
     node = Node(cfg, 0, sock=socks[0])
     task = asyncio.create_task(node.run())
     try:
@@ -49,7 +52,7 @@ async def test_what_was_queued_for_a_previous_run_of_a_peer_is_discarded() -> No
     socks = {0: bound_socket(), 1: bound_socket(listen=False)}
     nodes = tuple(NodeConfig(i, "127.0.0.1", s.getsockname()[1], 0, 1.0) for i, s in socks.items())
     cfg = msgspec.structs.replace(
-        BASE.with_nodes(nodes), cluster=msgspec.structs.replace(BASE.cluster, peer_queue=BOUND)
+        BASE.with_nodes(nodes), cluster=msgspec.structs.replace(BASE.cluster, peer_queue=BOUND), tls=insecure_tls()
     )
     node = Node(cfg, 0, sock=socks[0])
     task = asyncio.create_task(node.run())
@@ -61,9 +64,9 @@ async def test_what_was_queued_for_a_previous_run_of_a_peer_is_discarded() -> No
         done = asyncio.Event()
 
         async def restarted_peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            assert await reader.readexactly(4) == PEER_MAGIC
+            frames, first = await accept_peer(reader, writer, cfg, 1)  # as node 1 would (SPEC §16)
+            got.extend(first)
             writer.write(encode_frame(pm.PeerHello(1, cfg.cluster.name, incarnation=222)))  # a new run
-            frames = peer_reader()
             while data := await reader.read(65536):
                 got.extend(frames.feed(data))
                 if any(isinstance(m, pm.Event) and m.event_id == "after" for m in got):

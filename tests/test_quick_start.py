@@ -1,11 +1,14 @@
 """The README's Quick start works as written, on a cluster with live traffic.
 
 The block marked ``quick-start`` in README.md is read and run command by
-command, as a user would in three terminals: ``cluster up`` and ``sub`` in the
-background, the others one after the other, each expected to succeed.  The
-only changes: ``cluster_configs/local.toml`` is a copy on free ports (tests
-never take fixed ports) and ``.venv/bin/overlay`` is this interpreter's
-``-m overlay``.  A publisher sends a few events a second for the whole run,
+command, as a user would in three terminals: ``certs dev`` first, then
+``cluster up`` and ``sub`` in the background, the others one after the
+other, each expected to succeed.  The only changes:
+``cluster_configs/local.toml`` is a copy on free ports (tests never take
+fixed ports), its certificates go beside it (``cluster_configs/certs`` →
+the copy's ``certs``), and ``.venv/bin/overlay`` is this interpreter's
+``-m overlay``.  Everything runs over TLS, as the README's cluster does;
+this test's own clients too.  A publisher sends a few events a second for the whole run,
 as a cluster in use has.
 """
 
@@ -18,6 +21,7 @@ import random
 import re
 import shlex
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -27,11 +31,14 @@ import pytest
 
 from loopback import free_ports
 from overlay.client import Client
+from overlay.config import load_config
+from overlay.security import client_ssl
 
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "cluster_configs/local.toml"
+CERTS = "cluster_configs/certs"
 
 
 def quick_start_commands() -> list[list[str]]:
@@ -53,14 +60,15 @@ def config_copy(tmp: Path) -> tuple[Path, list[int]]:
 
 def as_run(argv: list[str], config: Path) -> list[str]:
     assert argv[0] == ".venv/bin/overlay", argv
-    return [sys.executable, "-m", "overlay", *(str(config) if a == CONFIG else a for a in argv[1:])]
+    swap = {CONFIG: str(config), CERTS: str(config.parent / "certs")}
+    return [sys.executable, "-m", "overlay", *(swap.get(a, a) for a in argv[1:])]
 
 
-async def traffic(ports: list[int], stop: asyncio.Event) -> int:
+async def traffic(ports: list[int], stop: asyncio.Event, tls: ssl.SSLContext | None) -> int:
     """A few events a second through every node, all over the space."""
     rng = random.Random(1)
     sent = 0
-    async with Client([("127.0.0.1", p) for p in ports]) as c:
+    async with Client([("127.0.0.1", p) for p in ports], ssl=tls) as c:
         while not stop.is_set():
             await c.publish({"price": round(rng.uniform(0, 1000), 2), "sym": rng.choice(["IBM", "AAPL"]), "qty": sent})
             sent += 1
@@ -69,12 +77,12 @@ async def traffic(ports: list[int], stop: asyncio.Event) -> int:
     return sent
 
 
-async def wait_ready(ports: list[int], timeout: float = 30.0) -> None:
+async def wait_ready(ports: list[int], tls: ssl.SSLContext | None, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     for p in ports:
         while True:
             with contextlib.suppress(OSError, TimeoutError, Exception):
-                c = await Client([("127.0.0.1", p)], reconnect=False).connect(timeout=1)
+                c = await Client([("127.0.0.1", p)], reconnect=False, ssl=tls).connect(timeout=1)
                 try:
                     if c.ready or (await c.admin("status", timeout=1))["ready"]:
                         break
@@ -86,24 +94,30 @@ async def wait_ready(ports: list[int], timeout: float = 30.0) -> None:
 
 async def test_the_quick_start_runs_as_written_with_live_traffic(tmp_path: Path) -> None:
     commands = quick_start_commands()
-    assert [c[1] for c in commands][:2] == ["cluster", "sub"], "the block starts the cluster, then a subscriber"
+    assert [c[1] for c in commands][:3] == ["certs", "cluster", "sub"], (
+        "the block makes the certificates, starts the cluster, then a subscriber"
+    )
     config, ports = config_copy(tmp_path)
+    made = await asyncio.to_thread(subprocess.run, as_run(commands[0], config), capture_output=True, timeout=60)
+    assert made.returncode == 0 and b"uses them" in made.stdout, (made.stdout, made.stderr)
+    tls = client_ssl(load_config(config))
+    assert tls is not None, "the README's cluster runs with TLS"
     log = open(tmp_path / "cluster-up.log", "wb")  # a file, not a pipe: nobody reads it while it runs
-    up = subprocess.Popen(as_run(commands[0], config), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    up = subprocess.Popen(as_run(commands[1], config), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     sub = None
     stop = asyncio.Event()
     try:
-        await wait_ready(ports)
-        pump = asyncio.create_task(traffic(ports, stop))
+        await wait_ready(ports, tls)
+        pump = asyncio.create_task(traffic(ports, stop, tls))
         await asyncio.sleep(1.0)  # the cluster has seen traffic
         sub = subprocess.Popen(
-            as_run(commands[1], config), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+            as_run(commands[2], config), stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
         )
         # The subscriber says on stderr when its subscription is in place.
         line = await asyncio.to_thread(sub.stderr.readline)  # type: ignore[union-attr]
         assert b"subscribed" in line, line
         outputs = {}
-        for argv in commands[2:]:
+        for argv in commands[3:]:
             run = await asyncio.to_thread(subprocess.run, as_run(argv, config), capture_output=True, timeout=60)
             assert run.returncode == 0, (argv, run.stdout.decode(), run.stderr.decode())
             assert b"Traceback" not in run.stderr

@@ -32,6 +32,7 @@ from overlay.channels import parse_subscription
 from overlay.client import Client
 from overlay.config import NodeConfig, load_config
 from overlay.net.node import Node
+from overlay.testing import insecure_tls
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -280,7 +281,7 @@ async def _cluster_run(run: Path) -> dict[str, Any]:
         s.listen(128)
         socks.append(s)
         ncfg.append(NodeConfig(n.id, "127.0.0.1", s.getsockname()[1], 0, n.capacity))
-    cfg = cfg.with_nodes(tuple(ncfg))
+    cfg = msgspec.structs.replace(cfg.with_nodes(tuple(ncfg)), tls=insecure_tls())
     nodes = [Node(cfg, n.id, sock=s) for n, s in zip(cfg.nodes, socks)]
     tasks = [asyncio.create_task(n.run()) for n in nodes]
     addr = [(n.host, n.port) for n in cfg.nodes]

@@ -25,7 +25,7 @@ import pytest
 
 from overlay.client import AgentClient, AgentSettings, Client
 from overlay.errors import OverlayError
-from overlay.testing import free_ports
+from overlay.testing import LOOPBACK_SECRET, free_ports
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,6 +43,10 @@ slice_seconds = {SLICE}
 peer_timeout = {PEER_TIMEOUT}
 
 {nodes}
+[tls]
+insecure = true
+secret = "{LOOPBACK_SECRET}"
+
 [schema]
 distinguishing = ["price", "sym"]
 attributes = [

@@ -13,6 +13,7 @@
     overlay token create --config F --role R [--scope R=EXPR] [--ttl 1h] [--subject ID]   a signed client token
     overlay token verify --config F [TOKEN]  what a token allows, or why it is refused
     overlay token keys DIR                   an Ed25519 key pair for [auth]
+    overlay certs dev DIR --config F [--client NAME]   development CA and certificates for F's nodes
     overlay demo F [--seconds S]             cluster + bounded demo traffic (make run)
     overlay replay RUN_DIR [--master URL] [--out DIR]   Spark replay of a capture (SPEC §13)
 
@@ -50,6 +51,7 @@ The modules, one per command group, and what they share:
 * ``pubsub``        — ``pub`` and ``sub``;
 * ``status``        — ``status``;
 * ``admin``         — ``channel split|place`` and ``node drain``;
+* ``certs``         — ``certs dev`` (``overlay.security.certs``);
 * ``token``         — ``token create|verify|keys`` (``overlay.auth``);
 * ``demo``          — ``demo`` (``make run``), over ``workload``, which
   ``traffic`` (``cluster up --traffic``) drives too;

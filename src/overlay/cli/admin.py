@@ -23,7 +23,17 @@ from typing import Any, Final
 import aiohttp
 
 from overlay.channels import Kind, parse_rfid
-from overlay.cli.args import add_command, addresses, admin_url, client_id_for, config_node, node_id, user_token
+from overlay.cli.args import (
+    add_command,
+    addresses,
+    admin_url,
+    client_id_for,
+    cluster_tls,
+    config_node,
+    http_connector,
+    node_id,
+    user_token,
+)
 from overlay.cli.running import (
     CLOSE_TIMEOUT,
     CONNECT_TIMEOUT,
@@ -123,7 +133,13 @@ async def _channel(args: argparse.Namespace) -> int:
     command, kw = _channel_args(cfg, args)
     owner = await _owner_of(cfg, args.channel)
     token = admin_token(args.token, cfg)
-    c = Client(addresses(cfg, owner), client_id=client_id_for(token, "overlay-admin"), reconnect=False, token=token)
+    c = Client(
+        addresses(cfg, owner),
+        client_id=client_id_for(token, "overlay-admin"),
+        reconnect=False,
+        token=token,
+        ssl=cluster_tls(cfg),
+    )
     try:
         try:
             await c.connect(timeout=CONNECT_TIMEOUT)
@@ -153,7 +169,9 @@ def describe_channel_result(command: str, result: dict[str, Any]) -> str:
 
 
 def cmd_channel(args: argparse.Namespace) -> int:
-    _channel_args(load_config(args.config), args)
+    cfg = load_config(args.config)
+    _channel_args(cfg, args)
+    cluster_tls(cfg)  # rule 1: the certificates too, before connecting
     return run_command(_channel(args))
 
 
@@ -167,15 +185,18 @@ def admin_token(given: str | None, cfg: ClusterConfig) -> str:
     return user_token(given, cfg, admin=True)
 
 
-async def drain_node(n: NodeConfig, token: str, timeout: float) -> dict[str, Any]:
-    """Drain node ``n``; the summary, or ``CommandFailed`` (``RequestError``
-    over the client protocol) with the node's reason."""
+async def drain_node(n: NodeConfig, token: str, timeout: float, cfg: ClusterConfig) -> dict[str, Any]:
+    """Drain node ``n`` of ``cfg``; the summary, or ``CommandFailed``
+    (``RequestError`` over the client protocol) with the node's reason."""
+    tls = cluster_tls(cfg)
     if n.admin_port:
-        url = f"{admin_url(n.host, n.admin_port)}/drain"
+        url = f"{admin_url(n.host, n.admin_port, cfg)}/drain"
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
             async with (
-                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http,
+                aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=timeout), connector=http_connector(tls)
+                ) as http,
                 http.post(url, headers=headers) as resp,
             ):
                 body = await resp.json(content_type=None)
@@ -188,7 +209,9 @@ async def drain_node(n: NodeConfig, token: str, timeout: float) -> dict[str, Any
         if resp.status != 200:
             raise CommandFailed(f"node {n.id} refused the drain (HTTP {resp.status}): {body.get('error', body)}")
         return body
-    c = Client([(n.host, n.port)], client_id=client_id_for(token, "overlay-drain"), reconnect=False, token=token)
+    c = Client(
+        [(n.host, n.port)], client_id=client_id_for(token, "overlay-drain"), reconnect=False, token=token, ssl=tls
+    )
     try:
         try:
             await c.connect(timeout=min(timeout, CONNECT_TIMEOUT))
@@ -213,8 +236,8 @@ def format_drain(s: dict[str, Any]) -> str:
     )
 
 
-async def _drain(n: NodeConfig, token: str, timeout: float) -> int:
-    print(format_drain(await drain_node(n, token, timeout)), flush=True)
+async def _drain(n: NodeConfig, token: str, timeout: float, cfg: ClusterConfig) -> int:
+    print(format_drain(await drain_node(n, token, timeout, cfg)), flush=True)
     return EXIT_OK
 
 
@@ -225,7 +248,8 @@ def cmd_drain(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     n = config_node(cfg, args.target, "drain")
     token = admin_token(args.token, cfg)
-    return run_command(_drain(n, token, args.timeout))
+    cluster_tls(cfg)  # rule 1: the certificates too, before connecting
+    return run_command(_drain(n, token, args.timeout, cfg))
 
 
 def register(sub: Any) -> None:

@@ -13,11 +13,15 @@ import argparse
 import math
 import os
 from pathlib import Path
+from ssl import SSLContext
 from typing import Any, NoReturn
+
+import aiohttp
 
 from overlay.auth.tokens import unverified_subject
 from overlay.cli.running import EXIT_USAGE, UsageError
 from overlay.config import ClusterConfig, NodeConfig
+from overlay.security import client_ssl
 
 __all__ = [
     "TOKEN_ENV",
@@ -27,7 +31,9 @@ __all__ = [
     "admin_url",
     "check_dir_option",
     "client_id_for",
+    "cluster_tls",
     "config_node",
+    "http_connector",
     "integer",
     "node_id",
     "non_negative_float",
@@ -129,10 +135,24 @@ def check_dir_option(flag: str, path: str | None) -> None:
         raise UsageError(f"{flag} {path}: exists and is not a directory")
 
 
-def admin_url(host: str, port: int) -> str:
-    """The URL of a node's admin endpoint; a node listening on every address
-    is reached on loopback."""
-    return f"http://{'127.0.0.1' if host in ('', '0.0.0.0', '::') else host}:{port}"
+def admin_url(host: str, port: int, cfg: ClusterConfig) -> str:
+    """The URL of a node's admin endpoint: https unless the cluster is
+    insecure; a node listening on every address is reached on loopback."""
+    scheme = "http" if cfg.tls.insecure else "https"
+    return f"{scheme}://{'127.0.0.1' if host in ('', '0.0.0.0', '::') else host}:{port}"
+
+
+def cluster_tls(cfg: ClusterConfig) -> SSLContext | None:
+    """What a client command connects with (``overlay.security.client_ssl``):
+    its CA and certificate from the config's ``[tls]``, None when insecure.
+    A missing file is a ``ConfigError`` (exit 2) before anything connects."""
+    return client_ssl(cfg)
+
+
+def http_connector(tls: SSLContext | None) -> aiohttp.TCPConnector:
+    """An aiohttp connector for the admin endpoints: their certificates
+    verified against the cluster CA (``tls``), or plain HTTP."""
+    return aiohttp.TCPConnector(ssl=tls if tls is not None else True)
 
 
 class Parser(argparse.ArgumentParser):

@@ -14,13 +14,14 @@ from collections.abc import Awaitable
 from typing import Final, TypeVar
 
 from overlay.auth.keys import local_token
-from overlay.cli.args import admin_url
+from overlay.cli.args import admin_url, cluster_tls
 from overlay.cli.ports import check_ports_free, held_by
 from overlay.cli.running import CLOSE_TIMEOUT, CommandFailed, log
 from overlay.client import Client
 from overlay.config import ClusterConfig, NodeConfig, load_config
-from overlay.errors import OverlayError, RequestError
+from overlay.errors import OverlayError, RequestError, TlsError
 from overlay.messages.client import ErrorCode
+from overlay.security import node_security
 
 __all__ = ["LocalCluster", "ready_lines", "wait_ready"]
 
@@ -111,6 +112,9 @@ class LocalCluster:
         """Start every node and wait until each is ready and is ours; on any
         failure (or cancellation) the nodes started so far are stopped."""
         check_ports_free(self.cfg.nodes)
+        for n in self.cfg.nodes:  # a missing certificate: one line now, not a node dying at start
+            node_security(self.cfg, n.id)
+        cluster_tls(self.cfg)
         try:
             for n in self.cfg.nodes:
                 await self._spawn(n)
@@ -211,9 +215,10 @@ async def wait_ready(cfg: ClusterConfig, timeout: float) -> None:
     deadline = loop.time() + timeout
     # With [auth], a Hello needs a token: one signed with the config's key (its subject is the client id).
     token = local_token(cfg, "overlay-cli", "subscribe", ttl=timeout + READY_CONNECT)
+    tls = cluster_tls(cfg)
     for n in cfg.nodes:
         while True:
-            c = Client([(n.host, n.port)], client_id="overlay-cli", reconnect=False, token=token)
+            c = Client([(n.host, n.port)], client_id="overlay-cli", reconnect=False, token=token, ssl=tls)
             try:
                 await c.connect(timeout=READY_CONNECT)
                 if c.node_id != n.id or c.cluster != cfg.cluster.name:
@@ -227,6 +232,8 @@ async def wait_ready(cfg: ClusterConfig, timeout: float) -> None:
                     raise CommandFailed(
                         f"node {n.id} refused the token signed with [auth] signing_key: {exc.reason}"
                     ) from None
+            except TlsError as exc:  # waiting will not mend a certificate
+                raise CommandFailed(f"node {n.id}: {exc}") from None
             except (OSError, OverlayError, TimeoutError):
                 pass  # not listening yet
             finally:
@@ -240,6 +247,6 @@ def ready_lines(cluster: LocalCluster) -> list[str]:
     """One line per node: where it listens, its pid, its admin page."""
     lines = []
     for n in cluster.cfg.nodes:
-        admin = f"  {admin_url(n.host, n.admin_port)}/" if n.admin_port else ""
+        admin = f"  {admin_url(n.host, n.admin_port, cluster.cfg)}/" if n.admin_port else ""
         lines.append(f"  node {n.id}  {n.host}:{n.port}  pid {cluster.procs[n.id].pid}{admin}")
     return lines

@@ -19,6 +19,7 @@ from overlay.cli.ports import check_ports_free
 from overlay.cli.running import EXIT_OK, STOP_SIGNALS, UsageError, log, run_command
 from overlay.cli.traffic import run_traffic
 from overlay.config import ClusterConfig, load_config
+from overlay.security import NodeSecurity, node_security
 
 __all__ = ["cmd_cluster", "cmd_node", "register"]
 
@@ -43,10 +44,10 @@ it); stops every node and exits 1 when one of them dies.  Ctrl-C or SIGTERM
 stops every node cleanly (exit 0); a second Ctrl-C kills them."""
 
 
-async def _node_main(cfg: ClusterConfig, nid: int) -> int:
+async def _node_main(cfg: ClusterConfig, nid: int, security: NodeSecurity) -> int:
     from overlay.net.node import Node  # the node's own imports: not for the client commands
 
-    node = Node(cfg, nid, freeze_gc=True)  # its own process (net.node: gc.freeze)
+    node = Node(cfg, nid, freeze_gc=True, security=security)  # its own process (net.node: gc.freeze)
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()
     assert main is not None
@@ -70,7 +71,7 @@ async def _node_main(cfg: ClusterConfig, nid: int) -> int:
             # Declared dead while paused or cut off (net.node rule 14): a new,
             # empty run on the same ports fetches the table and joins again.
             log.warning("node %d: starting a new run to rejoin the cluster", nid)
-            node = Node(cfg, nid, freeze_gc=False)  # gc was frozen once already in this process
+            node = Node(cfg, nid, freeze_gc=False, security=security)  # gc was frozen once already in this process
             await node.run()
     except asyncio.CancelledError:
         if signals < 2:
@@ -91,7 +92,8 @@ def cmd_node(args: argparse.Namespace) -> int:
     check_dir_option("--capture", args.capture)
     if args.capture:
         cfg = with_capture_dir(cfg, args.capture)
-    return run_command(_node_main(cfg, args.id), server=True)
+    security = node_security(cfg, args.id)  # rule 1: a missing certificate is one line, before anything listens
+    return run_command(_node_main(cfg, args.id, security), server=True)
 
 
 async def _forever(seconds: float | None) -> None:

@@ -8,7 +8,7 @@ import argparse
 import importlib.metadata
 from typing import Final
 
-from overlay.cli import admin, demo, node, pubsub, replay, status, token
+from overlay.cli import admin, certs, demo, node, pubsub, replay, status, token
 from overlay.cli.args import Parser
 
 __all__ = ["EXIT_CODES", "build_parser"]
@@ -30,6 +30,7 @@ examples:
   overlay sub --config cluster_configs/local.toml 'price < 100 and sym = "IBM"'
   overlay pub --config cluster_configs/local.toml '{price: 42.5, sym: "IBM", qty: 10}'
   overlay status --config cluster_configs/local.toml
+  overlay certs dev cluster_configs/certs --config cluster_configs/local.toml   (TLS for development)
   overlay COMMAND --help        (each command's options and examples)"""
 
 
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     pubsub.register(sub)  # pub, sub
     status.register(sub)
     admin.register(sub)  # channel (node drain is node's)
+    certs.register(sub)
     token.register(sub)  # token create|verify|keys
     demo.register(sub)
     replay.register(sub)

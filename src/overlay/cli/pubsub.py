@@ -22,6 +22,7 @@ from overlay.cli.args import (
     add_command,
     addresses,
     client_id_for,
+    cluster_tls,
     config_node,
     node_id,
     positive_float,
@@ -110,6 +111,7 @@ async def run_pub(args: argparse.Namespace) -> int:
         client_id=client_id_for(token, "overlay-pub"),
         settings=load_agent_settings(args.config),
         token=token,
+        ssl=cluster_tls(cfg),
     )
     try:
         await _connect(agent, args.config)
@@ -144,6 +146,7 @@ def cmd_pub(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     if args.node is not None:
         config_node(cfg, args.node)
+    cluster_tls(cfg)  # rule 1: a missing certificate is the config's fault, said before connecting
     if args.events:
         _check_events(cfg, args.events, "event")
     else:  # read before the event loop starts: Ctrl-C ends a blocked read at once
@@ -179,6 +182,7 @@ async def run_sub(args: argparse.Namespace) -> int:
         client_id=client_id_for(token, "overlay-sub"),
         settings=load_agent_settings(args.config),
         token=token,
+        ssl=cluster_tls(cfg),
     )
     try:
         await _connect(agent, args.config)
@@ -206,6 +210,7 @@ def cmd_sub(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     if args.node is not None:
         config_node(cfg, args.node)
+    cluster_tls(cfg)  # rule 1: a missing certificate is the config's fault, said before connecting
     try:
         parse_subscription(args.expression, cfg.schema)
     except (ExpressionError, SchemaError) as exc:

@@ -7,16 +7,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Sequence
+from ssl import SSLContext
 from typing import Any, Final
 
 import aiohttp
 
 from overlay.auth.keys import local_token
-from overlay.cli.args import add_command, admin_url, user_token
+from overlay.cli.args import add_command, admin_url, cluster_tls, http_connector, user_token
 from overlay.cli.running import CLOSE_TIMEOUT, EXIT_FAILED, EXIT_OK, finish_within, run_command
 from overlay.client import Client
 from overlay.config import ClusterConfig, NodeConfig, load_config
-from overlay.errors import OverlayError
+from overlay.errors import OverlayError, TlsError
 
 __all__ = ["cmd_status", "format_status", "node_statuses", "register", "statuses"]
 
@@ -31,26 +32,34 @@ Exits 1 when a node does not answer; Ctrl-C ends it within 2 s (exit 130)."""
 STATUS_TIMEOUT: Final = 3.0
 
 
-async def _client_status(n: NodeConfig, token: str) -> tuple[dict[str, Any] | None, str]:
+async def _client_status(n: NodeConfig, token: str, tls: SSLContext | None) -> tuple[dict[str, Any] | None, str]:
     """A node without an admin port in the config (0: ephemeral) is asked over
     the client protocol instead (with ``[auth]``, under a token of its own)."""
-    c = Client([(n.host, n.port)], client_id="overlay-status", reconnect=False, token=token)
+    c = Client([(n.host, n.port)], client_id="overlay-status", reconnect=False, token=token, ssl=tls)
     try:
         await c.connect(timeout=2)
         return await c.admin("status", timeout=5), ""
+    except TlsError as exc:
+        return None, f"TLS failed: {exc}"
     except (OSError, OverlayError, TimeoutError) as exc:
         return None, f"down: {n.host}:{n.port} does not answer ({type(exc).__name__})"
     finally:
         await finish_within(c.close(), CLOSE_TIMEOUT, f"closing {n.host}:{n.port}")
 
 
-async def _http_status(http: aiohttp.ClientSession, n: NodeConfig) -> tuple[dict[str, Any] | None, str]:
-    url = admin_url(n.host, n.admin_port)
+async def _http_status(
+    http: aiohttp.ClientSession, n: NodeConfig, cfg: ClusterConfig
+) -> tuple[dict[str, Any] | None, str]:
+    url = admin_url(n.host, n.admin_port, cfg)
     try:
         async with http.get(f"{url}/status") as resp:
             if resp.status != 200:
                 return None, f"{url} answered HTTP {resp.status}"
             return await resp.json(), ""
+    except aiohttp.ClientConnectorCertificateError as exc:
+        return None, f"{url}: its certificate does not verify against the cluster CA ({exc.certificate_error})"
+    except aiohttp.ClientConnectorSSLError as exc:
+        return None, f"{url}: TLS failed ({exc}): is the cluster insecure, or this config's [tls] another cluster's?"
     except aiohttp.ClientConnectorError:
         return None, f"down: nothing listens on {url}"
     except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
@@ -64,10 +73,12 @@ async def node_statuses(cfg: ClusterConfig) -> list[tuple[dict[str, Any] | None,
         token = user_token(None, cfg) or (
             local_token(cfg, "overlay-status", "subscribe") if cfg.auth.signing_key else ""
         )
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=STATUS_TIMEOUT)) as http:
+    tls = cluster_tls(cfg)
+    timeout = aiohttp.ClientTimeout(total=STATUS_TIMEOUT)
+    async with aiohttp.ClientSession(timeout=timeout, connector=http_connector(tls)) as http:
         return list(
             await asyncio.gather(
-                *(_http_status(http, n) if n.admin_port else _client_status(n, token) for n in cfg.nodes)
+                *(_http_status(http, n, cfg) if n.admin_port else _client_status(n, token, tls) for n in cfg.nodes)
             )
         )
 
@@ -92,7 +103,7 @@ def format_status(
     top = max(levels, default=0.0)
     rows = [f"{'node':>4}  {'admin':<22} {'state':<11} {'load level dc':<21} {'channels':>8} {'subs':>6} {'S/dc̄':>6}"]
     for n, st, why in zip(cfg.nodes, statuses, reasons):
-        where = admin_url(n.host, n.admin_port) if n.admin_port else f"{n.host}:{n.port}"
+        where = admin_url(n.host, n.admin_port, cfg) if n.admin_port else f"{n.host}:{n.port}"
         if st is None:
             rows.append(f"{n.id:>4}  {where:<22} {why or 'down'}")
             continue
@@ -126,7 +137,7 @@ async def _status(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    load_config(args.config)
+    cluster_tls(load_config(args.config))  # rule 1: the certificates too, before connecting
     return run_command(_status(args))
 
 

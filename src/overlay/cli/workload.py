@@ -19,6 +19,7 @@ from overlay.cli.running import CLOSE_TIMEOUT, CommandFailed, finish_within, fir
 from overlay.client import Client, Subscription
 from overlay.client.transport import TokenSource
 from overlay.config import ClusterConfig
+from overlay.security import client_ssl
 
 __all__ = [
     "MAX_EVENTS",
@@ -96,6 +97,7 @@ async def run_workload(
     rng = random.Random(seed)
     stop = asyncio.Event()
     clients: list[Client] = []
+    tls = client_ssl(cfg)
     try:
         async with asyncio.TaskGroup() as tg:
             for n in cfg.nodes:
@@ -103,6 +105,7 @@ async def run_workload(
                     [(n.host, n.port)],
                     client_id=f"{name}-sub-{n.id}",
                     token=_token(cfg, f"{name}-sub-{n.id}", "subscribe"),
+                    ssl=tls,
                 ).connect()
                 clients.append(c)
                 for expr in demo_subscriptions(rng, SUBSCRIBERS_PER_NODE):
@@ -111,7 +114,10 @@ async def run_workload(
             for i in range(PUBLISHERS):
                 n = cfg.nodes[i % len(cfg.nodes)]
                 c = await Client(
-                    [(n.host, n.port)], client_id=f"{name}-pub-{i}", token=_token(cfg, f"{name}-pub-{i}", "publish")
+                    [(n.host, n.port)],
+                    client_id=f"{name}-pub-{i}",
+                    token=_token(cfg, f"{name}-pub-{i}", "publish"),
+                    ssl=tls,
                 ).connect()
                 clients.append(c)
                 publishers.append(tg.create_task(_publisher(c, seed + i, stop, published)))

@@ -52,6 +52,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from ssl import SSLContext
 from typing import Any, Final
 
 from overlay.auth.tokens import unverified_subject
@@ -95,7 +96,10 @@ class Client:
     (``overlay token create``), or a function returning the current one
     (rule 6), when the cluster has ``[auth]``; otherwise the cluster's legacy
     admin token, for ``admin`` commands that change the cluster (split,
-    place, drain) when it has one."""
+    place, drain) when it has one.  ``ssl``: connect with TLS, verifying
+    the node against the context's CA (``overlay.security.client_context``,
+    or ``client_ssl(config)``); ``None`` is plain TCP, for a cluster with
+    ``[tls] insecure = true``."""
 
     def __init__(
         self,
@@ -106,11 +110,13 @@ class Client:
         max_frame: int = DEFAULT_MAX_FRAME_SIZE,
         token: TokenSource = "",
         error_cb: ErrorCallback | None = None,
+        ssl: SSLContext | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("a client needs at least one access node address")
         self._token_source = token if callable(token) else None  # rule 6
         self.token = token() if callable(token) else token
+        self.ssl = ssl
         self.addresses = list(addresses)
         # Unique per instance, unless the token names the client (rule 6).
         self.client_id = client_id or unverified_subject(self.token) or f"client-{uuid.uuid4().hex[:16]}"
@@ -131,6 +137,7 @@ class Client:
             on_message=lambda msg: self._on_message(msg),  # looked up per call: a test may wrap it
             on_events=self._handle,
             token_source=self._token_source,
+            tls=ssl,
         )
         self._changed = asyncio.Event()  # the connection's state changed, or the window moved
         self._timer_wake = asyncio.Event()  # a timer earlier than the one awaited

@@ -97,6 +97,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from ssl import SSLContext
 from typing import Any, Final
 
 from overlay.auth.tokens import unverified_subject
@@ -111,7 +112,7 @@ from overlay.client.placement import MAX_PLACE_ATTEMPTS, Placements
 from overlay.client.tasks import OwnedTasks
 from overlay.client.transport import TokenSource
 from overlay.config import AgentSettings, load_agent_settings
-from overlay.errors import ConnectionLost, NotReady, RequestError
+from overlay.errors import ConnectionLost, NotReady, RequestError, TlsError
 from overlay.messages import client as cm
 from overlay.messages.codec import DEFAULT_MAX_FRAME_SIZE
 
@@ -142,6 +143,7 @@ class AgentClient:
         max_frame: int = DEFAULT_MAX_FRAME_SIZE,
         token: TokenSource = "",
         error_cb: ErrorCallback | None = None,
+        ssl: SSLContext | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("an agent client needs at least one access node address")
@@ -159,7 +161,7 @@ class AgentClient:
         # only, and reports its errors through this agent's callback.  All say
         # Hello with the agent's id: an event's id is the same through any of them.
         self.clients = [
-            Client([a], client_id=self.client_id, max_frame=max_frame, token=token, error_cb=self._errors.add)
+            Client([a], client_id=self.client_id, max_frame=max_frame, token=token, error_cb=self._errors.add, ssl=ssl)
             for a in self.addresses
         ]
         s = self.settings
@@ -189,9 +191,11 @@ class AgentClient:
         """Connect to every node; returns once at least one is up (the others keep
         trying).  If none is up within ``timeout``: ``TimeoutError``, and nothing
         is left running; if every node refused the session (a bad token): the
-        first refusal, a ``RequestError``, at once."""
+        first refusal, a ``RequestError``, at once; if TLS failed with every
+        node, the first ``TlsError`` (a missing CA is no reason to wait either)."""
         up = asyncio.Event()
         refusals: list[RequestError] = []
+        tls_failed: list[TlsError] = []
 
         async def connect_one(i: int) -> None:
             while not self._closing:
@@ -206,6 +210,12 @@ class AgentClient:
                     if len(refusals) == len(self.clients):
                         up.set()  # nobody will take it: say why now, not after the timeout
                     return
+                except TlsError as exc:
+                    log.warning("%s: %s", self.client_id, exc)
+                    tls_failed.append(exc)
+                    if len(tls_failed) == len(self.clients):
+                        up.set()
+                    return
                 up.set()
                 return
 
@@ -218,6 +228,8 @@ class AgentClient:
                 raise refusals[0]
             for exc in refusals:
                 log.warning("%s: a node refused the session: %s", self.client_id, exc)
+            if len(tls_failed) == len(self.clients):
+                raise tls_failed[0]
         except BaseException:
             await self.close()
             raise

@@ -23,12 +23,20 @@ Rules (``overlay.client.connection`` rule 1; STYLE habit 6):
    protocol error of the node is logged and loses the connection;
    cancellation goes through; anything else is logged with its traceback and
    loses this connection only.
+5. With a ``tls`` context every connection is TLS, the node's certificate
+   verified against the context's CA and the address's host name (SPEC
+   §16).  A TLS failure is a ``TlsError`` saying what to configure — a
+   certificate the CA does not verify, a node that speaks plain TCP — final
+   on the first connection (as a refusal is), logged and retried on later
+   ones.  (A node that wants TLS, or a client certificate, says so in the
+   protocol's own fatal Error: a ``RequestError``.)
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -36,7 +44,7 @@ from typing import Final
 
 from overlay.client.events import Event
 from overlay.client.protocol import ClientProtocol, ConnState
-from overlay.errors import RemoteProtocolError, RequestError
+from overlay.errors import RemoteProtocolError, RequestError, TlsError
 from overlay.messages import client as cm
 
 __all__ = ["AUTH_REFUSALS", "Conn", "TokenSource", "Transport"]
@@ -72,9 +80,11 @@ class Transport:
         on_message: Callable[[cm.ClientMessage], None],
         on_events: Callable[[list[Event]], None],
         token_source: Callable[[], str] | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.protocol = protocol
         self.token_source = token_source
+        self.tls = tls
         self.addresses = list(addresses)
         self.owner = owner
         self._on_message = on_message
@@ -98,8 +108,9 @@ class Transport:
             host, port = self.addresses[self._index % len(self.addresses)]
             try:
                 return await self._handshake(host, port)
-            except RequestError as exc:
-                if refusal_is_final or (exc.code in AUTH_REFUSALS and self.token_source is None):
+            except (RequestError, TlsError) as exc:
+                token_refused = isinstance(exc, RequestError) and exc.code in AUTH_REFUSALS
+                if refusal_is_final or (token_refused and self.token_source is None):
                     raise
                 log.warning("%s: node at %s:%d refused the session: %s", self.owner, host, port, exc)
             except (OSError, asyncio.IncompleteReadError, RemoteProtocolError) as exc:
@@ -108,11 +119,31 @@ class Transport:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_MAX)
 
+    async def _connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Rule 5: the TCP connection, and TLS when asked."""
+        where = f"node at {host}:{port}"
+        try:
+            return await asyncio.open_connection(host, port, ssl=self.tls)
+        except ssl.SSLCertVerificationError as exc:
+            raise TlsError(
+                f"{where}: its certificate does not verify ({exc.verify_message or exc}): give the client the "
+                "cluster's CA (Client(ssl=overlay.security.client_context(ca)), or [tls] ca of the config), "
+                f"and reach the node by a name its certificate lists"
+            ) from exc
+        except ssl.SSLError as exc:
+            reason = exc.reason or str(exc)
+            if reason in ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG"):
+                raise TlsError(
+                    f"{where} does not speak TLS ({reason}): its cluster runs with [tls] insecure = true — "
+                    "connect without ssl"
+                ) from exc
+            raise TlsError(f"{where}: TLS failed: {reason}") from exc
+
     async def _handshake(self, host: str, port: int) -> Conn:
         """Rule 2."""
         if self.token_source is not None:  # rule 1: the current token, for this hello
             self.protocol.token = self.token_source()
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await self._connect(host, port)
         protocol = self.protocol
         msgs: list[cm.ClientMessage] = []
         try:

@@ -29,6 +29,10 @@ Rules this module keeps:
    registry of this node's own, so nodes sharing a process (tests) never mix.
 7. It sees its node as a ``NodeView`` (``overlay.net.view``), reads the
    core through its public surface only, and never imports ``net.node``.
+8. It speaks HTTPS with the node's certificate unless the cluster is
+   insecure (``overlay.security.tls`` rule 1: no client certificate is
+   asked, so a browser can open the page); ``/status`` says which
+   (``security``) and warns when it is plain (the page shows the warning).
 """
 
 from __future__ import annotations
@@ -55,8 +59,18 @@ from overlay.errors import ConfigError, TokenError
 from overlay.net.cluster_view import ClusterView, slice_history
 from overlay.net.metrics import NodeCollector
 from overlay.net.view import NodeView
+from overlay.security import NodeSecurity
 
-__all__ = ["TOKEN_ENV", "AdminServer", "NodeCollector", "effective_admin_token", "json_error", "json_response"]
+__all__ = [
+    "INSECURE_WARNING",
+    "TOKEN_ENV",
+    "AdminServer",
+    "NodeCollector",
+    "effective_admin_token",
+    "json_error",
+    "json_response",
+    "security_status",
+]
 
 log = logging.getLogger("overlay.admin")
 
@@ -137,9 +151,12 @@ class AdminServer:
         runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
         await runner.setup()
         try:
-            await web.SockSite(runner, self._sock).start()
+            security = self.node.security
+            await web.SockSite(runner, self._sock, ssl_context=security.admin).start()
             self.view.open()
-            log.info("node %d: admin endpoint on http://%s:%d/", self.node.id, self.node.me.host, self.port)
+            log.info(
+                "node %d: admin endpoint on %s://%s:%d/", self.node.id, security.scheme, self.node.me.host, self.port
+            )
             await asyncio.Event().wait()  # forever: the TaskGroup cancels us
         finally:
             self._closing.set()  # event streams end at their next wake-up
@@ -266,6 +283,7 @@ class AdminServer:
             address=f"{node.me.host}:{node.port}",
             admin_port=self.port,
             health=self.health()[1],
+            security=security_status(node.security),
             spread_ratio=spread / mean if spread is not None and mean else None,
             delta=core.config.cluster.delta,
             subscriptions=sum(len(ch) for ch in core.local),
@@ -406,6 +424,21 @@ class AdminServer:
         except ConnectionResetError:
             pass  # the page went away
         return resp
+
+
+# What /status and the page say of a node that runs without TLS (rule 8).
+INSECURE_WARNING: Final = (
+    "[tls] insecure = true: plain TCP, nothing encrypted; peers prove the cluster secret, clients nothing. "
+    "For a network you trust only."
+)
+
+
+def security_status(security: NodeSecurity) -> dict[str, Any]:
+    """Rule 8, for ``/status``."""
+    if security.insecure:
+        return {"tls": False, "peers": "cluster secret", "warning": INSECURE_WARNING}
+    verify = "required" if security.verify_clients else "optional"
+    return {"tls": True, "peers": "mutual TLS", "client_certificates": verify, "warning": ""}
 
 
 def _constraint(c: Any) -> dict[str, Any]:

@@ -22,6 +22,9 @@ Rules:
 4. The read loop sorts its exceptions: a bad frame → a fatal Error, flushed,
    then close; ``OSError`` → the client is gone; anything else → logged with
    its traceback, that connection closed.  Cancellation propagates.
+5. A bad frame that is a node-to-node message is a peer speaking on a
+   client connection (SPEC §16): also refused as
+   ``peer_message_on_client`` (counted, logged with the remote address).
 """
 
 from __future__ import annotations
@@ -37,10 +40,11 @@ from overlay.capture import CaptureBuffer
 from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
-from overlay.messages.codec import client_reader, encode_frame
+from overlay.messages.codec import client_reader, encode_frame, is_peer_frame
 from overlay.net.inbox import READ_CHUNK, ClientClosed, FromClient, Inbox
 from overlay.net.writer import ConnectionWriter, write_frames
 from overlay.node import NodeCore
+from overlay.security import Refusal
 
 __all__ = ["CLIENT_MAGIC", "ClientConnections"]
 
@@ -53,6 +57,7 @@ ERROR_FLUSH_SECONDS: Final = 1.0
 CHOKE_DELAY: Final = 0.01
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
+Refuse = Callable[[Refusal, str, str], None]
 
 
 class ClientConnections:
@@ -72,6 +77,7 @@ class ClientConnections:
         *,
         execute: Callable[[list[Action]], None],
         spawn: Spawn,
+        refuse: Refuse,
     ) -> None:
         self.node_id = node_id
         self.writers: dict[int, ConnectionWriter] = {}
@@ -81,6 +87,7 @@ class ClientConnections:
         self._inbox = inbox
         self._execute = execute
         self._spawn = spawn
+        self._refuse = refuse
         self._slow: set[int] = set()
         self._max_frame = config.cluster.max_frame_size
         self._queue_size = config.cluster.client_queue
@@ -128,8 +135,8 @@ class ClientConnections:
 
     # -- reading (rules 1, 2, 4) ---------------------------------------------------------
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One client connection, from after its preamble to its end."""
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str = "") -> None:
+        """One client connection (from ``address``), from after its preamble to its end."""
         core = self._core
         sid = core.client_opened()
         out = ConnectionWriter(writer, self._queue_size)
@@ -159,6 +166,8 @@ class ClientConnections:
                     self._execute(acts)
         except RemoteProtocolError as exc:
             self._stats["rejected_client_protocol"] += 1
+            if frames.bad is not None and is_peer_frame(frames.bad):  # rule 5
+                self._refuse(Refusal.PEER_MESSAGE_ON_CLIENT, address, f"client session {sid} sent a peer message")
             log.info("node %d: client session %d sent a bad frame: %s", self.node_id, sid, exc)
             self.send(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, str(exc), fatal=True))
             await out.flush(ERROR_FLUSH_SECONDS)

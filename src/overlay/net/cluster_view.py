@@ -17,6 +17,8 @@ Rules (``overlay.net.admin`` rule 5):
 4. This node's own part comes from its admin endpoint (``LocalEndpoint``),
    not over HTTP; the HTTP client lives from ``open`` to ``close`` (the
    endpoint's run).
+5. With TLS the other endpoints are ``https://`` and verified against the
+   cluster CA (``NodeSecurity.http``).
 """
 
 from __future__ import annotations
@@ -90,7 +92,11 @@ class ClusterView:
         self._lock = asyncio.Lock()
 
     def open(self) -> None:
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PEER_FETCH_TIMEOUT))
+        ssl_context = self.node.security.http
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=PEER_FETCH_TIMEOUT),
+            connector=aiohttp.TCPConnector(ssl=ssl_context if ssl_context is not None else True),
+        )
 
     async def close(self) -> None:
         if self._http is not None:
@@ -104,12 +110,13 @@ class ClusterView:
         return sorted(ids)
 
     def admin_url(self, node_id: int) -> str | None:
+        scheme = self.node.security.scheme  # rule 5
         if node_id == self.node.id:
-            return f"http://{connect_host(self.node.me.host)}:{self.local.port}"
+            return f"{scheme}://{connect_host(self.node.me.host)}:{self.local.port}"
         cfg = next((n for n in self.node.config.nodes if n.id == node_id), None)
         if cfg is None or not cfg.admin_port:
             return None
-        return f"http://{connect_host(cfg.host)}:{cfg.admin_port}"
+        return f"{scheme}://{connect_host(cfg.host)}:{cfg.admin_port}"
 
     async def _fetch(self, node_id: int) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str]:
         url = self.admin_url(node_id)
@@ -195,6 +202,8 @@ class ClusterView:
             "spread": mine.get("spread"),
             "spread_ratio": mine.get("spread_ratio"),
             "nodes": nodes,
+            # net.admin rule 8: the page warns while any node runs without TLS.
+            "insecure_nodes": [n["node"] for n in nodes if n.get("insecure")],
             "da": routing["da"],
             "placement": routing["channels"],
             "history": slice_history(core.journal),
@@ -224,6 +233,7 @@ def node_summary(st: dict[str, Any], admin: str | None) -> dict[str, Any]:
         "health": st.get("health"),
         "state": st.get("state"),
         "draining": bool(st.get("draining")),  # node.membership: shown as a badge on the page
+        "insecure": not st.get("security", {}).get("tls", True),  # net.admin rule 8: the page warns
         "d": st.get("d"),
         "dc": st.get("dc"),
         "capacity": st.get("capacity"),

@@ -17,6 +17,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from overlay.histograms import BucketCounts
 from overlay.net.view import NodeView
+from overlay.security import PEER_REFUSALS, TLS_REFUSALS, stats_key
 
 __all__ = ["NodeCollector"]
 
@@ -117,6 +118,11 @@ _DROPS: Final = (
     ("unroutable_subscription", "subscriptions_unroutable"),
 )
 _REJECTED_PREFIX: Final = "rejected_"
+# Connections refused before they reached the core (SPEC §16, overlay.security.refusals).
+_REFUSALS: Final = (
+    ("overlay_tls_refused", "Connections refused by the TLS layer, by reason.", TLS_REFUSALS),
+    ("overlay_peer_refused", "Peer links refused (strangers, forged ids, wrong cluster …), by reason.", PEER_REFUSALS),
+)
 
 
 class NodeCollector:
@@ -244,6 +250,13 @@ class NodeCollector:
             drops.add_metric([me, reason], stats.get(key, 0))
             known.add(key)
         yield drops
+        for family, doc, reasons in _REFUSALS:
+            refused = CounterMetricFamily(family, doc, labels=["node", "reason"])
+            for reason in reasons:
+                key = stats_key(reason)
+                refused.add_metric([me, reason.value], stats.get(key, 0))
+                known.add(key)
+            yield refused
         # Every other counter of the core (sequencer, groups, journal records …)
         # under its own name, so a new counter is exported without a change here.
         other = CounterMetricFamily(

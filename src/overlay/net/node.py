@@ -71,6 +71,14 @@ that carries each out when it is not this one:
     off: its tables are stale) stops the node as ``stop()`` does, with
     ``rejoin_reason`` set; the runner (``overlay node``, the test harness)
     then starts a new run on the same ports, which joins empty.
+15. Strangers (SPEC §16): both ports speak TLS unless the config says
+    ``[tls] insecure = true`` (logged at WARNING at start, and shown on the
+    admin page).  Connections are accepted and set up by ``net.listener``; a
+    peer link is admitted by ``net.admission`` — a certificate or the secret
+    naming the id its hello claims, this cluster, one live link per id —
+    before anything of it reaches the inbox; every refusal is counted
+    (``overlay.security.refusals``), logged at WARNING with the remote
+    address, answered with a PeerError and closed, and changes nothing.
 """
 
 from __future__ import annotations
@@ -89,19 +97,22 @@ import msgspec
 from overlay.actions import Action, AddPeer, CloseClient, Rejoin, ToClient, ToPeer
 from overlay.auth.keys import verifier_for
 from overlay.config import ClusterConfig, NodeConfig
-from overlay.errors import RemoteProtocolError
+from overlay.errors import PeerRefused, RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import encode_frame, peer_reader
 from overlay.net import membership
 from overlay.net.admin import AdminServer, effective_admin_token
+from overlay.net.admission import Admission
 from overlay.net.capture_writer import CaptureWriter
 from overlay.net.clients import CLIENT_MAGIC, ClientConnections
 from overlay.net.dispatch import INDEX_PAUSE, INDEX_STEP, Dispatcher, SlowLog
 from overlay.net.inbox import READ_CHUNK, FromPeer, Inbox, PeerHelloIn
+from overlay.net.listener import TLS_HANDSHAKE_RECORD, Listener
 from overlay.net.peer_link import ACK_EVERY, ACK_SECONDS, PEER_MAGIC, PeerLink, Sent
 from overlay.net.writer import ConnectionWriter, write_frames
 from overlay.node import NodeCore
+from overlay.security import PEER_REFUSALS, TLS_REFUSALS, Identity, NodeSecurity, Refusal, node_security, stats_key
 
 __all__ = ["CLIENT_MAGIC", "INDEX_PAUSE", "INDEX_STEP", "PEER_MAGIC", "TICK_SECONDS", "Node", "new_incarnation"]
 
@@ -146,9 +157,12 @@ class Node:
         sock: socket.socket | None = None,
         admin_sock: socket.socket | None = None,
         freeze_gc: bool = False,
+        security: NodeSecurity | None = None,
     ) -> None:
         self.config = config
         self.id = node_id
+        # Rule 15; a ConfigError (a missing certificate …) before anything is bound.
+        self.security = security if security is not None else node_security(config, node_id)
         self.core = NodeCore(
             config,
             node_id,
@@ -169,9 +183,19 @@ class Node:
         self.max_frame = config.cluster.max_frame_size
         self._sock = sock
         self.inbox: Inbox = Inbox(config.cluster.peer_queue)
+        self.admission = Admission(
+            node_id,
+            config.cluster.name,
+            self.security,
+            live_within=config.cluster.suspect_timeout,
+            max_frame=self.max_frame,
+        )
+        for reason in (*TLS_REFUSALS, *PEER_REFUSALS):  # every reason exported, at 0 until it happens
+            self._stats[stats_key(reason)] += 0
+        self.listener: Listener | None = None
         self.links: dict[int, PeerLink] = {p.id: self._new_link(p) for p in config.nodes if p.id != node_id}
         self.connections = ClientConnections(
-            node_id, config, self.core, self.inbox, execute=self.execute, spawn=self._spawn
+            node_id, config, self.core, self.inbox, execute=self.execute, spawn=self._spawn, refuse=self.refuse
         )
         self.clients: dict[int, ConnectionWriter] = self.connections.writers
         self.slow_log = SlowLog(self.core, config.cluster.slow_ms)
@@ -214,6 +238,11 @@ class Node:
         while dropped:
             sid, tag = dropped.popleft()
             self._carry_out(self._call("notify_dropped", self.core.notify_dropped, sid, tag))
+
+    def refuse(self, reason: Refusal, address: str, detail: str) -> None:
+        """Rule 15: a connection refused before it reached the core — counted and logged."""
+        self._stats[stats_key(reason)] += 1
+        log.warning("node %d: refused %s from %s: %s", self.id, reason.value, address, detail)
 
     def rejoin(self, reason: str) -> None:
         """Rule 14: this run was declared dead by a majority; it stops (its
@@ -259,24 +288,38 @@ class Node:
     # -- lifecycle (rule 1) ---------------------------------------------------------------
 
     async def run(self) -> None:
-        if self._sock is not None:
-            server = await asyncio.start_server(self._on_connect, sock=self._sock, limit=READ_CHUNK)
-        else:
-            server = await asyncio.start_server(
-                self._on_connect, self.me.host, self.me.port, limit=READ_CHUNK, reuse_address=True
+        sock = self._sock
+        if sock is None:
+            sock = socket.create_server((self.me.host, self.me.port))  # SO_REUSEADDR, as start_server set it
+        self.port = sock.getsockname()[1]
+        tls = "TLS" if not self.security.insecure else "plain TCP"
+        log.info("node %d: listening on %s:%d (%s)", self.id, self.me.host, self.port, tls)
+        if self.security.insecure:
+            log.warning(
+                "node %d: [tls] insecure = true: plain TCP, nothing encrypted — peers prove the cluster secret, "
+                "clients nothing; for a network you trust only",
+                self.id,
             )
-        self.port = server.sockets[0].getsockname()[1]
-        log.info("node %d: listening on %s:%d", self.id, self.me.host, self.port)
         try:
             self.admin_port = self.admin.bind(self._admin_sock)
         except OSError:
-            server.close()
+            sock.close()
             raise
+        listener = self.listener = Listener(
+            self.id,
+            sock,
+            self.security,
+            handshake_timeout=self.config.cluster.peer_timeout,
+            serve=self._serve,
+            spawn=self._spawn,
+            refuse=self.refuse,
+        )
         if self.capture is not None:
             self.capture.open(time.time())
         try:
             async with asyncio.TaskGroup() as tg:
                 self._tg = tg
+                tg.create_task(listener.run(), name=f"listen-{self.id}")
                 for link in self.links.values():
                     tg.create_task(link.run(), name=link.name)
                 tg.create_task(self.dispatcher.run(), name=f"dispatch-{self.id}")
@@ -297,7 +340,7 @@ class Node:
                     gc.callbacks.append(self._gc_timer)
                 self.started.set()
                 await self._stop.wait()
-                server.close()
+                listener.close()
                 if not self.rejoin_reason:  # a run declared dead sends nothing more (rule 14)
                     await self._flush()
                 raise _Stop
@@ -306,7 +349,7 @@ class Node:
         finally:
             with contextlib.suppress(ValueError):
                 gc.callbacks.remove(self._gc_timer)
-            server.close()
+            sock.close()
             for w in self.clients.values():
                 w.writer.close()
             if self.capture is not None:
@@ -328,7 +371,13 @@ class Node:
             hello=self.core.hello,
             answered=self.peer_run,
             changed=self._link_changed,
+            connect=self.admission.dial,
+            refused=self._refused_link,
         )
+
+    def _refused_link(self, exc: PeerRefused) -> None:
+        """A link of ours that this node refused to complete (net.peer_link rule 2): counted (and logged there)."""
+        self._stats[stats_key(Refusal(exc.reason))] += 1
 
     async def _flush(self) -> None:
         """What is queued goes out before the stop, within ``FLUSH_SECONDS``:
@@ -424,50 +473,95 @@ class Node:
 
     # -- connections (rules 2, 6, 9) ---------------------------------------------------------------
 
-    def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._tg is None or self._stop.is_set():
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, identity: Identity, address: str
+    ) -> None:
+        if self._stop.is_set():
             writer.close()
             return
-        self._tg.create_task(self._serve(reader, writer))
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            magic = await asyncio.wait_for(reader.readexactly(4), self.config.cluster.peer_timeout)
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow the
+            # cancel of a stopping node when the read completes at that moment.
+            async with asyncio.timeout(self.config.cluster.peer_timeout):
+                magic = await reader.readexactly(4)
         except (TimeoutError, asyncio.IncompleteReadError, OSError):
             writer.close()
             return
         if magic == PEER_MAGIC:
-            await self._serve_peer(reader, writer)
+            await self._serve_peer(reader, writer, identity, address)
         elif magic == CLIENT_MAGIC:
-            await self.connections.serve(reader, writer)
+            if self.security.verify_clients and not identity.certified:
+                self.refuse(Refusal.NO_CLIENT_CERTIFICATE, address, "[tls] verify_clients = true, and it showed none")
+                text = "this node requires a client certificate of the cluster CA ([tls] verify_clients): give the client one"
+                error = cm.Error(-1, cm.ErrorCode.PROTOCOL, text, fatal=True)
+                with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
+                    write_frames(writer, [CLIENT_MAGIC + encode_frame(error)])
+                writer.close()
+                return
+            await self.connections.serve(reader, writer, address)
+        elif self.security.insecure and magic[0] == TLS_HANDSHAKE_RECORD:
+            await self._refuse_tls_client(reader, writer, magic, address)
         else:
-            log.warning("node %d: connection with unknown preamble %r closed", self.id, magic)
+            log.warning("node %d: connection from %s with unknown preamble %r closed", self.id, address, magic)
             self._stats["rejected_bad_preamble"] += 1
             error = cm.Error(-1, cm.ErrorCode.PROTOCOL, "unknown preamble: expected OVC1 or OVP1", fatal=True)
             with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
                 write_frames(writer, [CLIENT_MAGIC + encode_frame(error)])
             writer.close()
 
-    async def _serve_peer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """A peer's inbound link: its hello first (answered at once, with how
-        many of its run's frames arrived before: rule 9, net.peer_link rule 6),
-        then its messages, acknowledged every ``ACK_EVERY`` frames or
-        ``ACK_SECONDS``."""
+    async def _refuse_tls_client(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes, address: str
+    ) -> None:
+        """Rule 15: a TLS client on an insecure node's port.  Its ClientHello
+        is read to its end (a close with unread bytes would be a reset, which
+        tells it nothing), then plain bytes where its TLS layer wants a
+        record: it fails at once ("wrong version number"), not after its timeout."""
+        self.refuse(Refusal.TLS_ON_PLAIN_PORT, address, "a TLS client on a plain port ([tls] insecure = true)")
+        with contextlib.suppress(TimeoutError, asyncio.IncompleteReadError, OSError):
+            async with asyncio.timeout(self.config.cluster.peer_timeout):
+                rest = await reader.readexactly(1)
+                length = int.from_bytes(head[3:4] + rest, "big")  # the record's length: bytes 3-4 of its header
+                await reader.readexactly(length)
+            text = "this node speaks plain TCP ([tls] insecure = true): connect without TLS"
+            write_frames(writer, [CLIENT_MAGIC + encode_frame(cm.Error(-1, cm.ErrorCode.PROTOCOL, text, fatal=True))])
+        writer.close()
+
+    async def _serve_peer(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, identity: Identity, address: str
+    ) -> None:
+        """A peer's inbound link: admitted first (rule 15: a certificate, or
+        the challenge on the secret, then its hello), the hello answered at
+        once, with how many of its run's frames arrived before (rule 9,
+        net.peer_link rule 6), then its messages, acknowledged every
+        ``ACK_EVERY`` frames or ``ACK_SECONDS``."""
         frames = peer_reader(self.max_frame)
         inbox = self.inbox
+        admission = self.admission
         src = -1
         key = (-1, 0)
         count = acked = 0
         acked_at = 0.0
+        link = None
         try:
+            auth = admission.opened(identity)
+            proven = identity.node
             while data := await reader.read(READ_CHUNK):
+                if link is not None:
+                    link.last_seen = time.monotonic()
                 for msg in frames.feed(data):
-                    if src >= 0:
+                    if src >= 0:  # a handshake message now is the core's protocol error (node.peer_messages)
                         await inbox.put(FromPeer(src, msg), pm.is_high(msg))
                         count += 1
                         continue
-                    if not isinstance(msg, pm.PeerHello):
-                        raise RemoteProtocolError(f"peer link opened with {type(msg).__name__}, not PeerHello")
+                    if auth is not None and proven is None:  # rule 15 without TLS: the challenge first
+                        reply = auth.receive(msg)
+                        if reply is not None:
+                            write_frames(writer, [encode_frame(reply)])
+                        proven = auth.caller
+                        continue
+                    assert proven is not None
+                    link = admission.admit(msg, proven, writer, address, time.monotonic())
+                    assert isinstance(msg, pm.PeerHello)
                     src = msg.node_id
                     key = (src, msg.incarnation)
                     count = acked = self._received_from(key)
@@ -480,8 +574,12 @@ class Node:
                     if count - acked >= ACK_EVERY or now - acked_at >= ACK_SECONDS:
                         write_frames(writer, [encode_frame(pm.LinkAck(count))])
                         acked, acked_at = count, now
+        except PeerRefused as exc:
+            self.refuse(Refusal(exc.reason), address, exc.detail)
+            with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
+                write_frames(writer, [encode_frame(pm.PeerError(exc.reason, exc.detail))])
         except RemoteProtocolError as exc:
-            log.warning("node %d: peer %d misbehaved: %s; closing its link", self.id, src, exc)
+            log.warning("node %d: peer %d (%s) misbehaved: %s; closing its link", self.id, src, address, exc)
             self._stats["rejected_peer_protocol"] += 1
             with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
                 write_frames(writer, [encode_frame(pm.PeerError("protocol_error", str(exc)))])
@@ -490,4 +588,6 @@ class Node:
         except Exception:  # rule 6: this link only
             log.exception("node %d: peer %d link failed", self.id, src)
         finally:
+            if link is not None:
+                admission.closed(link)
             writer.close()

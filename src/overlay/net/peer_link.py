@@ -9,8 +9,12 @@ Rules:
 2. The link opens with a hello each way: ours on connect, the peer's answer
    before anything queued goes out (``net.node`` rule 9).  The answer's
    incarnation goes to ``answered``, which discards what was queued for the
-   peer's previous run when it restarted.  A hello not answered within the
-   peer timeout, or answered by another node, is a failed connect.
+   peer's previous run when it restarted.  ``connect`` comes first: the
+   TCP connection, TLS, and proof that the peer is the node dialled
+   (``net.admission`` rule 5).  Connect and hello not done within the peer
+   timeout, a hello answered by another node or cluster, or a link refused
+   — by either side — is a failed connect.  A refusal this node makes goes
+   to ``refused`` (counted); the first of an outage is logged at WARNING.
 3. While the link is down, ``send`` keeps the queue's bound: past it a frame
    is dropped (``Sent.DROPPED``), the outage's drops are logged once.  While
    it is up, a full queue is backpressure: the frame waits past the bound
@@ -36,18 +40,20 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import ssl
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final
 
 from overlay.config import NodeConfig
-from overlay.errors import RemoteProtocolError
+from overlay.errors import PeerRefused, RemoteProtocolError
 from overlay.messages import peer as pm
 from overlay.messages.codec import encode_frame, peer_reader
 from overlay.net.inbox import READ_CHUNK
 from overlay.net.queues import TwoLevelQueue
 from overlay.net.writer import MAX_BATCH, write_frames
+from overlay.security import Refusal
 
 __all__ = ["ACK_EVERY", "ACK_SECONDS", "BACKOFF_MAX", "BACKOFF_MIN", "PEER_MAGIC", "PeerClosed", "PeerLink", "Sent"]
 
@@ -74,6 +80,9 @@ class PeerClosed(ConnectionResetError):
     """The peer closed our link in order (EOF): it stopped or restarts."""
 
 
+Connect = Callable[[NodeConfig], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+
+
 class PeerLink:
     """The outbound link to ``peer`` (rules 1–5).
 
@@ -92,6 +101,8 @@ class PeerLink:
         hello: Callable[[], pm.PeerHello],
         answered: Callable[[int, int], None],
         changed: Callable[[int, bool], None],
+        connect: Connect,
+        refused: Callable[[PeerRefused], None],
     ) -> None:
         self.node_id = node_id
         self.peer = peer
@@ -100,6 +111,9 @@ class PeerLink:
         self._hello = hello
         self._answered = answered
         self._changed = changed
+        self._connect = connect
+        self._refused = refused
+        self._refusal = ""  # the last refusal logged (rule 2: once per outage and reason)
         self.queue: TwoLevelQueue[bytes] = TwoLevelQueue(queue_size)
         self.connected = asyncio.Event()
         self.connects = 0
@@ -201,8 +215,16 @@ class PeerLink:
             msgs = frames.feed(data)
             if msgs:
                 hello = msgs[0]
+                if isinstance(hello, pm.PeerError):
+                    raise PeerRefused(
+                        hello.code, f"node {self.peer.id} refused the link: {hello.message}", by_peer=True
+                    )
                 if not isinstance(hello, pm.PeerHello) or hello.node_id != self.peer.id:
                     raise RemoteProtocolError(f"node {self.peer.id} answered the hello with {hello!r}")
+                if hello.cluster != self._hello().cluster:
+                    raise PeerRefused(
+                        Refusal.WRONG_CLUSTER, f"node {self.peer.id} belongs to cluster {hello.cluster!r}, not ours"
+                    )
                 self._answered(self.peer.id, hello.incarnation)  # may discard (a new run)
                 self._resume(hello.received)
                 self._pending = msgs[1:]  # acks behind the hello in the same read
@@ -213,48 +235,66 @@ class PeerLink:
         backoff = BACKOFF_MIN
         peer = self.peer
         while True:
+            writer: asyncio.StreamWriter | None = None
             try:
-                reader, writer = await asyncio.open_connection(peer.host, peer.port)
-            except OSError as exc:
-                log.debug("node %d: peer %d unreachable (%s); retry in %.2fs", self.node_id, peer.id, exc, backoff)
-                self._changed(peer.id, False)  # key homes (node.ordering)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
-                continue
-            try:
-                write_frames(writer, [PEER_MAGIC + encode_frame(self._hello())])
                 # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancel
                 # that meets the hello failing, and the link never stopped.
                 async with asyncio.timeout(self.hello_timeout):
+                    reader, writer = await self._connect(peer)
+                    write_frames(writer, [encode_frame(self._hello())])
                     await self._handshake(reader)
+            except PeerRefused as exc:
+                self._refusal_seen(exc)
+            except ssl.SSLCertVerificationError as exc:
+                detail = f"node {peer.id} at {peer.host}:{peer.port}: {exc.verify_message or exc}"
+                self._refusal_seen(PeerRefused(Refusal.BAD_CERTIFICATE, detail))
             except (TimeoutError, OSError, RemoteProtocolError) as exc:
-                log.info(
+                log.log(
+                    logging.INFO if writer is not None else logging.DEBUG,  # a refused TCP connect is routine
                     "node %d: peer %d did not answer the link's hello (%s); retry in %.2fs",
                     self.node_id,
                     peer.id,
                     str(exc) or type(exc).__name__,
                     backoff,
                 )
-                writer.close()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, BACKOFF_MAX)
+            else:
+                backoff = BACKOFF_MIN
+                self._refusal = ""
+                await self._serve(reader, writer)
                 continue
-            backoff = BACKOFF_MIN
-            self._transport = writer.transport
-            self._up()
-            try:
-                self._changed(peer.id, True)
-                log.info("node %d: link to peer %d up", self.node_id, peer.id)
-                await self._pump(reader, writer)
-            except PeerClosed:  # an orderly close (the peer stopped): not a fault
-                log.info("node %d: peer %d closed its link", self.node_id, peer.id)
-            except OSError as exc:
-                log.warning("node %d: link to peer %d lost: %s", self.node_id, peer.id, exc)
-            finally:
-                self.connected.clear()
-                self.down_since = time.time()
+            if writer is not None:
                 writer.close()
-                self._changed(peer.id, False)
+            self._changed(peer.id, False)  # key homes (node.ordering)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _refusal_seen(self, exc: PeerRefused) -> None:
+        """Rule 2: counted when this node refused; logged once per outage and reason."""
+        if not exc.by_peer:
+            self._refused(exc)
+        text = str(exc)
+        level = logging.WARNING if text != self._refusal else logging.DEBUG
+        self._refusal = text
+        log.log(level, "node %d: link to node %d refused: %s", self.node_id, self.peer.id, text)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One connection whose hello was answered, until it fails."""
+        peer = self.peer
+        self._transport = writer.transport
+        self._up()
+        try:
+            self._changed(peer.id, True)
+            log.info("node %d: link to peer %d up", self.node_id, peer.id)
+            await self._pump(reader, writer)
+        except PeerClosed:  # an orderly close (the peer stopped): not a fault
+            log.info("node %d: peer %d closed its link", self.node_id, peer.id)
+        except OSError as exc:
+            log.warning("node %d: link to peer %d lost: %s", self.node_id, peer.id, exc)
+        finally:
+            self.connected.clear()
+            self.down_since = time.time()
+            writer.close()
+            self._changed(peer.id, False)
 
     def _up(self) -> None:
         self.connects += 1
@@ -288,9 +328,15 @@ class PeerLink:
             for half in halves:
                 half.cancel()
             await asyncio.wait(halves)
-        for half in done:
-            if not half.cancelled() and (exc := half.exception()) is not None:
+        errors = [exc for half in done if not half.cancelled() and (exc := half.exception()) is not None]
+        # Both halves may end in one turn (over TLS the writer's drain then
+        # fails with "Connection lost" as the reader sees EOF): an orderly
+        # close is what happened.
+        for exc in errors:
+            if isinstance(exc, PeerClosed):
                 raise exc
+        if errors:
+            raise errors[0]
         raise ConnectionResetError("link ended")  # neither half returns otherwise
 
     async def _write(self, writer: asyncio.StreamWriter) -> None:

@@ -24,6 +24,7 @@ from overlay.net.inbox import Inbox
 from overlay.net.peer_link import PeerLink
 from overlay.net.writer import ConnectionWriter
 from overlay.node import NodeCore
+from overlay.security import NodeSecurity
 
 __all__ = ["NodeView"]
 
@@ -48,6 +49,11 @@ class NodeView(Protocol):
     @property
     def port(self) -> int:
         """The peer/client port the node listens on."""
+        ...
+
+    @property
+    def security(self) -> NodeSecurity:
+        """TLS or not, the contexts of its ports (``overlay.security.tls``)."""
         ...
 
     @property

@@ -27,7 +27,11 @@ What is here:
   two node cores held in memory, for harnesses that drive ``NodeCore``s
   without sockets (the core-pair links and the simulator of SPEC §15).
 * ``wait_until``, ``nodes_quiet``, ``bound_socket``, ``free_ports`` — bounded
-  condition waits and loopback sockets.
+  condition waits and loopback sockets; ``insecure_tls``, ``dev_tls`` — how
+  test nodes talk (plain TCP with a secret, or TLS with development
+  certificates), ``tls_toml``/``with_tls_table`` for a config file of
+  them; ``dial_peer``, ``accept_peer`` — a test playing a node on
+  a peer link, opening it as nodes do (SPEC §16).
 * ``Ledger``/``Sub`` — the exactly-once ledger of SPEC §8.2;
   ``Traffic``, ``skewed_price``, ``range_subscriptions`` — skewed load that
   makes a cluster balance.
@@ -42,7 +46,19 @@ What is here:
 from overlay.testing._audit import Audit, Verdict, consume, publish_steadily
 from overlay.testing._cluster import LoopbackCluster, override
 from overlay.testing._ledger import Ledger, Sub
-from overlay.testing._loopback import WAIT, bound_socket, free_ports, nodes_quiet, wait_until
+from overlay.testing._loopback import (
+    LOOPBACK_SECRET,
+    WAIT,
+    bound_socket,
+    dev_tls,
+    free_ports,
+    insecure_tls,
+    nodes_quiet,
+    tls_toml,
+    wait_until,
+    with_tls_table,
+)
+from overlay.testing._peer import accept_peer, dial_peer
 from overlay.testing._processes import NodeProcesses, Partition, log_time, write_cluster_config
 from overlay.testing._raw_client import RawClient
 from overlay.testing._traffic import GOLDEN, QUEUE_SIZE, Traffic, range_subscriptions, skewed_price
@@ -50,6 +66,7 @@ from overlay.testing.memory_link import MemoryLink
 
 __all__ = [
     "GOLDEN",
+    "LOOPBACK_SECRET",
     "QUEUE_SIZE",
     "WAIT",
     "Audit",
@@ -62,15 +79,21 @@ __all__ = [
     "Sub",
     "Traffic",
     "Verdict",
+    "accept_peer",
     "bound_socket",
     "consume",
+    "dev_tls",
+    "dial_peer",
     "free_ports",
+    "insecure_tls",
     "log_time",
     "nodes_quiet",
     "override",
     "publish_steadily",
     "range_subscriptions",
     "skewed_price",
+    "tls_toml",
     "wait_until",
+    "with_tls_table",
     "write_cluster_config",
 ]

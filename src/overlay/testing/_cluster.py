@@ -14,6 +14,11 @@ Rules this module keeps:
    node, awaits each task (bounded) and closes every socket, and then fails
    if a node ended with an error — unless the test already failed.
 4. A node's counters outlive it: ``stat`` and ``journal`` read stopped nodes too.
+5. The nodes speak plain TCP, proving the test cluster's secret to each
+   other, unless ``tls=True``: then TLS with development certificates
+   (``_loopback`` rule 3), and every client, raw client and admin request
+   of the cluster's own goes over TLS with the CA (``client_ssl``,
+   ``url``).  ``tls=None`` keeps the config's own ``[tls]`` table.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import ssl
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -32,7 +38,8 @@ import msgspec
 from overlay.client import AgentClient, AgentSettings, Client
 from overlay.config import AuthSettings, ClusterConfig, NodeConfig, load_config
 from overlay.net.node import Node
-from overlay.testing._loopback import HOST, WAIT, bound_socket, nodes_quiet, wait_until
+from overlay.security import client_ssl
+from overlay.testing._loopback import HOST, WAIT, bound_socket, dev_tls, insecure_tls, nodes_quiet, wait_until
 from overlay.testing._raw_client import RawClient
 
 __all__ = ["LoopbackCluster", "override"]
@@ -93,6 +100,7 @@ class LoopbackCluster:
       socket (``socks[i]``) and no node: a peer that is down, or that the test
       plays itself by listening on that socket.
     * ``sndbuf`` — the send buffer of every node's sockets.
+    * ``tls`` — TLS between everyone (rule 5); default plain TCP with a secret.
     * ``autostart`` — ``async with`` starts every node and waits until the
       cluster is ready; off, the test calls ``start``/``start_node`` itself.
 
@@ -117,6 +125,7 @@ class LoopbackCluster:
         placeholders: Iterable[int] = (),
         sndbuf: int | None = None,
         autostart: bool = True,
+        tls: bool | None = False,
         **cluster: Any,
     ) -> None:
         base = config if isinstance(config, ClusterConfig) else load_config(Path(config))
@@ -148,14 +157,18 @@ class LoopbackCluster:
         except BaseException:
             self._close_sockets()
             raise
+        self._dev_tls = bool(tls)
+        if tls is not None:  # rule 5
+            base = msgspec.structs.replace(base, tls=dev_tls(ids) if tls else insecure_tls())
         self.config: ClusterConfig = base.with_nodes(tuple(nodes))
         try:
+            self.client_ssl: ssl.SSLContext | None = client_ssl(self.config)
             self.nodes: dict[int, Node] = {
                 i: Node(self.config, i, sock=self.socks[i], admin_sock=self.admin_socks.get(i))
                 for i in ids
                 if i not in fake
             }
-        except BaseException:  # e.g. an [auth] key that cannot be read: no socket left open
+        except BaseException:  # e.g. an [auth] key or a certificate that cannot be read: no socket left open
             self._close_sockets()
             raise
         self.tasks: dict[int, asyncio.Task[None]] = {}
@@ -181,8 +194,8 @@ class LoopbackCluster:
         return (HOST, self.ports[node])
 
     def url(self, node: int = 0) -> str:
-        """The node's admin HTTP endpoint (once it has started)."""
-        return f"http://{HOST}:{self.nodes[node].admin_port}"
+        """The node's admin HTTP endpoint (once it has started): https with TLS (rule 5)."""
+        return f"{self.nodes[node].security.scheme}://{HOST}:{self.nodes[node].admin_port}"
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -272,6 +285,8 @@ class LoopbackCluster:
             self.admin_socks[new_id] = bound_socket()
         me = NodeConfig(new_id, HOST, self.ports[new_id], self._port(self.admin_socks.get(new_id)), capacity)
         config = self.config.with_nodes((*self.config.nodes, me))
+        if self._dev_tls:  # its certificate, from the same CA (rule 5)
+            config = msgspec.structs.replace(config, tls=dev_tls([*self.socks]))
         self.nodes[new_id] = Node(config, new_id, sock=self.socks[new_id], admin_sock=self.admin_socks.get(new_id))
         return await self.start_node(new_id, timeout=timeout)
 
@@ -304,6 +319,7 @@ class LoopbackCluster:
         """A connected ``Client`` of these nodes (its addresses in this order),
         closed by ``stop``.  It does not reconnect unless asked: a client whose
         node went away fails, instead of calling that node again and again."""
+        options.setdefault("ssl", self.client_ssl)
         c = Client([self.addr(i) for i in nodes], client_id=client_id, reconnect=reconnect, **options)
         self.clients.append(c)
         return await c.connect()
@@ -311,7 +327,9 @@ class LoopbackCluster:
     async def agent(self, *nodes: int, **settings: Any) -> AgentClient:
         """A connected ``AgentClient`` of these nodes, once it is connected to
         every one; ``settings`` are ``AgentSettings`` fields."""
-        a = AgentClient([self.addr(i) for i in nodes], settings=msgspec.convert(settings, AgentSettings))
+        a = AgentClient(
+            [self.addr(i) for i in nodes], settings=msgspec.convert(settings, AgentSettings), ssl=self.client_ssl
+        )
         self.clients.append(a)
         await a.connect()
         await wait_until(lambda: len(a.connected) == len(nodes), WAIT, "agent connected everywhere")
@@ -319,13 +337,14 @@ class LoopbackCluster:
 
     async def raw(self, node: int, **options: Any) -> RawClient:
         """A ``RawClient`` of ``node`` (the client protocol spoken directly)."""
+        options.setdefault("ssl", self.client_ssl)
         c = RawClient(self.addr(node), **options)
         self.clients.append(c)
         return await c.connect()
 
     async def admin(self, node: int, command: str, /, **args: Any) -> Any:
         """An admin command through ``node`` (client protocol); its result."""
-        async with Client([self.addr(node)], reconnect=False) as c:
+        async with Client([self.addr(node)], reconnect=False, ssl=self.client_ssl) as c:
             return await c.admin(command, **args)
 
     # -- what the nodes did -----------------------------------------------------------

@@ -8,16 +8,29 @@ Rules this module keeps:
    their own port (a socket cannot be handed over), and it may race.
 2. Every wait is bounded and polls a condition: a loaded machine only makes
    the condition come later, never makes a test pass on a guess.
+3. How test nodes talk (SPEC §16): plain TCP with the cluster secret
+   (``insecure_tls``) unless a test asks for TLS (``dev_tls``): development
+   certificates made once per process in a temporary directory (gone at
+   exit), for every node id asked so far — a few milliseconds each.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import json
+import re
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Collection, Iterable
+from pathlib import Path
 from typing import Final
 
+import msgspec
+
+from overlay.config import TlsSettings
 from overlay.net.node import Node
 
 HOST: Final = "127.0.0.1"
@@ -30,6 +43,54 @@ WAIT: Final = 10.0
 # Between two polls of a condition: short next to any test's bound, long
 # enough that polling costs the nodes sharing the loop next to nothing.
 POLL: Final = 0.005
+
+
+# Rule 3: the secret of every insecure test cluster (never a real one's).
+LOOPBACK_SECRET: Final = "loopback test cluster secret"
+_certs_dir: Path | None = None
+
+
+def insecure_tls(secret: str = LOOPBACK_SECRET) -> TlsSettings:
+    """Rule 3: plain TCP, peers proving ``secret``."""
+    return TlsSettings(insecure=True, secret=secret)
+
+
+def dev_tls(ids: Iterable[int], host: str = "127.0.0.1") -> TlsSettings:
+    """Rule 3: TLS with this process's development certificates, made for ``ids`` if new."""
+    from overlay.security.certs import make_dev_certs  # cryptography: only for the tests that ask
+
+    global _certs_dir
+    if _certs_dir is None:
+        _certs_dir = Path(tempfile.mkdtemp(prefix="overlay-test-certs-"))
+        atexit.register(shutil.rmtree, _certs_dir, True)
+    make_dev_certs(_certs_dir, [(i, host) for i in ids])
+    d = _certs_dir
+    return TlsSettings(
+        ca=str(d / "ca.pem"),
+        cert=str(d / "node-{id}.pem"),
+        key=str(d / "node-{id}.key"),
+        client_cert=str(d / "client.pem"),
+        client_key=str(d / "client.key"),
+    )
+
+
+def tls_toml(tls: TlsSettings) -> str:
+    """``tls`` as a ``[tls]`` table of a config file (the keys that differ from the defaults)."""
+    default = TlsSettings()
+    lines = ["[tls]"]
+    for key, value in msgspec.to_builtins(tls).items():
+        if value != getattr(default, key):
+            lines.append(f"{key} = {json.dumps(value)}")  # JSON strings and booleans are TOML's too
+    return "\n".join(lines) + "\n"
+
+
+def with_tls_table(text: str, tls: TlsSettings) -> str:
+    """A config file's ``text`` with its ``[tls]`` table replaced by ``tls``'s
+    (added when it has none): a copy of a shipped config, for a test cluster's
+    command line."""
+    table = tls_toml(tls) + "\n"
+    replaced, n = re.subn(r"(?ms)^\[tls\]\n.*?(?=^\[|\Z)", lambda _: table, text)
+    return replaced if n else text.rstrip("\n") + "\n\n" + table
 
 
 def free_ports(n: int) -> list[int]:

@@ -44,8 +44,10 @@ from pathlib import Path
 from typing import Final
 
 from overlay.client import Client
+from overlay.config import TlsSettings, load_config
 from overlay.errors import OverlayError
-from overlay.testing._loopback import WAIT
+from overlay.security import client_ssl
+from overlay.testing._loopback import WAIT, insecure_tls, tls_toml
 
 __all__ = ["NodeProcesses", "Partition", "log_time", "write_cluster_config"]
 
@@ -88,10 +90,12 @@ def write_cluster_config(
     settings: Mapping[str, object] | None = None,
     capacities: Sequence[float] | None = None,
     admin_ports: Sequence[int] | None = None,
+    tls: TlsSettings | None = None,
 ) -> Path:
     """A config of ``len(addresses)`` nodes (ids 0…, node 0 the initializer;
-    admin ports ephemeral unless given), with ``[cluster]`` ``settings`` and
-    ``SCHEMA``."""
+    admin ports ephemeral unless given), with ``[cluster]`` ``settings``,
+    ``SCHEMA`` and ``tls`` (default: plain TCP and the test secret,
+    ``insecure_tls``; ``dev_tls(ids, host)`` for TLS)."""
     settings = dict(settings or {})
     lines = ["[cluster]", f"name = {_toml(settings.pop('name', name))}", "initializer = 0"]
     lines += [f"{k} = {_toml(v)}" for k, v in settings.items()]
@@ -100,7 +104,8 @@ def write_cluster_config(
         admin = admin_ports[i] if admin_ports else 0
         lines += ["", "[[nodes]]", f"id = {i}", f"host = {_toml(host)}", f"port = {port}"]
         lines += [f"admin_port = {admin}", f"capacity = {cap!r}"]
-    path.write_text("\n".join(lines) + "\n\n" + SCHEMA)
+    lines += ["", tls_toml(tls or insecure_tls())]
+    path.write_text("\n".join(lines) + "\n" + SCHEMA)
     return path
 
 
@@ -130,6 +135,7 @@ class NodeProcesses:
         self.logs = logs
         self.prefix = dict(prefix or {})
         self.log_level = log_level
+        self.tls = client_ssl(load_config(config))  # how ``status`` talks to the nodes
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.runs: dict[int, int] = {}
         self.paused: set[int] = set()
@@ -216,7 +222,8 @@ class NodeProcesses:
 
     async def status(self, node: int, timeout: float = 2.0) -> dict[str, object]:
         """Node ``node``'s ``status`` admin answer, over a connection of its own."""
-        c = await Client([self.addr(node)], client_id=f"status-{node}", reconnect=False).connect(timeout=timeout)
+        c = Client([self.addr(node)], client_id=f"status-{node}", reconnect=False, ssl=self.tls)
+        await c.connect(timeout=timeout)
         try:
             result: dict[str, object] = await c.admin("status", timeout=timeout)
             return result

@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable
+from ssl import SSLContext
 from typing import Any
 
 from overlay.messages import client as cm
@@ -44,8 +45,10 @@ class RawClient:
         lf: float = 0.0,
         delay: float = 0.0,
         answer_revokes: bool = True,
+        ssl: SSLContext | None = None,
     ) -> None:
         self.addr = addr
+        self.ssl = ssl  # TLS with this context (its CA), or plain TCP
         self.auto_ack = auto_ack
         self.answer_revokes = answer_revokes
         self.lf = lf
@@ -62,7 +65,7 @@ class RawClient:
         self._writer: asyncio.StreamWriter | None = None
 
     async def connect(self, timeout: float = WAIT) -> RawClient:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.addr), timeout)
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.addr, ssl=self.ssl), timeout)
         self._writer = writer
         writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(f"raw-{id(self)}")))
         assert await asyncio.wait_for(reader.readexactly(4), timeout) == CLIENT_MAGIC

@@ -317,7 +317,19 @@ function renderFeed(s) {
 
 // -- wiring ----------------------------------------------------------------------------------
 
+// A cluster running without TLS says so on every page (SPEC §16; [tls] insecure = true).
+function renderSecurity(s) {
+  const plain = s.insecure_nodes || [];
+  const box = $("#insecure");
+  box.hidden = plain.length === 0;
+  box.textContent = plain.length === 0 ? "" :
+    `⚠ not encrypted: node${plain.length > 1 ? "s" : ""} ${plain.join(", ")} run${plain.length > 1 ? "" : "s"} ` +
+    "with [tls] insecure = true — plain TCP, peers prove the cluster secret, clients nothing. " +
+    "For a network you trust only.";
+}
+
 function render(s) {
+  renderSecurity(s);
   renderTotals(s);
   renderNodes(s);
   renderChart(s);
