@@ -9,6 +9,7 @@ refusals.
 from __future__ import annotations
 
 import os
+import re
 import ssl
 import stat
 import subprocess
@@ -161,9 +162,10 @@ def test_the_command_refuses_bad_arguments_in_one_line(
 
 
 def test_a_node_without_its_certificate_says_so_in_one_line(tmp_path: Path) -> None:
-    # local.toml as a user copies it, without running `overlay certs dev` first.
+    # local.toml as a user copies it, without running `overlay certs dev` first
+    # (on ephemeral ports: tests never take fixed ones).
     config = tmp_path / "local.toml"
-    config.write_text(LOCAL.read_text())
+    config.write_text(re.sub(r"(?m)^(admin_)?port = \d+$", r"\1port = 0", LOCAL.read_text()))
     proc = subprocess.run(
         [sys.executable, "-m", "overlay", "node", "--config", str(config), "--id", "0"],
         capture_output=True,

@@ -6,9 +6,11 @@
    ``await`` allowed).  A runnable block is run as a user would run it — its
    own Python process — against a real three-node cluster started in this
    test's event loop on loopback ephemeral ports (``admincluster``, the
-   config of ``cluster_configs/local.toml``): its one ``ADDRESSES = […]``
-   line is replaced by the cluster's addresses, and its standard output must
-   equal the ```text block that follows it in the page.
+   config of ``cluster_configs/local.toml``, with TLS): its one ``ADDRESSES
+   = […]`` line is replaced by the cluster's addresses, the
+   ``cluster_configs/local.toml`` it reads the CA from is a copy naming the
+   cluster's certificates, and its standard output must equal the ```text
+   block that follows it in the page.
 2. Every relative link in docs/*.md, README.md and spark/SCHEMA.md names a
    file that exists, and every ``#anchor`` a heading of that file (GitHub's
    anchor rules); none of them refers users to the internal specification,
@@ -31,6 +33,7 @@ from typing import NamedTuple
 import pytest
 
 from admincluster import AdminCluster
+from overlay.testing import with_tls_table
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -85,9 +88,14 @@ def test_every_python_block_is_marked_and_fragments_compile() -> None:
 
 @pytest.mark.parametrize("block", runnable(), ids=lambda b: f"client.md:{b.line}")
 async def test_runnable_example_prints_what_the_page_says(block: Block, tmp_path: Path) -> None:
-    async with AdminCluster(3) as cl:
+    async with AdminCluster(3, tls=True) as cl:
         addresses = [cl.addr(i) for i in range(3)]
         code = ADDRESSES_LINE.sub(f"ADDRESSES = {addresses!r}", block.code)
+        # The examples read the cluster's CA from cluster_configs/local.toml, relative
+        # to where they run: here, a copy naming this cluster's certificates.
+        (tmp_path / "cluster_configs").mkdir()
+        local = with_tls_table((ROOT / "cluster_configs" / "local.toml").read_text(), cl.config.tls)
+        (tmp_path / "cluster_configs" / "local.toml").write_text(local)
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",

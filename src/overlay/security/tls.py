@@ -83,7 +83,8 @@ def tls_path(config: ClusterConfig, template: str, node_id: int | None = None) -
 def _existing(config: ClusterConfig, key: str, path: Path) -> str:
     if not path.is_file():
         what = "does not exist" if not path.exists() else "is not a file"
-        raise ConfigError(f"{_where(config)}: [tls] {key}: {path} {what}; {DEV_HINT.format(path=_where(config))}")
+        hint = DEV_HINT.replace("DIR", str(path.parent)).format(path=_where(config))
+        raise ConfigError(f"{_where(config)}: [tls] {key}: {path} {what}; {hint}")
     if not os.access(path, os.R_OK):
         raise ConfigError(f"{_where(config)}: [tls] {key}: {path} is not readable by this user")
     return str(path)
