@@ -103,6 +103,11 @@ class Listener:
                 continue
             n += 1
             conn.setblocking(False)
+            # Small frames go out at once (as uvloop's transports do anyway): the
+            # standard loop sets it only on sockets created with IPPROTO_TCP, and
+            # without it a TLS hello waited ~40 ms for a delayed ACK.
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._closed:
                 conn.close()
                 return
