@@ -216,6 +216,8 @@ class Liveness:
 
     def has_quorum(self, now: float) -> bool:
         """Rule 4: a majority live, and its lease held."""
+        if not self._peers:  # a cluster of one
+            return True
         if now < self._quorum_until and len(self._peers) == self._quorum_peers:
             return True
         need = self.majority() - 1
