@@ -146,7 +146,6 @@ def cmd_pub(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     if args.node is not None:
         config_node(cfg, args.node)
-    cluster_tls(cfg)  # rule 1: a missing certificate is the config's fault, said before connecting
     if args.events:
         _check_events(cfg, args.events, "event")
     else:  # read before the event loop starts: Ctrl-C ends a blocked read at once
@@ -158,6 +157,9 @@ def cmd_pub(args: argparse.Namespace) -> int:
         check_order(args.key, args.rank + len(args.events) - 1 if args.rank else 0)
     except LocalProtocolError as exc:
         raise UsageError(str(exc)) from None
+    # Rule 1: a missing certificate is the config's fault, said before connecting
+    # (after the arguments: a bad event is the user's to fix whatever the config).
+    cluster_tls(cfg)
     return run_command(run_pub(args))
 
 
@@ -210,11 +212,11 @@ def cmd_sub(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     if args.node is not None:
         config_node(cfg, args.node)
-    cluster_tls(cfg)  # rule 1: a missing certificate is the config's fault, said before connecting
     try:
         parse_subscription(args.expression, cfg.schema)
     except (ExpressionError, SchemaError) as exc:
         raise UsageError(f"expression: {one_line(exc)}") from None
+    cluster_tls(cfg)  # rule 1, after the arguments (cmd_pub)
     return run_command(run_sub(args))
 
 
