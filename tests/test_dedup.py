@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from overlay.node.dedup import SeenEvents
+from overlay.node.dedup import RankMarks, Recent, SeenEvents, TrackedCopies
 
 
 def test_an_id_is_new_once_and_seen_after_within_the_window() -> None:
@@ -63,3 +63,42 @@ def test_a_duplicate_does_not_refresh_the_id() -> None:
 def test_absurd_settings_are_refused(window: float, limit: int) -> None:
     with pytest.raises(ValueError, match="dedup window"):
         SeenEvents(window, limit)
+
+
+def test_recent_keeps_a_value_per_id_for_the_window_and_the_bound() -> None:
+    stats: Counter[str] = Counter()
+    r: Recent[int] = Recent(10.0, 2, stats, name="x")
+    r.put("a", 1, 0.0)
+    r.put("a", 2, 5.0)  # a known id keeps its place in time
+    assert r.get("a") == 2
+    r.put("b", 3, 6.0)
+    r.put("c", 4, 7.0)  # past the bound: the oldest goes, counted
+    assert "a" not in r and stats["x_evicted_early"] == 1
+    r.expire(16.5)
+    assert "b" not in r and r.get("c") == 4
+
+
+def test_a_tracked_copy_is_answered_as_the_first_and_one_not_taken_is_forgotten() -> None:
+    t = TrackedCopies(60.0, 100)
+    t.delivered("e1", "g1", 3, "ch", "workers", 0.0)
+    t.delivered("e1", "p1", 3, "ch", "", 0.0)
+    copies = t.of("e1")
+    assert copies is not None and copies["g1"].acked is None
+    copies["g1"].also = [4]
+    assert t.waited_on("e1", ("g1",)) and not t.waited_on("e1", ("p1",))
+    assert t.resolved("e1", "g1", True, 0.5) == [4]
+    assert copies["g1"].acked and copies["g1"].lf == 0.5
+    assert t.resolved("e1", "p1", False) == [] and "p1" not in copies
+    assert t.group_choices(3, "ch") == [("e1", "workers", "g1", True)]
+    assert t.group_choices(2, "ch") == []
+
+
+def test_a_keyed_copy_at_or_below_a_rank_delivered_is_late() -> None:
+    m = RankMarks(30.0, 100)
+    assert not m.stale("g1", "k", 3)
+    m.delivered("g1", "k", 3, 0.0)
+    m.delivered("g1", "k", 2, 0.0)  # never backwards
+    assert m.stale("g1", "k", 3) and m.stale("g1", "k", 1) and not m.stale("g1", "k", 4)
+    assert not m.stale("g2", "k", 1) and not m.stale("g1", "j", 1)  # per subscription and key
+    m.expire(31.0)
+    assert not m.stale("g1", "k", 3)  # a key forgotten since may start again at 1

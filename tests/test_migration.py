@@ -66,6 +66,9 @@ SAMPLES: dict[type, pm.PeerMessage] = {
     pm.PeerAuth: pm.PeerAuth(1, "local", b"n" * 32),
     pm.PeerChallenge: pm.PeerChallenge(2, b"n" * 32, b"p" * 32),
     pm.PeerProof: pm.PeerProof(b"p" * 32),
+    pm.KeySync: pm.KeySync(1, (pm.KeyOp("k", seq=2),)),
+    pm.KeySynced: pm.KeySynced(1),
+    pm.KeyAsk: pm.KeyAsk(1),
 }
 
 

@@ -177,8 +177,9 @@ async def test_high_priority_frame_overtakes_normal_ones_queued_for_a_peer():
         high = pm.LIEM(0, "STABLE", 1.0, 1.0, 1.0, 7)
         node.execute([ToPeer(1, m) for m in normals] + [ToPeer(1, high)])
         # Only the LIEM is high: the initializer waits to hear from node 1
-        # before it initialises (node.boot rule 2), so no RoutingTableInit yet.
-        high_queued = [f for f in link.queue.high if b"Heartbeat" not in f]
+        # before it initialises (node.boot rule 2), so no RoutingTableInit yet
+        # (a new run's KeyAsk, node.keyhome rule 6, is high too: not counted).
+        high_queued = [f for f in link.queue.high if b"Heartbeat" not in f and b"KeyAsk" not in f]
         assert [len(high_queued), len(link.queue.normal)] == [1, 50]
 
         got: list[pm.PeerMessage] = []
@@ -186,16 +187,17 @@ async def test_high_priority_frame_overtakes_normal_ones_queued_for_a_peer():
 
         async def fake_peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             frames, first = await accept_peer(reader, writer, c.config, 1)  # as node 1 would (SPEC §16)
-            got.extend(m for m in first if type(m) is not pm.Heartbeat)
+            got.extend(m for m in first if type(m) not in (pm.Heartbeat, pm.KeyAsk))
             answered = False
-            # Heartbeats (high, sent every tick) interleave: left out here.
+            # Heartbeats (high, sent every tick) interleave, and the KeyAsk of a
+            # new run (high, node.keyhome rule 6): left out here.
             while True:
                 if got and not answered:  # the link's hello wants one back (net.node rule 9)
                     writer.write(encode_frame(pm.PeerHello(1, c.config.cluster.name, incarnation=1)))
                     answered = True
                 if len(got) >= 52 or not (data := await reader.read(65536)):
                     break
-                got.extend(m for m in frames.feed(data) if type(m) is not pm.Heartbeat)
+                got.extend(m for m in frames.feed(data) if type(m) not in (pm.Heartbeat, pm.KeyAsk))
             done.set()
             await reader.read()  # hold the link open until the node stops
             writer.close()

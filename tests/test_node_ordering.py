@@ -83,20 +83,25 @@ def test_a_duplicate_rank_is_refused_at_the_home_with_the_publish_seq() -> None:
     assert net.cores[1].ordering.sequencer.counters["rejected_duplicate"] == 1
 
 
-def test_a_home_whose_link_drops_gets_its_unsequenced_events_re_sent_to_the_new_home() -> None:
+def test_a_home_whose_link_only_drops_stays_the_home_and_the_event_waits_for_the_link() -> None:
+    """Links lose nothing while both runs live: a home moves on a death, not
+    on a link's blink (two homes would sequence one key; node.ordering rule 1)."""
     net = CoreLink(CONFIG)
     net.start()
     key = next(k for k in (f"key{i}" for i in range(100)) if rendezvous_home(k, [0, 1, 2]) == 2)
     pub = net.open_client(0, "pub")
-    net.pause(0, 2)  # the event to the home never arrives
+    net.pause(0, 2)  # the event to the home waits on the link
     net.client_send(0, pub, cm.Publish(1, EVENT, 0.0, key, 0))
     net.execute(0, net.cores[0].peer_link(2, False, net.now))
-    new_home = rendezvous_home(key, [0, 1])
-    assert net.cores[0].ordering.home_of(key) == new_home
+    assert net.cores[0].ordering.home_of(key) == 2
+    _settle(net)
+    assert net.received(0, pub, kind=cm.PubAck) == []
+    net.release()
+    net.execute(0, net.cores[0].peer_link(2, True, net.now))
     _settle(net)
     assert [m.seq for m in net.received(0, pub, kind=cm.PubAck)] == [1]
-    assert net.cores[new_home].ordering.sequencer.context(key) is not None
-    assert net.cores[0].stats["ordered_rehomed"] == 1
+    assert net.cores[2].ordering.sequencer.context(key) is not None
+    assert all(net.cores[i].ordering.sequencer.context(key) is None for i in (0, 1))
 
 
 def test_recent_publishes_are_remembered_in_two_generations_at_constant_cost() -> None:

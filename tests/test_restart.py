@@ -66,7 +66,8 @@ def test_a_cold_start_initialises_once_every_peer_said_it_has_no_table() -> None
 
 def test_the_initializer_waits_for_silent_peers_only_as_long_as_the_grace() -> None:
     core = NodeCore(CONFIG, 0, incarnation=7)
-    assert core.boot(0.0) == [] and not core.has_table
+    # Nothing but the asks for its keys' states (node.keyhome rule 6).
+    assert {type(a.msg) for a in core.boot(0.0)} == {pm.KeyAsk} and not core.has_table
     beats = {pm.Heartbeat}  # sent from the start, table or not
     assert {type(a.msg) for a in core.tick(CONFIG.cluster.peer_timeout / 2)} <= beats and not core.has_table
     acts = core.tick(CONFIG.cluster.peer_timeout + 0.1)

@@ -10,6 +10,7 @@ from overlay.seq import (
     DuplicateRank,
     ExpiryPolicy,
     InvalidRank,
+    KeyState,
     Release,
     SeqStatus,
     Sequencer,
@@ -245,3 +246,46 @@ def test_any_interleaving_keeps_order_and_accounts_for_every_event(steps, policy
     assert s.held == 0, "an event held forever"
     c = s.counters
     assert len(seen_events) + c["expired_dropped"] == accepted
+
+
+# -- moving a key (rule 8) -----------------------------------------------------------------------
+
+
+def test_a_state_carries_the_held_events_and_the_one_in_flight_and_adopt_resumes_there():
+    s = Sequencer()
+    for r in (1, 2, 4):
+        s.arrive("k", r, f"e{r}", 0.0)
+    st = s.state("k")
+    assert (st.seq, st.last_assigned, st.events) == (1, 4, {1: "e1", 2: "e2", 4: "e4"})
+    t = Sequencer()
+    assert ranks(t.adopt(st, 1.0)) == [1]  # not complete: released again
+    assert t.context("k") == (SeqStatus.PROCESSING, 1, 2)
+    assert ranks(t.complete("k", 1, 1.1)) == [2]
+    assert ranks(t.arrive("k", None, "e5", 1.2)) == []  # ranks continue past the last assigned
+    assert t.state("k").last_assigned == 5
+    assert t.complete("k", 2, 1.3) is None  # rank 3 missing: rank 4 waits
+    assert t.context("k") == (SeqStatus.PENDING, 3, 2)
+
+
+def test_adopt_leaves_complete_ranks_out_and_a_state_without_the_next_rank_waits():
+    t = Sequencer(SequencerConfig(hold_ttl=1.0))
+    assert t.adopt(KeyState("k", 3, 6, {2: "old", 5: "e5"}), 0.0) is None
+    assert t.context("k") == (SeqStatus.PENDING, 3, 1)
+    assert ranks(t.expire(1.5)) == [5]  # the gap expires as any other (skip)
+
+
+def test_adopt_into_a_key_that_has_a_context_unites_them():
+    t = Sequencer()
+    t.arrive("k", 1, "e1", 0.0)
+    assert t.adopt(KeyState("k", 1, 3, {1: "e1", 2: "e2", 3: "e3"}), 0.1) is None  # rank 1 is in flight here
+    assert t.context("k") == (SeqStatus.PROCESSING, 1, 2)
+    assert ranks(t.complete("k", 1, 0.2)) == [2]
+
+
+def test_expiry_names_the_keys_it_changed_and_forget_drops_a_key():
+    s = Sequencer(SequencerConfig(hold_ttl=1.0, processing_ttl=2.0, key_ttl=5.0))
+    s.arrive("a", 2, "a2", 0.0)  # a gap: skipped at 1.0
+    s.arrive("b", 1, "b1", 0.0)  # in flight: timed out at 2.0
+    s.expire(3.0)
+    assert sorted(s.expired_keys) == ["a", "b"]
+    assert s.forget("a") is not None and "a" not in s and s.forget("a") is None

@@ -298,8 +298,9 @@ def test_no_quorum_sends_the_client_to_another_node(monkeypatch: pytest.MonkeyPa
 def test_a_run_declared_dead_was_dying_since_its_pause_began() -> None:
     """A paused node a majority declared dead rejoins; its clients' subscriptions
     date its death from the pause (invariants rule 6)."""
-    sim, nf = started(seed=10)
+    sim, nf = started(seed=10, p_keyed=0.0, p_group=0.0)  # the workload whose start subscribed on node 2
     c = client_on(sim, 2)
+    assert c.subs
     run_for(sim, 0.1)
     paused_at = sim.net.step_no
     nf.pause(2, 0.3)

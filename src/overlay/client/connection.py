@@ -369,7 +369,7 @@ class Client:
         ``key`` (and optionally ``rank``) ask for ordered delivery (SPEC §10).
         """
         check_order(key, rank)
-        eid = "" if key else self.protocol.next_event_id()  # a keyed event is named by the node
+        eid = self.protocol.next_event_id()  # keyed too: its home sequences a re-send once (node.keyhome)
         reply = await self._ask(cm.Publish(0, event, time.time(), key, rank, eid), timeout, retry=True)
         assert isinstance(reply, cm.PubAck)
         return reply.event_id
@@ -386,7 +386,7 @@ class Client:
         """One attempt, for a caller that handles Choke itself (the routing agent).
 
         ``event_id``: the id of the event (protocol rule 8), the same on each
-        attempt of one publish; "" names a new one (a keyed event: the node).
+        attempt of one publish; "" names a new one.
 
         Returns the PubAck or the Choke; raises ``RequestError`` (``NotReady``
         for not_ready) for a rejection, ``ConnectionLost`` if the connection
@@ -395,7 +395,7 @@ class Client:
         check_order(key, rank)
         if not self.connected:
             raise ConnectionLost("not connected to the access node")
-        eid = "" if key else event_id or self.protocol.next_event_id()
+        eid = event_id or self.protocol.next_event_id()
         reply = await self._ask(cm.Publish(0, event, time.time(), key, rank, eid), timeout, retry=False)
         if isinstance(reply, cm.Error):
             if reply.code == cm.ErrorCode.NOT_READY:

@@ -277,7 +277,7 @@ class AgentClient:
         agent = self.agent
         pending = self._pending
         failed: set[int] = set()  # nodes that timed out on this publish
-        event_id = "" if key else f"{self._event_prefix}{next(self._event_no)}"  # rule 3: one id, every attempt
+        event_id = f"{self._event_prefix}{next(self._event_no)}"  # rule 3: one id, every attempt
         while True:
             now = clock()
             if now >= deadline:

@@ -35,7 +35,13 @@ __all__ = [
     "Event",
     "EventsDelivered",
     "EventsMatched",
+    "GroupChoice",
     "Heartbeat",
+    "KeyAsk",
+    "KeyCopy",
+    "KeyOp",
+    "KeySync",
+    "KeySynced",
     "LinkAck",
     "Notification",
     "NotificationAck",
@@ -137,6 +143,9 @@ class ChannelSubscriptions(msgspec.Struct, frozen=True, array_like=True):
     subscriptions: tuple[StoredSubscription, ...]
     # The channel's group dispatch state (SPEC §11): shares continue after the move.
     groups: tuple[GroupState, ...] = ()
+    # Which instance each of its events went to lately (node.groups rule 9):
+    # an event reforwarded or re-sent goes to the same one on the receiver.
+    choices: tuple[GroupChoice, ...] = ()
 
 
 # -- membership and errors ------------------------------------------------------
@@ -469,6 +478,71 @@ class Rebuild(PeerMessage, frozen=True):
     subscriptions: tuple[StoredSubscription, ...]
     last: bool = True
     dead: NodeId = 0  # the node the channel was recovered from
+    # Group copies of this channel's events the dead owner gave this node's
+    # instances lately: a re-sent event goes to the same instance (node.groups rule 9).
+    groups: tuple[GroupChoice, ...] = ()
+
+
+class GroupChoice(msgspec.Struct, frozen=True, array_like=True):
+    """Event ``event_id`` went to instance ``sub_id`` of ``group`` (``Rebuild.groups``);
+    ``taken``: its client acked it."""
+
+    event_id: Ident
+    group: Ident
+    sub_id: Ident
+    taken: bool = False
+
+
+class KeyCopy(msgspec.Struct, frozen=True, array_like=True):
+    """A key's state at its home (``overlay.seq`` rule 8): the sequence rank,
+    the last rank assigned, and its events not complete, each with its rank
+    (a long one is cut: more come as ``KeyOp.event``)."""
+
+    key: Ident
+    seq: Annotated[int, msgspec.Meta(ge=1, le=MAX_RANK + 1)]
+    last_assigned: Rank
+    events: tuple[Event, ...] = ()
+    # A live home handing the key over: its event of ``seq`` is out, and its
+    # completion will be passed on (node.keyhome rule 7).
+    released: bool = False
+
+
+class KeyOp(msgspec.Struct, frozen=True, array_like=True):
+    """One change of a key at its home (``node.keyhome`` rule 2): ``event``
+    arrived (at its rank); every rank below ``seq`` is complete; ``copy`` is
+    the whole state; ``forget``: the home forgot the key."""
+
+    key: Ident
+    event: Event | None = None
+    seq: Annotated[int, msgspec.Meta(ge=0, le=MAX_RANK + 1)] = 0
+    copy: KeyCopy | None = None
+    forget: bool = False
+
+
+class KeySync(PeerMessage, frozen=True):
+    """A key's home → its backup, batched (``node.keyhome``; high queue): what its
+    sequencer did, in order; answered ``KeySynced(no)``.  ``handover``: any
+    node → a key's new home, the states it holds of the key; ``last`` on the
+    final answer to a ``KeyAsk`` (node.keyhome rule 6)."""
+
+    no: Annotated[int, msgspec.Meta(ge=0)]
+    ops: tuple[KeyOp, ...]
+    handover: bool = False
+    last: bool = False
+
+
+class KeyAsk(PeerMessage, frozen=True):
+    """A new run → every member, once at its start (``node.keyhome`` rule 6):
+    send me what you hold of the keys I am home of (``KeySync`` marked
+    ``handover``, ``last`` on the final one, empty if you hold nothing)."""
+
+    incarnation: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class KeySynced(PeerMessage, frozen=True):
+    """The backup holds everything of ``KeySync`` ``no`` and before (node.keyhome rule 2)."""
+
+    no: Annotated[int, msgspec.Meta(ge=0)]
 
 
 class EventsMatched(PeerMessage, frozen=True):
@@ -517,6 +591,9 @@ PeerUnion = (
     | PeerAuth
     | PeerChallenge
     | PeerProof
+    | KeySync
+    | KeySynced
+    | KeyAsk
 )
 
 HIGH: Final[frozenset[type]] = frozenset(
@@ -537,6 +614,11 @@ HIGH: Final[frozenset[type]] = frozenset(
         CompleteLoadBalance,
         Reforward,
         Heartbeat,
+        # A key's state on its backup (node.keyhome): a keyed event's PubAck and
+        # release wait for KeySynced, so it must not queue behind the events.
+        KeySync,
+        KeySynced,
+        KeyAsk,
     }
 )
 

@@ -18,7 +18,8 @@ answers Choke.  Its id is the publisher's when the Publish names one —
 connection, while kept or later, is delivered once (``node.dedup``); one
 sent again while its first copy is kept waits for that copy's PubAck.
 Otherwise the node names it (``node.core`` rule 6).  A keyed event's id is
-always the node's: its re-sends are its sequencer's to judge.
+the publisher's on the same terms, and its home judges a re-send
+(``node.keyhome`` rule 8).
 
 Auth (SPEC §16, ``overlay.auth``), when the node has a ``Verifier``:
 
@@ -316,9 +317,6 @@ class Clients:
             ctx.stats["rejected_no_route"] += 1
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.NO_ROUTE, "no channel holds this event")))
             return
-        if msg.key or msg.rank:  # ordered delivery: through the key's home (node.ordering)
-            self._ordering.publish_keyed(sess.id, msg, values, now, out, chid)
-            return
         outbox = self._outbox
         if msg.event_id:
             event_id = f"{sess.client_id}/{msg.event_id}"
@@ -332,11 +330,14 @@ class Clients:
                 )
                 out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EVENT, why)))
                 return
-            if outbox.attach(event_id, sess.id, msg.seq):  # sent again while kept: one delivery, two PubAcks
-                ctx.stats["publishes_rejoined"] += 1
-                return
         else:
             event_id = ""
+        if msg.key or msg.rank:  # ordered delivery: through the key's home (node.ordering)
+            self._ordering.publish_keyed(sess.id, msg, values, now, out, chid, event_id)
+            return
+        if event_id and outbox.attach(event_id, sess.id, msg.seq):  # sent again while kept: one delivery, two PubAcks
+            ctx.stats["publishes_rejoined"] += 1
+            return
         if outbox.full:  # backpressure (node.outbox rule 1): the client sends it again after the delay
             ctx.stats["choked_outbox_full"] += 1
             out.append(ToClient(sess.id, cm.Choke(msg.seq, FULL_DELAY)))

@@ -133,7 +133,9 @@ class NodeCore:
             owner_ack=lambda ack, out: self.groups.on_delivery_ack(ack, out),
             close_session=self.sessions.close,
             seen=SeenEvents(config.cluster.dedup_window, config.cluster.dedup_max, ctx.stats),
-            defer_error=self.outbox.defer_error,
+            defer_error=lambda eid, code, text: (
+                self.outbox.defer_error(eid, code, text) or self.ordering.defer_error(eid, code, text)
+            ),
         )
         self.groups = Groups(
             ctx,
@@ -194,10 +196,13 @@ class NodeCore:
             match=lambda ch, ev, out: self.router.match(ch, ev, out),
             peer_gone=lambda node, out: self.failures.peer_dead(node, out),
             resend=lambda now, out: self.outbox.resend_all(now, out),
+            redispatch=lambda now, out: self.ordering.home.redispatch(out),
             loads=lambda: self.failures.loads(),
             dead_load=lambda node: getattr(self.monitor.loads.get(node), "d", 0.0),
             damped=self.liveness.damped,
             arriving=lambda: self.arrivals.arriving(),
+            group_choices=self.notifier.group_choices,
+            learn_choices=self.groups.learn_choices,
         )
         self.failures = Failures(
             ctx,
@@ -207,13 +212,15 @@ class NodeCore:
             monitor=self.balancing.monitor,
             gone=(
                 lambda node, out: self.migration.peer_gone(node, f"node {node} was declared dead", out),
-                lambda node, out: self.ordering.link_changed(node, False, out),  # its keys get new homes
+                self.ordering.node_dead,  # its keys get new homes (node.keyhome rule 5)
+                lambda node, out: self.groups.peer_down(node, self.ctx.now, out),  # what it owed us failed
                 lambda node, out: self.peer_runs.drop_subscriptions_of(node),  # its clients died with it
                 self.outbox.node_dead,  # its receipts will not come (node.outbox rule 2)
                 lambda node, out: self.sessions.retry_all(out),  # copies it held or forwarded (sessions rule 6)
             ),
             node_back=self.outbox.node_back,
             peer_runs=self.peer_runs,
+            new_run=self.ordering.peer_run,  # back from the dead: keys move to it (node.ordering rule 7)
             restarted=(
                 lambda node, out: self.migration.peer_gone(node, f"node {node} restarted", out),
                 lambda node, out: self.peer_runs.drop_subscriptions_of_old_run(node),
@@ -356,8 +363,10 @@ class NodeCore:
         return self.startup.start(now)
 
     def boot(self, now: float) -> list[Action]:
-        """Start as a process does (the shell): the table comes from the peers."""
-        return self.startup.boot(now)
+        """Start as a process does (the shell): the table comes from the peers,
+        and the keys' states from their copies (node.keyhome rule 6)."""
+        asks = self.ordering.home.booted(self.ordering.live_nodes())
+        return [*self.startup.boot(now), *asks]
 
     def peer_hello(self, node: int, msg: pm.PeerHello, now: float) -> list[Action]:
         """A peer (re)connected to us: it may have joined (node.membership), or
@@ -401,12 +410,12 @@ class NodeCore:
         return out
 
     def peer_link(self, node: int, up: bool, now: float) -> list[Action]:
-        """The shell reports a peer link's state (SPEC §10 rule 1: homes move at
-        once); a link that went down fails the deliveries tracked with it."""
+        """The shell reports a peer link's state.  Links lose nothing while both
+        runs live: a key's home and a tracked delivery wait for the link to
+        come back, or for the peer's death (node.ordering rule 1)."""
         out: list[Action] = []
         self.ctx.now = now
-        if self.ordering.link_changed(node, up, out):
-            self.groups.peer_down(node, now, out)
+        self.ordering.link_changed(node, up, out)  # counted; nothing moves until a death (SPEC §16)
         return out
 
     def peer_unreachable(self, node: int, now: float) -> list[Action]:

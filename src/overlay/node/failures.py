@@ -20,6 +20,9 @@ a dead node's channels; this module is what the node core does with them:
 7. A peer's hello with a new incarnation: it restarted (``node.core`` rule
    7); what its previous run left here goes (``restarted``: sessions with
    it, its dead clients' subscriptions, rebuilds waiting for it).
+8. Every hello, after the rules above, goes to ``new_run`` (``node.ordering``
+   rule 7): a node back from the dead is home of keys again, and a home that
+   restarted lost the keyed events sent to its previous run.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ log = logging.getLogger("overlay.node")
 
 NodeBack = Callable[[int], None]
 Gone = Callable[[int, list[Action]], object]
+NewRun = Callable[[int, int, list[Action]], object]
 
 
 class Failures:
@@ -59,6 +63,7 @@ class Failures:
         node_back: NodeBack,
         peer_runs: PeerRuns,
         restarted: Sequence[Gone],
+        new_run: NewRun = lambda node, incarnation, out: None,
     ) -> None:
         self._ctx = ctx
         self.liveness = liveness
@@ -69,6 +74,7 @@ class Failures:
         self._node_back = node_back
         self._peer_runs = peer_runs
         self._restarted = restarted
+        self._new_run = new_run
         self._rejoin_asked = False
 
     def peer_dead(self, node: int, out: list[Action]) -> None:
@@ -121,6 +127,7 @@ class Failures:
             self.recovery.node_back(node)
             self._node_back(node)
         self.liveness.heard(node, now)
+        self._new_run(node, incarnation, out)  # rule 8
 
     def _check_rejoin(self, out: list[Action]) -> None:
         """Rule 4."""

@@ -50,6 +50,19 @@ Rules this module keeps:
    Notifications carry that node as ``origin``, so a re-dispatched group
    copy is confirmed too (a receipt the outbox no longer waits for is
    counted stale there).
+9. **An event matched again** (re-sent by its access node, released again
+   by a key's new home) reaches the instance of each group it reached
+   before: the owner remembers its *sticky* choices for ``event_ttl`` (at
+   most ``dedup_max`` events), a new owner learns a dead one's from the
+   instances' access nodes (``Rebuild.groups``) before it matches anything,
+   a receiver a moving channel's (``ChannelSubscriptions.choices``).  That
+   instance's access node answers without delivering it twice (``node.notify``
+   rule 5).  If the instance left the group since, the group gets nothing
+   when it had taken the event, else another instance; a failed copy's
+   replacement is what is remembered.  A keyed event still tracked here is
+   not notified again: the delivery learns its latest home (for the
+   completion).  A group rebuilt on a new owner restarts its dispatch
+   counters; exactly one instance per event does not depend on them.
 """
 
 from __future__ import annotations
@@ -68,6 +81,7 @@ from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
 from overlay.messages import peer as pm
 from overlay.node.context import NodeContext
+from overlay.node.dedup import Recent
 from overlay.node.notify import PRUNE_SECONDS, UNDELIVERABLE, Notifier
 from overlay.node.ordering import COMPLETE, Ordering
 
@@ -143,6 +157,12 @@ class Groups:
         # access node's own wait for an ack and then for the answer to a Revoke.
         self._owner_wait = 3 * g.ack_timeout
         self._next_prune = 0.0
+        # Rule 9: event id -> {group: the instance it went to}.
+        cl = ctx.config.cluster
+        # event id -> (its channel, {group: (instance, taken)})
+        self.chosen: Recent[tuple[ChannelId, dict[str, tuple[str, bool]]]] = Recent(
+            cl.event_ttl, cl.dedup_max, ctx.stats, name="group_choices"
+        )
 
     def dispatcher(self, chid: ChannelId, group: str) -> GroupDispatcher | None:
         """The dispatch state of ``group`` on channel ``chid``, if any (status, tests)."""
@@ -162,6 +182,7 @@ class Groups:
         """Dispatchers of channels no longer here, instances no longer members."""
         if now >= self._next_prune:
             self._next_prune = now + PRUNE_SECONDS
+            self.chosen.expire(now)
             local = self._ctx.local
             for k in [k for k in self._dispatchers if k[0] not in local]:
                 del self._dispatchers[k]
@@ -190,9 +211,15 @@ class Groups:
         return d
 
     def deliver_tracked(self, ch: Channel, msg: pm.Event, matched: Sequence[Subscription], out: list[Action]) -> bool:
-        """Rules 1, 2, 5, 6. False: nothing to track, the caller notifies as usual."""
+        """Rules 1, 2, 5, 6, 9. False: nothing to track, the caller notifies as usual."""
         keyed = bool(msg.key)
         if keyed:
+            d = self._deliveries.get(msg.event_id)
+            if d is not None:  # rule 9: released again by a new home while tracked here
+                self._ctx.stats["ordered_matched_again"] += 1
+                if d.ev.home != msg.home:
+                    d.ev = msg
+                return True
             for s in matched:
                 if s.group:
                     break
@@ -211,6 +238,8 @@ class Groups:
         now = self._ctx.now
         d = _Delivery(msg, ch.id)
         low: bool | None = None
+        entry = self.chosen.get(msg.event_id) if groups else None
+        sticky = entry[1] if entry is not None else None
         for g, subs in groups.items():
             disp = self._dispatcher(ch.id, g)
             bad = []
@@ -232,10 +261,19 @@ class Groups:
                 disp.counters["throttled"] += 1
                 self._ctx.stats["group_throttled"] += 1
                 continue
-            chosen = disp.pick([s.id for s in subs], now)
+            before, taken = sticky.get(g, ("", False)) if sticky is not None else ("", False)
+            if before and any(s.id == before for s in subs):  # rule 9: where it went before
+                chosen: str | None = before
+                self._ctx.stats["group_sticky"] += 1
+            elif taken:  # rule 9: the instance that took it left since: the group had it
+                self._ctx.stats["group_sticky_gone"] += 1
+                continue
+            else:
+                chosen = disp.pick([s.id for s in subs], now)
             if chosen is None:
                 self._undeliverable(msg, g, out)
                 continue
+            self._remember(msg.event_id, g, chosen, ch.id)
             d.cands[g] = subs
             d.tried[g] = {chosen}
             d.gsub[chosen] = g
@@ -244,18 +282,24 @@ class Groups:
         for s in targets:
             if keyed or s.id in d.gsub:
                 d.waiting[s.id] = s.access_node
+        tracked = bool(d.waiting)
+        if tracked:  # first: this node's access node may answer a copy it had at once (node.notify rule 5)
+            self._track(d)
         self._send_notifications(msg, ch.id, targets, out)
         if not keyed:  # rule 8
             me = self._ctx.id
             self._events_matched(msg, tuple(dict.fromkeys(s.access_node for s in targets if s.access_node != me)), out)
-        if d.waiting:
-            self._deliveries[msg.event_id] = d
-            d.deadline = now + self._owner_wait
-            self._delivery_at.append(d.deadline)
-            self._delivery_ids.append(msg.event_id)
-        else:
+        if not tracked:
             self._delivery_done(d, out)
         return True
+
+    def _track(self, d: _Delivery) -> None:
+        """``d`` waits for its answers, at most ``_owner_wait`` (rule 4)."""
+        eid = d.ev.event_id
+        self._deliveries[eid] = d
+        d.deadline = deadline = self._ctx.now + self._owner_wait
+        self._delivery_at.append(deadline)
+        self._delivery_ids.append(eid)
 
     def _deliver_keyed(self, ch: Channel, msg: pm.Event, matched: Sequence[Subscription], out: list[Action]) -> None:
         """Rules 1, 6 for a keyed event that matched no group: every match is tracked."""
@@ -263,14 +307,7 @@ class Groups:
         if len(matched) == 1 and matched[0].access_node != self._ctx.id:  # the common case, inline
             s = matched[0]
             node = d.waiting[s.id] = s.access_node
-            out.append(
-                ToPeer(
-                    node,
-                    pm.Notification(
-                        msg.event_id, msg.event_exp, (s.id,), ch.id, msg.publish_time, msg.key, msg.rank, msg.home
-                    ),
-                )
-            )
+            out.append(ToPeer(node, _notification(msg, (s.id,), ch.id, -1)))
             self._ctx.stats["notifications_out"] += 1
         else:
             waiting = d.waiting
@@ -279,11 +316,10 @@ class Groups:
             if not waiting:
                 self._delivery_done(d, out)
                 return
+            self._track(d)  # first: a local access node may answer at once (node.notify rule 5)
             self._send_notifications(msg, ch.id, matched, out)
-        self._deliveries[msg.event_id] = d
-        d.deadline = deadline = self._ctx.now + self._owner_wait
-        self._delivery_at.append(deadline)
-        self._delivery_ids.append(msg.event_id)
+            return
+        self._track(d)
 
     def _send_notifications(
         self, msg: pm.Event, chid: ChannelId, targets: Sequence[Subscription], out: list[Action]
@@ -293,7 +329,7 @@ class Groups:
             s = targets[0]
             if s.access_node == self._ctx.id:
                 self._notifier.notify(
-                    msg.event_id, msg.event_exp, (s.id,), msg.publish_time, self._ctx.id, msg.key, msg.rank, out
+                    msg.event_id, msg.event_exp, (s.id,), msg.publish_time, self._ctx.id, msg.key, msg.rank, out, chid
                 )
             else:
                 out.append(
@@ -310,7 +346,7 @@ class Groups:
         for node, ids in by_node.items():
             if node == self._ctx.id:
                 self._notifier.notify(
-                    msg.event_id, msg.event_exp, ids, msg.publish_time, self._ctx.id, msg.key, msg.rank, out
+                    msg.event_id, msg.event_exp, ids, msg.publish_time, self._ctx.id, msg.key, msg.rank, out, chid
                 )
             else:
                 out.append(
@@ -368,6 +404,7 @@ class Groups:
             if not msg.failed:
                 if disp is not None:
                     disp.update_lf(gid, msg.lf)
+                self._remember(msg.event_id, g, gid, d.ch, taken=True)
                 continue
             self._ctx.stats["group_delivery_failed"] += 1
             if disp is not None:
@@ -381,6 +418,7 @@ class Groups:
                 self._undeliverable(d.ev, g, out)
                 continue
             self._ctx.stats["group_redispatched"] += 1
+            self._remember(msg.event_id, g, chosen, d.ch)
             d.tried[g].add(chosen)
             d.gsub[chosen] = g
             s = next(s for s in left if s.id == chosen)
@@ -412,6 +450,33 @@ class Groups:
             if lost:
                 self.on_delivery_ack(pm.NotificationAck(eid, lost, failed=True), out)
 
+    def _remember(self, event_id: str, group: str, instance: str, chid: ChannelId, *, taken: bool = False) -> None:
+        """Rule 9: ``event_id`` of channel ``chid`` went to ``instance`` of ``group`` (``taken``: its client took it)."""
+        entry = self.chosen.get(event_id)
+        if entry is None:
+            self.chosen.put(event_id, (chid, {group: (instance, taken)}), self._ctx.now)
+            return
+        choices = entry[1]
+        if taken or choices.get(group, ("", False))[0] != instance:
+            choices[group] = (instance, taken)
+
+    def learn_choices(self, choices: Sequence[pm.GroupChoice], chid: ChannelId) -> None:
+        """Rule 9: what another owner gave (a dead one, told by the instances'
+        access nodes; one that moved the channel here)."""
+        for c in choices:
+            self._remember(c.event_id, c.group, c.sub_id, chid, taken=c.taken)
+        if choices:
+            self._ctx.stats["group_choices_learned"] += len(choices)
+
+    def choices_of(self, chid: ChannelId) -> tuple[pm.GroupChoice, ...]:
+        """Rule 9: the choices made lately for events of channel ``chid`` (a SubscriptionMove's)."""
+        return tuple(
+            pm.GroupChoice(eid, g, inst, taken)
+            for eid, (ch, choices) in self.chosen.items()
+            if ch == chid
+            for g, (inst, taken) in choices.items()
+        )
+
     def states(self, chid: ChannelId) -> tuple[GroupState, ...]:
         return tuple(d.state() for (c, _), d in self._dispatchers.items() if c == chid)
 
@@ -423,6 +488,7 @@ class Groups:
             )
         if cs.groups:
             self._ctx.stats["group_states_restored"] += len(cs.groups)
+        self.learn_choices(cs.choices, cs.ch_id)
 
 
 def _notification(msg: pm.Event, sub_ids: tuple[str, ...], chid: ChannelId, origin: int) -> pm.Notification:

@@ -165,6 +165,10 @@ class Liveness:
 
     def revived(self, node: int, incarnation: int, now: float) -> bool:
         """A new run of ``node`` said hello: it is alive again (empty); True if it had been dead."""
+        if incarnation > self._incarnations.get(node, 0):
+            # Known from now on, dead or not: a death of an earlier run learned
+            # later must not take this one for dead (rule 3, _adopt).
+            self._incarnations[node] = incarnation
         dead = self.dead.get(node)
         if dead is None or (incarnation and incarnation == dead):
             return False

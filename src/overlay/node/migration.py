@@ -182,7 +182,8 @@ class Migration:
             for c in mig.channels:
                 subs = tuple(self._ctx.local[c])
                 mig.subscriptions_moved += len(subs)
-                sets.append(pm.ChannelSubscriptions(c, subs, self._groups.states(c)))  # groups: node.groups
+                # groups: their dispatch states and lately chosen instances (node.groups rules 7, 9)
+                sets.append(pm.ChannelSubscriptions(c, subs, self._groups.states(c), self._groups.choices_of(c)))
                 self.reforwarding[c] = mig
             move = pm.SubscriptionMove(pm.SubscriptionType.ATOMIC, tuple(sets), mig.session)
             mig.bytes_moved = len(msgspec.msgpack.encode(move))

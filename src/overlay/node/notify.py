@@ -26,7 +26,17 @@ Rules this module keeps (numbered as in ``overlay.node.groups``):
    ``duplicates_dropped``, before anything else sees it (the capture
    records one delivery): a re-sent event matched twice, or a publish sent
    again under its id, reaches each client once.  The Notification is
-   still confirmed to the publisher's access node (``node.core``).
+   still confirmed to the publisher's access node (``node.core``).  A
+   tracked copy (a keyed event's, a group instance's) that this node
+   delivered lately to the same subscription is not delivered again either
+   (``TrackedCopies``): its sender is answered as the first copy's was —
+   at once if its client answered, with it if it has not yet; a copy its
+   client did not take is delivered again.  So a key's new home releasing
+   an event again, or a re-sent event's sticky group copy (``node.groups``
+   rule 9), reaches each client once and still completes.  A keyed copy of
+   a rank at or below one its subscription got lately (``RankMarks``) is
+   late — its home released it again after the next ranks went out — and is
+   answered the same way, so a key's order holds at every subscription.
 """
 
 from __future__ import annotations
@@ -40,9 +50,9 @@ from overlay.actions import Action, CloseClient, ToClient, ToPeer
 from overlay.channels.groups import MAX_WEIGHT
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node.acks import AwaitedAcks
+from overlay.node.acks import Awaited, AwaitedAcks
 from overlay.node.context import NodeContext
-from overlay.node.dedup import SeenEvents
+from overlay.node.dedup import RankMarks, SeenEvents, TrackedCopies
 from overlay.node.ordering import Ordering
 
 __all__ = ["PRUNE_SECONDS", "UNDELIVERABLE", "Notifier"]
@@ -92,6 +102,9 @@ class Notifier:
         self._group_of: dict[str, str] = {}  # global sub id -> group, for this node's clients
         # Tracked Notifies by tag, waiting for their client's answer (overlay.node.acks).
         self.acks = AwaitedAcks(ctx.config.groups.ack_timeout)
+        cl = ctx.config.cluster
+        self.copies = TrackedCopies(cl.dedup_window, cl.dedup_max, ctx.stats)  # rule 5
+        self.marks = RankMarks(min(cl.event_ttl, ctx.config.sequencer.key_ttl), cl.dedup_max, ctx.stats)
         self._next_prune = 0.0
 
     @property
@@ -115,12 +128,15 @@ class Notifier:
             self.acks.remove(tag)
             self._ctx.stats["delivery_ack_timeouts"] += 1
             self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, failed=True), out)
+            self._resolved(a, False, 0.0, out)
             if a.revoking and a.sid in self._sessions:  # it answered neither the Notify nor the Revoke
                 self._unresponsive(a.sid, out)
 
     def prune(self, now: float) -> None:
         if now >= self._next_prune:
             self._next_prune = now + PRUNE_SECONDS
+            self.copies.expire(now)
+            self.marks.expire(now)
             for gid in [g for g in self._group_of if g not in self._owners]:
                 del self._group_of[gid]
 
@@ -188,16 +204,26 @@ class Notifier:
         key: str,
         rank: int,
         out: list[Action],
+        chid: object = None,
     ) -> None:
         """Rule 3 (``overlay.node.acks`` rule 1): each group instance's copy in
         a tagged Notify of its own; the plain subscriptions of one session in
-        one Notify, tagged when the event is keyed (tracked for its order)."""
-        if key and len(sub_ids) == 1 and sub_ids[0] not in self._group_of:
-            self._notify_one(event_id, event, sub_ids, publish_time, owner, key, rank, out)
-            return
+        one Notify, tagged when the event is keyed (tracked for its order).
+        Rule 5: a tracked copy delivered here before is answered, not delivered."""
         group_of = self._group_of
         if not key and not any(g in group_of for g in sub_ids):
             self.notify_clients(event_id, event, sub_ids, publish_time, out)
+            return
+        if self.copies.of(event_id) is not None:
+            sub_ids = self._again(event_id, sub_ids, owner, bool(key), out)
+            if not sub_ids:
+                return
+        if key:
+            sub_ids = self._in_order(event_id, sub_ids, owner, key, rank, out)
+            if not sub_ids:
+                return
+        if key and len(sub_ids) == 1 and sub_ids[0] not in group_of:
+            self._notify_one(event_id, event, sub_ids, publish_time, owner, key, rank, out, chid)
             return
         now = self._ctx.now
         if not key and not all(g in group_of for g in sub_ids) and self.seen.seen(event_id, now):
@@ -220,6 +246,9 @@ class Notifier:
                 continue
             if gid in group_of:  # fenced on its own (node.acks rule 2)
                 tag = self.acks.add(o[0], event_id, owner, (gid,), group=True, now=now)
+                self.copies.delivered(event_id, gid, owner, chid, group_of[gid], now)
+                if key:
+                    self.marks.delivered(gid, key, rank, now)
                 out.append(ToClient(o[0], cm.Notify(event_id, event, (o[1],), publish_time, key, rank, tag)))
                 notifies += 1
                 continue
@@ -227,7 +256,12 @@ class Notifier:
             local.append(o[1])
             gids.append(gid)
         for sid, (local, gids) in plain.items():
-            tag = self.acks.add(sid, event_id, owner, tuple(gids), group=False, now=now) if key else 0
+            tag = 0
+            if key:
+                tag = self.acks.add(sid, event_id, owner, tuple(gids), group=False, now=now)
+                for gid in gids:
+                    self.copies.delivered(event_id, gid, owner, chid, "", now)
+                    self.marks.delivered(gid, key, rank, now)
             out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local), publish_time, key, rank, tag)))
         self._ctx.stats["notifies_out"] += notifies + len(plain)
         if orphans:
@@ -243,6 +277,7 @@ class Notifier:
         key: str,
         rank: int,
         out: list[Action],
+        chid: object = None,
     ) -> None:
         """``notify`` for the common keyed case: one plain subscription."""
         now = self._ctx.now
@@ -259,8 +294,65 @@ class Notifier:
             return
         sid, local_id = o
         tag = self.acks.add(sid, event_id, owner, gids, group=False, now=now)
+        self.copies.delivered(event_id, gid, owner, chid, "", now)
+        self.marks.delivered(gid, key, rank, now)
         out.append(ToClient(sid, cm.Notify(event_id, event, (local_id,), publish_time, key, rank, tag)))
         self._ctx.stats["notifies_out"] += 1
+
+    # -- rule 5: tracked copies that come again ----------------------------------------------------
+
+    def _again(self, event_id: str, sub_ids: Sequence[str], owner: int, keyed: bool, out: list[Action]) -> list[str]:
+        """The subscriptions of ``sub_ids`` to deliver: a tracked copy delivered
+        here before is answered to ``owner`` as the first was, not delivered."""
+        copies = self.copies.of(event_id)
+        assert copies is not None
+        fresh: list[str] = []
+        for gid in sub_ids:
+            c = copies.get(gid)
+            if c is None or not (keyed or gid in self._group_of):
+                fresh.append(gid)
+                continue
+            self._ctx.stats["tracked_duplicates_dropped"] += 1
+            if c.acked is None:  # its client has not answered: the owner hears with the first
+                if c.also is None:
+                    c.also = [owner]
+                else:
+                    c.also.append(owner)
+            else:
+                self._answer(owner, event_id, gid, True, c.lf, out)
+        return fresh
+
+    def _in_order(
+        self, event_id: str, sub_ids: Sequence[str], owner: int, key: str, rank: int, out: list[Action]
+    ) -> list[str]:
+        """Rule 5: a keyed copy at or below a rank a subscription got lately is
+        late (released again after the next ranks went out): answered, not delivered."""
+        marks = self.marks
+        fresh: list[str] = []
+        for gid in sub_ids:
+            if marks.stale(gid, key, rank):
+                self._ctx.stats["ordered_late_dropped"] += 1
+                self._answer(owner, event_id, gid, True, 0.0, out)
+            else:
+                fresh.append(gid)
+        return fresh
+
+    def _resolved(self, a: Awaited, acked: bool, lf: float, out: list[Action]) -> None:
+        """Rule 5: the other owners waiting for this delivery hear its outcome too."""
+        for gid in a.gids:
+            for owner in self.copies.resolved(a.event_id, gid, acked, lf):
+                if owner != a.owner:
+                    self._answer(owner, a.event_id, gid, acked, lf, out)
+
+    def _answer(self, owner: int, event_id: str, gid: str, acked: bool, lf: float, out: list[Action]) -> None:
+        if acked and owner != self._ctx.id and gid not in self._group_of:
+            self._ordering.note_acks(owner, event_id, (gid,))  # as a plain ack goes (node.ordering rule 8)
+        else:
+            self._ack_to_owner(owner, pm.NotificationAck(event_id, (gid,), lf=lf, failed=not acked), out)
+
+    def group_choices(self, owner: int, chid: object) -> tuple[pm.GroupChoice, ...]:
+        """What ``owner`` gave this node's group instances of channel ``chid`` lately (node.groups rule 9)."""
+        return tuple(pm.GroupChoice(e, g, s, t) for e, g, s, t in self.copies.group_choices(owner, chid))
 
     def _ack_to_owner(self, owner: int, ack: pm.NotificationAck, out: list[Action]) -> None:
         if owner == self._ctx.id:
@@ -278,10 +370,12 @@ class Notifier:
         a = self.acks.get(msg.tag, sid)
         if a is None:
             return False  # stale: answered already, or failed meanwhile
-        if a.owner == self._ctx.id or a.group or msg.declined:
+        if a.owner == self._ctx.id or a.group or msg.declined or self.copies.waited_on(a.event_id, a.gids):
             return True
         self.acks.remove(msg.tag)
         self._ordering.note_acks(a.owner, a.event_id, a.gids)
+        for gid in a.gids:
+            self.copies.resolved(a.event_id, gid, True)
         return False
 
     def client_acked(self, sid: int, msg: cm.Ack, out: list[Action]) -> None:
@@ -294,14 +388,16 @@ class Notifier:
         if msg.declined:  # not handed over: fail it, so a group sends it to another instance
             self._ctx.stats["deliveries_declined"] += 1
             self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, failed=True), out)
+            self._resolved(a, False, 0.0, out)
             return
         if a.revoking:
             self._ctx.stats["revokes_answered_with_ack"] += 1
+        lf = min(1.0, max(0.0, msg.lf)) if math.isfinite(msg.lf) else 0.0
         if a.owner != self._ctx.id and not a.group:
             self._ordering.note_acks(a.owner, a.event_id, a.gids)  # no LF to carry: batched (node.ordering rule 8)
-            return
-        lf = msg.lf if math.isfinite(msg.lf) else 0.0
-        self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, lf=min(1.0, max(0.0, lf))), out)
+        else:
+            self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, lf=lf), out)
+        self._resolved(a, True, lf, out)
 
     def notify_dropped(self, sid: int, tag: int) -> list[Action]:
         """The shell dropped a tracked Notify (the session's queue was full):
@@ -312,6 +408,7 @@ class Notifier:
         if a is not None:
             self._ctx.stats["deliveries_dropped_slow"] += 1
             self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, failed=True), out)
+            self._resolved(a, False, 0.0, out)
         return out
 
     def fail_session_acks(self, sid: int, out: list[Action]) -> None:
@@ -322,6 +419,7 @@ class Notifier:
             self.acks.remove(tag)
             self._ctx.stats["delivery_failed_closed"] += 1
             self._ack_to_owner(a.owner, pm.NotificationAck(a.event_id, a.gids, failed=True), out)
+            self._resolved(a, False, 0.0, out)
 
     def on_returned(self, msg: pm.NotificationAck, out: list[Action]) -> None:
         """Rule 4 at the publisher's access node."""

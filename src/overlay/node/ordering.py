@@ -5,25 +5,31 @@ on the key's home node and wires it to routing, matching and acks.
 
 Rules this module keeps:
 
-1. **Home.** A key's home is the live node with the highest rendezvous hash
-   ``blake2b(node, key)``.  *Live* is this node's view: every node of the
-   config except the peers whose link the shell reported down
-   (``peer_link``) — a link loss is seen at once (EOF), long before LIEMs go
-   stale — plus nodes that joined the membership (``peers``).  Every access
-   node computes the home itself; no directory.
+1. **Home.** A key's home is the member with the highest rendezvous hash
+   ``blake2b(node, key)`` among those a majority has not declared dead
+   (``node.liveness``), its backup the second (``node.keyhome``).  Every
+   node computes both itself; no directory.  A peer whose link is only down
+   stays home: links lose nothing while both runs live (``net.peer_link``
+   rule 6), and a home that moved on a link's blink would leave two homes
+   sequencing one key.
 2. **Access node.** A Publish with a ``key`` becomes an Event with
-   ``dispatch_sign = EVENT_NEW`` sent to the home (or sequenced here when this
-   node is the home).  A ``rank`` without a key is refused (``bad_rank``).
-   The PubAck waits for the home's verdict (a ``NotificationAck`` with code
-   ``sequenced``): a PubAck of a keyed event means the home's sequencer holds
-   it; a refusal (``duplicate_rank``, ``bad_rank``, ``sequencer_full``) is an
-   ``Error`` carrying the publish's ``seq``.  Until the verdict the access
-   node keeps the event; if the home's link goes down it sends it to the new
-   home, so a home crash loses no event that was not yet sequenced.
-3. **Home.** ``Sequencer.arrive`` holds or releases; a released event is
-   routed with the home's routing table as ``EVENT_DISPATCHED`` carrying
-   ``key``/``rank``/``home``.  Releases are queued and drained iteratively,
-   so a chain of completions never recurses.
+   ``dispatch_sign = EVENT_NEW`` sent to the home (or sequenced here when
+   this node is the home).  A ``rank`` without a key is refused
+   (``bad_rank``).  Its id is the publisher's when the Publish names one
+   (``client_id/event_id``, as ``node.clients`` checks it), so a publish
+   sent again through another node is the same event; the same id
+   published again while it waits here waits with it.  The PubAck waits for
+   the home's verdict (a ``NotificationAck`` with code ``sequenced``): a
+   PubAck of a keyed event means its home and the home's backup hold it
+   (``node.keyhome`` rule 2); a refusal (``duplicate_rank``, ``bad_rank``,
+   ``sequencer_full``) is an ``Error`` carrying the publish's ``seq``.
+   Until the verdict the access node keeps the event (at most
+   ``outbox_limit``, then ``Choke``) and sends it again to the key's
+   current home every ``resend_after`` seconds (doubling), at once when its
+   home dies or restarts, and gives up after ``event_ttl`` (an
+   ``undeliverable`` Error, counted ``ordered_expired``).
+3. **Home.** ``node.keyhome``: the sequencer of the keys this node is home
+   of, the copies of the keys it backs, their syncs and handovers.
 4. **Completion.** The owner that matches a keyed event tracks it
    (``overlay.node.groups``): once every matched subscriber's client acked —
    or failed / timed out — or nothing matched, it sends ``NotificationAck``
@@ -37,9 +43,10 @@ Rules this module keeps:
    next is released only after the previous one was delivered everywhere, so
    a key's order does not depend on which node owns its channel: a Reforward
    or a reroute delays an event, it cannot let the next one overtake it.
-7. **Home change** (a node leaves or joins): keys whose home changes start a
-   fresh context at the new home.  See the README ("Ordered delivery") for
-   what a subscriber may see in that window.
+7. **Home change.**  A death, a new run, a join or a leave changes the
+   members not dead (``view_changed``): keys move with their states
+   (``node.keyhome`` rules 4–7), and the events waiting here for a verdict
+   go to their keys' new homes.
 8. **Batching.** The home's ``sequenced`` verdicts and the owner's
    ``complete`` notes, and the access nodes' acks of plain (non-group)
    subscribers of keyed events (code ``acked``, ``(event id, sub id)`` pairs),
@@ -52,11 +59,11 @@ Rules this module keeps:
 
 from __future__ import annotations
 
-import hashlib
+import heapq
+import itertools
 import logging
-from collections import deque
 from collections.abc import Callable, Container, Sequence
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -66,9 +73,21 @@ from overlay.channels.schema import Value
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node.context import NodeContext
-from overlay.seq import DuplicateRank, ExpiryPolicy, InvalidRank, Release, Sequencer, SequencerConfig, SequencerFull
+from overlay.node.homes import rendezvous_home, rendezvous_pair
+from overlay.node.keyhome import KeyHome
+from overlay.seq import Sequencer
 
-__all__ = ["ACKED", "COMPLETE", "MAX_TIME", "SEQUENCED", "Ordering", "publish_time_of", "rendezvous_home"]
+__all__ = [
+    "ACKED",
+    "COMPLETE",
+    "FULL_DELAY",
+    "MAX_TIME",
+    "SEQUENCED",
+    "Ordering",
+    "publish_time_of",
+    "rendezvous_home",
+    "rendezvous_pair",
+]
 
 log = logging.getLogger("overlay.node")
 
@@ -86,8 +105,11 @@ HOME_CACHE: Final = 100_000
 # Seconds since the epoch past which a publisher's clock is absurd (the year 5138).
 MAX_TIME: Final = 1e11
 
+# Seconds a publisher refused for a full wait list waits before sending again
+# (rule 2): about one verdict round trip under load, when room is likely.
+FULL_DELAY: Final = 0.1
+
 _EVENT_NEW: Final = pm.DispatchSign.EVENT_NEW
-_EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
 _replace: Final = msgspec.structs.replace
 
 DispatchEvent = Callable[[pm.Event, list[Action]], None]
@@ -107,25 +129,31 @@ def publish_time_of(msg: cm.Publish, now: float) -> float:
     return t if 0 < t < MAX_TIME else now
 
 
-def rendezvous_home(key: str, nodes: list[int]) -> int:
-    """Rule 1: the node with the highest ``blake2b(node, key)``."""
-    best, best_h = -1, -1
-    data = key.encode()
-    for n in nodes:
-        h = int.from_bytes(hashlib.blake2b(data, digest_size=8, salt=n.to_bytes(8, "little")).digest(), "little")
-        if h > best_h:
-            best, best_h = n, h
-    return best
+class _Waiting:
+    """A keyed event at its access node until its home's verdict (rule 2)."""
+
+    __slots__ = ("errors", "ev", "expires", "more", "resend_at", "seq", "sid", "tries")
+
+    def __init__(self, ev: pm.Event, sid: int, seq: int, resend_at: float, expires: float) -> None:
+        self.ev = ev
+        self.sid = sid
+        self.seq = seq
+        self.more: list[tuple[int, int]] | None = None  # other (session, seq) of the same id
+        self.resend_at = resend_at
+        self.expires = expires
+        self.tries = 0
+        self.errors: list[tuple[str, str]] | None = None  # (code, text) told after the PubAck
 
 
 class Ordering:
-    """Rules 1–8 for one node: the key homes it computes, the sequencer of
-    the keys it is home of, the keyed publishes it waits on as access node,
-    and the batched notes of the current batch.
+    """Rules 1, 2, 7, 8 for one node: the key homes it computes, the keyed
+    publishes it waits on as access node, and the batched notes of the
+    current batch; ``home`` is its side as a key's home (``node.keyhome``).
 
     ``dispatch_event`` routes a released event (``node.events``);
     ``deliveries_acked`` takes the plain subscribers' acks an owner gets
-    (``node.groups``); ``sessions`` tells which client sessions are open.
+    (``node.groups``); ``sessions`` tells which client sessions are open;
+    ``dead`` holds the runs a majority declared dead (``node.liveness``).
     """
 
     def __init__(
@@ -138,74 +166,106 @@ class Ordering:
         dead: Container[int] = frozenset(),
     ) -> None:
         self._ctx = ctx
-        self._dead = dead  # runs a majority declared dead (node.liveness): never a home
-        self._dispatch_event = dispatch_event
+        self._dead = dead
         self._deliveries_acked = deliveries_acked
         self._sessions = sessions
-        s = ctx.config.sequencer
-        self.sequencer = Sequencer(
-            SequencerConfig(ExpiryPolicy(s.policy), s.hold_ttl, s.processing_ttl, s.key_ttl, s.max_keys, s.max_held)
+        self.home = KeyHome(
+            ctx,
+            roles=self.roles,
+            route=dispatch_event,
+            verdict=self._verdict,
+            refuse=self._refuse,
+            note=self.note,
+            dead=dead,
         )
-        self._down: set[int] = set()  # peers whose link is down (rule 1)
-        self._released: dict[str, Release] = {}  # home: event id -> its release (key, rank), in flight
-        self._seq_waiting: dict[str, tuple[int, int, pm.Event]] = {}  # access: event id -> (session, seq, event)
+        cl = ctx.config.cluster
+        self.limit = cl.outbox_limit
+        self.resend_after = cl.resend_after
+        self.ttl = cl.event_ttl
+        self._waiting: dict[str, _Waiting] = {}  # access: event id -> the keyed event waiting for its verdict
+        self._resends: list[tuple[float, int, str]] = []  # (when, tie, event id), lazily superseded
+        self._tie = itertools.count()
         self._recent_pubs: dict[str, tuple[int, int]] = {}  # access: event id -> (session, seq)
         self._recent_pubs_old: dict[str, tuple[int, int]] = {}  # the generation before
-        self._home_cache: dict[str, int] = {}
-        self._home_peers: list[int] = list(ctx.peers)
+        self._roles: dict[str, tuple[int, int | None]] = {}
+        self._view: tuple[int, ...] = tuple(self.live_nodes())
+        self._view_peers: list[int] = list(ctx.peers)
+        self._runs: dict[int, int] = {}  # peer -> the incarnation of its last hello
         # Rule 8: the notes of the current batch per code, then per destination
         # node (nested dicts: no key tuple to build per note); end_batch() sends them.
         self._notes: dict[pm.AckCode, dict[int, list[str]]] = {SEQUENCED: {}, ACKED: {}, COMPLETE: {}}
         self._noted = False
-        self._rel_queue: deque[Release] = deque()
-        self._releasing = False
-        self._seq_timeouts_seen = 0
 
-    # -- homes (rule 1) -------------------------------------------------------------------
+    @property
+    def sequencer(self) -> Sequencer:
+        """The home's sequencer (``node.keyhome``)."""
+        return self.home.sequencer
+
+    def __len__(self) -> int:
+        """Keyed events waiting here for their home's verdict."""
+        return len(self._waiting)
+
+    # -- homes (rules 1, 7) ---------------------------------------------------------------
 
     def live_nodes(self) -> list[int]:
-        """This node and its peers (as membership changes them), minus links
-        down and nodes declared dead (a dead run's link may come back up)."""
+        """This node and its peers (as membership changes them), minus the runs declared dead."""
         dead = self._dead
-        return sorted(n for n in {self._ctx.id, *self._ctx.peers} - self._down if n not in dead)
+        return sorted(n for n in {self._ctx.id, *self._ctx.peers} if n not in dead)
+
+    def roles(self, key: str) -> tuple[int, int | None]:
+        """``key``'s home and backup in this node's view (rule 1)."""
+        if self._view_peers != self._ctx.peers:  # a node joined or left the membership
+            self._view_peers = list(self._ctx.peers)
+            self._roles.clear()
+        pair = self._roles.get(key)
+        if pair is None:
+            if len(self._roles) >= HOME_CACHE:
+                self._roles.clear()
+            pair = self._roles[key] = rendezvous_pair(key, self.live_nodes())
+        return pair
 
     def home_of(self, key: str) -> int:
-        if self._home_peers != self._ctx.peers:  # a node joined or left the membership
-            self._home_peers = list(self._ctx.peers)
-            self._home_cache.clear()
-        home = self._home_cache.get(key)
-        if home is None:
-            if len(self._home_cache) >= HOME_CACHE:
-                self._home_cache.clear()
-            home = self._home_cache[key] = rendezvous_home(key, self.live_nodes())
-        return home
+        return self.roles(key)[0]
 
     def link_changed(self, node: int, up: bool, out: list[Action]) -> bool:
-        """The shell reports a peer link's state; a home that went down hands its
-        not-yet-sequenced keyed events to the new homes (rule 2).  True when
-        the link just went down."""
-        if node not in self._ctx.peers:
-            return False
-        if up:
-            if node in self._down:
-                self._down.discard(node)
-                self._home_cache.clear()
-                self._ctx.stats["peers_up"] += 1
-            return False
-        if node in self._down:
-            return False
-        # (A death declared while the link is up — a paused or cut-off node —
-        # comes here too, from node.recovery: homes move at once.)
-        self._down.add(node)
-        self._home_cache.clear()
-        self._ctx.stats["peers_down"] += 1
-        for eid, (sid, seq, ev) in list(self._seq_waiting.items()):
-            if ev.home == node:
-                fwd = msgspec.structs.replace(ev, home=self.home_of(ev.key))
-                self._seq_waiting[eid] = (sid, seq, fwd)
+        """The shell reports a peer link's state: counted, nothing moves (rule 1).
+        (Always False: no delivery is failed for a link that only dropped.)"""
+        if node in self._ctx.peers:
+            self._ctx.stats["peers_up" if up else "peers_down"] += 1
+        return False
+
+    def view_changed(self, out: list[Action]) -> None:
+        """Rule 7: the members not dead may have changed (a death, a join, a leave)."""
+        view = tuple(self.live_nodes())
+        if view == self._view and self._view_peers == self._ctx.peers:
+            return
+        self._view = view
+        self._view_peers = list(self._ctx.peers)
+        self._roles.clear()
+        self.home.view_changed(view, out)
+        self._rehome(out)
+
+    def node_dead(self, node: int, out: list[Action]) -> None:
+        """``node`` was declared dead: its keys move, what waited for it goes on."""
+        self.view_changed(out)
+        self.home.peer_gone(node, out)
+        self._rehome(out, node)
+
+    def peer_run(self, node: int, incarnation: int, out: list[Action]) -> None:
+        """A run of ``node`` said hello (it may be back from the dead: homes
+        move); a restarted home lost what was sent to its previous run."""
+        self.view_changed(out)
+        if self._runs.get(node, incarnation) != incarnation:
+            self._rehome(out, node)
+        self._runs[node] = incarnation
+
+    def _rehome(self, out: list[Action], node: int = -1) -> None:
+        """Rule 7: a waiting event whose home changed, or was ``node``, goes to its home now."""
+        for w in list(self._waiting.values()):
+            home = self.home_of(w.ev.key)
+            if home != w.ev.home or home == node:
                 self._ctx.stats["ordered_rehomed"] += 1
-                self._to_home(fwd, out)
-        return True
+                self._send(w, out)
 
     # -- access node (rule 2) ---------------------------------------------------------------
 
@@ -229,72 +289,95 @@ class Ordering:
         now: float,
         out: list[Action],
         chid: ChannelId | None = None,
+        event_id: str = "",
     ) -> None:
+        """Rule 2; ``event_id`` is the publisher's (checked), "" to name it here."""
+        stats = self._ctx.stats
         if not msg.key or msg.rank > cm.MAX_RANK:
-            self._ctx.stats["rejected_bad_rank"] += 1
+            stats["rejected_bad_rank"] += 1
             why = "given without a sequence key" if not msg.key else f"is above the largest rank {cm.MAX_RANK}"
             out.append(ToClient(sid, cm.Error(msg.seq, cm.ErrorCode.BAD_RANK, f"rank {msg.rank} {why}")))
             return
-        event_id = self._ctx.next_event_id()
-        stats = self._ctx.stats
+        if event_id:
+            w = self._waiting.get(event_id)
+            if w is not None:  # sent again while it waits: one event, two PubAcks
+                stats["publishes_rejoined"] += 1
+                if w.more is None:
+                    w.more = []
+                w.more.append((sid, msg.seq))
+                return
+        if len(self._waiting) >= self.limit:  # backpressure: the client sends it again after the delay
+            stats["choked_outbox_full"] += 1
+            out.append(ToClient(sid, cm.Choke(msg.seq, FULL_DELAY)))
+            return
+        if not event_id:
+            event_id = self._ctx.next_event_id()
         stats["events_in"] += 1
         stats["ordered_in"] += 1
         seq, key = msg.seq, msg.key
         self.remember_publish(event_id, sid, seq)
         if self._ctx.capture is not None:  # SPEC §13; the home assigns the rank when none is given
             self._ctx.capture.publish(event_id, chid, values, key, msg.rank or None)
-        home = self._home_cache.get(key) if self._home_peers == self._ctx.peers else None
-        if home is None:
-            home = self.home_of(key)
+        home = self.home_of(key)
         ev = pm.Event(
             event_id, values, self._ctx.id, _EVENT_NEW, chid, publish_time_of(msg, now), 0, key, msg.rank, home
         )
-        self._seq_waiting[event_id] = (sid, seq, ev)
-        if home == self._ctx.id:
-            self.sequence(ev, out)
-        else:
-            out.append(ToPeer(home, ev))
+        w = _Waiting(ev, sid, seq, now + self.resend_after, now + self.ttl)
+        self._waiting[event_id] = w
+        heapq.heappush(self._resends, (w.resend_at, next(self._tie), event_id))
+        self._send(w, out)
 
-    def _to_home(self, ev: pm.Event, out: list[Action]) -> None:
-        if ev.home == self._ctx.id:
-            self.sequence(ev, out)
+    def _send(self, w: _Waiting, out: list[Action]) -> None:
+        """To the key's home as this node sees it now."""
+        home = self.home_of(w.ev.key)
+        if home != w.ev.home:
+            w.ev = _replace(w.ev, home=home, hops=0)
+        if home == self._ctx.id:
+            self.home.sequence(w.ev, out)
         else:
-            out.append(ToPeer(ev.home, ev))
+            out.append(ToPeer(home, w.ev))
 
     def on_verdict(self, msg: pm.NotificationAck, out: list[Action]) -> None:
         if not msg.failed:
             self._sequenced(msg.event_id, out)
             return
-        waiting = self._seq_waiting.pop(msg.event_id, None)
-        if waiting is not None and waiting[0] in self._sessions:
-            out.append(ToClient(waiting[0], cm.Error(waiting[1], msg.code, msg.detail)))
+        w = self._waiting.pop(msg.event_id, None)
+        if w is not None:
+            for sid, seq in self._publishers(w):
+                out.append(ToClient(sid, cm.Error(seq, msg.code, msg.detail)))
+
+    def _publishers(self, w: _Waiting) -> list[tuple[int, int]]:
+        sessions = self._sessions
+        return [(sid, seq) for sid, seq in ((w.sid, w.seq), *(w.more or ())) if sid in sessions]
 
     def _sequenced(self, event_id: str, out: list[Action]) -> None:
-        """The home's sequencer holds the event: the publisher's PubAck."""
-        waiting = self._seq_waiting.pop(event_id, None)
-        if waiting is not None and waiting[0] in self._sessions:
-            out.append(ToClient(waiting[0], cm.PubAck(waiting[1], event_id)))
+        """The home and its backup hold the event: the publisher's PubAck, then
+        any error about it that came first (rule 2)."""
+        w = self._waiting.pop(event_id, None)
+        if w is not None:
+            pubs = self._publishers(w)
+            out.extend(ToClient(sid, cm.PubAck(seq, event_id)) for sid, seq in pubs)
+            for code, text in w.errors or ():
+                out.extend(ToClient(sid, cm.Error(seq, code, text)) for sid, seq in pubs)
 
-    # -- home (rules 3–5) -------------------------------------------------------------------
+    def defer_error(self, event_id: str, code: str, text: str) -> bool:
+        """An error about a keyed event still waiting for its verdict (a group
+        returned it: its home released it before the verdict came) goes to its
+        publishers after its PubAck, as ``node.outbox`` rule 2 does it."""
+        w = self._waiting.get(event_id)
+        if w is None:
+            return False
+        if w.errors is None:
+            w.errors = []
+        w.errors.append((code, text))
+        return True
 
-    def sequence(self, ev: pm.Event, out: list[Action]) -> None:
-        try:
-            release = self.sequencer.arrive(ev.key, ev.rank or None, ev, self._ctx.now)
-        except DuplicateRank as exc:
-            self._refuse(ev, cm.ErrorCode.DUPLICATE_RANK, str(exc), out)
-            return
-        except InvalidRank as exc:
-            self._refuse(ev, cm.ErrorCode.BAD_RANK, str(exc), out)
-            return
-        except SequencerFull as exc:
-            self._refuse(ev, cm.ErrorCode.SEQUENCER_FULL, str(exc), out)
-            return
+    def _verdict(self, ev: pm.Event, out: list[Action]) -> None:
+        """``node.keyhome``'s verdict on an arrival: to its access node (batched)."""
         if ev.access_node == self._ctx.id:
             self._sequenced(ev.event_id, out)
         else:
             self.note(ev.access_node, SEQUENCED, ev.event_id)
-        if release is not None:
-            self._release(release, out)
 
     def _refuse(self, ev: pm.Event, code: str, text: str, out: list[Action]) -> None:
         """Rule 2: a refusal goes to the access node at once, not batched."""
@@ -304,6 +387,40 @@ class Ordering:
             self.on_verdict(verdict, out)
         else:
             out.append(ToPeer(ev.access_node, verdict))
+
+    def _resend_due(self, now: float, out: list[Action]) -> None:
+        """Rule 2: sent again, or given up."""
+        heap = self._resends
+        while heap and heap[0][0] <= now:
+            when, _, eid = heapq.heappop(heap)
+            w = self._waiting.get(eid)
+            if w is None or w.resend_at != when:
+                continue  # answered, or re-armed
+            if now >= w.expires:
+                del self._waiting[eid]
+                self._ctx.stats["ordered_expired"] += 1
+                log.warning(
+                    "node %d: keyed event %s not sequenced within %gs; undeliverable", self._ctx.id, eid, self.ttl
+                )
+                text = f"event {eid}: its key's home did not take it within {self.ttl:g}s"
+                out.extend(
+                    ToClient(sid, cm.Error(seq, cm.ErrorCode.UNDELIVERABLE, text)) for sid, seq in self._publishers(w)
+                )
+                continue
+            w.tries += 1
+            w.resend_at = min(now + self.resend_after * (1 << min(w.tries, 16)), w.expires)
+            heapq.heappush(heap, (w.resend_at, next(self._tie), eid))
+            self._ctx.stats["ordered_resent"] += 1
+            self._send(w, out)
+
+    # -- home (rules 3-5): node.keyhome ----------------------------------------------------------
+
+    def sequence(self, ev: pm.Event, out: list[Action]) -> None:
+        self.home.sequence(ev, out)
+
+    def on_complete_ack(self, event_id: str, out: list[Action]) -> None:
+        """Rule 4: the released event was delivered everywhere it matched."""
+        self.home.on_complete(event_id, out)
 
     # -- batching (rule 8) -------------------------------------------------------------------
 
@@ -330,11 +447,12 @@ class Ordering:
     def end_batch(self) -> list[Action]:
         """The shell calls this after each batch of messages it handed the core
         (and ``tick`` does too): one ``sequenced`` / ``complete`` note per
-        destination for the whole batch, ``event_id = ""`` and the ids in ``sub_ids``."""
+        destination for the whole batch, ``event_id = ""`` and the ids in
+        ``sub_ids``; and the home's syncs (``node.keyhome``)."""
+        out = self.home.end_batch()
         if not self._noted:
-            return []
+            return out
         self._noted = False
-        out: list[Action] = []
         for code, to in self._notes.items():
             if to:
                 out.extend(ToPeer(node, pm.NotificationAck("", tuple(ids), code=code)) for node, ids in to.items())
@@ -346,72 +464,26 @@ class Ordering:
         if msg.code == ACKED:  # (event id, sub id) pairs: plain subscribers' acks (node.groups rule 3)
             self._deliveries_acked(ids, out)
         elif msg.code == COMPLETE:
-            complete = self.on_complete_ack
+            complete = self.home.on_complete
             for eid in ids:
                 complete(eid, out)
         else:  # sequenced: the publishers' PubAcks
-            waiting, sessions = self._seq_waiting, self._sessions
+            sequenced = self._sequenced
             for eid in ids:
-                w = waiting.pop(eid, None)
-                if w is not None and w[0] in sessions:
-                    out.append(ToClient(w[0], cm.PubAck(w[1], eid)))
-
-    def _release(self, release: Release, out: list[Action]) -> None:
-        """Rule 3: route a released event; those it releases in turn (a local
-        completion releases the next rank) wait in a queue, so nothing recurses."""
-        queue = self._rel_queue
-        queue.append(release)
-        if self._releasing:
-            return
-        self._releasing = True
-        try:
-            while queue:
-                r = queue.popleft()
-                ev: pm.Event = r.event
-                # A channel id names one space for life: the access node's lookup
-                # holds while the channel exists (a split or merge replaces the id).
-                chid = ev.ch_id
-                if chid is None or chid not in self._ctx.routing:
-                    chid = self._ctx.routing.lookup_event(ev.event_exp)
-                self._released[ev.event_id] = r  # not a (key, rank) tuple: one allocation fewer
-                self._ctx.stats["ordered_released"] += 1
-                if chid is None:  # checked at publish; the table changed meanwhile
-                    self._ctx.stats["events_unroutable"] += 1
-                    self.on_complete_ack(ev.event_id, out)
-                    continue
-                self._dispatch_event(
-                    _replace(ev, ch_id=chid, dispatch_sign=_EVENT_DISPATCHED, rank=r.rank, home=self._ctx.id), out
-                )
-        finally:
-            self._releasing = False
-
-    def on_complete_ack(self, event_id: str, out: list[Action]) -> None:
-        """Rule 4: the released event was delivered everywhere it matched."""
-        r = self._released.pop(event_id, None)
-        if r is None:
-            self._ctx.stats["ordered_stale_completions"] += 1
-            return
-        self._ctx.stats["ordered_completed"] += 1
-        nxt = self.sequencer.complete(r.key, r.rank, self._ctx.now)
-        if nxt is not None:
-            self._release(nxt, out)
+                sequenced(eid, out)
 
     def tick(self, now: float, out: list[Action]) -> None:
-        """Rule 5."""
-        out.extend(self.end_batch())
-        seq = self.sequencer
-        if seq.next_deadline() is not None and seq.next_deadline() <= now:  # type: ignore[operator]
-            for r in seq.expire(now):
-                self._release(r, out)
-        counters = seq.counters
+        """Rules 2, 5, 7."""
+        self.view_changed(out)  # a join or a leave (deaths and new runs come as calls)
+        if self._resends and self._resends[0][0] <= now:
+            self._resend_due(now, out)
+        self.home.tick(now, out)
+        counters = self.home.sequencer.counters
         if counters:
             stats = self._ctx.stats
             for k, v in counters.items():
                 stats["seq_" + k] = v
-        if counters["processing_timeouts"] != self._seq_timeouts_seen:
-            # The sequencer moved on without an ack: forget those in-flight records.
-            self._seq_timeouts_seen = counters["processing_timeouts"]
-            for eid, r in list(self._released.items()):
-                ctx = seq.context(r.key)
-                if ctx is None or ctx[0].value != "PROCESSING" or ctx[1] != r.rank:
-                    del self._released[eid]
+        out.extend(self.end_batch())
+
+    def status(self) -> dict[str, Any]:
+        return {"waiting": len(self._waiting), **self.home.status()}

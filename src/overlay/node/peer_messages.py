@@ -83,7 +83,15 @@ class PeerMessages:
                 notifier = self._notifier
                 if msg.key or notifier.has_groups:  # acks go back to the owner (node.notify)
                     notifier.notify(
-                        msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, src, msg.key, msg.rank, out
+                        msg.event_id,
+                        msg.event_exp,
+                        msg.sub_ids,
+                        msg.publish_time,
+                        src,
+                        msg.key,
+                        msg.rank,
+                        out,
+                        msg.ch_id,
                     )
                 else:
                     notifier.notify_clients(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out)
@@ -136,6 +144,12 @@ class PeerMessages:
                 self._balancing.on_liem(src, msg)
             case pm.Heartbeat():
                 self._failures.on_heartbeat(src, msg, now, out)
+            case pm.KeySync():
+                self._ordering.home.on_sync(src, msg, out)
+            case pm.KeySynced():
+                self._ordering.home.on_synced(src, msg, out)
+            case pm.KeyAsk():
+                self._ordering.home.on_ask(src, out)
             case pm.Rebuild():
                 self._recovery.on_rebuild(src, msg, now, out)
             case pm.PeerHello():

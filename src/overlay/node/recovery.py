@@ -25,12 +25,15 @@ Rules:
    rule 5) — sends each new owner one ``Rebuild`` (in chunks of
    ``REBUILD_CHUNK``) with every subscription it holds that overlaps the
    channel; what its clients' (un)subscriptions waited on there is applied.
-   Then its outbox re-sends every unconfirmed event (to the new owners).
+   Then its outbox re-sends every unconfirmed event (to the new owners), and
+   the keys it is home of their events in flight (``node.keyhome`` rule 9).
 4. The new owner creates each channel empty and *holds* the events that
    reach it (at most ``MAX_HELD`` per channel; past that an event is dropped
    unacknowledged, counted, and its access node re-sends it) until every
    live node has sent its last ``Rebuild`` — a Rebuild may come before the
-   update, and creates the channel then.  Then the held events are matched
+   update, and creates the channel then.  A Rebuild also names the group
+   copies the dead owner gave the sender's instances lately
+   (``node.groups`` rule 9): a re-sent event goes to the same instance.  Then the held events are matched
    in arrival order.  A node that dies or restarts meanwhile is not waited
    for; a live node is (links lose nothing while both runs live), with a
    warning every ``peer_timeout`` naming who is missing.  A Rebuild is the
@@ -87,6 +90,8 @@ Loads = Callable[[], dict[int, tuple[float, float]]]  # node -> (dc, capacity), 
 DeadLoad = Callable[[int], float]
 Damped = Callable[[int, float], bool]
 Arriving = Callable[[], set[ChannelId]]
+GroupChoices = Callable[[int, ChannelId], tuple[pm.GroupChoice, ...]]
+LearnChoices = Callable[[tuple[pm.GroupChoice, ...], ChannelId], None]
 
 
 def theirs_replicated(ctx: NodeContext, chid: ChannelId) -> bool:
@@ -121,6 +126,9 @@ class Recovery:
         dead_load: DeadLoad,
         damped: Damped,
         arriving: Arriving,
+        redispatch: Resend = lambda now, out: None,
+        group_choices: GroupChoices = lambda dead, chid: (),
+        learn_choices: LearnChoices = lambda choices, chid: None,
     ) -> None:
         self._ctx = ctx
         self._liveness = liveness
@@ -128,11 +136,14 @@ class Recovery:
         self._sessions = sessions
         self._match = match
         self._peer_gone = peer_gone
-        self._resend = resend
+        self._resend_events = resend
+        self._redispatch = redispatch
         self._loads = loads
         self._dead_load = dead_load
         self._damped = damped
         self._arriving = arriving  # channels an incoming migration is bringing (node.arrivals)
+        self._group_choices = group_choices
+        self._learn_choices = learn_choices
         self.rebuilding: dict[ChannelId, _Rebuilding] = {}
         # (channel, access node) -> the subscription ids of its Rebuild so far (rule 4)
         self._rebuilt_ids: dict[tuple[ChannelId, int], set[str]] = {}
@@ -319,6 +330,14 @@ class Recovery:
             subs = tuple(self._sessions.held(entry.space))
         chunks = [subs[i : i + REBUILD_CHUNK] for i in range(0, len(subs), REBUILD_CHUNK)] or [()]
         self._ctx.stats["rebuild_subscriptions_sent"] += len(subs)
+        # What the dead owner gave this node's group instances goes first (node.groups rule 9).
+        choices = self._group_choices(dead, chid)
+        for i in range(0, len(choices), REBUILD_CHUNK):
+            msg = pm.Rebuild(chid, (), last=False, dead=dead, groups=choices[i : i + REBUILD_CHUNK])
+            if entry.owner == self._ctx.id:
+                self.on_rebuild(self._ctx.id, msg, self._ctx.now, out)
+            else:
+                out.append(ToPeer(entry.owner, msg))
         for i, chunk in enumerate(chunks):
             msg = pm.Rebuild(chid, chunk, last=i == len(chunks) - 1, dead=dead)
             if entry.owner == self._ctx.id:
@@ -358,6 +377,8 @@ class Recovery:
             # Before the update that names this node (the table still names
             # the dead node); one naming a live node is late and stale.
             rb = self._ensure(msg.ch_id, msg.dead, now, out)
+        if msg.groups:
+            self._learn_choices(msg.groups, msg.ch_id)
         ch = ctx.local.get(msg.ch_id)
         if ch is None:
             self._to_heirs(src, msg)
@@ -428,6 +449,12 @@ class Recovery:
             return
         for ev in rb.held:
             self._match(ch, ev, out)
+
+    def _resend(self, now: float, out: list[Action]) -> None:
+        """Rule 3's end: what the access node keeps, and what the keys' homes have
+        in flight (``node.keyhome`` rule 9), to the channels' current owners."""
+        self._resend_events(now, out)
+        self._redispatch(now, out)
 
     def tick(self, now: float, out: list[Action]) -> None:
         # Rule 2 again for an update naming a dead owner that came after the

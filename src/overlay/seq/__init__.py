@@ -1,9 +1,11 @@
 """Ordered delivery per sequence key (SPEC §10)."""
 
+from overlay.seq.copies import KeyCopies
 from overlay.seq.sequencer import (
     DuplicateRank,
     ExpiryPolicy,
     InvalidRank,
+    KeyState,
     Release,
     SeqStatus,
     Sequencer,
@@ -15,6 +17,8 @@ __all__ = [
     "DuplicateRank",
     "ExpiryPolicy",
     "InvalidRank",
+    "KeyCopies",
+    "KeyState",
     "Release",
     "SeqStatus",
     "Sequencer",

@@ -49,6 +49,15 @@ Theory of operation:
    re-evaluates the key and re-arms it at its real deadline.  So the heap
    holds about one entry per key, not one per event, and a busy key costs no
    heap work per event.
+8. **A key's state can move** (``node.keyhome``: a home that dies or hands a
+   key over): ``state(key)`` is a ``KeyState`` — the sequence rank, the
+   last rank assigned, and every event not yet complete by rank (held, and
+   the one in flight, whose rank is the sequence rank) — and
+   ``adopt(state)`` installs one where the key has no context, releasing
+   the event of the sequence rank again if the state holds it: whether it
+   had been released or was still held, it was not complete.  Whatever an
+   expiry changed (a skip, a drop, a processing timeout, a key forgotten) is
+   named in ``expired_keys`` for the caller to copy on.
 """
 
 from __future__ import annotations
@@ -66,6 +75,7 @@ __all__ = [
     "DuplicateRank",
     "ExpiryPolicy",
     "InvalidRank",
+    "KeyState",
     "Release",
     "SeqStatus",
     "Sequencer",
@@ -122,6 +132,20 @@ class Release(msgspec.Struct, frozen=True):
     event: Any
 
 
+class KeyState(msgspec.Struct, frozen=True):
+    """Rule 8: where one key stands, to move it to another sequencer.  ``events``
+    are the key's events not complete, by rank: held ones, and the one in
+    flight (its rank is ``seq``)."""
+
+    key: str
+    seq: int
+    last_assigned: int
+    events: dict[int, Any]
+    # The event of ``seq`` is out, released by a home that lives on and passes
+    # its completion on: ``adopt`` keeps it in flight rather than release it again.
+    released: bool = False
+
+
 _WAITING: Final = SeqStatus.WAITING
 _PROCESSING: Final = SeqStatus.PROCESSING
 _PENDING: Final = SeqStatus.PENDING
@@ -133,7 +157,18 @@ class _Context:
     release time) or None; ``timer`` is the deadline of the key's live entry
     in the timer heap (rule 7)."""
 
-    __slots__ = ("arrived", "held", "in_flight", "last_assigned", "released_at", "seq", "status", "timer", "touched")
+    __slots__ = (
+        "arrived",
+        "flying",
+        "held",
+        "in_flight",
+        "last_assigned",
+        "released_at",
+        "seq",
+        "status",
+        "timer",
+        "touched",
+    )
 
     def __init__(self, now: float) -> None:
         self.status = _WAITING
@@ -142,6 +177,7 @@ class _Context:
         self.held: dict[int, Any] = {}  # rank -> event
         self.arrived: dict[int, float] = {}  # rank -> arrival time
         self.in_flight: int | None = None
+        self.flying: Any = None  # the event in flight (rule 8: a state carries it)
         self.released_at = 0.0
         self.touched = now
         self.timer: float | None = None
@@ -165,9 +201,14 @@ class Sequencer:
         self._keys: dict[str, _Context] = {}
         self._timers: list[tuple[float, str]] = []  # (deadline, key); rule 7
         self.counters: Counter[str] = Counter()
+        self.expired_keys: list[str] = []  # rule 8: keys an expiry changed, for the caller to take
+        self.assigned = 0  # the rank the last accepted arrival got (rule 3), for the caller to copy on
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys
 
     def context(self, key: str) -> tuple[SeqStatus, int, int] | None:
         """``(status, sequence rank, held count)`` of a key, or None."""
@@ -205,6 +246,7 @@ class Sequencer:
             raise DuplicateRank(key, rank, ctx.seq)
         ctx.last_assigned = max(ctx.last_assigned, rank)
         ctx.touched = now
+        self.assigned = rank
         status = ctx.status
         if status is not _PROCESSING and rank == ctx.seq:
             return self._release(key, ctx, rank, event, now)
@@ -222,6 +264,7 @@ class Sequencer:
     def _release(self, key: str, ctx: _Context, rank: int, event: Any, now: float) -> Release:
         ctx.status = _PROCESSING
         ctx.in_flight = rank
+        ctx.flying = event
         ctx.released_at = now
         self.counters["released"] += 1
         deadline = now + self.config.processing_ttl
@@ -247,7 +290,7 @@ class Sequencer:
         """The in-flight event ``done`` (``ctx.in_flight``) is done (delivered or
         timed out): release the next rank if held."""
         nxt = ctx.seq = done + 1
-        ctx.in_flight = None
+        ctx.in_flight = ctx.flying = None
         ctx.touched = now
         if nxt in ctx.held:
             del ctx.arrived[nxt]
@@ -285,7 +328,10 @@ class Sequencer:
             if ctx is None or ctx.timer != deadline:
                 continue  # not the key's live entry: superseded (rule 7)
             ctx.timer = None
+            before = (ctx.seq, len(ctx.held))
             r = self._expire_key(key, ctx, now)
+            if r is not None or key not in keys or before != (ctx.seq, len(ctx.held)):
+                self.expired_keys.append(key)  # rule 8
             if r is not None:
                 out.append(r)
             if key in keys:
@@ -324,3 +370,59 @@ class Sequencer:
 
     def next_deadline(self) -> float | None:
         return self._timers[0][0] if self._timers else None
+
+    # -- moving a key (rule 8) ----------------------------------------------------------------
+
+    def key_list(self) -> list[str]:
+        return list(self._keys)
+
+    def state(self, key: str) -> KeyState | None:
+        """Where ``key`` stands, or None (no context)."""
+        ctx = self._keys.get(key)
+        if ctx is None:
+            return None
+        events = dict(ctx.held)
+        if ctx.in_flight is not None:
+            events[ctx.in_flight] = ctx.flying
+        return KeyState(key, ctx.seq, ctx.last_assigned, events)
+
+    def forget(self, key: str) -> KeyState | None:
+        """Drop ``key``'s context (it moved to another home); its state."""
+        st = self.state(key)
+        self._keys.pop(key, None)  # its timer entry, if any, is found stale (rule 7)
+        return st
+
+    def adopt(self, state: KeyState, now: float) -> Release | None:
+        """Install ``state`` as ``state.key``'s context and release its event of
+        the sequence rank, if it holds it (``state.released``: already out —
+        the Release is returned all the same, for the caller to track, not
+        send); events of lower ranks are complete and left out.  A key that has a context already takes the state's
+        events it lacks, past its own sequence rank, and the higher of the two
+        last ranks assigned (two copies of one key agree on every rank they
+        share: one home assigned it).  Bounds as for arrivals (rule 5),
+        counted, never raised: a state comes from a peer, not a publisher."""
+        key = state.key
+        ctx = self._keys.get(key)
+        if ctx is None:
+            if len(self._keys) >= self.config.max_keys:
+                self.counters["rejected_full"] += 1
+                return None
+            ctx = self._keys[key] = _Context(now)
+            ctx.seq = max(1, state.seq)
+        ctx.last_assigned = max(ctx.last_assigned, state.last_assigned, ctx.seq - 1)
+        ctx.touched = now
+        for rank in sorted(state.events):
+            if rank < ctx.seq or rank in ctx.held or rank == ctx.in_flight:
+                continue
+            if len(ctx.held) >= self.config.max_held:
+                self.counters["rejected_full"] += 1
+                break
+            ctx.held[rank] = state.events[rank]
+            ctx.arrived[rank] = now
+            ctx.last_assigned = max(ctx.last_assigned, rank)
+        if ctx.status is not _PROCESSING and ctx.seq in ctx.held:
+            return self._release(key, ctx, ctx.seq, ctx.take(ctx.seq), now)
+        if ctx.status is not _PROCESSING:
+            ctx.status = _PENDING if ctx.held else _WAITING
+        self._arm(key, ctx, self._deadline(ctx))
+        return None

@@ -65,7 +65,7 @@ class SimUsers(Protocol):
 
     def open(self, node: int, *, admin: bool = False) -> SimClient: ...
 
-    def subscribe(self, c: SimClient, spec: SubSpec) -> SubRec: ...
+    def subscribe(self, c: SimClient, spec: SubSpec, group: str = "") -> SubRec: ...
 
     def send(self, c: SimClient, msg: cm.ClientMessage) -> None: ...
 
@@ -98,10 +98,10 @@ class ClientFaults:
 
     # -- rule 1 ------------------------------------------------------------------------------
 
-    def publish(self, c: SimClient, values: dict[str, Any], event: Any) -> None:
+    def publish(self, c: SimClient, values: dict[str, Any], event: Any, key: str = "") -> None:
         users = self.users
         self._event_no += 1
-        rec = EventRec(f"{c.name}-e{self._event_no}", values, users.net.step_no, c.name)
+        rec = EventRec(f"{c.name}-e{self._event_no}", values, users.net.step_no, c.name, key=key)
         users.events[rec.event_id] = rec
         name = f"{c.name}/{rec.event_id}"  # the cluster's name for it (rule 1)
         rec.aliases.append(name)
@@ -113,7 +113,7 @@ class ClientFaults:
         rec.sends += 1
         seq = users.next_seq(c, "event", rec)
         body = rec.values if event is None else event
-        users.send(c, cm.Publish(seq, body, publish_time=users.net.now, event_id=rec.event_id))
+        users.send(c, cm.Publish(seq, body, publish_time=users.net.now, key=rec.key, event_id=rec.event_id))
 
     def acked(self, c: SimClient, msg: cm.PubAck, rec: EventRec) -> None:
         users = self.users
@@ -124,6 +124,17 @@ class ClientFaults:
         if msg.event_id not in rec.ids():  # the node named it otherwise: its notifications carry that name
             users.event_names.setdefault(msg.event_id, rec)
             rec.aliases.append(msg.event_id)
+
+    def returned(self, msg: cm.Error) -> None:
+        """An ``undeliverable`` Error about an event acknowledged before: no
+        instance of a group could take it (SPEC §11) — named in its text."""
+        users = self.users
+        for name, rec in users.event_names.items():
+            if f"event {name}:" in msg.message:
+                rec.returned = True
+                self.counts["returned_to_publisher"] += 1
+                return
+        users.net.failures.append(f"undeliverable Error about no known event: {msg!r}")
 
     # -- rules 2 and 3 -----------------------------------------------------------------------
 
@@ -276,7 +287,7 @@ class ClientFaults:
                 self._send_event(c, data)
             else:
                 self.counts["resubscribed"] += 1
-                users.subscribe(c, data.spec)
+                users.subscribe(c, data.spec, data.group)
 
     # -- rule 5 ------------------------------------------------------------------------------
 

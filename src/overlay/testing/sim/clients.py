@@ -56,6 +56,10 @@ class SimClients:
         self._next_shift = 0.0
         self._hot_point = (clamp_price(rng.uniform(0, PRICE_MAX)), rng.choice(SYMS))
         self.faults = ClientFaults(self, rng) if params.node_faults else None
+        # Under node faults: each group's filter, every instance's (SPEC §11: equivalent instances).
+        self.group_specs: dict[str, SubSpec] = {}
+        if self.faults is not None and params.p_group:
+            self.group_specs = {f"g{i}": random_spec(rng) for i in range(params.groups)}
 
     def shift_hot_spot(self, active: bool) -> None:
         """Now and then, while the run is active, the hot spot moves."""
@@ -87,6 +91,7 @@ class SimClients:
         if self._net.keep_trace:
             self._net.trace.append(f"{self._net.step_no} t={self._net.now:.3f} client {c.name}@{c.node} -> {msg!r}")
         self._net.execute(c.node, self._net.cores[c.node].handle_client(c.sid, decoded[0], self._net.now))
+        self._net.end_batch(c.node)
 
     def receive(self, node: int, sid: int, msg: cm.ClientMessage) -> None:
         c = self.by_session.get((node, sid))
@@ -145,9 +150,15 @@ class SimClients:
                         self._net.failures.append(
                             f"step {self._net.step_no}: {c.name} notified of {msg.event_id} on {lid} after unsubscribing"
                         )
+                if msg.tag:  # a tracked copy (keyed, or a group instance's): taken at once, once recorded
+                    self.send(c, cm.Ack(msg.event_id, 0.0, msg.tag))
+            case cm.Revoke():
+                pass  # every copy was acked as it came: the Ack already sent stands (node.acks rule 2)
             case cm.Error() | cm.Choke() if self.faults is not None:
                 kind, data = c.pending.pop(msg.seq, ("?", None))
-                if kind == "?":
+                if kind == "?" and isinstance(msg, cm.Error) and msg.code == cm.ErrorCode.UNDELIVERABLE:
+                    self.faults.returned(msg)  # a group had no instance for an acknowledged event
+                elif kind == "?":
                     self._net.failures.append(f"{c.name}: unexpected {msg!r}")
                 else:
                     self.faults.refused(c, kind, data, msg)
@@ -180,10 +191,17 @@ class SimClients:
         c.pending[c.seq] = (kind, data)
         return c.seq
 
-    def subscribe(self, c: SimClient, spec: SubSpec) -> SubRec:
-        """A new subscription of ``c``, sent."""
+    def subscribe(self, c: SimClient, spec: SubSpec, group: str = "") -> SubRec:
+        """A new subscription of ``c`` (an instance of ``group``), sent."""
         self._sub_no += 1
-        rec = SubRec(c, f"s{self._sub_no}", spec, self._net.step_no, run=(c.node, self._net.cores[c.node].incarnation))
+        rec = SubRec(
+            c,
+            f"s{self._sub_no}",
+            spec,
+            self._net.step_no,
+            run=(c.node, self._net.cores[c.node].incarnation),
+            group=group,
+        )
         c.subs[rec.local_id] = rec
         self.subs.append(rec)
         self.send_subscribe(c, rec)
@@ -192,7 +210,7 @@ class SimClients:
     def send_subscribe(self, c: SimClient, rec: SubRec) -> None:
         """(Again, after a refusal:) ``rec``'s Subscribe; its global id as the node made it."""
         seq = self.next_seq(c, "sub", rec)
-        self.send(c, cm.Subscribe(seq, rec.local_id, rec.spec.text()))
+        self.send(c, cm.Subscribe(seq, rec.local_id, rec.spec.text(), group=rec.group))
         if not c.connected:  # the node closed the session at once
             return
         entry = self._net.cores[c.node].sessions[c.sid].subs.get(rec.local_id)
@@ -227,14 +245,19 @@ class SimClients:
             if self.faults is not None:
                 if rng.random() < 0.2:
                     event = "{" + ", ".join(f"{k}: {literal(v)}" for k, v in values.items()) + "}"
-                self.faults.publish(c, values, event)
+                key = f"k{rng.randrange(p.keys)}" if p.p_keyed and rng.random() < p.p_keyed else ""
+                self.faults.publish(c, values, event, key)
                 return True
             seq = self.next_seq(c, "pub", (values, self._net.step_no))
             if rng.random() < 0.2:
                 event = "{" + ", ".join(f"{k}: {literal(v)}" for k, v in values.items()) + "}"
             self.send(c, cm.Publish(seq, event, publish_time=self._net.now))
         elif kind == "subscribe":
-            self.subscribe(c, random_spec(rng))
+            if self.group_specs and rng.random() < p.p_group:
+                group = rng.choice(sorted(self.group_specs))
+                self.subscribe(c, self.group_specs[group], group)
+            else:
+                self.subscribe(c, random_spec(rng))
         elif kind == "unsubscribe":
             cands = [
                 r

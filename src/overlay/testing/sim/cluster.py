@@ -89,6 +89,16 @@ _STATS: Final = (
     "subscriptions_unroutable",
     "events_resent",
     "duplicates_dropped",
+    # ordered keys and groups across deaths (node.keyhome, node.groups rule 9, node.notify rule 5)
+    "ordered_in",
+    "ordered_keys_taken_over",
+    "ordered_keys_handed_over",
+    "ordered_released_again",
+    "ordered_redispatched",
+    "ordered_late_dropped",
+    "group_dispatched",
+    "group_sticky",
+    "tracked_duplicates_dropped",
 )
 
 
@@ -326,6 +336,12 @@ class SimCluster:
                 why.append(f"node {i}: BUSY")
             if len(c.outbox):
                 why.append(f"node {i}: {len(c.outbox)} events not confirmed yet: {c.outbox.ids()[:5]}")
+            keyed = c.ordering.status()
+            held = c.ordering.sequencer.held
+            if any(keyed[k] for k in ("waiting", "waiting_for_backups", "in_flight")) or held:
+                why.append(f"node {i}: keyed events under way {keyed}, {held} held")
+            if c.ordering.home.awaiting is not None:
+                why.append(f"node {i}: waits for the handovers of {sorted(c.ordering.home.awaiting)}")
             if c.receipts.pending:
                 why.append(f"node {i}: receipts not sent yet")
         return why

@@ -48,13 +48,28 @@ matcher (``SubSpec.matches``), not from the cores' bookkeeping.
    the only one, crashed or sent it away: "other than the subscriber's only
    access node"), or its access node's run had begun to die when e was
    PubAcked (crashed, or paused or cut off and then declared dead: dead to
-   the cluster while the client still held the session).  Every PubAck'd event was matched.  As in rule 1, never
+   the cluster while the client still held the session).  A keyed event's
+   PubAck says its home and the home's backup hold it; it is owed to the
+   subscriptions still active at its first match (its turn may come long
+   after).  Every PubAck'd event was matched.  As in rule 1, never
    two notifications of one event to one subscription, none for an event it
    does not match, an unknown event or subscription; and, where keys are
    used, a subscription sees a key's events in rank order.  Rules 2–5 hold
    as they are, over the nodes that are up at the end (a node crashed for
    good is out of every table: every channel on exactly one live node, or
    its replicas), with rule 2 counting only the clients' current sessions.
+7. Groups (SPEC §11, with node faults): a group's instances share its
+   filter, and the group is one subscriber.  For every PubAck'd event e
+   that the filter matches and every group one of whose instances was
+   SubAck'd before e's first Publish and still active when e was PubAck'd,
+   e reaches exactly one instance — unless every one of those instances
+   left the group at some point (unsubscribed, closed, or lost its session
+   with its only access node: the owner's fault surveillance chases
+   instances that leave, and one that takes the event as its access node
+   dies may leave a second instance to take it, SPEC §11), or e's publisher
+   was told no instance could take it (``undeliverable``).
+   Whenever it is, never to two instances that both kept their sessions.
+   Instances are left out of rule 6's per-subscription check.
 """
 
 from __future__ import annotations
@@ -102,6 +117,7 @@ class SimCluster(Protocol):
 __all__ = [
     "check_all",
     "check_deliveries",
+    "check_groups",
     "check_ownership",
     "check_partition",
     "check_promise",
@@ -202,15 +218,16 @@ def check_promise(sim: SimCluster) -> list[str]:
         if not any(sim.matched.get(i) for i in ev.ids()):
             out.append(f"event {ev.event_id} {ev.values} was PubAck'd (step {ev.acked_at}) but never matched")
         for rec in sim.subs:
-            if rec.acked_at is None or rec.acked_at >= ev.pub_at:
-                continue  # not acknowledged before the event's first Publish
+            if rec.group or rec.acked_at is None or rec.acked_at >= ev.pub_at:
+                continue  # a group's instance (rule 7), or not acknowledged before the event's first Publish
+            due = _due(sim, ev, rec)
             end = rec.ended_at
-            if end is not None and end < ev.acked_at:
-                continue  # no longer active when the event was acknowledged
+            if end is not None and end < due:
+                continue  # no longer active when the event was acknowledged (a keyed one: matched)
             if not rec.spec.matches(ev.values):
                 continue
             n = counts.get((ev.event_id, rec.client.name, rec.local_id), 0)
-            if n == 0 and (rec.lost_at is not None or (rec.died_at is not None and rec.died_at <= ev.acked_at)):
+            if n == 0 and (rec.lost_at is not None or (rec.died_at is not None and rec.died_at <= due)):
                 exempt += 1  # its only access node went before delivering it
                 continue
             if n == 0:
@@ -223,6 +240,64 @@ def check_promise(sim: SimCluster) -> list[str]:
                     + ")"
                 )
     sim.exempt += exempt
+    return out + check_groups(sim, counts)
+
+
+NEVER = 1 << 62
+
+
+def _due(sim: SimCluster, ev: EventRec, rec: SubRec | None = None) -> int:
+    """The step from which ``ev`` is owed to a subscription still active: its
+    PubAck — for a keyed event, when its notification reached the
+    subscription's access node (the PubAck says its home holds it; its turn
+    comes when the ranks before it are delivered, and a subscription given
+    up meanwhile is owed nothing: the client left); for a group (``rec``
+    None), its first match."""
+    assert ev.acked_at is not None
+    if not ev.key:
+        return ev.acked_at
+    if rec is not None:
+        arrived = _arrival(sim, ev, rec)
+        return max(ev.acked_at, arrived) if arrived is not None else NEVER
+    steps = [s for i in ev.ids() for s in sim.matched.get(i, ())]
+    return max(ev.acked_at, min(steps)) if steps else NEVER
+
+
+def check_groups(sim: SimCluster, counts: Counter[tuple[str, str, str]]) -> list[str]:
+    """Rule 7."""
+    out: list[str] = []
+    groups: dict[str, list[SubRec]] = {}
+    for rec in sim.subs:
+        if rec.group:
+            groups.setdefault(rec.group, []).append(rec)
+    for ev in sim.events.values():
+        for group, insts in sorted(groups.items()):
+            if not insts[0].spec.matches(ev.values):
+                continue
+            got = [(r, counts.get((ev.event_id, r.client.name, r.local_id), 0)) for r in insts]
+            got = [(r, n) for r, n in got if n]
+            kept = [r for r, _ in got if r.lost_at is None and r.died_at is None]
+            if len(kept) > 1:
+                out.append(
+                    f"event {ev.event_id} {ev.values} reached {len(kept)} instances of group {group}: "
+                    + ", ".join(f"{r.client.name}/{r.local_id}" for r in kept)
+                )
+            if got or ev.acked_at is None or ev.returned:
+                continue
+            due = _due(sim, ev)
+            active = [
+                r
+                for r in insts
+                if r.acked_at is not None and r.acked_at < ev.pub_at and (r.ended_at is None or r.ended_at >= due)
+            ]
+            if any(r.ended_at is None and r.died_at is None for r in active):
+                out.append(
+                    f"event {ev.event_id} {ev.values} (published at step {ev.pub_at} by {ev.publisher}, PubAck at "
+                    f"step {ev.acked_at}) lost for group {group}: no instance got it of "
+                    + ", ".join(
+                        f"{r.client.name}/{r.local_id} (SubAck {r.acked_at}, ended {r.ended_at})" for r in active
+                    )
+                )
     return out
 
 

@@ -185,7 +185,19 @@ class SimNetwork:
             self.send(dst, src, pm.PeerError("protocol_error", str(exc)))
             return
         self.execute(dst, acts)
+        self.end_batch(dst)
         self.background(dst)
+
+    def end_batch(self, node: int) -> None:
+        """With node faults, after each message a core handled: what the shell's
+        dispatcher does after each batch (``NodeCore.end_batch``) — batched
+        notes, key syncs and receipts go out then, not at the next tick (a
+        death within that tick lost what a shell had sent microseconds after)."""
+        if self.node_faults is None:
+            return
+        core = self.cores.get(node)
+        if core is not None:
+            self.execute(node, core.end_batch())
 
     def hello(self, src: int, dst: int) -> None:
         """A link from ``src`` to ``dst`` (re)connected: ``src``'s hello, handed
@@ -262,7 +274,7 @@ class SimNetwork:
     def spy(self, core: NodeCore) -> None:
         """Record when a channel matches each event, and when each notification
         reaches the subscriber's access node; what the outbox accepts and how
-        often it sends each event (white-box: wraps four methods)."""
+        often it sends each event (white-box: wraps five methods)."""
         router = core.router  # every match goes through Router.match
         orig_match = router.match
         arrivals = self.arrivals
@@ -280,6 +292,15 @@ class SimNetwork:
             for gid in sub_ids:
                 arrivals.setdefault((event_id, gid), self.step_no)
             orig_notify(event_id, event, sub_ids, publish_time, out)
+
+        orig_tracked = notifier.notify  # tracked copies (keyed, group instances'): node.notify rule 3
+
+        def notify(event_id: str, event: Any, sub_ids: Any, *args: Any, **kw: Any) -> None:
+            for gid in sub_ids:
+                arrivals.setdefault((event_id, gid), self.step_no)
+            orig_tracked(event_id, event, sub_ids, *args, **kw)
+
+        notifier.notify = notify  # type: ignore[method-assign]
 
         notifier.notify_clients = notify_clients  # type: ignore[method-assign]
         outbox = core.outbox

@@ -42,6 +42,7 @@ class SubRec:
     # client left it: the step its end began (the crash, or the pause or cut before it).
     died_at: int | None = None
     tries: int = 0  # Subscribes refused for now (not_ready, no_quorum) and sent again
+    group: str = ""  # an instance of this subscriber group (SPEC §11): its filter is the group's
 
     @property
     def ended_at(self) -> int | None:
@@ -65,6 +66,8 @@ class EventRec:
     sends: int = 0  # Publishes sent for it: the first, re-sends after a lost session, retries
     gave_up: bool = False  # refused too often: never acknowledged, so nothing is promised
     aliases: list[str] = field(default_factory=list)  # other ids the nodes gave it (its PubAck's)
+    key: str = ""  # its sequence key (SPEC §10); the home assigns its rank
+    returned: bool = False  # its publisher heard no instance of a group could take it (SPEC §11)
 
     def ids(self) -> list[str]:
         return [self.event_id, *self.aliases]

@@ -160,6 +160,13 @@ class SimParams:
     # A partition loses everything sent across it: a shell without net.peer_link
     # rule 6 (else held until the heal, as the shell does).
     p_lossy_cut: float = 0.0
+    # Under node faults: publishes with a sequence key (one of ``keys``, the
+    # home assigns the ranks: SPEC §10) and subscriptions that join a group
+    # (one of ``groups``, every instance with the group's filter: SPEC §11).
+    p_keyed: float = 0.0
+    keys: int = 4
+    p_group: float = 0.0
+    groups: int = 2
 
     @classmethod
     def for_seed(cls, seed: int) -> SimParams:
@@ -199,6 +206,9 @@ class SimParams:
             w_crash=rng.choice((0.4, 0.6)),
             p_no_restart=rng.choice((0.0, 0.15)),
             max_drain_seconds=60.0,
+            p_keyed=rng.choice((0.15, 0.3, 0.5)),
+            keys=rng.choice((2, 4, 8)),
+            p_group=rng.choice((0.1, 0.2, 0.3)),
         )
 
 

@@ -1,0 +1,115 @@
+"""The events a key's home released and not yet saw complete (SPEC §10; ``node.keyhome``).
+
+Rules:
+
+1. A released event is routed to its channel's owner with the home's
+   routing table, as ``EVENT_DISPATCHED`` carrying its ``rank`` and this
+   node as its ``home``.  One that a release releases in turn (a local
+   owner found nothing to wait for and completed it at once, which releases
+   the next rank) waits in a queue: nothing recurses.
+2. It stays here until its completion comes (``pop``), the sequencer moved
+   on without it (a processing timeout: ``prune``) or its key moved to
+   another home (``forget``): at most one per key — the sequencer's bound.
+3. ``again`` routes every event still here once more, to its channel's
+   current owner (``node.keyhome`` rule 9), without counting it released
+   again.
+4. An event whose channel no table names any more (the table changed
+   since its publish was checked) is counted ``events_unroutable`` and
+   completed at once, so its key moves on.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Container
+from typing import Final
+
+import msgspec
+
+from overlay.actions import Action
+from overlay.messages import peer as pm
+from overlay.node.context import NodeContext
+from overlay.seq import Release, SeqStatus, Sequencer
+
+__all__ = ["InFlight"]
+
+_EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
+_PROCESSING: Final = SeqStatus.PROCESSING
+_replace: Final = msgspec.structs.replace
+
+Route = Callable[[pm.Event, list[Action]], None]
+Complete = Callable[[str, list[Action]], None]
+
+
+class InFlight:
+    """Rules 1–4; ``route`` dispatches an event to its owner, ``complete``
+    is the home's completion (rule 4)."""
+
+    def __init__(self, ctx: NodeContext, *, route: Route, complete: Complete) -> None:
+        self._ctx = ctx
+        self._route = route
+        self._complete = complete
+        self._released: dict[str, Release] = {}  # event id -> its release
+        self._queue: deque[Release] = deque()
+        self._releasing = False
+
+    def __len__(self) -> int:
+        return len(self._released)
+
+    def release(self, release: Release, out: list[Action]) -> None:
+        """Rule 1."""
+        queue = self._queue
+        queue.append(release)
+        if self._releasing:
+            return
+        self._releasing = True
+        try:
+            while queue:
+                r = queue.popleft()
+                self._released[r.event.event_id] = r
+                self._ctx.stats["ordered_released"] += 1
+                self._dispatch(r, out)
+        finally:
+            self._releasing = False
+
+    def track(self, release: Release) -> None:
+        """Rule 2 for an event released by another home, which passes its completion on."""
+        self._released[release.event.event_id] = release
+
+    def pop(self, event_id: str) -> Release | None:
+        return self._released.pop(event_id, None)
+
+    def again(self, keys: Container[str], out: list[Action]) -> None:
+        """Rule 3, for the events of ``keys`` (those this node is still home of)."""
+        for r in list(self._released.values()):
+            if r.key in keys:
+                self._ctx.stats["ordered_redispatched"] += 1
+                self._dispatch(r, out)
+
+    def forget(self, keys: Container[str]) -> None:
+        """The events of ``keys`` (handed over: ``node.keyhome`` rule 7)."""
+        for eid in [eid for eid, r in self._released.items() if r.key in keys]:
+            del self._released[eid]
+
+    def prune(self, seq: Sequencer) -> None:
+        """Rule 2: forget what the sequencer no longer has in flight."""
+        for eid, r in list(self._released.items()):
+            c = seq.context(r.key)
+            if c is not None and (c[0] is not _PROCESSING or c[1] != r.rank):
+                del self._released[eid]
+
+    def _dispatch(self, r: Release, out: list[Action]) -> None:
+        ev: pm.Event = r.event
+        # A channel id names one space for life: the access node's lookup holds
+        # while the channel exists (a split or merge replaces the id).
+        chid = ev.ch_id
+        routing = self._ctx.routing
+        if chid is None or chid not in routing:
+            chid = routing.lookup_event(ev.event_exp)
+        if chid is None:  # rule 4
+            self._ctx.stats["events_unroutable"] += 1
+            self._complete(ev.event_id, out)
+            return
+        self._route(
+            _replace(ev, ch_id=chid, dispatch_sign=_EVENT_DISPATCHED, rank=r.rank, home=self._ctx.id, hops=0), out
+        )
