@@ -9,7 +9,8 @@ Rules:
    the next rank) waits in a queue: nothing recurses.
 2. It stays here until its completion comes (``pop``), the sequencer moved
    on without it (a processing timeout: ``prune``) or its key moved to
-   another home (``forget``): at most one per key — the sequencer's bound.
+   another home (``forget``; one whose completion this node passes on stays
+   at most ``processing_ttl`` more: ``passing``): at most one per key.
 3. ``again`` routes every event still here once more, to its channel's
    current owner (``node.keyhome`` rule 9), without counting it released
    again.
@@ -50,6 +51,7 @@ class InFlight:
         self._route = route
         self._complete = complete
         self._released: dict[str, Release] = {}  # event id -> its release
+        self._passing: dict[str, float] = {}  # event id -> until when (rule 2: a key handed over)
         self._queue: deque[Release] = deque()
         self._releasing = False
 
@@ -77,6 +79,7 @@ class InFlight:
         self._released[release.event.event_id] = release
 
     def pop(self, event_id: str) -> Release | None:
+        self._passing.pop(event_id, None)
         return self._released.pop(event_id, None)
 
     def again(self, keys: Container[str], out: list[Action]) -> None:
@@ -90,6 +93,20 @@ class InFlight:
         """The events of ``keys`` (handed over: ``node.keyhome`` rule 7)."""
         for eid in [eid for eid, r in self._released.items() if r.key in keys]:
             del self._released[eid]
+
+    def passing(self, keys: Container[str], until: float) -> None:
+        """Rule 2: the events of ``keys`` stay only to pass their completions on
+        (their keys were handed over, ``node.keyhome`` rule 7), until ``until``:
+        one that never comes (the new home's own copy completed) is forgotten."""
+        for eid, r in self._released.items():
+            if r.key in keys:
+                self._passing[eid] = until
+
+    def expire(self, now: float) -> None:
+        if self._passing:
+            for eid in [eid for eid, t in self._passing.items() if t <= now]:
+                del self._passing[eid]
+                self._released.pop(eid, None)
 
     def prune(self, seq: Sequencer) -> None:
         """Rule 2: forget what the sequencer no longer has in flight."""

@@ -300,8 +300,7 @@ class KeyHome:
         awaiting = self.awaiting
         if awaiting is None:
             return
-        for n in [n for n in awaiting if n in self._dead]:
-            awaiting.discard(n)
+        awaiting -= {n for n in awaiting if n in self._dead}
         if awaiting:
             return
         self.awaiting = None
@@ -374,7 +373,8 @@ class KeyHome:
             self._syncs.add_state(link, key, self.copies.state(key))  # a copy of a key the new run is home of
             if self._roles(key)[1] != ctx.id:
                 self.copies.forget(key)
-        self.in_flight.forget(unsent)  # the others' completions are passed on (rule 7)
+        self.in_flight.forget(unsent)  # the others' completions are passed on (rule 7) for a while
+        self.in_flight.passing(keys, ctx.now + ctx.config.sequencer.processing_ttl)
         for o in moved:
             link.stage((o[0], o[1], None))
         self._syncs.flush(node, link, out, handover=True, last=last)
@@ -428,6 +428,7 @@ class KeyHome:
             if st is None:
                 continue
             ctx.stats["ordered_keys_taken_over"] += 1
+            log.debug("node %d: key %r is home here now, at rank %d", ctx.id, key, st.seq)
             release = self.sequencer.adopt(st, ctx.now)
             if release is not None and st.released:  # out already: its completion is passed on (rule 7)
                 self.in_flight.track(release)
@@ -437,8 +438,6 @@ class KeyHome:
             if release is not None:
                 ctx.stats["ordered_released_again"] += 1
                 self._stage(key, out, release=release, hold=backup is not None)
-        if self.copies and ctx.stats["ordered_keys_taken_over"]:
-            log.info("node %d: took over the keys of a home gone; %d copies kept", ctx.id, len(self.copies))
 
     def redispatch(self, out: list[Action]) -> None:
         """Rule 9: every event in flight again, to its channel's current owner."""
@@ -481,6 +480,7 @@ class KeyHome:
         if self.awaiting is not None:
             self._check_awaiting(out)
         self.ids.expire(now)
+        self.in_flight.expire(now)
 
     def end_batch(self) -> list[Action]:
         """The syncs of this batch, and the answers to those that came."""
