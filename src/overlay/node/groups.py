@@ -200,11 +200,8 @@ class Groups:
                 (p for p, heirs in self._replaced.items() if chid in heirs and (p, group) in self._dispatchers), None
             )
             if parent is not None:  # a split child: continue from the parent's state (rule 7)
-                d = GroupDispatcher.restore(
-                    self._dispatchers[(parent, group)].state(),
-                    fault_period=cfg.fault_period,
-                    throttle_lf=cfg.throttle_lf,
-                )
+                state = self._dispatchers[(parent, group)].state()
+                d = GroupDispatcher.restore(state, fault_period=cfg.fault_period, throttle_lf=cfg.throttle_lf)
             else:
                 d = GroupDispatcher(group, fault_period=cfg.fault_period, throttle_lf=cfg.throttle_lf)
             self._dispatchers[(chid, group)] = d
@@ -465,15 +462,21 @@ class Groups:
         access nodes; one that moved the channel here)."""
         for c in choices:
             self._remember(c.event_id, c.group, c.sub_id, chid, taken=c.taken)
-        if choices:
-            self._ctx.stats["group_choices_learned"] += len(choices)
+        self._ctx.stats["group_choices_learned"] += len(choices)
 
     def choices_of(self, chid: ChannelId) -> tuple[pm.GroupChoice, ...]:
-        """Rule 9: the choices made lately for events of channel ``chid`` (a SubscriptionMove's)."""
+        """Rule 9: the choices made lately for events of channel ``chid``, or of
+        the channels it was split or merged from here (a SubscriptionMove's)."""
+        chans, todo = {chid}, [chid]
+        while todo:  # the channels it replaced, and theirs (rule 7's ``replaced``)
+            c = todo.pop()
+            for p in [p for p, heirs in self._replaced.items() if c in heirs and p not in chans]:
+                chans.add(p)
+                todo.append(p)
         return tuple(
             pm.GroupChoice(eid, g, inst, taken)
             for eid, (ch, choices) in self.chosen.items()
-            if ch == chid
+            if ch in chans
             for g, (inst, taken) in choices.items()
         )
 
@@ -483,9 +486,8 @@ class Groups:
     def restore(self, cs: pm.ChannelSubscriptions) -> None:
         cfg = self._ctx.config.groups
         for st in cs.groups:
-            self._dispatchers[(cs.ch_id, st.name)] = GroupDispatcher.restore(
-                st, fault_period=cfg.fault_period, throttle_lf=cfg.throttle_lf
-            )
+            d = GroupDispatcher.restore(st, fault_period=cfg.fault_period, throttle_lf=cfg.throttle_lf)
+            self._dispatchers[(cs.ch_id, st.name)] = d
         if cs.groups:
             self._ctx.stats["group_states_restored"] += len(cs.groups)
         self.learn_choices(cs.choices, cs.ch_id)

@@ -14,9 +14,10 @@ Rules:
 3. ``again`` routes every event still here once more, to its channel's
    current owner (``node.keyhome`` rule 9), without counting it released
    again.
-4. An event whose channel no table names any more (the table changed
-   since its publish was checked) is counted ``events_unroutable`` and
-   completed at once, so its key moves on.
+4. An event no channel of the routing table takes (a home that has no
+   table yet — a new run — or one in flux) is not sent: it waits, counted
+   ``ordered_unrouted``, and is tried again on every tick (``retry``) until
+   a table routes it or ``processing_ttl`` moves its key on.
 """
 
 from __future__ import annotations
@@ -39,19 +40,17 @@ _PROCESSING: Final = SeqStatus.PROCESSING
 _replace: Final = msgspec.structs.replace
 
 Route = Callable[[pm.Event, list[Action]], None]
-Complete = Callable[[str, list[Action]], None]
 
 
 class InFlight:
-    """Rules 1–4; ``route`` dispatches an event to its owner, ``complete``
-    is the home's completion (rule 4)."""
+    """Rules 1–4; ``route`` dispatches an event to its owner."""
 
-    def __init__(self, ctx: NodeContext, *, route: Route, complete: Complete) -> None:
+    def __init__(self, ctx: NodeContext, *, route: Route) -> None:
         self._ctx = ctx
         self._route = route
-        self._complete = complete
         self._released: dict[str, Release] = {}  # event id -> its release
         self._passing: dict[str, float] = {}  # event id -> until when (rule 2: a key handed over)
+        self._unrouted: set[str] = set()  # rule 4: event ids waiting for a table that routes them
         self._queue: deque[Release] = deque()
         self._releasing = False
 
@@ -80,7 +79,17 @@ class InFlight:
 
     def pop(self, event_id: str) -> Release | None:
         self._passing.pop(event_id, None)
+        self._unrouted.discard(event_id)
         return self._released.pop(event_id, None)
+
+    def retry(self, out: list[Action]) -> None:
+        """Rule 4: the events no table routed, again."""
+        for eid in sorted(self._unrouted):
+            r = self._released.get(eid)
+            if r is None:
+                self._unrouted.discard(eid)
+            else:
+                self._dispatch(r, out)
 
     def again(self, keys: Container[str], out: list[Action]) -> None:
         """Rule 3, for the events of ``keys`` (those this node is still home of)."""
@@ -124,9 +133,11 @@ class InFlight:
         if chid is None or chid not in routing:
             chid = routing.lookup_event(ev.event_exp)
         if chid is None:  # rule 4
-            self._ctx.stats["events_unroutable"] += 1
-            self._complete(ev.event_id, out)
+            if ev.event_id not in self._unrouted:
+                self._ctx.stats["ordered_unrouted"] += 1
+                self._unrouted.add(ev.event_id)
             return
+        self._unrouted.discard(ev.event_id)
         self._route(
             _replace(ev, ch_id=chid, dispatch_sign=_EVENT_DISPATCHED, rank=r.rank, home=self._ctx.id, hops=0), out
         )

@@ -64,9 +64,8 @@ Rules this module keeps:
    learns the event's latest home (``node.groups`` rule 9).
 
 Not covered: two homes at once while nodes disagree about a death or a
-join (an access node that learnt it sends to the new home, one that did not
-to the old), which the majority's heartbeats end within a heartbeat or
-two; a key whose home and backup die together.
+join (the majority's heartbeats end it within a heartbeat or two); a key
+whose home and backup die together.
 """
 
 from __future__ import annotations
@@ -152,7 +151,7 @@ class KeyHome:
         self.copies = KeyCopies(s.max_keys, s.max_held)
         cl = ctx.config.cluster
         self.ids: Recent[tuple[str, int]] = Recent(cl.event_ttl, cl.dedup_max, ctx.stats, name="ordered_ids")
-        self.in_flight = InFlight(ctx, route=route, complete=self.on_complete)
+        self.in_flight = InFlight(ctx, route=route)
         self._syncs = Syncs(ctx.config.cluster.max_frame_size)
         self._synced_to: dict[str, int] = {}  # key -> the backup holding its state
         self._view: tuple[int, ...] = ()
@@ -292,8 +291,7 @@ class KeyHome:
     def booted(self, members: list[int]) -> list[Action]:
         """Rule 6: this run started in a running cluster (or may have): it asks
         every member for the states of its keys, and waits for them."""
-        me = self._ctx.id
-        self.awaiting = set(members) - {me} or None
+        self.awaiting = set(members) - {self._ctx.id} or None
         return [ToPeer(n, pm.KeyAsk(self._ctx.incarnation)) for n in sorted(self.awaiting or ())]
 
     def _check_awaiting(self, out: list[Action]) -> None:
@@ -387,20 +385,25 @@ class KeyHome:
         self._hand_over(src, keys, out, last=True)
 
     def peer_gone(self, node: int, out: list[Action]) -> None:
-        """A death (after ``view_changed``): nothing waits for ``node`` any more.
-        What waited for its answer is staged again — behind the key's backup
-        when this node is still the key's home, else dropped (the arrival's
-        access node sends it again: rule 8 answers it)."""
+        """A death (after ``view_changed``), or a new run of ``node`` its peers
+        did not declare dead first (a quick restart): nothing waits for that
+        run any more, and what it held is gone.  What waited for its answer is
+        staged again — behind the key's backup when this node is still the
+        key's home, else dropped (the arrival's access node sends it again:
+        rule 8 answers it) — and every key it backed gets its whole state
+        again (rule 4)."""
         if self.awaiting is not None:
             self.awaiting.discard(node)
         for key in [k for k, b in self._synced_to.items() if b == node]:
             del self._synced_to[key]
         for key, verdict, release in self._syncs.drop(node):
             if key in self.sequencer:
-                self._copy_to_backup(key)  # a no-op when it has a new backup already (view_changed)
+                self._copy_to_backup(key)
                 self._stage(key, out, verdict=verdict, release=release, hold=True)
             else:
                 self._ctx.stats["ordered_verdicts_dropped"] += 1
+        for key in self.sequencer.key_list():
+            self._copy_to_backup(key)  # no-op unless it was synced to ``node``
         self._check_awaiting(out)
 
     def _copy_to_backup(self, key: str, *, again: bool = False) -> None:
@@ -481,6 +484,7 @@ class KeyHome:
             self._check_awaiting(out)
         self.ids.expire(now)
         self.in_flight.expire(now)
+        self.in_flight.retry(out)
 
     def end_batch(self) -> list[Action]:
         """The syncs of this batch, and the answers to those that came."""
@@ -492,9 +496,5 @@ class KeyHome:
         return out
 
     def status(self) -> dict[str, int]:
-        return {
-            "keys": len(self.sequencer),
-            "copies": len(self.copies),
-            "in_flight": len(self.in_flight),
-            "waiting_for_backups": self._syncs.waiting(),
-        }
+        seq, copies, waiting = len(self.sequencer), len(self.copies), self._syncs.waiting()
+        return {"keys": seq, "copies": copies, "in_flight": len(self.in_flight), "waiting_for_backups": waiting}

@@ -255,7 +255,8 @@ class Ordering:
         """A run of ``node`` said hello (it may be back from the dead: homes
         move); a restarted home lost what was sent to its previous run."""
         self.view_changed(out)
-        if self._runs.get(node, incarnation) != incarnation:
+        if self._runs.get(node, incarnation) != incarnation:  # a restart: its previous run's state is gone
+            self.home.peer_gone(node, out)
             self._rehome(out, node)
         self._runs[node] = incarnation
 

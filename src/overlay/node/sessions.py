@@ -18,7 +18,9 @@ Rules (``node.core`` rules 4 and 6):
 5. The access node is the source of truth of its clients' subscriptions:
    when a dead node's channel is rebuilt elsewhere (``node.recovery``) it
    sends the new owner every one it holds that overlaps the channel
-   (``held``), and what waited on that channel is applied (``rebuilt``).
+   (``held``), and what waited on that channel is applied (``rebuilt``; the
+   channel's own answer to the same try, should it come after, is not
+   counted again).
 6. A node's death or restart may take (un)subscription copies with it (one
    it was forwarding, one it held unanswered): every (un)subscription still
    waiting is sent again, to every channel it belongs to now, as a new try;
@@ -273,6 +275,8 @@ class Sessions(Mapping[int, Session]):
         p = self._pending.get(msg.sub_id)
         if p is None or p.subscribe != msg.subscribe or msg.attempt != p.attempt:
             return  # done, or an answer to an earlier try (rule 6)
+        if not msg.rerouted_to and msg.ch_id in p.applied and p.waiting[msg.ch_id] <= 0:
+            return  # that channel's copy counted already: ``rebuilt`` applied it first (rule 5)
         # Signed count of copies per channel: below zero while an answer has
         # overtaken the reroute notice that announces its copy (a Reforward
         # travels on the high queue, the notice on the normal one).
