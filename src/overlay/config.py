@@ -10,6 +10,7 @@ Layout::
     [agent]         the client's routing agent (``AgentSettings``; nodes only check it)
     [auth]          client tokens (``AuthSettings``, ``overlay.auth``)
     [tls]           certificates of nodes and clients, or insecure = true (``TlsSettings``)
+    [limits]        bounds per client id and per node (``LimitSettings``, ``overlay.limits``)
 
 Everything is checked when loaded; a bad file raises ``ConfigError`` naming
 the offending key, in this order (``_from_doc``):
@@ -47,6 +48,7 @@ import msgspec
 
 from overlay.channels.schema import Schema
 from overlay.errors import ConfigError, OverlayError
+from overlay.limits.settings import LimitSettings
 
 __all__ = [
     "AgentSettings",
@@ -55,6 +57,7 @@ __all__ = [
     "ClusterConfig",
     "ClusterSettings",
     "GroupSettings",
+    "LimitSettings",
     "NodeConfig",
     "SequencerSettings",
     "TlsSettings",
@@ -253,6 +256,7 @@ class ClusterConfig(msgspec.Struct, frozen=True):
     groups: GroupSettings = msgspec.field(default_factory=GroupSettings)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
     tls: TlsSettings = msgspec.field(default_factory=TlsSettings)
+    limits: LimitSettings = msgspec.field(default_factory=LimitSettings)
 
     def node(self, node_id: int) -> NodeConfig:
         for n in self.nodes:
@@ -314,6 +318,7 @@ def _check_names(doc: Mapping[str, Any]) -> None:
         "agent": _fields(AgentSettings),
         "auth": _fields(AuthSettings),
         "tls": _fields(TlsSettings),
+        "limits": _fields(LimitSettings),
     }
     for name in doc:
         if name not in tables:
@@ -433,6 +438,7 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
         tls = _convert(doc.get("tls", {}), TlsSettings, "[tls]")
         if "tls" in doc:
             _check_tls(tls)
+        limits = _convert(doc.get("limits", {}), LimitSettings, "[limits]")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     if not nodes:
@@ -471,7 +477,16 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
         except OverlayError as exc:
             raise ConfigError(f"{path}: [groups] low_priority: {exc}") from exc
     return ClusterConfig(
-        settings, nodes, bandwidth, schema, path, sequencer=sequencer, groups=groups, auth=auth, tls=tls
+        settings,
+        nodes,
+        bandwidth,
+        schema,
+        path,
+        sequencer=sequencer,
+        groups=groups,
+        auth=auth,
+        tls=tls,
+        limits=limits,
     )
 
 

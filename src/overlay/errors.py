@@ -14,6 +14,7 @@ __all__ = [
     "ConnectionLost",
     "ExpressionError",
     "Forbidden",
+    "LimitExceeded",
     "LocalProtocolError",
     "NotReady",
     "OverlayError",
@@ -207,3 +208,18 @@ class Forbidden(AuthError):
         super().__init__(message)
         self.role = role
         self.scope = scope
+
+
+class LimitExceeded(OverlayError):
+    """A client went past one of its limits (SPEC §16, ``overlay.limits``):
+    ``code`` is the wire's error code (``too_many_connections``,
+    ``too_many_subscriptions``, ``expression_too_large``), ``key`` the
+    ``[limits]`` setting (or token claim) that holds it, ``limit`` its value
+    and ``value`` what the request would have made it."""
+
+    def __init__(self, message: str, *, code: str, key: str, limit: float, value: float) -> None:
+        super().__init__(message)
+        self.code = code
+        self.key = key
+        self.limit = limit
+        self.value = value

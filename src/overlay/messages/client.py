@@ -58,7 +58,7 @@ class ErrorCode(StrEnum):
     BAD_EVENT = "bad_event"
     UNKNOWN_SUBSCRIPTION = "unknown_subscription"
     DUPLICATE_SUBSCRIPTION = "duplicate_subscription"
-    SLOW_CONSUMER = "slow_consumer"
+    SLOW_CONSUMER = "slow_consumer"  # notifications dropped for a full queue; fatal: disconnected (limits)
     NO_ROUTE = "no_route"
     ADMIN = "admin_error"
     # Ordered delivery (SPEC §10) and subscriber groups (SPEC §11).
@@ -77,6 +77,10 @@ class ErrorCode(StrEnum):
     )
     FORBIDDEN = "forbidden"  # the token lacks the role, or the request lies outside its content scope
     TOKEN_EXPIRED = "token_expired"  # the session's token expired: it is closed (fatal); reconnect with a new one
+    # Limits (SPEC §16, ``overlay.limits``); each message names the limit and its config key.
+    TOO_MANY_CONNECTIONS = "too_many_connections"  # at Hello: the client id's (or the node's) connections (fatal)
+    TOO_MANY_SUBSCRIPTIONS = "too_many_subscriptions"  # the client id holds its limit of subscriptions here
+    EXPRESSION_TOO_LARGE = "expression_too_large"  # the subscription's text or predicates are over the limit
 
 
 class ClientMessage(msgspec.Struct, frozen=True, tag=True, array_like=True):
