@@ -33,8 +33,10 @@ def token(
     ttl: float = 600.0,
     key: Any = KEY,
     audience: str = LOCAL.cluster.name,
+    limits: dict[str, float] | None = None,
 ) -> str:
-    """A token of ``subject`` with ``roles`` (default publish and subscribe)."""
+    """A token of ``subject`` with ``roles`` (default publish and subscribe)
+    and, with ``limits``, a claim overriding the cluster's ``[limits]``."""
     return issue(
         key,
         subject=subject,
@@ -44,4 +46,5 @@ def token(
         ttl=ttl,
         now=time.time(),
         schema=LOCAL.schema,
+        limits=limits,
     )

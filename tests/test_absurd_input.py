@@ -92,8 +92,8 @@ async def _everyone_still_publishes(cluster: LoopbackCluster) -> None:
         (lambda seq: cm.Subscribe(seq, "x", "price > 10 and price < 5"), cm.ErrorCode.BAD_EXPRESSION, "never match"),
         (
             lambda seq: cm.Subscribe(seq, "x", "price < 1 and " * (MAX_EXPRESSION_LENGTH // 14) + "price < 1"),
-            cm.ErrorCode.BAD_EXPRESSION,
-            "over the limit",
+            cm.ErrorCode.EXPRESSION_TOO_LARGE,  # [limits] max_expression_bytes, before the parser's own bound
+            "max_expression_bytes",
         ),
         (lambda seq: cm.Publish(seq, {"price": NAN, "sym": "A"}), cm.ErrorCode.BAD_EVENT, "finite"),
         (lambda seq: cm.Publish(seq, {"price": 1e308, "sym": "A"}), cm.ErrorCode.BAD_EVENT, "outside"),

@@ -43,6 +43,19 @@ def test_create_prints_the_token_alone_and_verify_reads_it(cfg: Path, capsys: py
     assert "valid on cluster 'local'" in capsys.readouterr().out
 
 
+def test_create_with_limits_puts_them_in_the_token(cfg: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    argv = ["token", "create", "--config", str(cfg), "--role", "subscribe", "--subject", "big"]
+    assert cli.main([*argv, "--limit", "max_subscriptions=50000", "--limit", "publish_rate=2.5"]) == 0
+    out, err = capsys.readouterr()
+    assert "limits: max_subscriptions = 50000, publish_rate = 2.5" in err
+    c = load_config(cfg)
+    rights = Verifier([load_public_key(c.auth.public_keys[0])], audience="local", schema=c.schema).verify(
+        out.strip(), 0
+    )
+    assert rights.limits == {"max_subscriptions": 50_000, "publish_rate": 2.5}
+
+
 def test_verify_says_why_a_token_is_refused(cfg: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["token", "keys", str(tmp_path / "other")]) == 0
     argv = ["token", "create", "--config", str(cfg), "--role", "admin"]
@@ -66,6 +79,8 @@ def test_verify_says_why_a_token_is_refused(cfg: Path, tmp_path: Path, capsys: p
         (["--role", "publish", "--ttl", "5x"], "not a duration"),
         (["--role", "publish", "--subject", "two words"], "subject"),
         (["--role", "publish", "--key", "/nonexistent/auth.key"], "does not exist"),
+        (["--role", "publish", "--limit", "max_clients=5"], "unknown limit 'max_clients'"),
+        (["--role", "publish", "--limit", "publish_rate"], "KEY=NUMBER"),
         ([], "--role"),
     ],
 )

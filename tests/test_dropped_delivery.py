@@ -68,6 +68,7 @@ async def test_a_group_event_dropped_for_a_full_queue_goes_to_another_instance_a
         sndbuf=4096,
         client_queue=CLIENT_QUEUE,
         groups={"ack_timeout": ACK_TIMEOUT, "fault_period": ACK_TIMEOUT},
+        limits={"slow_consumer_grace": ACK_TIMEOUT},  # it reads at last: not cut as a slow consumer meanwhile
     ) as cl:
         reader, writer = await stuck_instance(cl, 1)
         try:

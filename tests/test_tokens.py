@@ -94,11 +94,20 @@ def test_an_issued_token_verifies_with_its_roles_scopes_and_expiry() -> None:
         ({"scopes": {"admin": 'sym = "A"'}, "roles": ["admin"]}, BadScope, "takes no content scope"),
         ({"scopes": {"subscribe": 'sym = "A"'}, "roles": ["publish"]}, BadScope, "needs the subscribe role"),
         ({"scopes": {"owner": 'sym = "A"'}}, UnknownRole, "unknown role 'owner'"),
+        ({"limits": {"queue_budget": 1}}, TokenError, "unknown limit 'queue_budget'"),
+        ({"limits": {"max_subscriptions": -1}}, TokenError, "bad limit"),
     ],
 )
 def test_issue_refuses_what_no_node_would_accept(kw: dict, error: type[Exception], words: str) -> None:
     with pytest.raises(error, match=words.replace("(", r"\(")):
         make(**kw)
+
+
+def test_a_limits_claim_rides_in_the_rights() -> None:
+    """Rule 6: the claim overrides [limits] for the holder (overlay.limits.quotas)."""
+    rights = verifier().verify(make(limits={"max_subscriptions": 50_000, "publish_rate": 10}), NOW)
+    assert rights.limits == {"max_subscriptions": 50_000, "publish_rate": 10.0}
+    assert verifier().verify(make(), NOW).limits == {}
 
 
 def test_a_bad_scope_names_its_position() -> None:
@@ -184,6 +193,9 @@ def test_a_token_for_another_cluster_is_refused() -> None:
         ({k: v for k, v in good_claims().items() if k != "exp"}, TokenError, "malformed"),
         (good_claims(roles="publish"), TokenError, "malformed"),
         (good_claims(exp="tomorrow"), TokenError, "malformed"),
+        (good_claims(limits={"max_clients": 5}), TokenError, "unknown limit 'max_clients'"),
+        (good_claims(limits={"publish_rate": -1}), TokenError, "bad limit"),
+        (good_claims(limits={"publish_rate": "fast"}), TokenError, "malformed"),
     ],
 )
 def test_bad_claims_are_refused_with_their_own_error(claims: dict, error: type[Exception], words: str) -> None:

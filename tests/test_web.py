@@ -118,6 +118,10 @@ async def test_live_page_shows_the_cluster_balancing(tmp_path: Path) -> None:
             assert owners and set(owners) == {"0"}, owners
             assert await page.number("#migrations") == 0
             assert await page.number("#events-in") == 0
+            # Each node's client queues against its budget, and its slow consumers cut (net.clients rule 7).
+            await page.until("document.querySelectorAll('#nodes .node .clients').length === 3", "client queues shown")
+            text = await page.js("return document.querySelector('#nodes .node .clients').textContent")
+            assert "clients 0 of 128 MiB" in text and "0 slow cut" in text, text
 
             traffic = await Traffic(cl, rate=1500).start()
             try:

@@ -105,7 +105,11 @@ class SlowConsumerError(OverlayError):
     ``limit`` are that subscription queue's length and capacity at the first
     drop of the report; ``dropped`` counts the notifications dropped since
     the previous report (0 when the node does not say), ``event_id`` names the
-    first of them (``""`` when unknown).
+    first of them (``""`` when unknown).  ``disconnected`` is True when the
+    node went further and closed the connection (it had not read for
+    ``[limits] slow_consumer_grace``, or held more than its share of the
+    node's queue budget): ``reason`` is the node's word on it, and the
+    client reconnects and subscribes again.
     """
 
     def __init__(
@@ -117,14 +121,18 @@ class SlowConsumerError(OverlayError):
         dropped: int = 0,
         event_id: str = "",
         node_id: int | None = None,
+        disconnected: bool = False,
+        reason: str = "",
     ) -> None:
+        where = f"node {node_id}" if node_id is not None else "the access node"
         if subscriber:
             text = (
                 f"subscription {subscriber!r} is a slow consumer: {dropped} notification(s) dropped"
                 f" (its queue held {queued} of {limit})"
             )
+        elif disconnected:
+            text = f"{where} disconnected this client: {reason or 'a slow consumer'}"
         else:
-            where = f"node {node_id}" if node_id is not None else "the access node"
             text = f"{where} dropped notifications for this client: its queue for the connection is full"
         super().__init__(text)
         self.subscriber = subscriber
@@ -133,6 +141,8 @@ class SlowConsumerError(OverlayError):
         self.dropped = dropped
         self.event_id = event_id
         self.node_id = node_id
+        self.disconnected = disconnected
+        self.reason = reason
 
 
 class RequestError(OverlayError):

@@ -41,6 +41,11 @@ the caller passes ``now``, Unix seconds):
 5. ``issue`` makes tokens with the same checks, so a bad role or scope
    fails when the token is created, with the expression's position, not
    at the first Hello.
+6. An optional ``limits`` claim overrides the cluster's ``[limits]`` for
+   the token's holder (``overlay.limits.settings`` rule 3): only the keys
+   of ``CLIENT_KEYS``, each within its bounds, else the token is refused
+   (``TokenError``) when verified — and when issued.  ``Rights.limits``
+   carries it to the node's quotas (``overlay.limits.quotas``).
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ from overlay.channels.expressions import parse_subscription
 from overlay.channels.predicates import Filter, compile_filter
 from overlay.channels.schema import Schema, Value
 from overlay.errors import BadScope, ExpressionError, Forbidden, TokenError, TokenExpired, UnknownRole
+from overlay.limits.settings import parse_client_limits
 
 __all__ = [
     "ALGORITHM",
@@ -121,6 +127,7 @@ class Claims(msgspec.Struct, frozen=True):
     nbf: float | None = None
     jti: str = ""
     scope: dict[str, str] = {}
+    limits: dict[str, int | float] = {}  # rule 6
 
 
 def key_id(key: Ed25519PublicKey | Ed25519PrivateKey) -> str:
@@ -174,7 +181,17 @@ class Rights:
     without one is unrestricted.  ``expires`` is ``math.inf`` for the rights
     of a session without a token (``anonymous``)."""
 
-    __slots__ = ("_in_publish_scope", "expires", "roles", "schema", "scope_text", "scopes", "subject", "token_id")
+    __slots__ = (
+        "_in_publish_scope",
+        "expires",
+        "limits",
+        "roles",
+        "schema",
+        "scope_text",
+        "scopes",
+        "subject",
+        "token_id",
+    )
 
     def __init__(
         self,
@@ -185,6 +202,7 @@ class Rights:
         *,
         expires: float = math.inf,
         token_id: str = "",
+        limits: Mapping[str, float] | None = None,
     ) -> None:
         self.subject = subject
         self.roles = roles
@@ -192,6 +210,7 @@ class Rights:
         self.schema = schema
         self.expires = expires
         self.token_id = token_id
+        self.limits: dict[str, float] = dict(limits or {})  # rule 6: overrides of [limits]
         self.scope_text = {role: f.text(schema) for role, f in self.scopes.items()}
         # The publish check runs on every event: the compiled closure (~1 µs).
         scope = self.scopes.get(Role.PUBLISH)
@@ -325,7 +344,24 @@ class Verifier:
         if not roles:
             raise TokenError("the token grants no role")
         scopes = _parse_scopes(claims.scope, roles, self.schema)
-        return Rights(claims.sub, roles, scopes, self.schema, expires=claims.exp + self.leeway, token_id=claims.jti)
+        limits = _parse_limits(claims.limits)
+        return Rights(
+            claims.sub,
+            roles,
+            scopes,
+            self.schema,
+            expires=claims.exp + self.leeway,
+            token_id=claims.jti,
+            limits=limits,
+        )
+
+
+def _parse_limits(claim: Mapping[str, int | float]) -> dict[str, float]:
+    """Rule 6."""
+    try:
+        return parse_client_limits(claim)
+    except ValueError as exc:
+        raise TokenError(f"the token's limits claim is refused: {exc}") from None
 
 
 def _ago(seconds: float) -> str:
@@ -348,6 +384,7 @@ def issue(
     schema: Schema,
     scopes: Mapping[str, str] | None = None,
     max_ttl: float = MAX_TTL,
+    limits: Mapping[str, float] | None = None,
 ) -> str:
     """A signed token (rule 5): the same checks as ``Verifier.verify``, so what
     is issued verifies on every node of the cluster until ``now + ttl``."""
@@ -370,6 +407,8 @@ def issue(
     }
     if scope_texts:
         claims["scope"] = {str(Role(r)): text for r, text in sorted(scope_texts.items())}
+    if limits:
+        claims["limits"] = dict(sorted(_parse_limits(limits).items()))  # rule 6: fail now
     return jwt.encode(claims, key, algorithm=ALGORITHM, headers={"kid": key_id(key)})
 
 

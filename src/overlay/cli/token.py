@@ -7,7 +7,8 @@ it grants goes to stderr.  Everything is checked before signing, each with a
 one-line error and exit 2: an unknown role, a scope that is not an
 expression of the schema (with its position), a scope for a role the token
 lacks, a ttl past ``[auth] max_ttl``, a signing key that is missing or is
-not one the cluster's nodes trust.  ``verify`` says what a token allows on
+not one the cluster's nodes trust, a ``--limit`` that is not one a token may
+set (``overlay.limits.settings`` rule 3) or out of its bounds.  ``verify`` says what a token allows on
 this cluster, or why its nodes would refuse it (exit 1).  ``keys DIR``
 makes a key pair for development and prints the ``[auth]`` table to use.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import re
 import sys
@@ -30,6 +32,7 @@ from overlay.cli.args import TOKEN_ENV, add_command
 from overlay.cli.running import EXIT_FAILED, EXIT_OK, UsageError, one_line
 from overlay.config import ClusterConfig, load_config
 from overlay.errors import BadScope, TokenError, UnknownRole
+from overlay.limits import CLIENT_KEYS
 
 __all__ = ["cmd_create", "cmd_keys", "cmd_verify", "duration", "register"]
 
@@ -40,6 +43,7 @@ examples:
   overlay token create --config F --role subscribe --scope 'subscribe=sym prefix "AB"' --ttl 30d
   overlay token create --config F --role publish --scope 'publish=venue = "lse"' --subject lse-feed
   overlay token create --config F --role admin --subject ops --ttl 15m
+  overlay token create --config F --role subscribe --subject big-desk --limit max_subscriptions=50000
   export OVERLAY_TOKEN=$(overlay token create --config F --role publish --subject me)
   overlay token verify --config F "$OVERLAY_TOKEN"
 
@@ -66,6 +70,19 @@ def _scope(text: str) -> tuple[str, str]:
     return role.strip(), expr.strip()
 
 
+def _limit(text: str) -> tuple[str, float]:
+    key, sep, value = text.partition("=")
+    try:
+        number = float(value) if sep else math.nan
+    except ValueError:
+        number = math.nan
+    if not key.strip() or not math.isfinite(number):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: a limit is KEY=NUMBER, e.g. max_subscriptions=50000; keys: {', '.join(CLIENT_KEYS)}"
+        )
+    return key.strip(), int(number) if number.is_integer() else number
+
+
 def _span(seconds: float) -> str:
     for unit in ("d", "h", "m"):
         if seconds >= _UNITS[unit]:
@@ -82,6 +99,7 @@ def _grants(rights: Rights, leeway: float) -> str:
     return (
         f"subject {rights.subject!r}, roles {', '.join(sorted(rights.roles))}"
         + (f", scopes: {scopes}" if scopes else ", no scope")
+        + (f", limits: {', '.join(f'{k} = {v:g}' for k, v in sorted(rights.limits.items()))}" if rights.limits else "")
         + f"; expires {_when(rights.expires - leeway)}"
     )
 
@@ -123,6 +141,7 @@ def cmd_create(args: argparse.Namespace) -> int:
             subject=subject,
             roles=args.role,
             scopes=scopes,
+            limits=dict(args.limit),
             audience=cfg.cluster.name,
             ttl=args.ttl,
             now=now,
@@ -206,6 +225,14 @@ def register(sub: Any) -> None:
         type=duration,
         default=duration(DEFAULT_TTL),
         help=f"lifetime: seconds, or 90s/15m/8h/30d (default {DEFAULT_TTL})",
+    )
+    c.add_argument(
+        "--limit",
+        action="append",
+        type=_limit,
+        default=[],
+        metavar="KEY=NUMBER",
+        help=f"override a [limits] setting for this client ({', '.join(CLIENT_KEYS)}); repeat for several",
     )
     c.add_argument("--subject", default=None, help="the client id the token is for (default: a new random one)")
     c.add_argument("--key", default=None, help="the signing key (default: the config's [auth] signing_key)")

@@ -38,7 +38,8 @@ queued for the application.  Rules (SPEC §4, §12; Client rules 1–5):
    ``chokes`` (a one-shot request's Choke is its caller's to count).
 7. An Error that answers nothing of ours is the node's news: ``NodeError``,
    carrying a ``SlowConsumerError`` for ``slow_consumer`` (the node dropped
-   notifications for this connection) and a ``RequestError`` otherwise.
+   notifications for this connection; ``disconnected`` when the Error is
+   fatal: the node closes the connection) and a ``RequestError`` otherwise.
 8. **Event ids.**  Every unkeyed publish names its event
    (``Publish.event_id``, ``next_event_id``): this instance's random
    ``event_prefix`` and a counter, so two clients given the same
@@ -440,6 +441,6 @@ class ClientProtocol:
         return ConnectionLost(f"node {self.node_id} did not take subscription {sub_id!r} back after a reconnect: {exc}")
 
     def _node_error(self, msg: cm.Error) -> OverlayError:
-        if msg.code == cm.ErrorCode.SLOW_CONSUMER:
-            return SlowConsumerError("", node_id=self.node_id)
+        if msg.code == cm.ErrorCode.SLOW_CONSUMER:  # fatal: the node disconnects us (overlay.limits.budget)
+            return SlowConsumerError("", node_id=self.node_id, disconnected=msg.fatal, reason=msg.message)
         return RequestError(msg.code, msg.message, msg.position)

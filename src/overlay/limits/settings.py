@@ -6,7 +6,7 @@ Rules:
    test suite, ``make run``) never reaches, and an upper bound that catches
    a typo (``MAX_*`` below), checked when the config is loaded.
 2. A count or a rate of ``0`` means *no limit* (an operator's explicit
-   choice); durations and byte sizes are always positive.
+   choice); durations, byte sizes and the burst are always positive.
 3. The client limits (``CLIENT_KEYS``) apply per client id, per node: the
    token's subject when the client presented a token (the node checks that
    it is the Hello's client id), the Hello's client id otherwise.  A token
@@ -50,7 +50,7 @@ class ClientLimits(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Publishes per second (a token bucket of ``publish_burst``); past it a
     # publish is answered Choke with the delay until its turn.
     publish_rate: Rate = 50_000.0
-    publish_burst: Count = 100_000
+    publish_burst: Annotated[int, msgspec.Meta(ge=1, le=MAX_COUNT)] = 100_000
 
 
 # The keys a token's ``limits`` claim may override (rule 3).

@@ -33,6 +33,22 @@ Rules this module keeps:
    insecure (``overlay.security.tls`` rule 1: no client certificate is
    asked, so a browser can open the page); ``/status`` says which
    (``security``) and warns when it is plain (the page shows the warning).
+9. Bounded (SPEC §16, ``[limits]``), whatever aiohttp's own defaults:
+   a. a connection with no request being handled — idle between requests,
+      or a request whose head is still arriving — for
+      ``http_idle_timeout`` seconds is closed (a watchdog looks every
+      ``WATCH_SECONDS``; aiohttp's ``keepalive_timeout``, a little longer,
+      backs it up);
+   b. a request's body must arrive within ``http_body_timeout`` (408, the
+      connection closed) and be at most ``http_max_body`` bytes (413); it
+      is read only once the request passed rule 4;
+   c. past ``http_max_connections`` open connections the longest idle are
+      closed (at the next watch, or at once when a request needs room); a
+      request that finds every connection busy is answered 503 and its
+      connection closed;
+   d. a request line or header field is at most ``MAX_LINE`` bytes, and a
+      request has at most ``MAX_HEADERS`` fields (400 past them).
+   Every closing is counted (``http_timeouts``, ``http_refused``).
 """
 
 from __future__ import annotations
@@ -83,6 +99,11 @@ SSE_RETRY_MS: Final = 2000
 BALANCING_DEFAULT: Final = 50
 # Let open requests finish this long when the node stops.
 SHUTDOWN_SECONDS: Final = 2.0
+# Rule 9: the watchdog's period (at most; a quarter of the idle timeout when
+# shorter), and the bounds of a request's head (aiohttp's defaults, stated).
+WATCH_SECONDS: Final = 1.0
+MAX_LINE: Final = 8190
+MAX_HEADERS: Final = 128
 # Journal kinds that are balancing decisions or moves (``/balancing``'s default).
 MOVES: Final = ("decision", "split", "merge", "migration", "replication", "replicate", "abort", "state")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -124,7 +145,15 @@ class AdminServer:
         self.token = node.core.admin_token  # one token for HTTP and the client protocol
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(NodeCollector(node))
-        self.app = web.Application(middlewares=[self._errors, self._auth])
+        self.limits = limits = node.config.limits
+        self.app = web.Application(
+            middlewares=[self._errors, self._guard, self._auth, self._body], client_max_size=limits.http_max_body
+        )
+        # Rule 9: requests being handled per connection, and since when each idle one is idle.
+        self._busy: dict[web.RequestHandler, int] = {}
+        self._idle_since: dict[web.RequestHandler, float] = {}
+        self._server: web.Server | None = None
+        self._watch_period = min(WATCH_SECONDS, limits.http_idle_timeout / 4)
         self._add_routes()
         self._sock: socket.socket | None = None
         self.port = 0
@@ -148,16 +177,25 @@ class AdminServer:
     async def run(self) -> None:
         """Serve until cancelled (by the node's TaskGroup at shutdown)."""
         assert self._sock is not None, "bind() first"
-        runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=SHUTDOWN_SECONDS)
+        runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            shutdown_timeout=SHUTDOWN_SECONDS,
+            keepalive_timeout=self.limits.http_idle_timeout + 2 * self._watch_period,  # ours acts first
+            max_line_size=MAX_LINE,
+            max_field_size=MAX_LINE,
+            max_headers=MAX_HEADERS,
+        )
         await runner.setup()
         try:
             security = self.node.security
             await web.SockSite(runner, self._sock, ssl_context=security.admin).start()
+            self._server = runner.server
             self.view.open()
             log.info(
                 "node %d: admin endpoint on %s://%s:%d/", self.node.id, security.scheme, self.node.me.host, self.port
             )
-            await asyncio.Event().wait()  # forever: the TaskGroup cancels us
+            await self._watch()  # forever: the TaskGroup cancels us
         finally:
             self._closing.set()  # event streams end at their next wake-up
             await runner.cleanup()
@@ -168,6 +206,88 @@ class AdminServer:
         """Register a route that changes the cluster: token-checked (rule 4).
         Call it before the node runs: aiohttp freezes the routes at start."""
         self.app.router.add_route(method, path, handler)
+
+    # -- bounds (rule 9) ----------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        """Rule 9a and 9c, every ``WATCH_SECONDS``, until cancelled."""
+        while True:
+            await asyncio.sleep(self._watch_period)
+            self.watch(time.monotonic())
+
+    def watch(self, now: float) -> None:
+        """Rule 9a, 9c: close the connections idle too long, and the longest
+        idle past the connection limit."""
+        server = self._server
+        if server is None:
+            return
+        live = server.connections
+        idle_since = self._idle_since
+        alive = set(live)
+        for gone in [h for h in idle_since if h not in alive]:
+            del idle_since[gone]
+        limit = self.limits.http_idle_timeout
+        for h in live:
+            if not self._busy.get(h) and now - idle_since.setdefault(h, now) >= limit:
+                self.core.stats["http_timeouts"] += 1
+                self._close(h)
+        self._make_room(now)
+
+    def _make_room(self, now: float, keep: web.RequestHandler | None = None) -> bool:
+        """Rule 9c: close the longest idle connections (never ``keep``) until at
+        most ``http_max_connections`` are open; whether there is room."""
+        server = self._server
+        if server is None:
+            return True
+        live = [h for h in server.connections if h.transport is not None]  # closed ones are on their way out
+        excess = len(live) - self.limits.http_max_connections
+        if excess <= 0:
+            return True
+        idle = sorted(
+            (self._idle_since.setdefault(h, now), id(h), h) for h in live if h is not keep and not self._busy.get(h)
+        )
+        for _, _, h in idle[:excess]:
+            self.core.stats["http_refused"] += 1
+            self._close(h)
+        return len(idle) >= excess
+
+    def _close(self, h: web.RequestHandler) -> None:
+        self._idle_since.pop(h, None)
+        h.force_close()
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Rule 9a, 9c: the connection is busy while its request is handled;
+        past the connection limit the longest idle make room, or it is refused."""
+        conn = request.protocol
+        if not self._make_room(time.monotonic(), keep=conn):
+            self.core.stats["http_refused"] += 1
+            cap = self.limits.http_max_connections
+            resp = json_error(503, f"too many connections to this endpoint ([limits] http_max_connections = {cap})")
+            resp.force_close()
+            return resp
+        self._busy[conn] = self._busy.get(conn, 0) + 1
+        try:
+            return await handler(request)
+        finally:
+            n = self._busy.pop(conn, 1) - 1
+            if n:
+                self._busy[conn] = n
+            self._idle_since[conn] = time.monotonic()
+
+    @web.middleware
+    async def _body(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Rule 9b: the whole body, in time and within its bound, before the handler."""
+        if request.can_read_body:
+            try:
+                async with asyncio.timeout(self.limits.http_body_timeout):
+                    await request.read()  # cached: the handler's json() reads it from memory
+            except TimeoutError:
+                self.core.stats["http_timeouts"] += 1
+                resp = json_error(408, f"the request's body took longer than {self.limits.http_body_timeout:g}s")
+                resp.force_close()
+                return resp
+        return await handler(request)
 
     # -- middlewares (rules 3, 4) -----------------------------------------------------
 
@@ -302,7 +422,13 @@ class AdminServer:
                 "high": sum(len(w.queue.high) for w in writers),
                 "normal": sum(len(w.queue.normal) for w in writers),
                 "max": max((len(w.queue) for w in writers), default=0),
+                # The queue budget and the slow-consumer policy (net.clients rule 7).
+                "queued_bytes": sum(w.account.bytes for w in writers),
+                "max_queued_bytes": max((w.account.bytes for w in writers), default=0),
+                "queue_budget": self.limits.queue_budget,
+                "slow_consumer_disconnects": core.stats.get("slow_consumer_disconnects", 0),
             },
+            limits=msgspec.to_builtins(self.limits),
         )
         return st
 

@@ -25,22 +25,51 @@ Rules:
 5. A bad frame that is a node-to-node message is a peer speaking on a
    client connection (SPEC §16): also refused as
    ``peer_message_on_client`` (counted, logged with the remote address).
+6. Bounded (SPEC §16, ``[limits]``): past ``max_clients`` open connections a
+   new one gets a fatal ``too_many_connections`` Error and is closed before
+   it is a session (counted; logged once per run of refusals); a
+   connection that has not sent a whole first frame (its Hello) within
+   ``hello_timeout`` is closed (``hello_timeouts``).  Per client id limits
+   are the core's (``node.clients`` rules L1–L4).
+7. Every frame queued for a session counts in the node's queue budget
+   (``overlay.limits.budget``; ``net.writer`` rule 5).  **Slow consumers**:
+   a session whose connection took no data for ``slow_consumer_grace``
+   while data waited (checked every ``SWEEP_SECONDS`` from the node's tick),
+   or one of the largest holders when the budget is exceeded (checked as
+   each frame is queued), is disconnected:
+   a. what is queued for it is dropped; its Notifies are counted
+      (``slow_consumer_dropped``) and captured as drops, like rule 3's;
+   b. a fatal ``slow_consumer`` Error saying why is written after what the
+      transport holds (the client reads it if it reads within
+      ``net.writer.LINGER``), and the connection is closed, aborted past
+      the linger (``net.writer`` rule 6);
+   c. the core is told at once (``ClientClosed``): the session's
+      subscriptions end as on any lost connection, and its tracked
+      deliveries fail, so a group's events go to another instance
+      (``node.notify``); Notifies the core sends it until then are
+      dropped and counted alike;
+   d. counted (``slow_consumer_disconnects``, and ``…_stalled`` or
+      ``…_budget``) and logged once, at WARNING, with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
+import msgspec
+
 from overlay.actions import Action
 from overlay.capture import CaptureBuffer
 from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
+from overlay.limits.budget import QueueBudget
 from overlay.messages import client as cm
-from overlay.messages.codec import client_reader, encode_frame, is_peer_frame
+from overlay.messages.codec import HEADER, FrameReader, client_reader, encode_frame, is_peer_frame
 from overlay.net.inbox import READ_CHUNK, ClientClosed, FromClient, Inbox
 from overlay.net.writer import ConnectionWriter, write_frames
 from overlay.node import NodeCore
@@ -55,6 +84,25 @@ CLIENT_MAGIC: Final = b"OVC1"
 ERROR_FLUSH_SECONDS: Final = 1.0
 # The Choke delay per choke_threshold of queued publishes (SPEC §12).
 CHOKE_DELAY: Final = 0.01
+# Rule 7: how often stalled sessions are looked for (at most; a quarter of
+# the grace when that is shorter), so a stall is cut within 1.25 × grace.
+SWEEP_SECONDS: Final = 1.0
+
+# Rule 7a: a queued frame is a Notify when its body (after the length
+# prefix and a one-byte array header: every client message has under 16
+# fields) starts with the tag "Notify" — told without decoding it.
+_NOTIFY_TAG: Final = msgspec.msgpack.encode("Notify")
+_TAG_AT: Final = HEADER.size + 1
+assert encode_frame(cm.Notify("", {}, ()))[_TAG_AT : _TAG_AT + len(_NOTIFY_TAG)] == _NOTIFY_TAG
+
+
+def _is_notify(frame: bytes) -> bool:
+    return frame.startswith(_NOTIFY_TAG, _TAG_AT)
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
 
 Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
 Refuse = Callable[[Refusal, str, str], None]
@@ -92,12 +140,23 @@ class ClientConnections:
         self._max_frame = config.cluster.max_frame_size
         self._queue_size = config.cluster.client_queue
         self._choke_at = config.cluster.choke_threshold
+        # Rules 6 and 7.
+        limits = config.limits
+        self.budget = QueueBudget(limits.queue_budget, limits.slow_consumer_grace)
+        self._max_clients = limits.max_clients
+        self._hello_timeout = limits.hello_timeout
+        self._sweep_every = min(SWEEP_SECONDS, limits.slow_consumer_grace / 4)
+        self._swept = 0.0
+        self._cut: set[int] = set()  # sessions disconnected as slow consumers, until their read loop ends
+        self._full_logged = False  # rule 6: a run of max_clients refusals is logged once
 
     # -- writing (rule 3) ----------------------------------------------------------------
 
     def send(self, sid: int, msg: cm.ClientMessage) -> None:
         w = self.writers.get(sid)
         if w is None:
+            if sid in self._cut and type(msg) is cm.Notify:  # rule 7c
+                self._discard(sid, msg)
             return
         frame = encode_frame(msg, self._max_frame)
         if type(msg) is not cm.Notify:
@@ -106,6 +165,9 @@ class ClientConnections:
             self._slow.discard(sid)
         else:
             self._drop(sid, w, msg)
+            return
+        if self.budget.add(w.account, len(frame)):  # rule 7: past the budget
+            self._over_budget()
 
     def _drop(self, sid: int, w: ConnectionWriter, msg: cm.Notify) -> None:
         self._stats["slow_consumer_drops"] += 1
@@ -117,8 +179,82 @@ class ClientConnections:
         if sid not in self._slow:
             self._slow.add(sid)
             log.warning("node %d: client session %d is a slow consumer; dropping notifications", self.node_id, sid)
-            error = cm.Error(-1, cm.ErrorCode.SLOW_CONSUMER, "notification queue full; notifications dropped")
-            w.queue.put_force(encode_frame(error), True)
+            error = encode_frame(
+                cm.Error(-1, cm.ErrorCode.SLOW_CONSUMER, "notification queue full; notifications dropped")
+            )
+            w.queue.put_force(error, True)
+            self.budget.add(w.account, len(error))
+
+    def _discard(self, sid: int, msg: cm.Notify) -> None:
+        """Rule 7c: a Notify for a session cut as a slow consumer, before the core knew."""
+        self._stats["slow_consumer_dropped"] += 1
+        capture = self._core.capture
+        if capture is not None:
+            self._capture_drop(capture, sid, msg)
+        if msg.tag:
+            self.dropped.append((sid, msg.tag))
+
+    # -- slow consumers (rule 7) -----------------------------------------------------------
+
+    def check(self, now: float) -> None:
+        """Rule 7 on time (``now`` monotonic; from the node's tick): cut stalled sessions."""
+        if now - self._swept < self._sweep_every:
+            return
+        self._swept = now
+        grace = self.budget.grace
+        for acct in self.budget.stalled(now):
+            self._cut_session(
+                acct.sid,
+                "stalled",
+                f"your connection took no data for {now - acct.waiting_since:.1f}s while {_mib(acct.bytes)} "
+                f"waited for it ([limits] slow_consumer_grace = {grace:g}s): read your connection, or subscribe to less",
+            )
+
+    def _over_budget(self) -> None:
+        """Rule 7 when the budget is exceeded: the largest holders go, until the rest fit."""
+        budget = self.budget
+        share = budget.share()
+        for acct in budget.over_share():
+            held = acct.bytes
+            self._cut_session(
+                acct.sid,
+                "budget",
+                f"the notifications queued on node {self.node_id} reached its budget "
+                f"([limits] queue_budget = {_mib(budget.limit)}) and your connection held {_mib(held)} of them, "
+                f"more than its share ({_mib(share)}): read your connection faster, or subscribe to less",
+            )
+
+    def _cut_session(self, sid: int, reason: str, why: str) -> None:
+        """Rule 7a–d."""
+        w = self.writers.pop(sid, None)
+        if w is None:
+            return
+        self.budget.close(sid)
+        self._cut.add(sid)
+        self._slow.discard(sid)
+        error = cm.Error(-1, cm.ErrorCode.SLOW_CONSUMER, f"disconnected as a slow consumer: {why}", fatal=True)
+        dropped = w.cut(encode_frame(error))
+        notifies = [f for f in dropped if _is_notify(f)]
+        stats = self._stats
+        stats["slow_consumer_dropped"] += len(notifies)
+        stats["slow_consumer_disconnects"] += 1
+        stats[f"slow_consumer_disconnects_{reason}"] += 1
+        capture = self._core.capture
+        if capture is not None and notifies:
+            frames = client_reader(self._max_frame)
+            for msg in frames.feed(b"".join(notifies)):
+                if type(msg) is cm.Notify:
+                    self._capture_drop(capture, sid, msg)
+        sess = self._core.session(sid)
+        log.warning(
+            "node %d: client %r (session %d) disconnected as a slow consumer (%d notifications dropped): %s",
+            self.node_id,
+            sess.client_id if sess is not None else "?",
+            sid,
+            len(notifies),
+            why,
+        )
+        self._inbox.put_force(ClientClosed(sid), False)  # rule 7c: its subscriptions end now
 
     def _capture_drop(self, capture: CaptureBuffer, sid: int, msg: cm.Notify) -> None:
         """Rule 3, in the capture: the subscriptions whose notification was dropped."""
@@ -133,13 +269,34 @@ class ClientConnections:
             log.info("node %d: closing client session %d: %s", self.node_id, sid, reason)
             w.close()
 
-    # -- reading (rules 1, 2, 4) ---------------------------------------------------------
+    # -- reading (rules 1, 2, 4, 6) ------------------------------------------------------
+
+    def _refuse_full(self, writer: asyncio.StreamWriter) -> None:
+        """Rule 6: the node holds ``max_clients`` connections already."""
+        self._stats["rejected_too_many_connections"] += 1
+        why = (
+            f"node {self.node_id} has {len(self.writers)} client connections open, its limit "
+            f"([limits] max_clients = {self._max_clients}): connect to another node, or retry later"
+        )
+        if not self._full_logged:
+            self._full_logged = True
+            log.warning(
+                "node %d: client connection refused: %s (until one is accepted, only counted)", self.node_id, why
+            )
+        error = cm.Error(-1, cm.ErrorCode.TOO_MANY_CONNECTIONS, why, fatal=True)
+        with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
+            write_frames(writer, [CLIENT_MAGIC, encode_frame(error)])
+        writer.close()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str = "") -> None:
         """One client connection (from ``address``), from after its preamble to its end."""
+        if self._max_clients and len(self.writers) >= self._max_clients:
+            self._refuse_full(writer)
+            return
+        self._full_logged = False
         core = self._core
         sid = core.client_opened()
-        out = ConnectionWriter(writer, self._queue_size)
+        out = ConnectionWriter(writer, self._queue_size, budget=self.budget, sid=sid)
         self.writers[sid] = out
         wtask = self._spawn(out.run(), f"client-{self.node_id}-{sid}")
         frames = client_reader(self._max_frame)
@@ -149,8 +306,9 @@ class ClientConnections:
         client_ack = core.client_ack
         try:
             write_frames(writer, [CLIENT_MAGIC])
-            while data := await reader.read(READ_CHUNK):
-                for msg in frames.feed(data):
+            msgs = await self._first_frames(reader, frames, sid)  # rule 6: the Hello in time
+            while msgs:
+                for msg in msgs:
                     if type(msg) is cm.Ack and client_ack(sid, msg):
                         continue  # rule 2: counted, nothing to dispatch
                     if type(msg) is cm.Publish and len(inbox.normal) >= choke_at:
@@ -164,6 +322,9 @@ class ClientConnections:
                 acts = core.end_batch(idle=False)
                 if acts:
                     self._execute(acts)
+                msgs = []
+                while not msgs and (data := await reader.read(READ_CHUNK)):
+                    msgs = frames.feed(data)
         except RemoteProtocolError as exc:
             self._stats["rejected_client_protocol"] += 1
             if frames.bad is not None and is_peer_frame(frames.bad):  # rule 5
@@ -179,5 +340,28 @@ class ClientConnections:
             wtask.cancel()
             self.writers.pop(sid, None)
             self._slow.discard(sid)
-            writer.close()
+            self._cut.discard(sid)
+            self.budget.close(sid)
+            out.shut()  # net.writer rule 6: an unread buffer is released after the linger
             await inbox.put(ClientClosed(sid), False)
+
+    async def _first_frames(
+        self, reader: asyncio.StreamReader, frames: FrameReader[cm.ClientMessage], sid: int
+    ) -> list[cm.ClientMessage]:
+        """Rule 6: the connection's first whole frames, read within ``hello_timeout``;
+        [] when it sent none in time (counted) or ended first."""
+        try:
+            async with asyncio.timeout(self._hello_timeout):
+                while data := await reader.read(READ_CHUNK):
+                    msgs = frames.feed(data)
+                    if msgs:
+                        return msgs
+        except TimeoutError:
+            self._stats["hello_timeouts"] += 1
+            log.info(
+                "node %d: client session %d sent no whole frame within %gs ([limits] hello_timeout); closing",
+                self.node_id,
+                sid,
+                self._hello_timeout,
+            )
+        return []

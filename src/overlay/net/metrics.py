@@ -110,9 +110,15 @@ _COUNTERS: Final = (
         "duplicates_dropped",
     ),
     ("overlay_outbox_chokes", "Publishes answered Choke because the outbox was full.", "choked_outbox_full"),
+    (
+        "overlay_rate_limit_chokes",
+        "Publishes answered Choke because their client id was over its publish rate ([limits]).",
+        "choked_rate_limited",
+    ),
 )
 _DROPS: Final = (
     ("slow_consumer", "slow_consumer_drops"),
+    ("slow_consumer_disconnect", "slow_consumer_dropped"),
     ("orphaned_notification", "notifications_orphaned"),
     ("unroutable_event", "events_unroutable"),
     ("unroutable_subscription", "subscriptions_unroutable"),
@@ -123,6 +129,8 @@ _REFUSALS: Final = (
     ("overlay_tls_refused", "Connections refused by the TLS layer, by reason.", TLS_REFUSALS),
     ("overlay_peer_refused", "Peer links refused (strangers, forged ids, wrong cluster …), by reason.", PEER_REFUSALS),
 )
+# overlay.net.clients rule 7: why a slow consumer was disconnected.
+_SLOW_REASONS: Final = ("stalled", "budget")
 
 
 class NodeCollector:
@@ -222,6 +230,15 @@ class NodeCollector:
             "Frames waiting for the most backed-up client.",
             max((len(w.queue) for w in writers), default=0),
         )
+        # The queue budget and the slow-consumer policy (overlay.net.clients rule 7).
+        yield gauge(
+            "overlay_client_queued_bytes",
+            "Bytes queued for this node's clients, summed over sessions (counted against the queue budget).",
+            sum(w.account.bytes for w in writers),
+        )
+        yield gauge(
+            "overlay_client_queue_budget_bytes", "[limits] queue_budget of this node.", node.config.limits.queue_budget
+        )
 
         known: set[str] = set()
         for name, doc, key in _COUNTERS:
@@ -257,6 +274,17 @@ class NodeCollector:
                 refused.add_metric([me, reason.value], stats.get(key, 0))
                 known.add(key)
             yield refused
+        slow = CounterMetricFamily(
+            "overlay_slow_consumer_disconnects",
+            "Client connections closed as slow consumers, by reason: stalled past the grace, or over the budget.",
+            labels=["node", "reason"],
+        )
+        for reason in _SLOW_REASONS:
+            key = f"slow_consumer_disconnects_{reason}"
+            slow.add_metric([me, reason], stats.get(key, 0))
+            known.add(key)
+        known.add("slow_consumer_disconnects")
+        yield slow
         # Every other counter of the core (sequencer, groups, journal records …)
         # under its own name, so a new counter is exported without a change here.
         other = CounterMetricFamily(

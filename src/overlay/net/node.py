@@ -30,7 +30,10 @@ that carries each out when it is not this one:
    are never dropped.  Dispatch never waits on a slow subscriber.  A dropped
    Notify the core tracks (a non-zero tag) is handed to
    ``NodeCore.notify_dropped`` once the actions being carried out are done,
-   and what it returns is carried out too (``net.clients`` rule 3).
+   and what it returns is carried out too (``net.clients`` rule 3).  What is
+   queued for clients is bounded by the node's queue budget, and a client
+   that stops reading is disconnected after ``[limits] slow_consumer_grace``
+   (``net.clients`` rule 7; the ticker looks for it).
 6. Read loops sort their exceptions: protocol error → error reply and close;
    ``OSError`` → peer gone; cancellation → re-raise; anything else → log with
    the traceback and close that connection only.
@@ -432,6 +435,11 @@ class Node:
                     self._guarded("peer_unreachable", self.core.peer_unreachable, link.peer.id, now)
             t0 = time.perf_counter()
             self._guarded("tick", self.core.tick, now)
+            try:
+                self.connections.check(time.monotonic())  # slow consumers (rule 5, net.clients rule 7)
+            except Exception:  # rule 11: the ticker goes on
+                self._stats["shell_errors"] += 1
+                log.exception("node %d: the slow-consumer check failed; the node keeps serving", self.id)
             self.slow_log.check("tick", f"node {self.id}", now, t0)
 
     def _gc_timer(self, phase: str, info: dict[str, Any]) -> None:

@@ -19,22 +19,36 @@ Rules:
    SIGKILL took a survivor down).  Every write of the shell — these
    writers, the peer links, the hellos, acks and errors — goes through
    ``write_frames``.
+5. A client connection's writer keeps its session's ``Account`` of the
+   node's queue budget (``overlay.limits.budget`` rules 1–2): a batch's
+   bytes leave it once ``drain`` returned, and the time the writer waits in
+   ``drain`` — its client not reading — is what the slow-consumer policy
+   measures.
+6. Closing never waits on the client for ever: ``close`` writes what is
+   queued and closes; ``cut`` drops what is queued and writes only its
+   last words (the slow consumer's Error).  Either way a connection whose
+   client does not take those bytes within ``linger`` seconds is aborted,
+   so an unread buffer is released.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterable
 from typing import Final, NoReturn
 
+from overlay.limits.budget import Account, QueueBudget
 from overlay.net.queues import TwoLevelQueue
 
-__all__ = ["MAX_BATCH", "ConnectionWriter", "write_batches", "write_frames"]
+__all__ = ["LINGER", "MAX_BATCH", "ConnectionWriter", "write_batches", "write_frames"]
 
 # Frames per writelines(): enough to amortise the system call, small enough
 # that one batch does not hold the loop for long.
 MAX_BATCH: Final = 512
+# Rule 6: seconds a closed connection's last bytes may take to be read.
+LINGER: Final = 2.0
 
 
 def write_frames(writer: asyncio.StreamWriter, frames: Iterable[bytes]) -> None:
@@ -62,22 +76,48 @@ async def write_batches(
 
 
 class ConnectionWriter:
-    """The writing half of one client connection (rules 1–3).
+    """The writing half of one client connection (rules 1–3, 5, 6).
 
     Invariant: ``queue`` holds only encoded frames for ``writer``, and only
-    ``run`` (or ``close``) takes them out.
-    """
+    ``run`` (or ``close``/``cut``) takes them out; with a budget,
+    ``account`` holds the bytes of what is queued plus the batch being
+    written until its drain returned."""
 
-    def __init__(self, writer: asyncio.StreamWriter, maxsize: int) -> None:
+    def __init__(
+        self, writer: asyncio.StreamWriter, maxsize: int, *, budget: QueueBudget | None = None, sid: int = 0
+    ) -> None:
         self.writer = writer
         self.queue: TwoLevelQueue[bytes] = TwoLevelQueue(maxsize)
         self._idle = asyncio.Event()
+        self.budget = budget
+        self.account: Account = budget.open(sid) if budget is not None else Account(sid)
+        self._abort: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
         try:
-            await write_batches(self.queue, self.writer, self._idle)
+            if self.budget is None:
+                await write_batches(self.queue, self.writer, self._idle)
+            else:
+                await self._run_accounted(self.budget)
         except OSError:
             self.writer.close()  # rule 2
+
+    async def _run_accounted(self, budget: QueueBudget) -> NoReturn:
+        """Rule 1 with rule 5's accounting."""
+        queue, writer, account, clock = self.queue, self.writer, self.account, time.monotonic
+        while True:
+            await queue.wait()
+            batch = queue.drain(MAX_BATCH)
+            size = sum(map(len, batch))
+            write_frames(writer, batch)
+            budget.waiting(account, clock())
+            try:
+                await writer.drain()
+            finally:
+                budget.moving(account)
+            budget.sent(account, size, len(batch))
+            if not len(queue):
+                self._idle.set()
 
     async def flush(self, timeout: float) -> None:
         """Rule 3."""
@@ -88,10 +128,28 @@ class ConnectionWriter:
             async with asyncio.timeout(timeout):
                 await self._idle.wait()
 
-    def close(self) -> None:
+    def close(self, linger: float = LINGER) -> None:
         """Close after what is queued (e.g. the fatal Error just sent): the
         transport writes its buffer out before it closes; a connection that
-        closed already loses nothing more (rule 4)."""
+        closed already loses nothing more (rule 4); one whose client does not
+        read it within ``linger`` is aborted (rule 6)."""
         with contextlib.suppress(ConnectionResetError):
             write_frames(self.writer, self.queue.drain(len(self.queue)))
+        self.shut(linger)
+
+    def cut(self, last: bytes, linger: float = LINGER) -> list[bytes]:
+        """Rule 6: drop what is queued, write ``last`` (it goes out if the
+        client reads within ``linger``), close; the frames dropped."""
+        dropped = self.queue.drain(len(self.queue))
+        with contextlib.suppress(ConnectionResetError):
+            write_frames(self.writer, [last])
+        self.shut(linger)
+        return dropped
+
+    def shut(self, linger: float = LINGER) -> None:
+        """Close the connection; abort it if its client has not read what the
+        transport still holds within ``linger`` (rule 6).  A timer, not a
+        task: it outlives nothing but that transport, for ``linger`` at most."""
         self.writer.close()
+        if self._abort is None and self.writer.transport.get_write_buffer_size():
+            self._abort = asyncio.get_running_loop().call_later(linger, self.writer.transport.abort)

@@ -42,6 +42,27 @@ A3. A session whose token expires is closed with a fatal ``token_expired``
 A4. Every refusal is counted (``rejected_unauthorized``,
     ``rejected_forbidden``, ``rejected_token_expired``: the metrics'
     ``overlay_rejected{reason}``) and logged once per session.
+
+Limits (SPEC §16, ``overlay.limits.quotas``), per client id on this node:
+
+L1. A Hello past the client id's ``max_connections`` is answered with a
+    fatal ``too_many_connections`` Error and the session is closed; it
+    never counted.
+L2. A subscribe past ``max_subscriptions``, or whose expression is over
+    ``max_expression_bytes`` (checked before parsing) or ``max_predicates``
+    (after), is refused — ``too_many_subscriptions``,
+    ``expression_too_large`` — naming the limit and its config key; the
+    session stays open and nothing was stored.
+L3. A publish past the client id's token bucket (``publish_rate``,
+    ``publish_burst``) is answered Choke with the delay until its turn,
+    before the event is parsed: the client library waits and sends it
+    again, so nothing is lost and a publisher over its rate is paced at it.
+    (An error would make every application handle what the protocol
+    already handles; a client that ignores Chokes gains nothing, as each
+    publish it sends early is choked again.)
+L4. Refusals are counted (``rejected_too_many_connections``,
+    ``rejected_too_many_subscriptions``, ``rejected_expression_too_large``;
+    Chokes as ``choked_rate_limited``) and logged once per session.
 """
 
 from __future__ import annotations
@@ -59,7 +80,8 @@ import msgspec
 from overlay.actions import Action, CloseClient, ToClient
 from overlay.auth.tokens import Rights, Role, Verifier
 from overlay.channels.expressions import parse_event, parse_subscription
-from overlay.errors import ExpressionError, Forbidden, SchemaError, TokenError
+from overlay.errors import ExpressionError, Forbidden, LimitExceeded, SchemaError, TokenError
+from overlay.limits.quotas import Quotas
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node.context import NodeContext
@@ -125,6 +147,12 @@ class Clients:
         self._verifier = verifier
         self._auth_required = auth_required
         self._expiries: list[tuple[float, int]] = []  # (rights.expires, session): rule A3's sweep
+        # Rules L1–L4: what each client id holds here.
+        self.quotas = Quotas(ctx.id, ctx.config.limits, self._subscriptions_of)
+
+    def _subscriptions_of(self, sid: int) -> int:
+        sess = self._sessions.get(sid)
+        return len(sess.subs) if sess is not None else 0
 
     def handle(self, sid: int, msg: cm.ClientMessage, now: float) -> list[Action]:
         ctx = self._ctx
@@ -145,6 +173,8 @@ class Clients:
             else:
                 token = self._admin_token
                 sess.admin = not token or hmac.compare_digest(msg.token.encode(), token.encode())
+            if not self._count_session(sess, msg, now, out):  # rule L1
+                return out
             sess.greeted = True
             sess.client_id = msg.client_id
             cfg = ctx.config
@@ -207,6 +237,42 @@ class Clients:
         heapq.heappush(self._expiries, (rights.expires, sess.id))
         log.debug("node %d: session %d is %s, token %s", self._ctx.id, sess.id, rights.describe(), rights.token_id)
         return True
+
+    # -- limits (rules L1–L4) ---------------------------------------------------------------
+
+    def _count_session(self, sess: Session, msg: cm.Hello, now: float, out: list[Action]) -> bool:
+        """Rule L1: the session counts for its client id, or it is refused (False)."""
+        overrides = sess.rights.limits if sess.rights is not None else None
+        try:
+            self.quotas.open(sess.id, msg.client_id, now, overrides)
+        except LimitExceeded as exc:
+            self._ctx.stats[f"rejected_{exc.code}"] += 1
+            log.warning("node %d: client %r (session %d) refused: %s", self._ctx.id, msg.client_id, sess.id, exc)
+            out.append(ToClient(sess.id, cm.Error(-1, exc.code, str(exc), fatal=True)))
+            out.append(CloseClient(sess.id, exc.code))
+            return False
+        return True
+
+    def _limit(self, sess: Session, seq: int, exc: LimitExceeded, out: list[Action]) -> None:
+        """Rule L2's refusal; rule L4's count and log."""
+        self._ctx.stats[f"rejected_{exc.code}"] += 1
+        if self.quotas.first_refusal(sess.id, exc.code):
+            log.warning(
+                "node %d: client %r (session %d) refused: %s (further refusals of this session are only counted)",
+                self._ctx.id,
+                sess.client_id,
+                sess.id,
+                exc,
+            )
+        out.append(ToClient(sess.id, cm.Error(seq, exc.code, str(exc))))
+
+    def closed(self, sid: int) -> None:
+        """The session ended: it no longer counts for its client id (rule L1)."""
+        self.quotas.close(sid, self._ctx.now)
+
+    def sweep(self, now: float) -> None:
+        """From the tick: forget the publish buckets of client ids gone and full again."""
+        self.quotas.sweep(now)
 
     def _forbid(self, sess: Session, seq: int, exc: Forbidden, out: list[Action]) -> None:
         """Rule A2's refusal; rule A4's count and log."""
@@ -293,6 +359,19 @@ class Clients:
         ctx = self._ctx
         if self._not_ready(sess.id, msg.seq, out) or not self._role(sess, msg.seq, Role.PUBLISH, "publishing", out):
             return
+        delay = self.quotas.publish(sess.id, now)
+        if delay:  # rule L3: paced, before any parsing
+            ctx.stats["choked_rate_limited"] += 1
+            if self.quotas.first_refusal(sess.id, "rate"):
+                log.info(
+                    "node %d: client %r (session %d) publishes faster than its limit (%s): paced with Choke",
+                    ctx.id,
+                    sess.client_id,
+                    sess.id,
+                    self.quotas.rate_hint(sess.id),
+                )
+            out.append(ToClient(sess.id, cm.Choke(msg.seq, delay)))
+            return
         try:
             if isinstance(msg.event, str):
                 values = parse_event(msg.event, ctx.schema)
@@ -368,7 +447,12 @@ class Clients:
         if not self._notifier.check_group(sess.id, msg, out):  # bad weight or group (node.notify)
             return
         try:
+            self.quotas.check_subscribe(sess.id, msg.expression)  # rule L2: before parsing
             f = parse_subscription(msg.expression, ctx.schema)
+            self.quotas.check_filter(sess.id, f)
+        except LimitExceeded as exc:
+            self._limit(sess, msg.seq, exc, out)
+            return
         except ExpressionError as exc:
             ctx.stats["rejected_bad_expression"] += 1
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EXPRESSION, exc.reason, exc.position)))

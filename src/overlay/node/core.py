@@ -384,6 +384,7 @@ class NodeCore:
 
     def client_closed(self, sid: int) -> list[Action]:
         """Drop the session's subscriptions everywhere (the client re-subscribes on reconnect)."""
+        self.clients.closed(sid)  # it no longer counts for its client id (node.clients rule L1)
         return self.sessions.close(sid)
 
     def handle_client(self, sid: int, msg: cm.ClientMessage, now: float) -> list[Action]:
@@ -471,6 +472,7 @@ class NodeCore:
             ("sessions", lambda: self.migration.tick(now, out)),
             ("outbox", lambda: self._outbox_tick(now, out)),
             ("auth", lambda: self.clients.expire(now, out)),  # node.clients rule A3
+            ("limits", lambda: self.clients.sweep(now)),  # overlay.limits.quotas rule 6
         )
         for name, part in parts:
             try:

@@ -57,9 +57,10 @@ def override(
     groups: Mapping[str, Any] | None = None,
     bandwidth: Mapping[str, Any] | None = None,
     auth: Mapping[str, Any] | None = None,
+    limits: Mapping[str, Any] | None = None,
 ) -> ClusterConfig:
     """``config`` with the given fields of its ``[cluster]``, ``[sequencer]``,
-    ``[groups]``, ``[bandwidth]`` and ``[auth]`` tables replaced, the others
+    ``[groups]``, ``[bandwidth]``, ``[auth]`` and ``[limits]`` tables replaced, the others
     kept; each table is checked again (rule 2: ``msgspec.ValidationError``
     names the field).  ``[auth]`` key paths are taken as they are (absolute)."""
     changes: dict[str, Any] = {}
@@ -69,6 +70,7 @@ def override(
         ("groups", groups),
         ("bandwidth", bandwidth),
         ("auth", auth),
+        ("limits", limits),
     )
     for name, given in tables:
         if given:
@@ -91,7 +93,7 @@ class LoopbackCluster:
       real admin ports (a node's peers find its endpoint: ``/cluster``,
       drain).  Without it a node still serves HTTP, on a port only it knows.
     * ``capture`` — a directory every node captures to (SPEC §13).
-    * ``sequencer``, ``groups``, ``bandwidth``, ``auth`` and keyword
+    * ``sequencer``, ``groups``, ``bandwidth``, ``auth``, ``limits`` and keyword
       arguments (the ``[cluster]`` table) — overrides of the config's tables
       (``override``).  Without ``auth`` the nodes check no token (the
       config's own ``[auth]`` is dropped unless ``keep_auth``): tests that
@@ -121,6 +123,7 @@ class LoopbackCluster:
         groups: Mapping[str, Any] | None = None,
         bandwidth: Mapping[str, Any] | None = None,
         auth: Mapping[str, Any] | None = None,
+        limits: Mapping[str, Any] | None = None,
         keep_auth: bool = False,
         placeholders: Iterable[int] = (),
         sndbuf: int | None = None,
@@ -133,7 +136,9 @@ class LoopbackCluster:
             cluster["capture_dir"] = os.fspath(capture)
         if not keep_auth and auth is None:
             base = msgspec.structs.replace(base, auth=AuthSettings())
-        base = override(base, cluster=cluster, sequencer=sequencer, groups=groups, bandwidth=bandwidth, auth=auth)
+        base = override(
+            base, cluster=cluster, sequencer=sequencer, groups=groups, bandwidth=bandwidth, auth=auth, limits=limits
+        )
         ids = list(range(n)) if n is not None else base.node_ids
         if capacities is not None and len(capacities) != len(ids):
             raise ValueError(f"{len(capacities)} capacities for {len(ids)} nodes")

@@ -116,6 +116,16 @@ function renderNodes(s) {
       "dc ", el("b", { class: "dc", text: fmt(n.dc, 1) }),
       ` · ${n.reachable ? n.channels.length : "?"} ch · ${n.reachable ? fmt(n.subscriptions) : "?"} subs · ${fmt(queued)} queued`,
     );
+    // The queue budget and the slow-consumer policy (overlay.net.clients rule 7).
+    const c = n.reachable ? n.clients || {} : {};
+    if (c.queue_budget) {
+      const mib = (b) => fmt(b / 1048576, 1);
+      nums.append(el("span", {
+        class: "clients",
+        title: "bytes queued for this node's clients, of its [limits] queue_budget; clients disconnected as slow consumers",
+        text: ` · clients ${mib(c.queued_bytes)} of ${mib(c.queue_budget)} MiB · ${fmt(c.slow_consumer_disconnects || 0)} slow cut`,
+      }));
+    }
     row.querySelector(".why").textContent = n.reachable ? "" : `shown from its last LIEM: ${n.why || "admin endpoint unreachable"}`;
   }
   for (const row of [...box.children]) if (!seen.has(row.dataset.node)) row.remove();

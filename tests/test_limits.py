@@ -1,0 +1,348 @@
+"""Bounded resources for every connection (SPEC §16, issue 17 item 4), on real nodes.
+
+Per client id (``overlay.node.clients`` rules L1–L4): connections,
+subscriptions, expression sizes, publish rate.  Per node
+(``overlay.net.clients`` rules 6–7): connections, the Hello's deadline, the
+budget of queued bytes and the slow-consumer policy.  The admin endpoint's
+timeouts and bounds are in ``tests/test_admin_limits.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+from prometheus_client import generate_latest
+
+from authkit import auth, token
+from conftest import LOCAL
+from overlay.client import Client
+from overlay.errors import OverlayError, RequestError, SlowConsumerError
+from overlay.messages import client as cm
+from overlay.messages.codec import client_reader, encode_frame
+from overlay.net.node import CLIENT_MAGIC
+from overlay.testing import WAIT, LoopbackCluster, wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def ev(i: int, pad: int = 16) -> dict:
+    return {"price": float(i % 1000), "sym": "FLOOD", "qty": i, "venue": "x" * pad}
+
+
+async def raw_session(cl: LoopbackCluster, node: int, hello: str, *frames: cm.ClientMessage, rcvbuf: int = 0):
+    """A raw connection that says Hello (and sends ``frames``); its reader,
+    writer and the first replies.  With ``rcvbuf``, tiny socket buffers and a
+    reader that holds 1 kB: once it stops reading, the node's writer for it
+    waits at once."""
+    loop = asyncio.get_running_loop()
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if rcvbuf:
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    raw.setblocking(False)
+    await loop.sock_connect(raw, cl.addr(node))
+    reader, writer = await asyncio.open_connection(sock=raw, limit=1024 if rcvbuf else 1 << 16)
+    writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(hello)) + b"".join(encode_frame(f) for f in frames))
+    assert await asyncio.wait_for(reader.readexactly(4), WAIT) == CLIENT_MAGIC
+    return reader, writer
+
+
+async def read_until(reader: asyncio.StreamReader, n: int) -> list[cm.ClientMessage]:
+    frames = client_reader()
+    got: list[cm.ClientMessage] = []
+    while len(got) < n:
+        data = await asyncio.wait_for(reader.read(4096), WAIT)
+        assert data, f"closed after {got}"
+        got += frames.feed(data)
+    return got
+
+
+async def read_to_end(reader: asyncio.StreamReader) -> list[cm.ClientMessage]:
+    """Everything the node still sends, until it closes (a reset ends it too)."""
+    frames = client_reader()
+    got: list[cm.ClientMessage] = []
+    try:
+        while data := await asyncio.wait_for(reader.read(1 << 16), WAIT):
+            got += frames.feed(data)
+    except ConnectionResetError:
+        pass
+    return got
+
+
+def session_of(cl: LoopbackCluster, node: int, client_id: str) -> int:
+    (sid,) = [s for s, sess in cl.nodes[node].core.sessions.items() if sess.client_id == client_id]
+    return sid
+
+
+# -- per client id (node.clients rules L1–L4) ---------------------------------------------------
+
+
+async def test_a_client_id_past_its_connections_is_refused_at_hello_and_welcome_again_once_one_closes() -> None:
+    async with LoopbackCluster(LOCAL, 1, limits={"max_connections": 2}) as cl:
+        first = await cl.client(0, client_id="many")
+        await cl.client(0, client_id="many")
+        await cl.client(0, client_id="other")  # another client id counts apart
+        with pytest.raises(RequestError) as info:
+            await Client([cl.addr(0)], client_id="many", reconnect=False).connect()
+        assert info.value.code == cm.ErrorCode.TOO_MANY_CONNECTIONS
+        assert "'many' has 2 connections open on node 0" in info.value.reason
+        assert "[limits] max_connections = 2" in info.value.reason
+        assert cl.stat("rejected_too_many_connections") == 1
+        await first.close()
+        await wait_until(lambda: cl.nodes[0].core.clients.quotas.connections("many") == 1, what="the close counted")
+        await cl.client(0, client_id="many")
+
+
+async def test_the_twenty_thousand_subscription_client_is_refused_past_its_limit() -> None:
+    """The issue's client: 20,000 subscriptions from one anonymous connection,
+    pipelined.  The first 10,000 (the default limit) are taken, every later one
+    is refused with too_many_subscriptions; the session stays open, and an
+    unsubscribe makes room again."""
+    async with LoopbackCluster(LOCAL, 1, balancing=False) as cl:
+        raw = await cl.raw(0)
+        replies = await asyncio.wait_for(
+            asyncio.gather(
+                *(
+                    raw.request_nowait(lambda seq, i=i: cm.Subscribe(seq, f"s{i}", f"price > {i % 1000} and qty = {i}"))
+                    for i in range(20_000)
+                )
+            ),
+            60,
+        )
+        acked = [r for r in replies if isinstance(r, cm.SubAck)]
+        refused = [r for r in replies if isinstance(r, cm.Error)]
+        assert len(acked) == 10_000 and len(refused) == 10_000
+        assert {r.code for r in refused} == {cm.ErrorCode.TOO_MANY_SUBSCRIPTIONS}
+        assert "holds 10000 subscriptions on node 0" in refused[0].message
+        assert "[limits] max_subscriptions = 10000" in refused[0].message
+        assert cl.stat("rejected_too_many_subscriptions") == 10_000
+        assert sum(len(ch) for ch in cl.nodes[0].core.local) == 10_000  # nothing refused was stored
+        assert isinstance(await raw.request(lambda seq: cm.Unsubscribe(seq, "s0")), cm.UnsubAck)
+        assert isinstance(await raw.subscribe("price < 1", sub_id="again"), cm.SubAck)
+        assert isinstance(await raw.publish(ev(1)), cm.PubAck)  # the session serves on
+
+
+async def test_an_oversize_expression_is_refused_by_bytes_and_by_predicates() -> None:
+    async with LoopbackCluster(LOCAL, 1, limits={"max_expression_bytes": 200, "max_predicates": 3}) as cl:
+        c = await cl.client(0, client_id="wordy")
+        long = 'sym in {"' + '", "'.join(f"S{i}" for i in range(40)) + '"}'
+        with pytest.raises(RequestError) as info:
+            await c.subscribe(long)
+        assert info.value.code == cm.ErrorCode.EXPRESSION_TOO_LARGE
+        assert "[limits] max_expression_bytes = 200" in info.value.reason
+        with pytest.raises(RequestError) as info:
+            await c.subscribe("price > 1 and price < 9 and qty > 1 and qty < 9")
+        assert info.value.code == cm.ErrorCode.EXPRESSION_TOO_LARGE
+        assert "4 predicates" in info.value.reason and "[limits] max_predicates = 3" in info.value.reason
+        sub = await c.subscribe("price > 1 and price < 9 and qty > 1")  # at the limit: taken
+        await c.publish({"price": 5.0, "sym": "A", "qty": 5})
+        assert (await sub.next(WAIT)).event["qty"] == 5
+        assert cl.stat("rejected_expression_too_large") == 2
+
+
+async def test_a_publisher_over_its_rate_is_paced_by_choke_and_loses_nothing() -> None:
+    rate, burst, n = 200.0, 20, 300
+    async with LoopbackCluster(LOCAL, 1, limits={"publish_rate": rate, "publish_burst": burst}) as cl:
+        sub = await (await cl.client(0, client_id="reader")).subscribe('sym = "FLOOD"', queue_size=n)
+        pub = await cl.client(0, client_id="fast")
+        t0 = time.monotonic()
+        for i in range(n):
+            await pub.publish_windowed(ev(i), window=4000)
+        await pub.flush(timeout=30)
+        elapsed = time.monotonic() - t0
+        assert pub.publish_errors == 0 and pub.chokes > 0
+        assert cl.stat("choked_rate_limited") > 0
+        assert elapsed >= (n - burst) / rate * 0.9, elapsed  # paced at the rate (the burst goes at once)
+        got = sorted([(await sub.next(WAIT)).event["qty"] for _ in range(n)])
+        assert got == list(range(n))  # every one delivered, once
+        # A plain publish waits its turn as well (the bucket refilled meanwhile: a burst goes first).
+        t1 = time.monotonic()
+        for i in range(n, n + 60):
+            await pub.publish(ev(i))
+        assert time.monotonic() - t1 >= (60 - burst) / rate * 0.8
+
+
+async def test_past_max_clients_a_connection_is_refused_before_it_is_a_session() -> None:
+    async with LoopbackCluster(LOCAL, 1, limits={"max_clients": 2}) as cl:
+        await cl.client(0)
+        await cl.client(0)
+        with pytest.raises(RequestError) as info:
+            await Client([cl.addr(0)], reconnect=False).connect()
+        assert info.value.code == cm.ErrorCode.TOO_MANY_CONNECTIONS
+        assert "[limits] max_clients = 2" in info.value.reason
+        assert len(cl.nodes[0].core.sessions) == 2
+
+
+async def test_a_connection_without_a_hello_is_closed_after_the_deadline() -> None:
+    async with LoopbackCluster(LOCAL, 1, limits={"hello_timeout": 0.5}) as cl:
+        reader, writer = await asyncio.open_connection(*cl.addr(0))
+        writer.write(CLIENT_MAGIC + encode_frame(cm.Hello("half"))[:3])  # a frame begun, never finished
+        assert await asyncio.wait_for(reader.readexactly(4), WAIT) == CLIENT_MAGIC
+        assert await asyncio.wait_for(reader.read(), WAIT) == b""  # closed by the node
+        writer.close()
+        assert cl.stat("hello_timeouts") == 1
+        await wait_until(lambda: not cl.nodes[0].core.sessions, what="the session gone")
+
+
+# -- slow consumers (net.clients rule 7) ----------------------------------------------------------
+
+
+async def test_a_subscriber_that_never_reads_is_disconnected_after_the_grace_and_the_others_keep_receiving() -> None:
+    grace = 1.0
+    async with LoopbackCluster(LOCAL, 1, balancing=False, sndbuf=4096, limits={"slow_consumer_grace": grace}) as cl:
+        node = cl.nodes[0]
+        reader, writer = await raw_session(cl, 0, "stuck", cm.Subscribe(1, "s", 'sym = "FLOOD"'), rcvbuf=2048)
+        try:
+            welcome, ack = await read_until(reader, 2)
+            assert isinstance(welcome, cm.Welcome) and isinstance(ack, cm.SubAck)
+            stuck = session_of(cl, 0, "stuck")
+            live = [await cl.raw(0) for _ in range(2)]
+            for r in live:
+                await r.subscribe('sym = "FLOOD"')
+            pub = await cl.raw(0)
+            published = 0
+
+            async def publish_until(cond) -> None:
+                nonlocal published
+                deadline = time.monotonic() + 30
+                while not cond():
+                    assert time.monotonic() < deadline, "timed out publishing"
+                    acks = await asyncio.gather(*(pub.publish_nowait(ev(published + i)) for i in range(50)))
+                    assert all(isinstance(a, cm.PubAck) for a in acks), acks
+                    published += 50
+
+            # Stuck: its writer waits on it while the others read everything.
+            await publish_until(lambda: node.clients[stuck].account.waiting_since > 0)
+            t_stuck = time.monotonic()
+            await publish_until(lambda: node.core.stats["slow_consumer_disconnects"] > 0)
+            assert time.monotonic() - t_stuck >= grace * 0.9  # not before its grace
+            assert node.core.stats["slow_consumer_disconnects_stalled"] == 1
+            assert stuck not in node.clients
+            await wait_until(lambda: node.core.session(stuck) is None, what="its session closed in the core")
+            assert node.connections.budget.total < node.config.limits.queue_budget
+            assert sum(w.account.bytes for w in node.clients.values()) == node.connections.budget.total
+            # The others got everything, and keep getting what comes next.
+            before = published
+            await publish_until(lambda: published >= before + 200)
+            for r in live:
+                await wait_until(lambda r=r: len(r.notes) == published, what="every event at a live subscriber")
+                assert len({n.event_id for n in r.notes}) == published
+            assert node.core.stats["slow_consumer_dropped"] > 0
+            # Counted where an operator looks: /status and /metrics.
+            status = node.admin.node_status()["clients"]
+            assert status["slow_consumer_disconnects"] == 1 and status["queued_bytes"] < status["queue_budget"]
+            metrics = generate_latest(node.admin.registry).decode()
+            assert 'overlay_slow_consumer_disconnects_total{node="0",reason="stalled"} 1.0' in metrics
+        finally:
+            writer.close()
+
+
+async def test_past_the_budget_the_largest_holder_is_disconnected_and_told_why() -> None:
+    budget = 256 * 1024
+    async with LoopbackCluster(
+        LOCAL, 1, balancing=False, sndbuf=4096, limits={"queue_budget": budget, "slow_consumer_grace": 60.0}
+    ) as cl:
+        node = cl.nodes[0]
+        reader, writer = await raw_session(cl, 0, "hoarder", cm.Subscribe(1, "s", 'sym = "FLOOD"'), rcvbuf=2048)
+        try:
+            await read_until(reader, 2)
+            live = await cl.raw(0)
+            await live.subscribe('sym = "FLOOD"')
+            pub = await cl.raw(0)
+            sent = 0
+            deadline = time.monotonic() + 30
+            while not node.core.stats["slow_consumer_disconnects"]:
+                assert time.monotonic() < deadline, "the hoarder was never cut"
+                acks = await asyncio.gather(*(pub.publish_nowait(ev(sent + i, pad=16)) for i in range(50)))
+                assert all(isinstance(a, cm.PubAck) for a in acks)
+                sent += 50
+            assert node.core.stats["slow_consumer_disconnects_budget"] == 1
+            assert node.connections.budget.total <= budget
+            # It reads at last, within the linger: what the transport held, then the node's word, then the end.
+            tail = await read_to_end(reader)
+            errors = [m for m in tail if isinstance(m, cm.Error)]
+            assert errors and errors[-1].code == cm.ErrorCode.SLOW_CONSUMER and errors[-1].fatal, errors
+            assert "[limits] queue_budget" in errors[-1].message and "more than its share" in errors[-1].message
+            await wait_until(lambda: len(live.notes) == sent, what="every event at the live subscriber")
+        finally:
+            writer.close()
+
+
+async def test_a_group_instance_cut_as_a_slow_consumer_has_its_events_go_to_another_instance() -> None:
+    """What the cut session held is not lost to its group: the session's
+    tracked deliveries fail with it, and the group's fault logic gives them
+    to the live instance (node.notify), each event once."""
+    async with LoopbackCluster(
+        LOCAL,
+        1,
+        balancing=False,
+        sndbuf=4096,
+        limits={"slow_consumer_grace": 1.0},
+        groups={"ack_timeout": 60.0, "fault_period": 60.0},
+    ) as cl:
+        node = cl.nodes[0]
+        reader, writer = await raw_session(
+            cl, 0, "stuck-instance", cm.Subscribe(1, "s", 'sym = "FLOOD"', "g", 9.0), rcvbuf=2048
+        )
+        try:
+            await read_until(reader, 2)
+            live = await cl.raw(0)
+            await live.subscribe('sym = "FLOOD"', group="g", weight=1.0)
+            pub = await cl.raw(0)
+            n = 0
+            deadline = time.monotonic() + 30
+            while not node.core.stats["slow_consumer_disconnects"]:
+                assert time.monotonic() < deadline, "never cut"
+                acks = await asyncio.gather(*(pub.publish_nowait(ev(n + i)) for i in range(50)))
+                assert all(isinstance(a, cm.PubAck) for a in acks)
+                n += 50
+            # What the stuck instance was sent but never acked comes to the live one; what it
+            # had read from its socket before it stopped may have been acked (the raw reader
+            # acks nothing: none was) — so every event is at the live instance, once.
+            await wait_until(lambda: len({x.event_id for x in live.notes}) == n, 30, "every event at the live instance")
+            assert len(live.notes) == n
+            assert node.core.stats["delivery_ack_timeouts"] == 0  # none waited for the 60 s timeout
+        finally:
+            writer.close()
+
+
+async def test_the_client_library_reports_the_disconnection_and_reconnects() -> None:
+    """A Client whose connection the node cuts (here: told so by a budget cut
+    of its session) hands error_cb a SlowConsumerError with disconnected set,
+    and subscribes again on its own."""
+    async with LoopbackCluster(LOCAL, 1, balancing=False) as cl:
+        seen: list[OverlayError] = []
+        c = await cl.client(0, client_id="victim", reconnect=True, error_cb=seen.append)
+        sub = await c.subscribe('sym = "FLOOD"')
+        node = cl.nodes[0]
+        sid = session_of(cl, 0, "victim")
+        node.connections._cut_session(sid, "budget", "a test says so")
+        await wait_until(
+            lambda: any(isinstance(e, SlowConsumerError) and e.disconnected for e in seen), what="the report"
+        )
+        err = next(e for e in seen if isinstance(e, SlowConsumerError))
+        assert "a test says so" in str(err) and err.node_id == 0
+        await wait_until(lambda: len(node.core.sessions) == 1 and session_of(cl, 0, "victim") != sid, what="back")
+        pub = await cl.client(0)
+        await wait_until(lambda: c.connected, what="reconnected")
+        await wait_until(lambda: sum(len(ch) for ch in node.core.local) == 1, what="re-subscribed")
+        await pub.publish(ev(1))
+        assert (await sub.next(WAIT)).event["qty"] == 1
+
+
+async def test_a_token_limits_claim_overrides_the_cluster_limits_for_its_holder() -> None:
+    async with LoopbackCluster(LOCAL, 1, auth=auth(), limits={"max_subscriptions": 2}) as cl:
+        big = await cl.client(0, token=token("big", limits={"max_subscriptions": 4}))
+        small = await cl.client(0, token=token("small"))
+        for i in range(4):
+            await big.subscribe(f"price > {i}")
+        with pytest.raises(RequestError) as info:
+            await big.subscribe("price > 9")
+        assert "your token's limits claim max_subscriptions = 4" in info.value.reason
+        for i in range(2):
+            await small.subscribe(f"price > {i}")
+        with pytest.raises(RequestError) as info:
+            await small.subscribe("price > 9")
+        assert "[limits] max_subscriptions = 2" in info.value.reason
