@@ -318,7 +318,7 @@ async def test_the_client_library_reports_the_disconnection_and_reconnects() -> 
         sub = await c.subscribe('sym = "FLOOD"')
         node = cl.nodes[0]
         sid = session_of(cl, 0, "victim")
-        node.connections._cut_session(sid, "budget", "a test says so")
+        node.connections.cut(sid, "budget", "a test says so")
         await wait_until(
             lambda: any(isinstance(e, SlowConsumerError) and e.disconnected for e in seen), what="the report"
         )

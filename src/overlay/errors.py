@@ -131,7 +131,7 @@ class SlowConsumerError(OverlayError):
                 f" (its queue held {queued} of {limit})"
             )
         elif disconnected:
-            text = f"{where} disconnected this client: {reason or 'a slow consumer'}"
+            text = f"{where}: {reason or 'disconnected as a slow consumer'}"
         else:
             text = f"{where} dropped notifications for this client: its queue for the connection is full"
         super().__init__(text)

@@ -41,8 +41,8 @@ Rules:
       (``slow_consumer_dropped``) and captured as drops, like rule 3's;
    b. a fatal ``slow_consumer`` Error saying why is written after what the
       transport holds (the client reads it if it reads within
-      ``net.writer.LINGER``), and the connection is closed, aborted past
-      the linger (``net.writer`` rule 6);
+      ``net.writer.LINGER``), the connection is read no more, and it is
+      reset once the linger is over (``net.writer`` rule 6);
    c. the core is told at once (``ClientClosed``): the session's
       subscriptions end as on any lost connection, and its tracked
       deliveries fail, so a group's events go to another instance
@@ -203,7 +203,7 @@ class ClientConnections:
         self._swept = now
         grace = self.budget.grace
         for acct in self.budget.stalled(now):
-            self._cut_session(
+            self.cut(
                 acct.sid,
                 "stalled",
                 f"your connection took no data for {now - acct.waiting_since:.1f}s while {_mib(acct.bytes)} "
@@ -216,7 +216,7 @@ class ClientConnections:
         share = budget.share()
         for acct in budget.over_share():
             held = acct.bytes
-            self._cut_session(
+            self.cut(
                 acct.sid,
                 "budget",
                 f"the notifications queued on node {self.node_id} reached its budget "
@@ -224,8 +224,9 @@ class ClientConnections:
                 f"more than its share ({_mib(share)}): read your connection faster, or subscribe to less",
             )
 
-    def _cut_session(self, sid: int, reason: str, why: str) -> None:
-        """Rule 7a–d."""
+    def cut(self, sid: int, reason: str, why: str) -> None:
+        """Rule 7a–d: disconnect session ``sid`` as a slow consumer (``reason``:
+        ``stalled`` or ``budget``; ``why``: what the client is told)."""
         w = self.writers.pop(sid, None)
         if w is None:
             return

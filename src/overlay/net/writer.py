@@ -25,16 +25,19 @@ Rules:
    ``drain`` — its client not reading — is what the slow-consumer policy
    measures.
 6. Closing never waits on the client for ever: ``close`` writes what is
-   queued and closes; ``cut`` drops what is queued and writes only its
-   last words (the slow consumer's Error).  Either way a connection whose
-   client does not take those bytes within ``linger`` seconds is aborted,
-   so an unread buffer is released.
+   queued and closes, and aborts a connection whose client has not taken
+   what the transport holds within ``linger`` seconds; ``cut`` drops what
+   is queued, writes only its last words (the slow consumer's Error) and
+   resets the connection after ``linger`` (``reset``), so an unread buffer
+   is released, the kernel's included.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
 import time
 from collections.abc import Iterable
 from typing import Final, NoReturn
@@ -49,6 +52,8 @@ __all__ = ["LINGER", "MAX_BATCH", "ConnectionWriter", "write_batches", "write_fr
 MAX_BATCH: Final = 512
 # Rule 6: seconds a closed connection's last bytes may take to be read.
 LINGER: Final = 2.0
+# SO_LINGER on, 0 s: closing sends a reset and drops the socket's buffers.
+RESET_LINGER: Final = struct.pack("ii", 1, 0)
 
 
 def write_frames(writer: asyncio.StreamWriter, frames: Iterable[bytes]) -> None:
@@ -138,13 +143,31 @@ class ConnectionWriter:
         self.shut(linger)
 
     def cut(self, last: bytes, linger: float = LINGER) -> list[bytes]:
-        """Rule 6: drop what is queued, write ``last`` (it goes out if the
-        client reads within ``linger``), close; the frames dropped."""
+        """Rule 6: drop what is queued, write ``last`` after what the
+        connection holds, stop reading it, and reset it after ``linger``
+        seconds — the client gets ``last`` if it reads by then; either way
+        nothing of it stays in memory, here or in the kernel's socket buffer
+        (a plain close would leave what the client never reads there, for
+        minutes).  The frames dropped."""
         dropped = self.queue.drain(len(self.queue))
         with contextlib.suppress(ConnectionResetError):
             write_frames(self.writer, [last])
-        self.shut(linger)
+        # A stream's transport reads too (typed as a WriteTransport only here).
+        pause = getattr(self.writer.transport, "pause_reading", None)
+        with contextlib.suppress(RuntimeError, OSError):  # closing already: the reset below still ends it
+            if pause is not None:
+                pause()
+        if self._abort is None:
+            self._abort = asyncio.get_running_loop().call_later(linger, self.reset)
         return dropped
+
+    def reset(self) -> None:
+        """End the connection now, discarding what it holds (``SO_LINGER`` 0: a reset)."""
+        sock = self.writer.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_LINGER)
+        self.writer.transport.abort()
 
     def shut(self, linger: float = LINGER) -> None:
         """Close the connection; abort it if its client has not read what the
