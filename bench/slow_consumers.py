@@ -13,7 +13,8 @@ for ``--seconds``.  Every second it prints the node's RSS (``VmRSS``), how
 many stuck subscribers' sessions the node still holds (its own count), and
 the live subscribers' deliveries; at the end the peak (``VmHWM``) and the node's slow-consumer
 counters.  ``--budget``/``--grace`` write them into the config's
-``[limits]`` (a tree without ``[limits]`` refuses the table: leave them out).
+``[limits]`` (a tree without ``[limits]`` refuses the table: leave them
+out; one without ``[tls]`` refuses that table: ``--no-tls-table``).
 Bounded: the run ends after ``--seconds`` plus set-up, and the node is
 stopped whatever happens.
 """
@@ -37,6 +38,10 @@ CONFIG = """\
 [cluster]
 name = "slow"
 balancing = false
+
+[tls]
+insecure = true
+secret = "slow-consumers-bench-secret"
 
 [[nodes]]
 id = 0
@@ -101,7 +106,10 @@ async def run(args: argparse.Namespace) -> None:
             limits += f"slow_consumer_grace = {args.grace}\n"
     tmp = Path(tempfile.mkdtemp(prefix="overlay-slow-"))
     cfg = tmp / "slow.toml"
-    cfg.write_text(CONFIG.format(port=port, limits=limits))
+    text = CONFIG.format(port=port, limits=limits)
+    if args.no_tls_table:
+        text = text.replace('[tls]\ninsecure = true\nsecret = "slow-consumers-bench-secret"\n\n', "")
+    cfg.write_text(text)
     log = (tmp / "node.log").open("wb")
     node = subprocess.Popen(
         [sys.executable, "-m", "overlay", "--log-level", "warning", "node", "--config", str(cfg), "--id", "0"],
@@ -192,6 +200,7 @@ def main() -> None:
     ap.add_argument("--note", type=int, default=1000, help="bytes of payload per event (default 1000)")
     ap.add_argument("--budget", type=int, default=0, help="[limits] queue_budget to write (bytes; default: none)")
     ap.add_argument("--grace", type=float, default=0.0, help="[limits] slow_consumer_grace to write (s; default: none)")
+    ap.add_argument("--no-tls-table", action="store_true", help="no [tls] table (a tree from before TLS)")
     asyncio.run(run(ap.parse_args()))
 
 

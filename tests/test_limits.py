@@ -32,18 +32,21 @@ def ev(i: int, pad: int = 16) -> dict:
     return {"price": float(i % 1000), "sym": "FLOOD", "qty": i, "venue": "x" * pad}
 
 
-async def raw_session(cl: LoopbackCluster, node: int, hello: str, *frames: cm.ClientMessage, rcvbuf: int = 0):
+async def raw_session(
+    cl: LoopbackCluster, node: int, hello: str, *frames: cm.ClientMessage, rcvbuf: int = 0, tls: bool = False
+):
     """A raw connection that says Hello (and sends ``frames``); its reader,
     writer and the first replies.  With ``rcvbuf``, tiny socket buffers and a
     reader that holds 1 kB: once it stops reading, the node's writer for it
-    waits at once."""
+    waits at once.  With ``tls``, over TLS (a cluster started with ``tls=True``)."""
     loop = asyncio.get_running_loop()
     raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     if rcvbuf:
         raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     raw.setblocking(False)
     await loop.sock_connect(raw, cl.addr(node))
-    reader, writer = await asyncio.open_connection(sock=raw, limit=1024 if rcvbuf else 1 << 16)
+    tls_args = {"ssl": cl.client_ssl, "server_hostname": cl.addr(node)[0]} if tls else {}
+    reader, writer = await asyncio.open_connection(sock=raw, limit=1024 if rcvbuf else 1 << 16, **tls_args)
     writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(hello)) + b"".join(encode_frame(f) for f in frames))
     assert await asyncio.wait_for(reader.readexactly(4), WAIT) == CLIENT_MAGIC
     return reader, writer
@@ -189,11 +192,17 @@ async def test_a_connection_without_a_hello_is_closed_after_the_deadline() -> No
 # -- slow consumers (net.clients rule 7) ----------------------------------------------------------
 
 
-async def test_a_subscriber_that_never_reads_is_disconnected_after_the_grace_and_the_others_keep_receiving() -> None:
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+async def test_a_subscriber_that_never_reads_is_disconnected_after_the_grace_and_the_others_keep_receiving(
+    tls: bool,
+) -> None:
     grace = 1.0
-    async with LoopbackCluster(LOCAL, 1, balancing=False, sndbuf=4096, limits={"slow_consumer_grace": grace}) as cl:
+    async with LoopbackCluster(
+        LOCAL, 1, balancing=False, sndbuf=4096, tls=tls, limits={"slow_consumer_grace": grace}
+    ) as cl:
         node = cl.nodes[0]
-        reader, writer = await raw_session(cl, 0, "stuck", cm.Subscribe(1, "s", 'sym = "FLOOD"'), rcvbuf=2048)
+        stuck_sub = cm.Subscribe(1, "s", 'sym = "FLOOD"')
+        reader, writer = await raw_session(cl, 0, "stuck", stuck_sub, rcvbuf=2048, tls=tls)
         try:
             welcome, ack = await read_until(reader, 2)
             assert isinstance(welcome, cm.Welcome) and isinstance(ack, cm.SubAck)

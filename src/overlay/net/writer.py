@@ -30,6 +30,10 @@ Rules:
    is queued, writes only its last words (the slow consumer's Error) and
    resets the connection after ``linger`` (``reset``), so an unread buffer
    is released, the kernel's included.
+7. Closing never raises: a transport already gone (a reset, an abort, a
+   TLS transport whose protocol is dropped) answers nothing, and that is
+   taken as nothing left to do (``GONE``) — an error escaping a connection's
+   last steps would end the node's TaskGroup.
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ MAX_BATCH: Final = 512
 LINGER: Final = 2.0
 # SO_LINGER on, 0 s: closing sends a reset and drops the socket's buffers.
 RESET_LINGER: Final = struct.pack("ii", 1, 0)
+# Rule 7: what a transport that is gone raises when asked anything — an
+# OSError, uvloop's RuntimeError ("the handler is closed"), and the standard
+# loop's TLS transport an AttributeError (its protocol already dropped).
+GONE: Final = (OSError, RuntimeError, AttributeError)
 
 
 def write_frames(writer: asyncio.StreamWriter, frames: Iterable[bytes]) -> None:
@@ -61,7 +69,7 @@ def write_frames(writer: asyncio.StreamWriter, frames: Iterable[bytes]) -> None:
     ``ConnectionResetError`` (rule 4), whatever the event loop."""
     try:
         writer.writelines(frames)
-    except RuntimeError as exc:
+    except (RuntimeError, AttributeError) as exc:  # AttributeError: a TLS transport closed twice (rule 7)
         if not writer.is_closing():
             raise
         raise ConnectionResetError(f"the connection closed under a write ({exc})") from exc
@@ -154,7 +162,7 @@ class ConnectionWriter:
             write_frames(self.writer, [last])
         # A stream's transport reads too (typed as a WriteTransport only here).
         pause = getattr(self.writer.transport, "pause_reading", None)
-        with contextlib.suppress(RuntimeError, OSError):  # closing already: the reset below still ends it
+        with contextlib.suppress(*GONE):  # closing already: the reset below still ends it
             if pause is not None:
                 pause()
         if self._abort is None:
@@ -163,16 +171,24 @@ class ConnectionWriter:
 
     def reset(self) -> None:
         """End the connection now, discarding what it holds (``SO_LINGER`` 0: a reset)."""
-        sock = self.writer.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(*GONE):
+            sock = self.writer.get_extra_info("socket")
+            if sock is not None:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, RESET_LINGER)
-        self.writer.transport.abort()
+        with contextlib.suppress(*GONE):
+            self.writer.transport.abort()
 
     def shut(self, linger: float = LINGER) -> None:
         """Close the connection; abort it if its client has not read what the
         transport still holds within ``linger`` (rule 6).  A timer, not a
         task: it outlives nothing but that transport, for ``linger`` at most."""
         self.writer.close()
-        if self._abort is None and self.writer.transport.get_write_buffer_size():
-            self._abort = asyncio.get_running_loop().call_later(linger, self.writer.transport.abort)
+        if self._abort is None and self._buffered():
+            self._abort = asyncio.get_running_loop().call_later(linger, self.reset)
+
+    def _buffered(self) -> int:
+        """Bytes the transport still holds; 0 once it is gone (rule 7)."""
+        try:
+            return self.writer.transport.get_write_buffer_size()
+        except GONE:
+            return 0
