@@ -41,7 +41,7 @@ def install(admin: AdminServer, node: NodeView) -> None:
     async def post_drain(request: web.Request) -> web.Response:
         core = node.core
         args: dict[str, Any] = dict(request.query)
-        if request.can_read_body:
+        if request.body_exists:  # read already, bounded, by net.admin rule 9b (can_read_body is False then)
             try:
                 body = await request.json()
             except (json.JSONDecodeError, ValueError):
