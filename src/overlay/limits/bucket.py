@@ -52,12 +52,17 @@ class TokenBucket:
 
     def take(self, now: float) -> float:
         """Rule 2: 0.0 when the request passes, else seconds until its turn."""
-        if not self.rate:
+        rate = self.rate
+        if not rate:
             return 0.0
-        self._refill(now)
-        if self.tokens >= 1.0 - EPSILON:
-            self.tokens = max(0.0, self.tokens - 1.0)
+        tokens = self.tokens
+        if now > self.stamp:  # _refill, inline: this runs on every publish
+            tokens = min(self.burst, tokens + (now - self.stamp) * rate)
+            self.stamp = now
+        if tokens >= 1.0 - EPSILON:
+            self.tokens = tokens - 1.0 if tokens >= 1.0 else 0.0
             return 0.0
+        self.tokens = tokens
         ready = now + (1.0 - self.tokens) / self.rate  # the bucket holds a token again
         turn = max(ready, self.next_turn)
         self.next_turn = min(turn, now + MAX_DELAY) + 1.0 / self.rate

@@ -82,6 +82,7 @@ class Quotas:
         self._subscriptions = subscriptions
         self._principals: dict[str, _Principal] = {}
         self._sessions: dict[int, _Session] = {}
+        self._bucket_of: dict[int, TokenBucket] = {}  # per session, its client id's (publish: one look-up)
         self._idle: OrderedDict[str, TokenBucket] = OrderedDict()
         self._swept = 0.0
 
@@ -137,6 +138,7 @@ class Quotas:
         p.bucket.rate, p.bucket.burst = limits.publish_rate, max(1.0, float(limits.publish_burst))
         p.sessions.add(sid)
         self._sessions[sid] = _Session(client_id, limits, claimed)
+        self._bucket_of[sid] = p.bucket
         return limits
 
     def close(self, sid: int, now: float) -> None:
@@ -144,6 +146,7 @@ class Quotas:
         s = self._sessions.pop(sid, None)
         if s is None:
             return
+        del self._bucket_of[sid]
         p = self._principals[s.client_id]
         p.sessions.discard(sid)
         if p.sessions:
@@ -216,11 +219,9 @@ class Quotas:
             )
 
     def publish(self, sid: int, now: float) -> float:
-        """Rule 4: 0.0 when the publish may go on, else the Choke's delay."""
-        s = self._sessions.get(sid)
-        if s is None:
-            return 0.0
-        return self._principals[s.client_id].bucket.take(now)
+        """Rule 4: 0.0 when the publish may go on, else the Choke's delay (on every publish: one look-up)."""
+        bucket = self._bucket_of.get(sid)
+        return bucket.take(now) if bucket is not None else 0.0
 
     def rate_hint(self, sid: int) -> str:
         """Rule 5 for a Choke of the bucket: what paces this client, for the log."""
