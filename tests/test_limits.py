@@ -10,6 +10,7 @@ timeouts and bounds are in ``tests/test_admin_limits.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
 
@@ -62,15 +63,16 @@ async def read_until(reader: asyncio.StreamReader, n: int) -> list[cm.ClientMess
     return got
 
 
-async def read_to_end(reader: asyncio.StreamReader) -> list[cm.ClientMessage]:
-    """Everything the node still sends, until it closes (a reset ends it too)."""
+async def read_until_fatal(reader: asyncio.StreamReader) -> list[cm.ClientMessage]:
+    """What the node still sends, up to its fatal Error (or the connection's end)."""
     frames = client_reader()
     got: list[cm.ClientMessage] = []
-    try:
-        while data := await asyncio.wait_for(reader.read(1 << 16), WAIT):
+    with contextlib.suppress(ConnectionResetError):
+        while not any(isinstance(m, cm.Error) and m.fatal for m in got[-4:]):
+            data = await asyncio.wait_for(reader.read(1 << 16), WAIT)
+            if not data:
+                break
             got += frames.feed(data)
-    except ConnectionResetError:
-        pass
     return got
 
 
@@ -254,6 +256,7 @@ async def test_past_the_budget_the_largest_holder_is_disconnected_and_told_why()
         LOCAL, 1, balancing=False, sndbuf=4096, limits={"queue_budget": budget, "slow_consumer_grace": 60.0}
     ) as cl:
         node = cl.nodes[0]
+        node.connections.linger = 30.0  # time enough, on a loaded machine, to read its last words below
         reader, writer = await raw_session(cl, 0, "hoarder", cm.Subscribe(1, "s", 'sym = "FLOOD"'), rcvbuf=2048)
         try:
             await read_until(reader, 2)
@@ -269,8 +272,8 @@ async def test_past_the_budget_the_largest_holder_is_disconnected_and_told_why()
                 sent += 50
             assert node.core.stats["slow_consumer_disconnects_budget"] == 1
             assert node.connections.budget.total <= budget
-            # It reads at last, within the linger: what the transport held, then the node's word, then the end.
-            tail = await read_to_end(reader)
+            # It reads at last, within the linger: what the transport held, then the node's last word.
+            tail = await read_until_fatal(reader)
             errors = [m for m in tail if isinstance(m, cm.Error)]
             assert errors and errors[-1].code == cm.ErrorCode.SLOW_CONSUMER and errors[-1].fatal, errors
             assert "[limits] queue_budget" in errors[-1].message and "more than its share" in errors[-1].message

@@ -71,7 +71,7 @@ from overlay.limits.budget import QueueBudget
 from overlay.messages import client as cm
 from overlay.messages.codec import HEADER, FrameReader, client_reader, encode_frame, is_peer_frame
 from overlay.net.inbox import READ_CHUNK, ClientClosed, FromClient, Inbox
-from overlay.net.writer import ConnectionWriter, write_frames
+from overlay.net.writer import LINGER, ConnectionWriter, write_frames
 from overlay.node import NodeCore
 from overlay.security import Refusal
 
@@ -148,6 +148,7 @@ class ClientConnections:
         self._sweep_every = min(SWEEP_SECONDS, limits.slow_consumer_grace / 4)
         self._swept = 0.0
         self._cut: set[int] = set()  # sessions disconnected as slow consumers, until their read loop ends
+        self.linger = LINGER  # rule 7b: how long a cut connection's last words may take to be read
         self._full_logged = False  # rule 6: a run of max_clients refusals is logged once
 
     # -- writing (rule 3) ----------------------------------------------------------------
@@ -234,7 +235,7 @@ class ClientConnections:
         self._cut.add(sid)
         self._slow.discard(sid)
         error = cm.Error(-1, cm.ErrorCode.SLOW_CONSUMER, f"disconnected as a slow consumer: {why}", fatal=True)
-        dropped = w.cut(encode_frame(error))
+        dropped = w.cut(encode_frame(error), self.linger)
         notifies = [f for f in dropped if _is_notify(f)]
         stats = self._stats
         stats["slow_consumer_dropped"] += len(notifies)
