@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from coreworld import _LOADED, EC
+from coreworld import _LOADED, EC, LOW, SPLIT_500, World
 from overlay.actions import ToPeer
 from overlay.channels import ChannelId
 from overlay.channels.routing_table import RouteEntry
@@ -383,3 +383,22 @@ def test_an_unanswered_subscription_is_sent_again_when_a_node_dies_and_a_late_co
     cl.run_until(5.0)
     assert lost.sub_id not in net.cores[0].local[EC]
     assert net.cores[0].stats["subscriptions_resurrection_refused"] == 1
+
+
+def test_a_copy_that_answers_after_its_channel_was_rebuilt_counts_for_nothing_more() -> None:
+    # node.sessions rule 5: the copy's answer used to take the wait below zero, for ever.
+    w = World()
+    assert isinstance(w.admin(0, w.client(0, "ops"), "split", **SPLIT_500), cm.AdminReply)
+    s1 = w.client(1, "sub-1")
+    w.net.hold_types(pm.Subscription, src=1, dst=0)
+    w.subscribe(1, s1, "a", "price >= 0", settle=False)  # one copy for each half
+    w.net.run()
+    core = w.cores[1]
+    out: list = []
+    core.sessions.rebuilt(LOW, out)  # as node.recovery does once it sent LOW's owner this node's copies
+    w.net.execute(1, out)
+    assert core.sessions.pending() == 1 and not w.net.received(1, s1, kind=cm.SubAck)
+    w.net.release()
+    w.net.run()  # both held copies are applied at node 0 and answer
+    assert not core.sessions.pending() and len(w.net.received(1, s1, kind=cm.SubAck)) == 1
+    w.unsubscribe(1, s1, "a")
