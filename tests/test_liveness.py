@@ -402,3 +402,24 @@ def test_a_copy_that_answers_after_its_channel_was_rebuilt_counts_for_nothing_mo
     w.net.run()  # both held copies are applied at node 0 and answer
     assert not core.sessions.pending() and len(w.net.received(1, s1, kind=cm.SubAck)) == 1
     w.unsubscribe(1, s1, "a")
+
+
+def test_a_node_given_a_dead_nodes_channel_holds_it_before_the_deaths_retries_look_for_it() -> None:
+    # node.recovery rule 3 (fault seed 180): the retries of node.sessions rule 6
+    # used to look for the channel before it was created here, and bounced.
+    w = World()
+    s1 = w.client(1, "sub-1")
+    w.net.hold_types(pm.Subscription, src=1, dst=0)
+    w.subscribe(1, s1, "a", "price < 100", settle=False)
+    w.net.run()
+    w.net.links[(1, 0)].pop()  # lost with node 0, which is about to be declared dead
+    w.net.release()
+    core = w.cores[1]
+    entry = core.routing[EC]
+    v = core.routing.version(EC)
+    recovered = pm.RouteItem(EC, msgspec.structs.replace(entry, owners=(1,)), v + (1 << 16) + 2 - (v & 0xFFFF))
+    w.net.send(2, 1, pm.UpdateRoutingTable((), (recovered,), 9, 2, 0))  # node 2 coordinates: node 0 is dead
+    w.net.run()
+    assert EC in core.local and core.routing[EC].owners == (1,)
+    assert core.stats["subscriptions_unroutable"] == 0
+    assert w.gid(1, s1, "a") in {s.id for s in core.local[EC]}
