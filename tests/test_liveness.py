@@ -423,3 +423,15 @@ def test_a_node_given_a_dead_nodes_channel_holds_it_before_the_deaths_retries_lo
     assert EC in core.local and core.routing[EC].owners == (1,)
     assert core.stats["subscriptions_unroutable"] == 0
     assert w.gid(1, s1, "a") in {s.id for s in core.local[EC]}
+
+
+def test_a_death_told_of_an_earlier_run_after_the_new_run_said_hello_is_not_taken_for_it() -> None:
+    # node.liveness rule 3 (fault seeds 285, 373, 577): node 4 restarted (run 9)
+    # and said hello; node 1, which had declared run 8 dead, still tells of it.
+    lv = live()
+    lv.on_heartbeat(4, beat(inc=8), 0.5)
+    assert not lv.revived(4, 9, 1.0)  # not dead here: nothing to revive, but run 9 is known now
+    lv.on_heartbeat(1, beat(dead=((4, 8),)), 1.1)
+    assert not lv.is_dead(4)
+    lv.on_heartbeat(1, beat(dead=((4, 9),)), 1.2)  # a death of run 9 itself is taken
+    assert lv.is_dead(4)

@@ -129,6 +129,9 @@ REGRESSION_SEEDS: Final = (
     345,  # a sync that left its sender before a migration moved the channel back on a restarted node
     138,  # after a recovery the tables differed on one channel and overlapped on another: nothing re-synced them
     5,  # a split channel came back after a restart and was merged beside its own child: the spaces overlapped
+    285,  # a death of a node's old run, told after its new run said hello, cut the new run off for good
+    373,  # the same: its (un)subscriptions were never answered
+    577,  # the same, in a 5-node cluster
 )
 
 
