@@ -32,10 +32,14 @@ SEEDS: Final = 200
 BATCH: Final = 20
 WORKERS: Final = min(2, os.cpu_count() or 1)  # the seeds run on two processes: ~35-45 s
 
-# Every one of these 200 seeds keeps SPEC §16's promise; 4 seeds in 1,000
-# still fail in ``bench/simulation.py --faults`` (an (un)subscription never
-# answered after a restart, while two peers disagree on whether a run is
-# dead; a publish not confirmed within its 30 s).
+# The first test computes every seed (the others read the cache): on a machine
+# shared with other runs that can take several times the suite's 120 s.
+pytestmark = pytest.mark.timeout(600)
+
+# Every one of these 200 seeds keeps SPEC §16's promise; in
+# ``bench/simulation.py --faults`` 998 of 1,000 do (seed 561: an event given to
+# two instances of a group; seed 963: a keyed event released to a replica
+# that died with it in flight is never released again).
 
 
 def _run(seed: int) -> SimResult:

@@ -502,7 +502,7 @@ class TableRequest(PeerMessage, frozen=True):
     from the recipient's; ``have`` is every channel it holds, at its version
     (at most what fits half a frame), so the answer carries only what differs."""
 
-    request: Annotated[int, msgspec.Meta(ge=0)]
+    request: Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
     epoch: Annotated[int, msgspec.Meta(ge=0)]
     digest: Digest
     have: Annotated[tuple[ChannelVersion, ...], msgspec.Meta(max_length=MAX_TABLE_ITEMS)] = ()
@@ -513,7 +513,7 @@ class TableReply(PeerMessage, frozen=True):
     the final one): the entries the requester lacks or holds at an older
     version, and tombstones of channels it holds that were deleted since."""
 
-    request: Annotated[int, msgspec.Meta(ge=0)]
+    request: Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
     epoch: Annotated[int, msgspec.Meta(ge=0)]
     entries: Annotated[tuple[RouteItem, ...], msgspec.Meta(max_length=MAX_TABLE_ITEMS)] = ()
     deleted: Annotated[tuple[ChannelVersion, ...], msgspec.Meta(max_length=MAX_TABLE_ITEMS)] = ()
