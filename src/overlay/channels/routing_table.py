@@ -42,7 +42,10 @@ fetches the current one"):
    some nodes when it died, wins everywhere, and its new channels, owned by
    a dead node, are recovered in their turn — the spaces still partition
    (rule 1).  (A channel recovered 65,535 times without an ordinary change
-   takes the next major instead.)
+   takes the next major instead.)  A restarted run that re-creates the
+   channels its table still gives it (``node.recovery`` rule 5) changes no
+   entry: it announces them at the versions of the table it adopted, so a
+   newer change made meanwhile wins over its claim.
 7. ``merge`` takes states from a peer one channel at a time: the one with
    the higher version wins (a tombstone wins a tie, then the larger
    ``item_hash`` — a tie between different contents is corruption, and
