@@ -72,8 +72,11 @@ PEER_MESSAGES: list[pm.PeerMessage] = [
     pm.RoutingTableInit(
         (
             pm.RouteItem(CH1, RouteEntry(MIXED, (0,))),
-            pm.RouteItem(CH2, RouteEntry(REST, (2, 1))),
-        )
+            pm.RouteItem(CH2, RouteEntry(REST, (2, 1)), (7 << 32) | (1 << 16) | 2),
+        ),
+        1712345678901,
+        True,
+        (pm.ChannelVersion(CH0, 6 << 32),),
     ),
     pm.ReplyRoutingTableInit(2),
     SUB,
@@ -93,7 +96,7 @@ PEER_MESSAGES: list[pm.PeerMessage] = [
         9,
     ),
     pm.ReplySubscriptionMove(9),
-    pm.UpdateRoutingTable((CH0,), (pm.RouteItem(CH1, RouteEntry(MIXED, (2,))),), 9, 0),
+    pm.UpdateRoutingTable((CH0,), (pm.RouteItem(CH1, RouteEntry(MIXED, (2,)), 5 << 32),), 9, 0, -1, (5 << 32,)),
     pm.ReplyUpdateGlobal(9, 0),
     pm.CompleteLoadBalance(9, aborted=True),
     pm.Reforward(
@@ -106,6 +109,7 @@ PEER_MESSAGES: list[pm.PeerMessage] = [
         9,
     ),
     pm.Heartbeat(1712345678901, (2,), (pm.DeadNode(3, 1712345600000),), 1),
+    pm.Heartbeat(1, sent=2.5, echo=1.25, table_digest=(1 << 63) - 1, table_clock=42),
     pm.Rebuild(CH1, (SUB.stored(),), last=False, dead=3),
     pm.Rebuild(CH1, (), dead=3, groups=(pm.GroupChoice("1-42", "workers", "1:1:a:1"),)),
     pm.KeySync(
@@ -127,6 +131,9 @@ PEER_MESSAGES: list[pm.PeerMessage] = [
     pm.PeerAuth(3, "local", b"n" * 32),
     pm.PeerChallenge(4, b"m" * 32, b"p" * 32),
     pm.PeerProof(b"q" * 32),
+    pm.TableRequest(3, 1712345678901, 12345, (pm.ChannelVersion(CH0, 1 << 32), pm.ChannelVersion(CH1, 9))),
+    pm.TableReply(3, 1712345678901, (pm.RouteItem(CH1, RouteEntry(MIXED, (2,)), 5 << 32),), (), last=False),
+    pm.TableReply(3, 1712345678901, (), (pm.ChannelVersion(CH0, 6 << 32),)),
 ]
 
 CLIENT_MESSAGES: list[cm.ClientMessage] = [

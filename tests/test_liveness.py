@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from coreworld import _LOADED, EC
+from coreworld import _LOADED, EC, LOW, SPLIT_500, World
 from overlay.actions import ToPeer
 from overlay.channels import ChannelId
 from overlay.channels.routing_table import RouteEntry
@@ -383,3 +383,55 @@ def test_an_unanswered_subscription_is_sent_again_when_a_node_dies_and_a_late_co
     cl.run_until(5.0)
     assert lost.sub_id not in net.cores[0].local[EC]
     assert net.cores[0].stats["subscriptions_resurrection_refused"] == 1
+
+
+def test_a_copy_that_answers_after_its_channel_was_rebuilt_counts_for_nothing_more() -> None:
+    # node.sessions rule 5: the copy's answer used to take the wait below zero, for ever.
+    w = World()
+    assert isinstance(w.admin(0, w.client(0, "ops"), "split", **SPLIT_500), cm.AdminReply)
+    s1 = w.client(1, "sub-1")
+    w.net.hold_types(pm.Subscription, src=1, dst=0)
+    w.subscribe(1, s1, "a", "price >= 0", settle=False)  # one copy for each half
+    w.net.run()
+    core = w.cores[1]
+    out: list = []
+    core.sessions.rebuilt(LOW, out)  # as node.recovery does once it sent LOW's owner this node's copies
+    w.net.execute(1, out)
+    assert core.sessions.pending() == 1 and not w.net.received(1, s1, kind=cm.SubAck)
+    w.net.release()
+    w.net.run()  # both held copies are applied at node 0 and answer
+    assert not core.sessions.pending() and len(w.net.received(1, s1, kind=cm.SubAck)) == 1
+    w.unsubscribe(1, s1, "a")
+
+
+def test_a_node_given_a_dead_nodes_channel_holds_it_before_the_deaths_retries_look_for_it() -> None:
+    # node.recovery rule 3 (fault seed 180): the retries of node.sessions rule 6
+    # used to look for the channel before it was created here, and bounced.
+    w = World()
+    s1 = w.client(1, "sub-1")
+    w.net.hold_types(pm.Subscription, src=1, dst=0)
+    w.subscribe(1, s1, "a", "price < 100", settle=False)
+    w.net.run()
+    w.net.links[(1, 0)].pop()  # lost with node 0, which is about to be declared dead
+    w.net.release()
+    core = w.cores[1]
+    entry = core.routing[EC]
+    v = core.routing.version(EC)
+    recovered = pm.RouteItem(EC, msgspec.structs.replace(entry, owners=(1,)), v + (1 << 16) + 2 - (v & 0xFFFF))
+    w.net.send(2, 1, pm.UpdateRoutingTable((), (recovered,), 9, 2, 0))  # node 2 coordinates: node 0 is dead
+    w.net.run()
+    assert EC in core.local and core.routing[EC].owners == (1,)
+    assert core.stats["subscriptions_unroutable"] == 0
+    assert w.gid(1, s1, "a") in {s.id for s in core.local[EC]}
+
+
+def test_a_death_told_of_an_earlier_run_after_the_new_run_said_hello_is_not_taken_for_it() -> None:
+    # node.liveness rule 3 (fault seeds 285, 373, 577): node 4 restarted (run 9)
+    # and said hello; node 1, which had declared run 8 dead, still tells of it.
+    lv = live()
+    lv.on_heartbeat(4, beat(inc=8), 0.5)
+    assert not lv.revived(4, 9, 1.0)  # not dead here: nothing to revive, but run 9 is known now
+    lv.on_heartbeat(1, beat(dead=((4, 8),)), 1.1)
+    assert not lv.is_dead(4)
+    lv.on_heartbeat(1, beat(dead=((4, 9),)), 1.2)  # a death of run 9 itself is taken
+    assert lv.is_dead(4)

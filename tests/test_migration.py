@@ -69,6 +69,8 @@ SAMPLES: dict[type, pm.PeerMessage] = {
     pm.KeySync: pm.KeySync(1, (pm.KeyOp("k", seq=2),)),
     pm.KeySynced: pm.KeySynced(1),
     pm.KeyAsk: pm.KeyAsk(1),
+    pm.TableRequest: pm.TableRequest(1, 0, 0),
+    pm.TableReply: pm.TableReply(1, 0),
 }
 
 

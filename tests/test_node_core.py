@@ -28,7 +28,8 @@ def test_initializer_creates_ec_and_is_ready_when_every_peer_replied():
     net, cores = w.net, w.cores
     assert not any(c.ready for c in cores.values())
     acts = cores[0].start(0.0)
-    init = pm.RoutingTableInit((pm.RouteItem(EC, RouteEntry(EventSpace.whole(SCHEMA), (0,))),))
+    # EC at the table's first version: major 1, written by node 0 (channels.routing_table rule 5).
+    init = pm.RoutingTableInit((pm.RouteItem(EC, RouteEntry(EventSpace.whole(SCHEMA), (0,)), 1 << 32),))
     assert acts == [ToPeer(1, init), ToPeer(2, init)]
     assert cores[0].local.ids() == [EC]
     assert cores[1].start(0.0) == [] and cores[2].start(0.0) == []

@@ -15,6 +15,7 @@ import pytest
 from coreworld import CONFIG, EC, SPLIT_500, World
 from overlay.balance.migration import OutState
 from overlay.channels import ChannelId, parse_subscription
+from overlay.channels.routing_table import version
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node import NodeCore
@@ -198,27 +199,40 @@ def test_one_failing_part_of_a_tick_does_not_stop_the_others(
     assert "a bad state" in caplog.text and "state:" in caplog.text
 
 
-def test_a_sync_from_an_owner_repairs_its_entries() -> None:
+def test_a_sync_merges_what_is_newer_and_ignores_what_is_older() -> None:
+    """node.boot rule 6 with versions (channels.routing_table rule 7)."""
     w = incarnated_world()
     core = w.cores[2]
     entry = w.cores[0].routing[EC]
-    # Node 2 missed that node 0 gave EC to node 1; node 1's table says so.
-    core.handle_peer(
-        1,
-        pm.RoutingTableInit((pm.RouteItem(EC, msgspec.structs.replace(entry, owners=(1,))),), core.epoch, sync=True),
-        1.0,
-    )
-    assert core.routing[EC].owners == (1,)
-    # Node 1 since gave it back: its next sync no longer claims EC, and says where it went.
-    core.handle_peer(1, pm.RoutingTableInit((pm.RouteItem(EC, entry),), core.epoch, sync=True), 2.0)
+    v = core.routing.version(EC)
+    major = v >> 32
+
+    def sync(src: int, items: tuple[pm.RouteItem, ...], deleted: tuple[pm.ChannelVersion, ...] = ()) -> None:
+        core.handle_peer(src, pm.RoutingTableInit(items, core.epoch, True, deleted), 1.0)
+
+    # Node 2 missed that node 0 gave EC to node 1; node 1's table says so, at a newer version.
+    to_1 = pm.RouteItem(EC, msgspec.structs.replace(entry, owners=(1,)), version(major + 1, 0, 0))
+    sync(1, (to_1,))
+    assert core.routing[EC].owners == (1,) and core.stats["table_entries_repaired"] == 1
+    # Node 1 since gave it back: newer again.
+    sync(1, (pm.RouteItem(EC, entry, version(major + 2, 0, 1)),))
     assert core.routing[EC].owners == (0,)
-    # Node 0 split EC meanwhile: its sync lists the children, not EC.  A sync
-    # never touches a channel its sender is not said to own (1.5, node 1's).
-    other = pm.RouteItem(ChannelId(1, 5), msgspec.structs.replace(entry, owners=(1,)))
-    core.routing.set(other.ch_id, other.entry)
-    kids = (pm.RouteItem(ChannelId(0, 8), entry), pm.RouteItem(ChannelId(0, 9), entry))
-    core.handle_peer(0, pm.RoutingTableInit(kids, core.epoch, sync=True), 3.0)
-    assert set(core.routing.entries()) == {ChannelId(0, 8), ChannelId(0, 9), ChannelId(1, 5)}
+    # A sync that left node 0 before it heard of either (fault seed 345) changes nothing.
+    sync(0, (to_1,))
+    sync(0, (pm.RouteItem(EC, msgspec.structs.replace(entry, owners=(1,)), v),))
+    assert core.routing[EC].owners == (0,) and core.stats["table_updates_stale"] == 2
+    # Node 0 split EC meanwhile: its sync lists the children and EC's tombstone.
+    # A channel the sync does not name (1.5, node 1's) is left alone.
+    other = ChannelId(1, 5)
+    core.routing.set(other, msgspec.structs.replace(entry, owners=(1,)))
+    split = version(core.routing.clock + 1, 0, 0)
+    kids = (pm.RouteItem(ChannelId(0, 8), entry, split), pm.RouteItem(ChannelId(0, 9), entry, split))
+    sync(0, kids, (pm.ChannelVersion(EC, split),))
+    assert set(core.routing.entries()) == {ChannelId(0, 8), ChannelId(0, 9), other}
+    assert core.routing.deleted(EC)
+    # An entry without a version is refused outright.
+    sync(1, (pm.RouteItem(ChannelId(1, 6), entry),))
+    assert ChannelId(1, 6) not in core.routing and core.stats["table_entries_refused"] == 1
 
 
 def test_the_older_epoch_wins_when_a_cluster_was_initialised_twice() -> None:

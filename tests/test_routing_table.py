@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,7 +20,9 @@ from overlay.channels import (
     RouteEntry,
     RoutingTable,
     SetConstraint,
+    routing_table,
 )
+from overlay.channels.routing_table import Change, item_hash, version, version_text
 from overlay.errors import LocalProtocolError
 from strategies import PROPERTY_SCHEMAS, STRINGS, events, filters, partition, unchecked_filter
 
@@ -198,3 +205,187 @@ def test_lookups_equal_a_linear_scan(schema_name, data):
         assert rt.lookup_event(e) == holders[0]
     for f in data.draw(st.lists(filters(schema), min_size=1, max_size=8), label="filters"):
         assert rt.lookup_subscription(f) == sorted(c for c, entry in rt.items() if entry.space.overlaps(f, schema))
+
+
+# -- versions (rules 4-9) -------------------------------------------------------------------------
+
+
+def test_changes_made_here_are_versioned_by_a_lamport_clock(schema):
+    wes = EventSpace.whole(schema)
+    low, high = wes.cut(schema.attributes["price"], 20)
+    rt = RoutingTable(schema, writer=3)
+    assert rt.clock == 0 and rt.version(C(0, 0)) == 0
+    v1 = rt.set(C(0, 0), RouteEntry(wes, (0,)))
+    assert v1 == version(1, 0, 3) and rt.version(C(0, 0)) == v1 and version_text(v1) == "1.0@3"
+    # One change (a split): the parent's tombstone and both children at one version.
+    v2 = rt.apply([C(0, 0)], [(C(0, 1), RouteEntry(low, (0,))), (C(0, 2), RouteEntry(high, (0,)))])
+    assert v2 == version(2, 0, 3) and rt.clock == 2
+    assert rt.deleted(C(0, 0)) and rt.tombstones() == {C(0, 0): v2} and rt.version(C(0, 0)) == v2
+    assert rt.versions() == {C(0, 1): v2, C(0, 2): v2}
+    assert sorted(rt.versioned()) == [(C(0, 1), RouteEntry(low, (0,)), v2), (C(0, 2), RouteEntry(high, (0,)), v2)]
+    # A recovery keeps the major and bumps the minor (rule 6); the clock stays.
+    assert rt.recover(C(0, 1), RouteEntry(low, (1,))) == version(2, 1, 3)
+    assert rt.recover(C(0, 1), RouteEntry(low, (2,))) == version(2, 2, 3) and rt.clock == 2
+    # A version seen from a peer moves the clock on: the next change here is newer than it.
+    rt.merge([(C(5, 0), RouteEntry(high, (5,)), version(9, 0, 5))])
+    assert rt.clock == 9 and rt.set(C(0, 2), RouteEntry(high, (1,))) == version(10, 0, 3)
+
+
+def test_a_merge_takes_only_what_is_newer(schema):
+    wes = EventSpace.whole(schema)
+    old, new = RouteEntry(wes, (0,)), RouteEntry(wes, (1,))
+    rt = RoutingTable(schema)
+    m = rt.merge([(C(0, 0), new, version(3, 0, 0))])
+    assert m.changed == [Change(C(0, 0), None, new)] and not m.stale
+    # Older and equal: nothing changes; the older one is reported stale.
+    m = rt.merge([(C(0, 0), old, version(2, 5, 4)), (C(0, 0), new, version(3, 0, 0))])
+    assert not m.changed and m.stale == [(C(0, 0), version(2, 5, 4), version(3, 0, 0))] and rt[C(0, 0)] == new
+    # A tombstone older than the entry is stale; a newer one deletes it.
+    assert rt.merge(deleted=[(C(0, 0), version(2, 0, 1))]).stale and C(0, 0) in rt
+    m = rt.merge(deleted=[(C(0, 0), version(4, 0, 1))])
+    assert m.changed == [Change(C(0, 0), new, None)] and C(0, 0) not in rt and rt.deleted(C(0, 0))
+    # ... and an entry as old as it, or older, never brings the channel back.
+    assert rt.merge([(C(0, 0), new, version(4, 0, 1)), (C(0, 0), new, version(3, 9, 9))]).stale
+    assert C(0, 0) not in rt
+    # A tombstone of a channel never heard of is kept: its entry, late, stays out.
+    rt.merge(deleted=[(C(7, 7), version(5, 0, 7))])
+    assert rt.merge([(C(7, 7), old, version(4, 0, 7))]).stale and C(7, 7) not in rt
+
+
+def test_a_recovery_loses_to_what_the_dead_owner_did_that_the_coordinator_had_not_seen(schema):
+    """Rule 6: node 1 split 0.0 and died; the coordinator (node 2), which had
+    not heard of the split, gave 0.0 to node 3.  Wherever both arrive, in
+    either order, the split wins: the spaces still partition."""
+    wes = EventSpace.whole(schema)
+    low, high = wes.cut(schema.attributes["price"], 20)
+    base = RoutingTable(schema, writer=0)
+    base.set(C(0, 0), RouteEntry(wes, (1,)))  # version 1.0@0
+    owner = RoutingTable(schema, writer=1)
+    owner.merge([(C(0, 0), RouteEntry(wes, (1,)), base.version(C(0, 0)))])
+    owner.apply([C(0, 0)], [(C(1, 0), RouteEntry(low, (1,))), (C(1, 1), RouteEntry(high, (1,)))])
+    coordinator = RoutingTable(schema, writer=2)
+    coordinator.merge([(C(0, 0), RouteEntry(wes, (1,)), base.version(C(0, 0)))])
+    coordinator.recover(C(0, 0), RouteEntry(wes, (3,)))
+    split = ([(c, e, v) for c, e, v in owner.versioned()], list(owner.tombstones().items()))
+    recovered = ([(c, e, v) for c, e, v in coordinator.versioned()], [])
+    for first, second in ((split, recovered), (recovered, split)):
+        rt = RoutingTable(schema)
+        rt.merge(*first)
+        rt.merge(*second)
+        assert set(rt) == {C(1, 0), C(1, 1)} and rt.deleted(C(0, 0))
+
+
+def test_equal_versions_with_different_contents_settle_the_same_way_everywhere(schema):
+    """Rule 7: corruption, not a protocol state — but every node picks the same entry."""
+    wes = EventSpace.whole(schema)
+    a, b = RouteEntry(wes, (1,)), RouteEntry(wes, (2,))
+    v = version(4, 0, 1)
+    one, two = RoutingTable(schema), RoutingTable(schema)
+    one.merge([(C(0, 0), a, v)])
+    two.merge([(C(0, 0), b, v)])
+    one.merge([(C(0, 0), b, v)])
+    two.merge([(C(0, 0), a, v)])
+    assert one == two and one.digest == two.digest
+    assert one[C(0, 0)] == (a if item_hash(C(0, 0), v, a) > item_hash(C(0, 0), v, b) else b)
+
+
+def test_the_digest_follows_the_entries(schema):
+    wes = EventSpace.whole(schema)
+    low, high = wes.cut(schema.attributes["price"], 20)
+    items = [(C(0, 1), RouteEntry(low, (0,)), version(2, 0, 0)), (C(0, 2), RouteEntry(high, (1,)), version(3, 0, 0))]
+    a, b = RoutingTable(schema), RoutingTable(schema)
+    a.merge(items)
+    b.merge(items[::-1])
+    assert a.digest == b.digest != 0 and a == b
+    assert a.digest == sum(item_hash(c, v, e) for c, e, v in items) % (1 << 63)
+    b.replace_all(items[:1])
+    assert b.digest != a.digest and b != a  # a table that lost an entry
+    b.replace_all([(C(0, 1), RouteEntry(low, (0,)), version(2, 0, 0)), (C(0, 2), RouteEntry(high, (2,)), items[1][2])])
+    assert b.digest != a.digest  # one entry changed in place, at the same version
+    b.replace_all({})
+    assert b.digest == 0 and len(b) == 0
+
+
+def test_the_digest_does_not_depend_on_the_process(schema, tmp_path):
+    """Rule 9: sets are hashed sorted — a process's string hashing changes nothing."""
+    script = tmp_path / "digest.py"
+    script.write_text(
+        "from overlay.channels import ChannelId, EventSpace, RouteEntry\n"
+        "from overlay.channels.routing_table import item_hash\n"
+        "from overlay.config import load_config\n"
+        "import sys\n"
+        "schema = load_config(sys.argv[1]).schema\n"
+        "low, high = EventSpace.whole(schema).take_strings('sym', ['AB', 'CD', 'EF', 'GH', 'XY'])\n"
+        "print(item_hash(ChannelId(0, 1), 5, RouteEntry(low, (0,))), item_hash(ChannelId(0, 2), 5, RouteEntry(high, (1,))))\n"
+    )
+    config = Path(__file__).resolve().parent.parent / "cluster_configs" / "local.toml"
+    outs = {
+        subprocess.run(
+            [sys.executable, str(script), str(config)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(outs) == 1
+
+
+def test_tombstones_are_bounded(schema, monkeypatch):
+    monkeypatch.setattr(routing_table, "MAX_TOMBSTONES", 3)
+    rt = RoutingTable(schema)
+    for i in range(5):
+        rt.merge(deleted=[(C(0, i), version(i + 1, 0, 0))])
+    assert list(rt.tombstones()) == [C(0, 2), C(0, 3), C(0, 4)]
+
+
+def test_replace_all_takes_a_table_whole(schema):
+    wes = EventSpace.whole(schema)
+    rt = RoutingTable(schema, writer=1)
+    rt.set(C(9, 9), RouteEntry(wes, (9,)))
+    rt.replace_all([(C(0, 0), RouteEntry(wes, (0,)), version(7, 2, 0))], [(C(0, 5), version(6, 0, 0))])
+    assert list(rt) == [C(0, 0)] and rt.version(C(0, 0)) == version(7, 2, 0) and rt.clock == 7
+    assert rt.tombstones() == {C(0, 5): version(6, 0, 0)} and not rt.deleted(C(9, 9))
+
+
+@st.composite
+def _changes(draw):
+    """States of a few channels as peers would send them: (chid, entry or None, version)."""
+    n = draw(st.integers(1, 12))
+    out = []
+    for _ in range(n):
+        chid = C(0, draw(st.integers(0, 3)))
+        v = version(draw(st.integers(1, 4)), draw(st.integers(0, 2)), draw(st.integers(0, 3)))
+        owners = draw(st.one_of(st.none(), st.lists(st.integers(0, 3), min_size=1, max_size=2, unique=True)))
+        out.append((chid, None if owners is None else tuple(owners), v))
+    return out
+
+
+@PROPS
+@given(changes=_changes(), data=st.data())
+def test_any_order_of_the_same_changes_gives_the_same_table(changes, data):
+    """Rule 7: merging is commutative, associative and idempotent — whatever
+    order the states come in, in whatever batches, however often."""
+    schema = PROPERTY_SCHEMAS["mixed"]
+    wes = EventSpace.whole(schema)
+
+    def build(order, batch):
+        rt = RoutingTable(schema)
+        for i in range(0, len(order), batch):
+            part = order[i : i + batch]
+            rt.merge(
+                [(c, RouteEntry(wes, o), v) for c, o, v in part if o is not None],
+                [(c, v) for c, o, v in part if o is None],
+            )
+        return rt
+
+    reference = build(changes, 1)
+    shuffled = data.draw(st.permutations(changes + data.draw(st.lists(st.sampled_from(changes), max_size=4))))
+    other = build(shuffled, data.draw(st.integers(1, 5)))
+    assert other == reference and other.digest == reference.digest and other.clock == reference.clock
+    assert {c for c, *_ in changes if other.deleted(c)} == {c for c, *_ in changes if reference.deleted(c)}
+    # The winner of each channel is its highest version (a tombstone winning a tie).
+    for chid in {c for c, *_ in changes}:
+        top = max(v for c, _, v in changes if c == chid)
+        assert reference.version(chid) == top

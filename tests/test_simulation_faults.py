@@ -32,14 +32,14 @@ SEEDS: Final = 200
 BATCH: Final = 20
 WORKERS: Final = min(2, os.cpu_count() or 1)  # the seeds run on two processes: ~35-45 s
 
-# The node cores' half of SPEC §16 is not complete: about 2 % of the seeds
-# still fail (the ratchet below keeps it from getting worse).
-CORE_PENDING: Final = (
-    "SPEC §16 in the node cores is not complete: in about 2 % of the seeds an (un)subscription is "
-    "never answered after a restart (rule 2/5), a subscription is stored after its end (rule 3), "
-    "routing tables differ after a recovery (rule 4), or (2 in 1,000) a PubAck'd event misses a "
-    "promised subscription (rule 6)"
-)
+# The first test computes every seed (the others read the cache): on a machine
+# shared with other runs that can take several times the suite's 120 s.
+pytestmark = pytest.mark.timeout(600)
+
+# Every one of these 200 seeds keeps SPEC §16's promise; in
+# ``bench/simulation.py --faults`` 998 of 1,000 do (seed 561: an event given to
+# two instances of a group; seed 963: a keyed event released to a replica
+# that died with it in flight is never released again).
 
 
 def _run(seed: int) -> SimResult:
@@ -53,7 +53,6 @@ def _results() -> dict[int, SimResult]:
         return dict(zip(range(SEEDS), pool.map(_run, range(SEEDS), chunksize=4), strict=True))
 
 
-@pytest.mark.xfail(strict=False, reason=CORE_PENDING)
 @pytest.mark.parametrize("batch", range(SEEDS // BATCH))
 def test_the_promise_holds_under_faults(batch: int) -> None:
     results = _results()
@@ -104,16 +103,17 @@ def test_the_seeds_exercise_the_faults() -> None:
     assert not missing, f"never happened in {SEEDS} seeds: {missing}; totals {dict(totals)}"
 
 
-# A ratchet while the xfail above stands.  Once the simulated links carried
+# A ratchet.  Once the simulated links carried
 # what the cores send (``SimNetwork.lagging``: before, heartbeats starved
-# every other message for seconds), 197 of these 200 seeds pass and none
-# finds a PubAck'd event missing for a promised subscription (978 of 1,000 in
+# every other message for seconds), 197 of these 200 seeds passed and none
+# found a PubAck'd event missing for a promised subscription (978 of 1,000 in
 # ``bench/simulation.py --faults``).  With keyed publishes and group
 # instances in every seed (node.keyhome, node.groups rule 9: invariants
-# rules 6, 7), 196 pass and none loses a PubAck'd event or gives one to two
-# instances of a group (the 4 that fail are (un)subscriptions and tables).
+# rules 6, 7), 196 passed and none lost a PubAck'd event or gave one to two
+# instances of a group (the 4 that failed were (un)subscriptions and tables).
+# With versioned routing tables and anti-entropy (``node.table_sync``) all 200 pass.
 # A change that makes either figure worse fails here; raise them as fixes land.
-MIN_PASSING: Final = 196
+MIN_PASSING: Final = 200
 MAX_RULE_6: Final = 0
 
 
@@ -130,6 +130,12 @@ def test_no_regression_on_the_seeds_that_keep_the_promise() -> None:
 REGRESSION_SEEDS: Final = (
     593,  # a replica kept a subscription whose unsubscription died with the first owner
     668,  # a dead node's re-stated update removed a channel a live sender was moving in; then a crash
+    345,  # a sync that left its sender before a migration moved the channel back on a restarted node
+    138,  # after a recovery the tables differed on one channel and overlapped on another: nothing re-synced them
+    5,  # a split channel came back after a restart and was merged beside its own child: the spaces overlapped
+    285,  # a death of a node's old run, told after its new run said hello, cut the new run off for good
+    373,  # the same: its (un)subscriptions were never answered
+    577,  # the same, in a 5-node cluster
 )
 
 

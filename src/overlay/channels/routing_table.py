@@ -17,11 +17,58 @@ Rules this module keeps:
    but never miss.
 3. The index is rebuilt lazily after a change; tables change rarely (splits,
    merges, migrations) and are read for every event.
+
+Versions (SPEC §16: "routing tables carry versions, and a node behind
+fetches the current one"):
+
+4. Every channel's state — an entry, or a *tombstone* once the channel is
+   deleted (split, merged) — carries a version, one integer
+   ``major << 32 | minor << 16 | writer`` (``version``), compared as an
+   integer: by ``major``, then ``minor``, then the writing node's id.  Two
+   nodes holding different states of one channel tell the newer one apart
+   without knowing how either came about; the order is total, and the same
+   on every node.
+5. ``major`` is a Lamport clock over the table: ``clock`` is the highest
+   major this table has seen (written or received), and an ordinary change
+   (``set``, ``apply``, ``remove`` — the owner's split, merge, migration at
+   <3>, a replica set it leaves or takes back) gets ``clock + 1``, one
+   version for every channel the change names.  So a change made after
+   another one was seen is newer than it, whoever made either.
+6. A recovery coordinator's change of a dead node's channel (``recover``)
+   keeps the entry's major and adds one to its minor: it is newer than the
+   entry it replaces, and older than any change the dead owner made to the
+   channel that the coordinator had not seen (that change's major is
+   higher): the dead owner's last split, merge or move, still on its way to
+   some nodes when it died, wins everywhere, and its new channels, owned by
+   a dead node, are recovered in their turn — the spaces still partition
+   (rule 1).  (A channel recovered 65,535 times without an ordinary change
+   takes the next major instead.)  A restarted run that re-creates the
+   channels its table still gives it (``node.recovery`` rule 5) changes no
+   entry: it announces them at the versions of the table it adopted, so a
+   newer change made meanwhile wins over its claim.
+7. ``merge`` takes states from a peer one channel at a time: the one with
+   the higher version wins (a tombstone wins a tie, then the larger
+   ``item_hash`` — a tie between different contents is corruption, and
+   every node must still pick the same one); an older or equal state changes
+   nothing and is reported as such.  Merging is commutative, associative and
+   idempotent: any set of changes, applied in any order, any number of
+   times, leaves the same table.
+8. Tombstones are bounded (``MAX_TOMBSTONES``, oldest out): a channel id is
+   never used again (``LocalTable.observe_id`` sees the ids of tombstones
+   too), so a forgotten tombstone can only let back an entry a peer has not
+   updated for that many deletions.
+9. ``digest`` sums, modulo 2**63, one 64-bit hash per entry of its id,
+   version and content (``item_hash``), kept up to date at every change: two
+   tables with the same entries at the same versions have the same digest,
+   and a table that lost entries or had one changed in place has another.
+   Tombstones are not in it (a node may have forgotten one its peer keeps).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from hashlib import blake2b
+from typing import Annotated, Final, NamedTuple
 
 import msgspec
 from sortedcontainers import SortedList
@@ -33,7 +80,38 @@ from overlay.channels.schema import Schema, Value
 from overlay.channels.space import EventSpace, ExceptConstraint, RangeConstraint, SetConstraint
 from overlay.errors import LocalProtocolError
 
-__all__ = ["RouteEntry", "RoutingTable"]
+__all__ = [
+    "MAX_TOMBSTONES",
+    "Change",
+    "Merged",
+    "RouteEntry",
+    "RoutingTable",
+    "Version",
+    "item_hash",
+    "version",
+    "version_text",
+]
+
+# Rule 8: deleted channels remembered; far more than the splits and merges a
+# peer can be behind while anti-entropy runs every few heartbeats.
+MAX_TOMBSTONES: Final = 10_000
+_MASK16: Final = 0xFFFF
+_DIGEST_MOD: Final = 1 << 63  # msgspec bounds integers to int64
+# A version on the wire (rule 4): 31 bits of major, 16 of minor, 16 of writer.
+Version = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+
+# Sets sorted: a digest must not depend on a process's string hashing (rule 9).
+_encode = msgspec.msgpack.Encoder(order="deterministic").encode
+
+
+def version(major: int, minor: int, writer: int) -> int:
+    """Rule 4."""
+    return (major << 32) | (minor << 16) | writer
+
+
+def version_text(v: int) -> str:
+    """``major.minor@writer``, for logs."""
+    return f"{v >> 32}.{(v >> 16) & _MASK16}@{v & _MASK16}"
 
 
 class RouteEntry(msgspec.Struct, frozen=True, array_like=True):
@@ -52,12 +130,44 @@ class RouteEntry(msgspec.Struct, frozen=True, array_like=True):
         return len(self.owners) > 1
 
 
-class RoutingTable:
-    """The cluster-wide channel map; identical on every node once updates settle."""
+def item_hash(chid: ChannelId, v: int, entry: RouteEntry | None) -> int:
+    """Rule 9: one state of one channel as 64 bits (None: a tombstone)."""
+    return int.from_bytes(blake2b(_encode((chid, v, entry)), digest_size=8).digest(), "big")
 
-    def __init__(self, schema: Schema, entries: Mapping[ChannelId, RouteEntry] | None = None) -> None:
+
+class Change(NamedTuple):
+    """One channel whose state a merge changed: ``old`` and ``new`` entries
+    (None: absent or deleted)."""
+
+    chid: ChannelId
+    old: RouteEntry | None
+    new: RouteEntry | None
+
+
+class Merged(NamedTuple):
+    """What ``merge`` did: the states it took, and the ones it refused as not
+    newer than this table's (``stale``: channel, their version, ours)."""
+
+    changed: list[Change]
+    stale: list[tuple[ChannelId, int, int]]
+
+
+class RoutingTable:
+    """The cluster-wide channel map; identical on every node once updates
+    settle (rules 1–9).  ``writer``: this node's id, the writer of its own
+    changes' versions."""
+
+    def __init__(
+        self, schema: Schema, entries: Mapping[ChannelId, RouteEntry] | None = None, *, writer: int = 0
+    ) -> None:
         self.schema = schema
+        self.writer = writer
         self._entries: dict[ChannelId, RouteEntry] = dict(entries or {})
+        self._versions: dict[ChannelId, int] = dict.fromkeys(self._entries, 0)
+        self._hashes: dict[ChannelId, int] = {c: item_hash(c, 0, e) for c, e in self._entries.items()}
+        self._digest = sum(self._hashes.values()) % _DIGEST_MOD
+        self._deleted: dict[ChannelId, int] = {}  # tombstones (rule 8), oldest first
+        self.clock = 0  # rule 5
         self._key_attr = schema.da_priority()[0]
         self._index: _Index | None = None
 
@@ -73,7 +183,8 @@ class RoutingTable:
         return chid in self._entries
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, RoutingTable) and self._entries == other._entries
+        """The same entries at the same versions (tombstones aside, rule 9)."""
+        return isinstance(other, RoutingTable) and self._entries == other._entries and self._versions == other._versions
 
     def items(self) -> Iterable[tuple[ChannelId, RouteEntry]]:
         return self._entries.items()
@@ -91,39 +202,172 @@ class RoutingTable:
         """A copy, e.g. to send in RoutingTableInit or keep for a rollback."""
         return dict(self._entries)
 
-    def set(self, chid: ChannelId, entry: RouteEntry) -> None:
+    def channels_of(self, node: int) -> list[ChannelId]:
+        return [c for c, e in self._entries.items() if node in e.owners]
+
+    # -- versions (rules 4-9) -----------------------------------------------------------
+
+    @property
+    def digest(self) -> int:
+        """Rule 9."""
+        return self._digest
+
+    def version(self, chid: ChannelId) -> int:
+        """The version of ``chid``'s entry or tombstone; 0: never heard of."""
+        v = self._versions.get(chid)
+        return v if v is not None else self._deleted.get(chid, 0)
+
+    def versioned(self) -> Iterator[tuple[ChannelId, RouteEntry, int]]:
+        """Every entry with its version."""
+        versions = self._versions
+        for chid, entry in self._entries.items():
+            yield chid, entry, versions[chid]
+
+    def versions(self) -> dict[ChannelId, int]:
+        """A copy: channel id -> its entry's version."""
+        return dict(self._versions)
+
+    def tombstones(self) -> dict[ChannelId, int]:
+        """A copy: deleted channel id -> the version of its deletion, oldest first."""
+        return dict(self._deleted)
+
+    def deleted(self, chid: ChannelId) -> bool:
+        return chid in self._deleted
+
+    def _stamp(self) -> int:
+        """Rule 5: the version of a change made here."""
+        self.clock += 1
+        return version(self.clock, 0, self.writer)
+
+    def _observe(self, v: int) -> None:
+        major = v >> 32
+        if major > self.clock:
+            self.clock = major
+
+    def _put(self, chid: ChannelId, entry: RouteEntry, v: int) -> None:
         if not entry.owners:
             raise LocalProtocolError(f"channel {chid} needs at least one owner")
+        self._drop_hash(chid)
+        self._deleted.pop(chid, None)
         self._entries[chid] = entry
+        self._versions[chid] = v
+        h = item_hash(chid, v, entry)
+        self._hashes[chid] = h
+        self._digest = (self._digest + h) % _DIGEST_MOD
+        self._observe(v)
         self._index = None
 
-    def remove(self, chid: ChannelId) -> RouteEntry | None:
+    def _bury(self, chid: ChannelId, v: int) -> RouteEntry | None:
+        self._drop_hash(chid)
         entry = self._entries.pop(chid, None)
+        self._versions.pop(chid, None)
+        deleted = self._deleted
+        deleted.pop(chid, None)
+        deleted[chid] = v
+        while len(deleted) > MAX_TOMBSTONES:
+            del deleted[next(iter(deleted))]
+        self._observe(v)
         if entry is not None:
             self._index = None
+        return entry
+
+    def _drop_hash(self, chid: ChannelId) -> None:
+        h = self._hashes.pop(chid, None)
+        if h is not None:
+            self._digest = (self._digest - h) % _DIGEST_MOD
+
+    # -- changes made here (rules 5, 6) ------------------------------------------------------
+
+    def set(self, chid: ChannelId, entry: RouteEntry) -> int:
+        """An ordinary change of one entry; returns its version."""
+        return self.apply((), ((chid, entry),))
+
+    def remove(self, chid: ChannelId) -> RouteEntry | None:
+        """An ordinary deletion (a tombstone); returns the entry it held."""
+        entry = self._entries.get(chid)
+        self.apply((chid,), ())
         return entry
 
     def apply(
         self,
         delete: Iterable[ChannelId] = (),
         update: Mapping[ChannelId, RouteEntry] | Iterable[tuple[ChannelId, RouteEntry]] = (),
-    ) -> None:
-        """UpdateRoutingTable(deleteChs, updateChs): deletions first, then updates."""
-        for chid in delete:
-            self._entries.pop(chid, None)
-        items = update.items() if isinstance(update, Mapping) else update
+    ) -> int:
+        """An ordinary change (UpdateRoutingTable's deleteChs, updateChs made
+        here): deletions first, then updates, all at one new version (rule 5),
+        which it returns."""
+        items = list(update.items() if isinstance(update, Mapping) else update)
         for chid, entry in items:
             if not entry.owners:
                 raise LocalProtocolError(f"channel {chid} needs at least one owner")
-            self._entries[chid] = entry
-        self._index = None
+        v = self._stamp()
+        for chid in delete:
+            self._bury(chid, v)
+        for chid, entry in items:
+            self._put(chid, entry, v)
+        return v
 
-    def replace_all(self, entries: Mapping[ChannelId, RouteEntry]) -> None:
-        self._entries = dict(entries)
-        self._index = None
+    def recover(self, chid: ChannelId, entry: RouteEntry) -> int:
+        """Rule 6: a recovery coordinator's change of a dead node's channel;
+        returns its version."""
+        cur = self.version(chid)
+        major, minor = cur >> 32, (cur >> 16) & _MASK16
+        if minor >= _MASK16 or not cur:
+            return self.set(chid, entry)
+        v = version(major, minor + 1, self.writer)
+        self._put(chid, entry, v)
+        return v
 
-    def channels_of(self, node: int) -> list[ChannelId]:
-        return [c for c, e in self._entries.items() if node in e.owners]
+    # -- states from peers (rule 7) ---------------------------------------------------------
+
+    def merge(
+        self,
+        entries: Iterable[tuple[ChannelId, RouteEntry, int]] = (),
+        deleted: Iterable[tuple[ChannelId, int]] = (),
+    ) -> Merged:
+        """Rule 7: take each state that is newer than this table's."""
+        changed: list[Change] = []
+        stale: list[tuple[ChannelId, int, int]] = []
+        for chid, v in deleted:
+            mine = self.version(chid)
+            if v > mine or (v == mine and chid in self._entries):  # a tombstone wins a tie
+                old = self._bury(chid, v)
+                if old is not None:
+                    changed.append(Change(chid, old, None))
+            else:
+                self._observe(v)
+                if v < mine or chid not in self._deleted:
+                    stale.append((chid, v, mine))
+        for chid, entry, v in entries:
+            mine = self.version(chid)
+            old = self._entries.get(chid)
+            if v > mine or (
+                v == mine and old is not None and old != entry and item_hash(chid, v, entry) > self._hashes[chid]
+            ):
+                self._put(chid, entry, v)
+                changed.append(Change(chid, old, entry))
+            else:
+                self._observe(v)
+                if v < mine or (v == mine and old != entry):
+                    stale.append((chid, v, mine))
+        return Merged(changed, stale)
+
+    def replace_all(
+        self,
+        entries: Mapping[ChannelId, RouteEntry] | Iterable[tuple[ChannelId, RouteEntry, int]],
+        deleted: Iterable[tuple[ChannelId, int]] = (),
+    ) -> None:
+        """Take another table whole (a node adopting its peers' table, node.boot
+        rule 4): its entries at their versions (a plain mapping: version 0).
+        The clock never goes back (rule 5)."""
+        items = [(c, e, 0) for c, e in entries.items()] if isinstance(entries, Mapping) else list(entries)
+        self._entries, self._versions, self._hashes, self._deleted = {}, {}, {}, {}
+        self._digest = 0
+        self._index = None
+        for chid, v in deleted:
+            self._bury(chid, v)
+        for chid, entry, v in items:
+            self._put(chid, entry, v)
 
     # -- lookups (rule 2) -------------------------------------------------------------
 

@@ -16,7 +16,7 @@ import msgspec
 from overlay.channels.channel import ChannelId
 from overlay.channels.groups import GroupState
 from overlay.channels.predicates import Filter
-from overlay.channels.routing_table import RouteEntry
+from overlay.channels.routing_table import RouteEntry, Version
 from overlay.channels.schema import Value
 from overlay.channels.space import EventSpace
 from overlay.channels.subscriptions import Subscription as StoredSubscription
@@ -29,6 +29,7 @@ __all__ = [
     "ChannelSpec",
     "ChannelSubscriptions",
     "ChannelTransfer",
+    "ChannelVersion",
     "CompleteLoadBalance",
     "DeadNode",
     "DispatchSign",
@@ -69,6 +70,8 @@ __all__ = [
     "SubscriptionApplied",
     "SubscriptionMove",
     "SubscriptionType",
+    "TableReply",
+    "TableRequest",
     "UnSubscription",
     "UpdateRoutingTable",
     "is_high",
@@ -84,6 +87,10 @@ Weight = Annotated[float, msgspec.Meta(gt=0, le=1_000_000.0)]
 Rank = Annotated[int, msgspec.Meta(ge=0, le=MAX_RANK)]
 # Bounds on identifiers that come from clients and are echoed in every hop.
 Ident = Annotated[str, msgspec.Meta(max_length=256)]
+# Channels named by one anti-entropy message (node.table_sync): far more than
+# a cluster's table holds; the frame cap binds first.
+MAX_TABLE_ITEMS: Final = 100_000
+Digest = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]  # channels.routing_table rule 9
 
 
 class DispatchSign(enum.StrEnum):
@@ -118,6 +125,17 @@ class PeerMessage(msgspec.Struct, frozen=True, tag=True, array_like=True):
 class RouteItem(msgspec.Struct, frozen=True, array_like=True):
     ch_id: ChannelId
     entry: RouteEntry
+    # The entry's version (channels.routing_table rule 4); 0: none (an old
+    # peer's, or forged), never newer than anything a table holds.
+    version: Version = 0
+
+
+class ChannelVersion(msgspec.Struct, frozen=True, array_like=True):
+    """A channel id and a version: a tombstone (the channel was deleted at
+    that version), or what a TableRequest says its sender holds."""
+
+    ch_id: ChannelId
+    version: Version
 
 
 class PastOwner(msgspec.Struct, frozen=True, array_like=True):
@@ -233,6 +251,10 @@ class RoutingTableInit(PeerMessage, frozen=True):
     # Not the initializer's offer but a running node's answer to a hello
     # without a table (node.boot rule 1): adopted or merged, never replied to.
     sync: bool = False
+    # The latest tombstones (channels.routing_table rule 8), at most
+    # ``node.boot.INIT_TOMBSTONES``: a node adopting the table never re-uses
+    # their ids, nor takes their entries back from a peer behind.
+    deleted: Annotated[tuple[ChannelVersion, ...], msgspec.Meta(max_length=MAX_TABLE_ITEMS)] = ()
 
 
 class ReplyRoutingTableInit(PeerMessage, frozen=True):
@@ -414,6 +436,9 @@ class UpdateRoutingTable(PeerMessage, frozen=True):
     # (``node.recovery``): each new owner starts them empty and every access
     # node sends it its clients' subscriptions (``Rebuild``).
     dead: int = -1
+    # The version of each deletion of ``delete_chs``, in order (the versions
+    # of the updates are in their RouteItems); missing: 0, older than anything.
+    delete_versions: Annotated[tuple[Version, ...], msgspec.Meta(max_length=MAX_TABLE_ITEMS)] = ()
 
 
 class ReplyUpdateGlobal(PeerMessage, frozen=True):
@@ -465,6 +490,34 @@ class Heartbeat(PeerMessage, frozen=True):
     # value of the recipient's own clock, so no clocks need to agree.  -1: none.
     sent: Annotated[float, msgspec.Meta(ge=-1.0, le=1e12)] = -1.0
     echo: Annotated[float, msgspec.Meta(ge=-1.0, le=1e12)] = -1.0
+    # Anti-entropy (node.table_sync rule 1): the digest of the sender's
+    # routing table (channels.routing_table rule 9; 0: it holds none) and its
+    # clock (rule 5), so a peer whose table differs fetches what it lacks.
+    table_digest: Digest = 0
+    table_clock: Annotated[int, msgspec.Meta(ge=0, lt=1 << 31)] = 0
+
+
+class TableRequest(PeerMessage, frozen=True):
+    """Anti-entropy (``node.table_sync`` rule 2): the sender's table differs
+    from the recipient's; ``have`` is every channel it holds, at its version
+    (at most what fits half a frame), so the answer carries only what differs."""
+
+    request: Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+    epoch: Annotated[int, msgspec.Meta(ge=0)]
+    digest: Digest
+    have: Annotated[tuple[ChannelVersion, ...], msgspec.Meta(max_length=MAX_TABLE_ITEMS)] = ()
+
+
+class TableReply(PeerMessage, frozen=True):
+    """The answer to a TableRequest, in chunks under the frame cap (``last`` on
+    the final one): the entries the requester lacks or holds at an older
+    version, and tombstones of channels it holds that were deleted since."""
+
+    request: Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
+    epoch: Annotated[int, msgspec.Meta(ge=0)]
+    entries: Annotated[tuple[RouteItem, ...], msgspec.Meta(max_length=MAX_TABLE_ITEMS)] = ()
+    deleted: Annotated[tuple[ChannelVersion, ...], msgspec.Meta(max_length=MAX_TABLE_ITEMS)] = ()
+    last: bool = True
 
 
 class Rebuild(PeerMessage, frozen=True):
@@ -594,6 +647,8 @@ PeerUnion = (
     | KeySync
     | KeySynced
     | KeyAsk
+    | TableRequest
+    | TableReply
 )
 
 HIGH: Final[frozenset[type]] = frozenset(
@@ -619,6 +674,8 @@ HIGH: Final[frozenset[type]] = frozenset(
         KeySync,
         KeySynced,
         KeyAsk,
+        TableRequest,
+        TableReply,
     }
 )
 

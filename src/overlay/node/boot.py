@@ -27,9 +27,15 @@ The rules:
    keep it, and the node leaves its replica set.
 5. Table updates that arrive before the table are kept and applied after it.
 6. A sync from a peer of the same epoch, to a node that holds a table, is
-   authoritative for that peer's own channels (the owner made every change
-   to them): the receiver takes the peer's entries for them.  This repairs a
-   table adopted from a peer that had not heard of the latest moves yet.
+   merged into it entry by entry (``channels.routing_table`` rule 7): what
+   is newer than the receiver's is taken, what is older is ignored.  This
+   repairs a table adopted from a peer that had not heard of the latest
+   moves yet, and a sync that left its sender before the latest move came
+   there changes nothing (fault seed 345: it used to move a channel back
+   to its old owner on a node that had just heard of its migration).  A
+   sync carries the latest ``INIT_TOMBSTONES`` tombstones with the entries,
+   at their versions; a node adopting it never gives a new channel one of
+   their ids.
 
 ``BootState`` holds the state of rules 1, 2 and 5; ``Boot`` applies them all
 and owns whether the node holds a table, its epoch, and whether it is ready
@@ -45,13 +51,13 @@ from typing import Final
 
 from overlay.actions import Action, ToPeer
 from overlay.channels.channel import Channel, ChannelId
-from overlay.channels.routing_table import RouteEntry, RoutingTable
+from overlay.channels.routing_table import RouteEntry
 from overlay.channels.space import EventSpace
 from overlay.messages import peer as pm
 from overlay.node.context import NodeContext
 from overlay.node.updates import TableUpdates
 
-__all__ = ["MAX_BUFFERED_UPDATES", "Boot", "BootState", "owner_entries"]
+__all__ = ["INIT_TOMBSTONES", "MAX_BUFFERED_UPDATES", "Boot", "BootState"]
 
 log = logging.getLogger("overlay.node")
 
@@ -59,6 +65,9 @@ log = logging.getLogger("overlay.node")
 # than a cluster makes while one node boots; past it the oldest go (the syncs
 # of rule 6 repair what they said).
 MAX_BUFFERED_UPDATES: Final = 10_000
+# Tombstones a RoutingTableInit carries (rule 6): the latest, enough for the
+# deletions a restarted node can have missed, small beside a frame.
+INIT_TOMBSTONES: Final = 1_000
 
 
 class BootState:
@@ -97,43 +106,19 @@ class BootState:
         return out
 
 
-def owner_entries(
-    table: RoutingTable, src: int, items: Iterable[pm.RouteItem], skip: set[ChannelId]
-) -> tuple[list[ChannelId], list[tuple[ChannelId, RouteEntry]]]:
-    """Rule 6: what to delete and set in ``table`` so it agrees with ``src``'s
-    table (``items``) on every channel ``src`` owns or is said to own here.
-    Channels in ``skip`` (this node's own, or in a session) are left alone."""
-    theirs = {i.ch_id: i.entry for i in items}
-    delete: list[ChannelId] = []
-    update: list[tuple[ChannelId, RouteEntry]] = []
-    for chid, entry in theirs.items():
-        if src in entry.owners and chid not in skip and table.get(chid) != entry:
-            update.append((chid, entry))
-    for chid, entry in table.items():
-        if src in entry.owners and chid not in skip:
-            now = theirs.get(chid)
-            if now is None:
-                delete.append(chid)  # split, merged or gone at its owner
-            elif now != entry and (chid, now) not in update:
-                update.append((chid, now))  # moved on by its owner
-    return delete, update
-
-
 class Boot:
-    """The routing table at start (rules 1–6).  ``engaged`` names the
-    channels in a session or a split, which a sync leaves alone (rule 6)."""
+    """The routing table at start (rules 1–6); ``recreated`` rebuilds the
+    channels of rule 4 (``node.recovery``)."""
 
     def __init__(
         self,
         ctx: NodeContext,
         updates: TableUpdates,
         *,
-        engaged: Callable[[], set[ChannelId]],
         recreated: Callable[[list[ChannelId], list[Action]], None] = lambda chids, out: None,
     ) -> None:
         self._ctx = ctx
         self._updates = updates
-        self._engaged = engaged
         self._recreated = recreated  # rule 4: their subscriptions are rebuilt (node.recovery)
         self.has_table = False
         self.ready = False
@@ -173,13 +158,18 @@ class Boot:
         if not self._init_waiting and self.has_table:
             self._become_ready()
 
-    def on_update(self, src: int, msg: pm.UpdateRoutingTable, out: list[Action]) -> None:
-        """An update: applied, or kept until the table comes (rule 5); answered either way."""
+    def on_update(self, src: int, msg: pm.UpdateRoutingTable, out: list[Action]) -> list[pm.RouteItem] | None:
+        """An update: merged (``node.updates`` rule 2), or kept until the table
+        comes (rule 5); answered either way.  Returns the items the table
+        holds now (None: kept for later); the local table follows them here
+        unless the update is marked ``dead`` (``node.recovery`` rule 3 does)."""
+        items = None
         if self.has_table:
-            self._updates.apply(msg)
+            items = self._updates.apply(msg, out, follow=msg.dead < 0)
         else:
             self.state.keep(msg)
         out.append(ToPeer(src, pm.ReplyUpdateGlobal(msg.session, msg.origin)))
+        return items
 
     def check(self, now: float) -> list[Action]:
         if self.has_table or not self.state.may_initialise(now):
@@ -211,7 +201,14 @@ class Boot:
         return out
 
     def table_init(self, *, sync: bool = False) -> pm.RoutingTableInit:
-        return pm.RoutingTableInit(tuple(pm.RouteItem(c, e) for c, e in self._ctx.routing.items()), self.epoch, sync)
+        routing = self._ctx.routing
+        deleted = list(routing.tombstones().items())[-INIT_TOMBSTONES:]
+        return pm.RoutingTableInit(
+            tuple(pm.RouteItem(c, e, v) for c, e, v in routing.versioned()),
+            self.epoch,
+            sync,
+            tuple(pm.ChannelVersion(c, v) for c, v in deleted),
+        )
 
     def _become_ready(self) -> None:
         if not self.ready:
@@ -239,8 +236,10 @@ class Boot:
 
     def _adopt_table(self, msg: pm.RoutingTableInit, out: list[Action]) -> None:
         """node.boot rules 4 and 5."""
-        self._ctx.routing.replace_all({i.ch_id: i.entry for i in msg.routing_table})
-        for chid in self._ctx.routing:
+        self._ctx.routing.replace_all(
+            [(i.ch_id, i.entry, i.version) for i in msg.routing_table], [(d.ch_id, d.version) for d in msg.deleted]
+        )
+        for chid in (*self._ctx.routing, *self._ctx.routing.tombstones()):
             self._ctx.local.observe_id(chid)
         self.epoch = msg.epoch
         self.has_table = True
@@ -275,20 +274,18 @@ class Boot:
             if recreated:
                 self._recreated(recreated, out)
         for upd in self.state.take_buffered():
-            self._updates.apply(upd)
+            self._updates.apply(upd, out)
         self._init_waiting = set()  # an initialisation of ours, if any, is abandoned
         self._become_ready()
 
     def _merge_owner_table(self, src: int, msg: pm.RoutingTableInit, out: list[Action]) -> None:
         """node.boot rule 6."""
-        skip = set(self._ctx.local.ids()) | self._engaged()
-        delete, update = owner_entries(self._ctx.routing, src, msg.routing_table, skip)
-        if delete or update:
-            self._ctx.stats["table_entries_repaired"] += len(delete) + len(update)
-            log.info(
-                "node %d: node %d's table corrects %d entries of its channels here",
-                self._ctx.id,
-                src,
-                len(delete) + len(update),
-            )
-            self._ctx.routing.apply(delete, update)
+        changed = self._updates.merge(
+            [(i.ch_id, i.entry, i.version) for i in msg.routing_table],
+            [(d.ch_id, d.version) for d in msg.deleted],
+            f"node {src}'s table",
+            out,
+        )
+        if changed:
+            self._ctx.stats["table_entries_repaired"] += len(changed)
+            log.info("node %d: node %d's table corrects %d entries here", self._ctx.id, src, len(changed))

@@ -62,7 +62,7 @@ class NodeContext:
         self.peers: list[int] = [n for n in config.node_ids if n != node_id]
         # Peers the shell reports down past the peer timeout: nothing waits for them.
         self.unreachable: set[int] = set()
-        self.routing = RoutingTable(self.schema)
+        self.routing = RoutingTable(self.schema, writer=node_id)  # its changes are versioned as this node's
         self.local = LocalTable(node_id)
         self.stats: Counter[str] = Counter()
         # Histograms the admin endpoint exposes (SPEC §14), filled on the hot path.

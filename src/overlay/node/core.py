@@ -41,6 +41,7 @@ from overlay.actions import Action, AddPeer, CloseClient, Rejoin, ToClient, ToPe
 from overlay.auth.tokens import Verifier
 from overlay.balance.monitor import Monitor, SliceReport
 from overlay.capture import CaptureBuffer
+from overlay.channels.channel import ChannelId
 from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
@@ -69,6 +70,7 @@ from overlay.node.router import Router
 from overlay.node.sessions import Session, Sessions
 from overlay.node.splits import Splits
 from overlay.node.status import node_status, state_summary
+from overlay.node.table_sync import TableSync
 from overlay.node.updates import TableUpdates
 
 __all__ = ["Action", "AddPeer", "CloseClient", "NodeCore", "Rejoin", "ToClient", "ToPeer"]
@@ -166,12 +168,7 @@ class NodeCore:
             admin_done=lambda admin, result, out: self.admin.done(admin, result, out),
             rebuilding=lambda: self.recovery.rebuilding,
         )
-        self.startup = Boot(
-            ctx,
-            self.updates,
-            engaged=lambda: self.balancing.engaged(),
-            recreated=lambda chids, out: self.recovery.restarted(chids, out),
-        )
+        self.startup = Boot(ctx, self.updates, recreated=lambda chids, out: self.recovery.restarted(chids, out))
         self.balancing = Balancing(
             ctx,
             self.migration,
@@ -204,10 +201,17 @@ class NodeCore:
             group_choices=self.notifier.group_choices,
             learn_choices=self.groups.learn_choices,
         )
+        # Tables re-converge (node.table_sync); the local table follows the
+        # routing table's changes (node.updates rule 3).
+        self.table_sync = TableSync(ctx, self.updates, self.startup, self.liveness)
+        self.updates.engaged = self._table_engaged
+        self.updates.recreate = self.recovery.recreate
+        self.updates.dropped = self.recovery.dropped
         self.failures = Failures(
             ctx,
             self.liveness,
             self.recovery,
+            tables=self.table_sync,
             peers=ctx.peers,
             monitor=self.balancing.monitor,
             gone=(
@@ -285,6 +289,7 @@ class NodeCore:
             updates=self.updates,
             ordering=self.ordering,
             groups=self.groups,
+            tables=self.table_sync,
             peer_hello=self.peer_hello,
         )
         self.hello = self.membership.hello  # this node's PeerHello (node.membership)
@@ -348,7 +353,14 @@ class NodeCore:
 
     def status(self) -> dict[str, Any]:
         return node_status(
-            self.ctx, self.startup, self.balancing, self.membership, self.sessions, self.liveness, self.outbox
+            self.ctx,
+            self.startup,
+            self.balancing,
+            self.membership,
+            self.sessions,
+            self.liveness,
+            self.outbox,
+            self.table_sync,
         )
 
     def session(self, sid: int) -> Session | None:
@@ -464,6 +476,7 @@ class NodeCore:
         self._clock(now)
         parts: tuple[tuple[str, Callable[[], None]], ...] = (
             ("liveness", lambda: self.failures.tick(now, out)),
+            ("tables", lambda: self.table_sync.tick(now, out)),
             ("boot", lambda: out.extend(self.startup.check(now))),
             ("slice", lambda: self.balancing.tick(now, out)),
             ("ordering", lambda: self.ordering.tick(now, out)),
@@ -486,6 +499,19 @@ class NodeCore:
                     state_summary(self.ctx, self.startup, self.balancing, self.migration, self.arrivals),
                 )
         return out
+
+    def _table_engaged(self) -> set[ChannelId]:
+        """Channels a session or a split is changing: the local table leaves
+        them to it (node.updates rule 3)."""
+        out = self.migration.leaving() | self.arrivals.arriving()
+        split = self.balancing.splitting()
+        if split is not None:
+            out.add(split)
+        return out
+
+    def tables_agree(self, now: float) -> bool:
+        """Every live peer's latest heartbeat carried this node's table digest (node.table_sync rule 6)."""
+        return self.table_sync.agreed(now)
 
     def _outbox_tick(self, now: float, out: list[Action]) -> None:
         """SPEC §16: re-sends, expiries (node.outbox rules 3, 4), the receipts of a driver without end_batch."""

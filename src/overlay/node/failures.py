@@ -5,7 +5,8 @@ a dead node's channels; this module is what the node core does with them:
 
 1. On every tick: heartbeats to every peer when due, the deaths this node
    declares, the recovery's own timers, and the ``Rejoin`` request.
-2. A heartbeat from a peer teaches deaths (each goes to the recovery).
+2. A heartbeat from a peer teaches deaths (each goes to the recovery), and
+   carries the digest of the peer's routing table (``node.table_sync``).
 3. Nothing a run declared dead says counts (it may still be talking: it was
    paused or cut off) until a new run of it says hello; the heartbeats it
    gets tell it to rejoin.
@@ -37,6 +38,7 @@ from overlay.node.context import NodeContext
 from overlay.node.liveness import Liveness
 from overlay.node.peers import PeerRuns
 from overlay.node.recovery import Recovery
+from overlay.node.table_sync import TableSync
 
 __all__ = ["Failures"]
 
@@ -57,6 +59,7 @@ class Failures:
         liveness: Liveness,
         recovery: Recovery,
         *,
+        tables: TableSync,
         peers: Sequence[int],
         monitor: Monitor,
         gone: Sequence[Gone],
@@ -68,6 +71,7 @@ class Failures:
         self._ctx = ctx
         self.liveness = liveness
         self.recovery = recovery
+        self._tables = tables
         self._peers = peers
         self._monitor = monitor
         self._gone = gone
@@ -97,7 +101,8 @@ class Failures:
         for node in live.check(now):
             self.recovery.node_dead(node, now, out)
         if live.due(now):
-            beat = live.heartbeat(now)
+            digest, clock = self._tables.summary()  # node.table_sync rule 1
+            beat = live.heartbeat(now, table_digest=digest, table_clock=clock)
             out.extend(ToPeer(p, live.to(p, beat)) for p in self._peers)
         self.recovery.tick(now, out)
         self._check_rejoin(out)
@@ -106,6 +111,7 @@ class Failures:
         """Rule 2."""
         for node in self.liveness.on_heartbeat(src, msg, now):
             self.recovery.node_dead(node, now, out)
+        self._tables.on_heartbeat(src, msg, now, out)  # node.table_sync rule 2
         self._check_rejoin(out)
 
     def heard(self, src: int, msg: pm.PeerMessage, now: float) -> bool:

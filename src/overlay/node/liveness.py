@@ -326,14 +326,17 @@ class Liveness:
         self._next_beat = nxt if nxt > now else now + self.interval
         return True
 
-    def heartbeat(self, now: float) -> pm.Heartbeat:
-        """The round's heartbeat, without the per-peer echo (``to``)."""
+    def heartbeat(self, now: float, *, table_digest: int = 0, table_clock: int = 0) -> pm.Heartbeat:
+        """The round's heartbeat, without the per-peer echo (``to``); the
+        table's digest and clock ride along (``node.table_sync`` rule 1)."""
         return pm.Heartbeat(
             self.incarnation,
             tuple(self.suspects(now)),
             tuple(pm.DeadNode(n, inc) for n, inc in sorted(self.dead.items())),
             self.deaths,
             now,
+            table_digest=table_digest,
+            table_clock=table_clock,
         )
 
     def to(self, peer: int, beat: pm.Heartbeat) -> pm.Heartbeat:

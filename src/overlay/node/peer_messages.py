@@ -26,6 +26,7 @@ from overlay.node.outbox import Outbox, Receipts
 from overlay.node.recovery import Recovery
 from overlay.node.router import Router
 from overlay.node.sessions import Sessions
+from overlay.node.table_sync import TableSync
 from overlay.node.updates import TableUpdates
 
 __all__ = ["PeerMessages"]
@@ -56,6 +57,7 @@ class PeerMessages:
         updates: TableUpdates,
         ordering: Ordering,
         groups: Groups,
+        tables: TableSync,
         peer_hello: PeerHello,
     ) -> None:
         self._ctx = ctx
@@ -73,6 +75,7 @@ class PeerMessages:
         self._updates = updates
         self._ordering = ordering
         self._groups = groups
+        self._tables = tables
         self._peer_hello = peer_hello
 
     def handle(self, src: int, msg: pm.PeerMessage, now: float, out: list[Action]) -> None:
@@ -117,9 +120,9 @@ class PeerMessages:
                 if msg.dead == src and self._startup.has_table:  # a new run's channels (node.recovery rule 5)
                     self._recovery.on_restart(src, msg, now, out)
                     return
-                self._startup.on_update(src, msg, out)
-                if msg.dead >= 0 and self._startup.has_table:  # a dead node's channels (node.recovery)
-                    self._recovery.on_update(src, msg, now, out)
+                items = self._startup.on_update(src, msg, out)
+                if msg.dead >= 0 and items is not None:  # a dead node's channels (node.recovery)
+                    self._recovery.on_update(src, msg, items, now, out)
             case pm.ReplyUpdateGlobal():
                 if not self._migration.on_update_reply(src, msg, now, out):
                     self._updates.on_reply(src, msg.session, out)
@@ -152,6 +155,10 @@ class PeerMessages:
                 self._ordering.home.on_ask(src, out)
             case pm.Rebuild():
                 self._recovery.on_rebuild(src, msg, now, out)
+            case pm.TableRequest():
+                self._tables.on_request(src, msg, out)
+            case pm.TableReply():
+                self._tables.on_reply(src, msg, out)
             case pm.PeerHello():
                 out.extend(self._peer_hello(src, msg, now))
             case pm.PeerError():

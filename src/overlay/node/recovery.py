@@ -14,12 +14,18 @@ Rules:
    of the dead node's last known load shared over its channels, counting
    what this recovery already gave each node, and leaving out nodes that
    rejoined lately (``node.liveness`` damping) while another is available.
-   The same update re-states the entries of the channels the dead node's
-   latest updates named (``node.updates`` rule 4): a node it died while
-   telling learns them now.  The coordinator looks again on every tick: an
-   update naming a dead owner that was on its way gets the same treatment.
-3. On such an update every node (the coordinator too) applies it like any
-   table update, adopts the death, drops its own copy of a channel the
+   Each reassignment is a *recovery* change of the table
+   (``channels.routing_table`` rule 6): newer than the entry it replaces,
+   older than a change the dead owner made that the coordinator had not
+   seen.  The same update re-states, at their own versions, the entries of
+   the channels the dead node's latest updates named (``node.updates`` rule
+   4): a node it died while telling learns them now.  The coordinator looks
+   again on every tick: an update naming a dead owner that was on its way
+   gets the same treatment.
+3. On such an update every node (the coordinator too) merges it like any
+   table update (``node.updates`` rule 2) and, for the items its table
+   holds now (one a newer change overtook is left to that change), creates
+   the channels it is given first, adopts the death, drops its own copy of a channel the
    update gives to another node, and — being the access node of its
    clients, the source of truth of their subscriptions (``node.sessions``
    rule 5) — sends each new owner one ``Rebuild`` (in chunks of
@@ -49,9 +55,13 @@ Rules:
    marked ``dead`` with its own id — its previous run's channels — so every
    access node sends it their subscriptions and re-sends what was not
    confirmed; nobody declares anything dead for it.  The announcement claims
-   nothing: a node whose table gives such a channel to another node (the
-   new run took a table older than a recovery) answers with its entry,
-   which makes the new run drop it (rule 3).
+   nothing — it carries the entries at the versions of the table the new
+   run adopted, and changes no table but one that was older still: a node
+   whose table gives such a channel to another node, or deleted it (the new
+   run took a table older than a recovery or a split), answers with its
+   newer entry or tombstone, which makes the new run drop it (rule 3).  A
+   node whose table gives it a channel it does not hold for another reason
+   (a lost update, ``node.updates`` rule 3) does the same (``recreate``).
 """
 
 from __future__ import annotations
@@ -190,7 +200,7 @@ class Recovery:
         alone = [(c, e) for c, e in theirs if not theirs_replicated(ctx, c) or not any(o not in dead for o in e.owners)]
         if shrunk:
             for c, e in shrunk:
-                ctx.routing.set(c, e)
+                ctx.routing.recover(c, e)  # channels.routing_table rule 6
             self._updates.broadcast((), shrunk, out)
         owned = {c for c, _ in theirs}
         named, deleted = self._updates.recent_from(node) if node >= 0 else ([], [])
@@ -238,22 +248,33 @@ class Recovery:
             ", ".join(f"{c}->{e.owner}" for c, e in items[: len(choices)]) or "none",
             f"; re-stating {[str(c) for c in confirm]}" if confirm else "",
         )
-        for chid, new in items:
-            ctx.routing.set(chid, new)
-        uid = self._updates.broadcast(gone, items, out, dead=origin)
-        update = pm.UpdateRoutingTable(tuple(gone), tuple(pm.RouteItem(c, e) for c, e in items), uid, ctx.id, origin)
-        self.on_update(ctx.id, update, now, out)
+        for chid, new in items[: len(choices)]:
+            ctx.routing.recover(chid, new)  # channels.routing_table rule 6; the re-stated keep their versions
+        update = self._updates.broadcast(gone, items, out, dead=origin)
+        self.on_update(ctx.id, update, list(update.update_chs), now, out)
 
     # -- rule 3 -----------------------------------------------------------------------------------
 
-    def on_update(self, src: int, msg: pm.UpdateRoutingTable, now: float, out: list[Action]) -> None:
-        """An update marked ``dead`` that was just applied to the routing table (rule 3)."""
+    def on_update(
+        self, src: int, msg: pm.UpdateRoutingTable, items: list[pm.RouteItem], now: float, out: list[Action]
+    ) -> None:
+        """An update marked ``dead`` that was just merged into the routing table
+        (rule 3); ``items``: those of its items the table holds now — one a
+        newer change overtook is left to that change (``node.updates`` rule 3)."""
         ctx = self._ctx
         dead = msg.dead
+        for item in items:  # first: the death's retries (node.sessions rule 6) find them here
+            if item.entry.owner == ctx.id:
+                self._ensure(item.ch_id, dead, now, out)
         if dead not in self._gone and dead not in (ctx.id, src):  # src == dead: its new run (rule 5)
             self._liveness.declare(dead, 0, f"node {src} reassigned its channels", now)
             self.node_dead(dead, now, out, reassign=False)
-        for item in msg.update_chs:
+        for chid in msg.delete_chs:
+            if ctx.routing.deleted(chid) and chid in ctx.local and chid not in self._arriving():
+                ctx.local.remove(chid)  # its new run held a channel split or merged since (rule 5)
+                ctx.stats["channels_dropped_by_recovery"] += 1
+                self.dropped(chid)
+        for item in items:
             chid, owner = item.ch_id, item.entry.owner
             if owner != ctx.id:
                 # The coordinator gave it to another node — unless a live
@@ -262,14 +283,12 @@ class Recovery:
                 if chid in ctx.local and chid not in self._arriving():
                     ctx.local.remove(chid)
                     ctx.stats["channels_dropped_by_recovery"] += 1
-                rb = self.rebuilding.pop(chid, None)
-                if rb is not None and rb.held:  # unconfirmed: their access nodes send them again
-                    ctx.stats["events_dropped_rebuilding"] += len(rb.held)
+                self.dropped(chid)
             else:
                 self._ensure(chid, dead, now, out)
             self._send_rebuild(chid, item.entry, dead, out)
             self._sessions.rebuilt(chid, out)
-        ctx.stats["channels_recovered"] += sum(1 for i in msg.update_chs if i.entry.owner == ctx.id)
+        ctx.stats["channels_recovered"] += sum(1 for i in items if i.entry.owner == ctx.id)
         self._resend(now, out)
 
     def on_restart(self, src: int, msg: pm.UpdateRoutingTable, now: float, out: list[Action]) -> None:
@@ -279,9 +298,17 @@ class Recovery:
         a recovery), it tells ``src`` the entry it holds instead — never the
         other way round: a restart claims nothing."""
         ctx = self._ctx
+        # The new run's entries are those of the table it adopted: one newer
+        # than this node's is taken first (channels.routing_table rule 7).
+        self._updates.merge([(i.ch_id, i.entry, i.version) for i in msg.update_chs], (), f"node {src}'s new run", out)
         correct: list[tuple[ChannelId, RouteEntry]] = []
+        gone: list[ChannelId] = []
         for item in msg.update_chs:
             entry = ctx.routing.get(item.ch_id)
+            if entry is None and ctx.routing.deleted(item.ch_id):  # split or merged since: a newer change
+                gone.append(item.ch_id)
+                self._send_rebuild(item.ch_id, item.entry, src, out, subs=())  # nothing here for it
+                continue
             if entry is None:
                 # A channel this table never heard of: a split or merge whose
                 # announcement died with the old run.  Its space is the new
@@ -296,15 +323,23 @@ class Recovery:
                 continue
             self._send_rebuild(item.ch_id, entry, src, out)
             self._sessions.rebuilt(item.ch_id, out)
-        if correct:
-            ctx.stats["restart_claims_corrected"] += len(correct)
+        if correct or gone:
+            ctx.stats["restart_claims_corrected"] += len(correct) + len(gone)
             log.warning(
-                "node %d: node %d's new run holds %s, which this node's table gives to others: told so",
+                "node %d: node %d's new run holds %s, which this node's table gives to others or deleted: told so",
                 ctx.id,
                 src,
-                [str(c) for c, _ in correct],
+                [str(c) for c, _ in correct] + [str(c) for c in gone],
             )
-            upd = pm.UpdateRoutingTable((), tuple(pm.RouteItem(c, e) for c, e in correct), 0, ctx.id, src)
+            routing = ctx.routing
+            upd = pm.UpdateRoutingTable(
+                tuple(gone),
+                tuple(pm.RouteItem(c, e, routing.version(c)) for c, e in correct),
+                0,
+                ctx.id,
+                src,
+                tuple(routing.version(c) for c in gone),
+            )
             out.append(ToPeer(src, upd))
         out.append(ToPeer(src, pm.ReplyUpdateGlobal(msg.session, msg.origin)))
         self._resend(now, out)
@@ -317,6 +352,25 @@ class Recovery:
             self._ensure(chid, ctx.id, now, out)
         ctx.stats["channels_recovered"] += len(chids)
         self._updates.broadcast((), [(c, ctx.routing[c]) for c in chids], out, dead=ctx.id)
+
+    def recreate(self, chids: list[ChannelId], out: list[Action]) -> None:
+        """``node.updates`` rule 3: the table gives this node channels it does
+        not hold (a lost update, a session that ended here while its sender
+        went on): re-created and rebuilt as a restarted run's are (rule 5),
+        with this node's own clients' subscriptions."""
+        self.restarted(chids, out)
+        ctx = self._ctx
+        for chid in chids:
+            entry = ctx.routing.get(chid)
+            if entry is not None and chid in self.rebuilding:
+                self._send_rebuild(chid, entry, ctx.id, out)
+                self._sessions.rebuilt(chid, out)
+
+    def dropped(self, chid: ChannelId) -> None:
+        """``node.updates`` rule 3: ``chid`` left this node; a rebuild of it ends."""
+        rb = self.rebuilding.pop(chid, None)
+        if rb is not None and rb.held:  # unconfirmed: their access nodes send them again
+            self._ctx.stats["events_dropped_rebuilding"] += len(rb.held)
 
     def _send_rebuild(
         self,

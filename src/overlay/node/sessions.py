@@ -20,7 +20,9 @@ Rules (``node.core`` rules 4 and 6):
    sends the new owner every one it holds that overlaps the channel
    (``held``), and what waited on that channel is applied (``rebuilt``; the
    channel's own answer to the same try, should it come after, is not
-   counted again).
+   counted again — nor is any answer of a copy sent there before the
+   rebuild, which would leave the wait below zero for ever, though the
+   copies a reroute notice announces are waited for).
 6. A node's death or restart may take (un)subscription copies with it (one
    it was forwarding, one it held unanswered): every (un)subscription still
    waiting is sent again, to every channel it belongs to now, as a new try;
@@ -80,6 +82,7 @@ class Pending:
         "attempt",
         "channels",
         "local_id",
+        "rebuilt",
         "seq",
         "session",
         "subscribe",
@@ -104,6 +107,7 @@ class Pending:
         # Copies in flight per channel: each answers once, applied or rerouted.
         self.waiting: Counter[ChannelId] = Counter(chans)
         self.applied: set[ChannelId] = set()
+        self.rebuilt: set[ChannelId] = set()  # rule 5: applied by a rebuild, whatever their copies answer
         self.channels = len(self.waiting)
         # An unsubscribe that waits for this subscribe (rule 3): the arguments of send_unsubscribe.
         self.then: tuple[int, int, str, str, Filter] | None = None
@@ -249,8 +253,10 @@ class Sessions(Mapping[int, Session]):
         may have died with the channel's old owner)."""
         for gid, p in list(self._pending.items()):
             n = p.waiting.get(chid, 0)
-            for _ in range(max(n, 0)):
-                self.on_applied(pm.SubscriptionApplied(gid, chid, p.subscribe, (), p.attempt), out)
+            if n > 0:
+                for _ in range(n):
+                    self.on_applied(pm.SubscriptionApplied(gid, chid, p.subscribe, (), p.attempt), out)
+                p.rebuilt.add(chid)
 
     def retry_all(self, out: list[Action]) -> None:
         """Rule 6: every (un)subscription still waiting is sent again, as a new try."""
@@ -264,6 +270,7 @@ class Sessions(Mapping[int, Session]):
                 continue  # nothing to apply it to any more: its channels' answers will come or were had
             p.attempt += 1
             p.waiting = Counter(chans)
+            p.rebuilt.clear()
             p.applied = set()
             p.channels = len(chans)
             self._ctx.stats["subscriptions_retried"] += 1
@@ -280,7 +287,8 @@ class Sessions(Mapping[int, Session]):
         # Signed count of copies per channel: below zero while an answer has
         # overtaken the reroute notice that announces its copy (a Reforward
         # travels on the high queue, the notice on the normal one).
-        p.waiting[msg.ch_id] -= 1
+        if msg.ch_id not in p.rebuilt:  # rule 5: a rebuild applied it already
+            p.waiting[msg.ch_id] -= 1
         if msg.rerouted_to:
             # One copy went on to each of these; wait for every one, so none is
             # still on its way when the client hears back (and unsubscribes).

@@ -17,6 +17,7 @@ from overlay.node.membership import Membership
 from overlay.node.migration import Migration
 from overlay.node.outbox import Outbox
 from overlay.node.sessions import Sessions
+from overlay.node.table_sync import TableSync
 
 __all__ = ["node_status", "state_summary"]
 
@@ -29,6 +30,7 @@ def node_status(
     sessions: Sessions,
     liveness: Liveness | None = None,
     outbox: Outbox | None = None,
+    tables: TableSync | None = None,
 ) -> dict[str, Any]:
     """A JSON-ready snapshot: readiness, load and state, peers, channels, routing table, counters."""
     mon = balancing.monitor
@@ -62,6 +64,8 @@ def node_status(
         # Failures (SPEC §16): quorum, who is suspected or dead, how long each peer has been silent.
         **({"liveness": liveness.status(ctx.now)} if liveness is not None else {}),
         **({"outbox": outbox.status()} if outbox is not None else {}),
+        # Anti-entropy (node.table_sync): the table's digest and clock, the peers it differs from.
+        **({"table": tables.status()} if tables is not None else {}),
         "stats": dict(ctx.stats),
     }
 

@@ -44,8 +44,9 @@ Theory of operation:
    faults, natural balancing under a moving hot spot); *subscriptions only*
    (no more events for several slices: channels go cold and merge while
    subscriptions and unsubscriptions continue); *drain* (no client action:
-   deliver everything and tick until no message is queued and no session,
-   table update or (un)subscription is pending).  ``invariants``
+   deliver everything and tick until no message is queued, no session,
+   table update or (un)subscription is pending, and every node's peers'
+   latest heartbeats carry its table digest — ``node.table_sync``).  ``invariants``
    then checks the outcome.  With node faults the active phase lasts at
    least ``active_seconds`` of simulated time (the client operations spread
    over it), and the drain also waits for the last fault's recovery: every
@@ -328,6 +329,8 @@ class SimCluster:
                 why.append(f"node {i}: incoming sessions {sorted(c.arrivals.incoming)}")
             if c.updates.waiting():
                 why.append(f"node {i}: table updates {c.updates.waiting()} waiting")
+            if c.has_table and not c.tables_agree(self.net.now):  # anti-entropy still at work (node.table_sync)
+                why.append(f"node {i}: a live peer's latest heartbeat carried another table digest")
             if c.sessions.pending():
                 why.append(
                     f"node {i}: {c.sessions.pending()} (un)subscriptions waiting: {c.sessions.pending_ids()[:5]}"
