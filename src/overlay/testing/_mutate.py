@@ -303,12 +303,13 @@ class Mutator:
             root = self._mutate_once(root, donors or [])
         return root
 
-    def message(self, msg: msgspec.Struct, donors: list[msgspec.Struct] | None = None) -> bytes:
+    def message(self, msg: msgspec.Struct, donors: list[msgspec.Struct] | None = None, *, rounds: int = 0) -> bytes:
         """A mutated body of ``msg`` (no length prefix), under ``max_size`` (rule 4)."""
-        body = self._encode(self.tree(msg, donors))
+        body = self.encode(self.tree(msg, donors, rounds=rounds))
         return body if len(body) <= self.max_size else body[: self.max_size]
 
-    def _encode(self, root: Plain) -> bytes:
+    def encode(self, root: Plain) -> bytes:
+        """``root`` in msgpack; what msgpack cannot hold (an int past 64 bits) becomes a string."""
         try:
             return msgspec.msgpack.encode(root)
         except (OverflowError, TypeError, ValueError, RecursionError):  # an int past 64 bits, a surrogate
