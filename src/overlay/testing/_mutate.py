@@ -308,6 +308,10 @@ class Mutator:
         body = self.encode(self.tree(msg, donors, rounds=rounds))
         return body if len(body) <= self.max_size else body[: self.max_size]
 
+    def mutate(self, root: Plain, donors: list[msgspec.Struct] | None = None) -> Plain:
+        """``root`` (a msgpack form, changed in place where it can be) mutated once."""
+        return self._mutate_once(root, donors or [])
+
     def encode(self, root: Plain) -> bytes:
         """``root`` in msgpack; what msgpack cannot hold (an int past 64 bits) becomes a string."""
         try:
@@ -336,8 +340,9 @@ class Mutator:
             node[r.choice(["", "x", "price", "sym", 1])] = self.value()
             return root
         if op == 5 and isinstance(node, list) and node:  # grow a list: a huge tuple
-            n = r.choice([2, 10, 100, 1000, 10_000])
             item = node[r.randrange(len(node))]
+            # Rule 4: the copies stay under one frame (the tree may be grown again).
+            n = min(r.choice([2, 10, 100, 1000, 10_000]), self.max_size // (len(self.encode(item)) + 1))
             node.extend([item] * n)
             return root
         if op == 6 and isinstance(root, list) and root and isinstance(root[0], str):  # another type's tag
