@@ -111,3 +111,13 @@ def test_a_table_key_that_is_not_a_string_is_named() -> None:
         config_from_dict({**DOC, 1: 2})  # type: ignore[dict-item]
     with pytest.raises(ConfigError, match=r"unknown key 7 in \[cluster\]"):
         config_from_dict({**DOC, "cluster": {**DOC["cluster"], 7: 1}})
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    """tomllib decodes the file itself: a byte that is not UTF-8 was a UnicodeDecodeError."""
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(TEXT.encode().replace(b'name = "local"', b'name = "l\xa7cal"'))
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        load_agent_settings(path)

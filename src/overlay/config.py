@@ -515,6 +515,8 @@ def load_config(path: str | Path) -> ClusterConfig:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
     except RecursionError:  # tomllib parses nested arrays and inline tables recursively
         raise ConfigError(f"{path}: a value is nested too deeply") from None
+    except UnicodeDecodeError as exc:  # tomllib decodes the file itself
+        raise ConfigError(f"{path} is not UTF-8 text: {exc}") from None
     return _from_doc(doc, str(path))
 
 
@@ -534,5 +536,7 @@ def load_agent_settings(path: str | Path) -> AgentSettings:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
     except RecursionError:
         raise ConfigError(f"{path}: a value is nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text: {exc}") from None
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{path}: [agent]: {exc}") from exc
