@@ -27,12 +27,17 @@ What it does:
      oversize prefix, garbage, a nesting past the decoder's depth limit);
    * ``stranger`` — a client connection without a Hello, a Hello with a
      tampered or random token, random bytes after any 4-byte preamble;
-   * ``peer-nohello`` — the peer preamble, then anything but a PeerHello;
-   * ``peer-hello`` — a proper PeerHello from an unknown node id without an
-     address (so not a join), or a mutated one, then peer messages with
-     mutated fields and valid ones out of order (a Reforward for an unknown
-     session, a CompleteLoadBalance from a non-participant, a
-     SubscriptionMove before any ChannelTransfer …).
+   * ``peer-stranger`` — the peer preamble without the proof of the
+     cluster's secret (the harness runs plain TCP with a secret,
+     ``overlay.testing.insecure_tls``): a proper PeerHello claiming a new
+     id or a member's, a challenge opened and then a false proof, or
+     anything; each must be refused and change nothing;
+   * ``peer-member`` — a link opened and proved as a node does
+     (``overlay.testing.dial_peer``), a proper PeerHello from a new node id
+     without an address (so not a join) or a mutated one, then peer
+     messages with mutated fields and valid ones out of order (a Reforward
+     for an unknown session, a CompleteLoadBalance from a non-participant,
+     a SubscriptionMove before any ChannelTransfer …).
 
    The fuzzer keeps an input whose answer (the types and error codes the
    node sent back, whether it closed the connection, the first words of its
@@ -55,11 +60,12 @@ What fails the run: the process died; an RSS growth past the bound; a
 Traceback in the log (none is acceptable: every handled bad input is
 logged as one line, without a traceback); a connection neither answered
 nor closed; a control event lost or late in a phase other than
-``peer-hello``.  In ``peer-hello`` the control traffic is reported, not
-judged: a node trusts what a peer that said hello tells it about its own
-channels and membership (a valid UpdateRoutingTable may re-point a channel,
-a hello with an address joins), which SPEC §16 "Strangers" closes with TLS
-and peer authentication, not with checks of content.
+``peer-member``.  In ``peer-member`` the control traffic is reported, not
+judged: a node trusts what a proved member tells it about its own channels
+and tables (a valid UpdateRoutingTable may re-point a channel, a
+RoutingTableInit of another epoch may replace the table) — SPEC §16 keeps
+strangers out, it does not make members' words safe; the content a
+member's message carries is checked (``overlay.node.peer_checks``).
 """
 
 from __future__ import annotations
@@ -82,13 +88,13 @@ import msgspec
 
 from overlay.auth import generate_keys, issue, load_signing_key
 from overlay.client import Client
-from overlay.config import load_config
+from overlay.config import ClusterConfig, load_config
 from overlay.errors import OverlayError, RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import HEADER, client_reader, encode, peer_reader
 from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC
-from overlay.testing import Mutator, NodeProcesses, free_ports, samples, write_cluster_config
+from overlay.testing import Mutator, NodeProcesses, dial_peer, free_ports, samples, write_cluster_config
 
 # An answer or a close within this many seconds of a connection's last input.
 ANSWER_SECONDS: Final = 3.0
@@ -103,13 +109,16 @@ CONTROL_EVERY: Final = 0.5
 CONTROL_TIMEOUT: Final = 5.0
 # Inputs one connection carries (a few: the first bad frame usually ends it).
 PER_CONNECTION: Final = 6
-# The corpus of inputs with a new behaviour, mutated again: bounded.
+# The corpus of inputs with a new behaviour, mutated again: bounded, in number and size.
 CORPUS_MAX: Final = 4_000
+CORPUS_INPUT_MAX: Final = 16 * 1024
 # The phases and their share of the run.
-PHASES: Final = (("client", 0.35), ("stranger", 0.15), ("peer-nohello", 0.15), ("peer-hello", 0.35))
-JUDGED: Final = frozenset({"client", "stranger", "peer-nohello"})
-# A node id no config has, and not a join (no address in the hello).
+PHASES: Final = (("client", 0.35), ("stranger", 0.15), ("peer-stranger", 0.15), ("peer-member", 0.35))
+JUDGED: Final = frozenset({"client", "stranger", "peer-stranger"})
+# Node ids no config has; the member's hello carries no address, so it is not a join.
+# A pool, used in turn: a node refuses a second live link of one id (duplicate_id).
 STRANGER_ID: Final = 4242
+MEMBER_IDS: Final = 64
 WARMUP_SECONDS: Final = 3.0
 BASELINE_SECONDS: Final = 5.0
 _DIGITS: Final = re.compile(r"\d+(\.\d+)?")
@@ -146,6 +155,8 @@ class Stats:
     rss: list[tuple[float, int]] = field(default_factory=list)
     died: str = ""
     connect_max: float = 0.0
+    gen_max: tuple[float, str] = (0.0, "")  # the slowest input generation (the fuzzer's own time)
+    lag_max: float = 0.0  # the fuzzer's event loop, late by this much at most
     growth: list[tuple[float, int]] = field(default_factory=list)  # (s, behaviours)
 
 
@@ -160,14 +171,17 @@ class Input:
 class Fuzzer:
     """The inputs (rule 2 of the module docstring) over one node's schema."""
 
-    def __init__(self, rng: random.Random, schema: Any, cluster: str, token: str, *, max_frame: int) -> None:
+    def __init__(self, rng: random.Random, config: ClusterConfig, token: str) -> None:
         self.rng = rng
-        self.m = Mutator(rng, max_size=max_frame)
-        self.client, self.peer = samples(schema, node=0, peer=STRANGER_ID)
-        self.cluster = cluster
+        self.config = config
+        self.m = Mutator(rng, max_size=config.cluster.max_frame_size)
+        self.client, self.peer = samples(config.schema, node=0, peer=STRANGER_ID)
+        self.cluster = config.cluster.name
         self.token = token
         self.corpus: dict[str, list[Any]] = {"client": [], "peer": []}
         self.incarnations = itertools.count(1)
+        self.member_ids = itertools.cycle(range(STRANGER_ID, STRANGER_ID + MEMBER_IDS))
+        self.member_id = STRANGER_ID  # the id of the member connection made last
 
     # -- bodies -------------------------------------------------------------------------------------
 
@@ -189,7 +203,9 @@ class Fuzzer:
         body = self.m.encode(tree)
         if len(body) > self.m.max_size:  # cut to one frame: the oversize prefix has inputs of its own
             return body[: self.m.max_size], None, kind
-        return body, tree, kind
+        # Only small inputs are kept to mutate again: copying a large one (a grown
+        # list of a million items) held the fuzzer's loop for seconds.
+        return body, tree if len(body) <= CORPUS_INPUT_MAX else None, kind
 
     def _valid(self, side: str) -> bytes:
         return encode(self.rng.choice(self.client if side == "client" else self.peer))
@@ -222,7 +238,7 @@ class Fuzzer:
         return self._frame(encode(cm.Hello(client_id, 1, token)))
 
     def peer_hello(self) -> bytes:
-        hello = pm.PeerHello(STRANGER_ID, self.cluster, False, incarnation=next(self.incarnations))
+        hello = pm.PeerHello(self.member_id, self.cluster, False, incarnation=next(self.incarnations))
         return self._frame(encode(hello))
 
     def connection(self, phase: str) -> tuple[str, str, list[Input]]:
@@ -254,29 +270,32 @@ class Fuzzer:
             data = preamble + r.randbytes(r.choice((0, 1, 7, 100, 4096)))
             known = preamble in (CLIENT_MAGIC, PEER_MAGIC)  # then the bytes may be a frame cut short
             return "raw-bytes", side, [Input("random-bytes", data, needs_answer=not known)]
-        if phase == "peer-nohello":
+        if phase == "peer-stranger":  # no proof of the cluster secret: refused, whatever it says
+            k = r.randrange(3)
+            if k == 0:  # a proper hello, as a node that never proved anything
+                claim = r.choice([STRANGER_ID, 0, 1])
+                hello = pm.PeerHello(claim, self.cluster, True, incarnation=next(self.incarnations))
+                first = Input("hello-unproven", PEER_MAGIC + self._frame(encode(hello)))
+                return "peer-stranger", "peer", [first, *self.frames("peer", 2)]
+            if k == 1:  # the challenge opened, then a proof that is not one
+                auth = pm.PeerAuth(r.choice([STRANGER_ID, 0]), self.cluster, r.randbytes(16))
+                proof = pm.PeerProof(r.randbytes(32))
+                data = PEER_MAGIC + self._frame(encode(auth)) + self._frame(encode(proof))
+                return "peer-stranger", "peer", [Input("bad-proof", data), *self.frames("peer", 2)]
             inputs = self.frames("peer", PER_CONNECTION)
-            for inp in inputs:
-                inp.needs_answer = False
-            inputs[0].data = PEER_MAGIC + self._not_hello(inputs[0].data)
-            return "peer-no-hello", "peer", inputs
+            inputs[0].data = PEER_MAGIC + inputs[0].data
+            return "peer-stranger", "peer", inputs
+        # A member: the link opened and proved (dial_peer), then a hello and anything.
+        self.member_id = next(self.member_ids)
         if r.random() < 0.8:
-            first = Input("peer-hello", PEER_MAGIC + self.peer_hello())
+            first = Input("peer-hello", self.peer_hello())
         else:
             body, tree, _ = self._mutated("peer")
-            first = Input("mutated-hello", PEER_MAGIC + self._frame(body), tree)
+            first = Input("mutated-hello", self._frame(body), tree)
         inputs = self.frames("peer", PER_CONNECTION)
         for inp in inputs:
             inp.needs_answer = False  # peers are not answered message by message
-        return "peer-hello", "peer", [first, *inputs]
-
-    def _not_hello(self, data: bytes) -> bytes:
-        """``data``, unless it decodes to a PeerHello (then a LIEM's frame):
-        this phase opens a link with anything else."""
-        with contextlib.suppress(RemoteProtocolError):
-            if any(isinstance(m, pm.PeerHello) for m in peer_reader(1 << 30).feed(data)):
-                return self._frame(encode(self.peer[10]))
-        return data
+        return "peer-member", "peer", [first, *inputs]
 
     def keep(self, side: str, tree: Any) -> None:
         corpus = self.corpus[side]
@@ -335,13 +354,24 @@ def _signature(phase: str, kind: str, msgs: list[Any], closed: bool) -> tuple[An
 
 
 async def one_connection(fz: Fuzzer, phase: str, addr: tuple[str, int], st: Stats) -> None:
+    t_gen = time.monotonic()
     conn_kind, side, inputs = fz.connection(phase)
+    gen = time.monotonic() - t_gen
+    if gen > st.gen_max[0]:
+        st.gen_max = (
+            gen,
+            f"{phase}/{conn_kind}: {[i.kind for i in inputs]}, {sum(len(i.data) for i in inputs):,} bytes",
+        )
     st.connections[conn_kind] += 1
     try:
         t0 = time.monotonic()
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(*addr), CONNECT_SECONDS)
+        if conn_kind == "peer-member":  # the preamble and the proof of the cluster secret, as a node does
+            opening = dial_peer(fz.config, fz.member_id, 0)
+        else:
+            opening = asyncio.open_connection(*addr)
+        reader, writer = await asyncio.wait_for(opening, CONNECT_SECONDS)
         st.connect_max = max(st.connect_max, time.monotonic() - t0)
-    except (OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, OverlayError) as exc:
         st.unanswered.append(f"{phase}/{conn_kind}: connect failed: {exc!r}")
         return
     try:
@@ -460,8 +490,10 @@ async def watch(procs: NodeProcesses, st: Stats, stop: asyncio.Event, t0: float)
         with contextlib.suppress(OSError):
             st.rss.append((time.monotonic() - t0, rss_of(pid)))
         st.growth.append((time.monotonic() - t0, len(st.behaviours)))
+        tick = time.monotonic()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
+        st.lag_max = max(st.lag_max, time.monotonic() - tick - 1.0)
 
 
 # -- the run -------------------------------------------------------------------------------------------
@@ -556,9 +588,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> tuple[Stats, dict[str,
     try:
         await ready(procs, control_token)
         rng = random.Random(args.seed)
-        fz = Fuzzer(
-            rng, load_config(config).schema, "fuzz", token, max_frame=load_config(config).cluster.max_frame_size
-        )
+        fz = Fuzzer(rng, load_config(config), token)
         stop = asyncio.Event()
         phase = ["warm-up"]
         t0 = time.monotonic()
@@ -686,6 +716,9 @@ def report(st: Stats, info: dict[str, Any], final: dict[str, Any], args: argpars
         print(f"  {tb[1]}× {tb[0]}")
     ok = ok and not tbs
     print(f"slowest accept of a connection: {st.connect_max:.2f} s")
+    print(
+        f"the fuzzer's own loop: late by {st.lag_max:.2f} s at most; slowest input made in {st.gen_max[0]:.2f} s ({st.gen_max[1][:160]})"
+    )
     print(f"connections neither answered nor closed: {len(st.unanswered)}{' ← FAIL' if st.unanswered else ''}")
     for u in st.unanswered[:10]:
         print(f"  {u}")

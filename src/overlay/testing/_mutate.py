@@ -188,6 +188,9 @@ def samples(schema: Schema, *, node: int = 0, peer: int = 1) -> tuple[list[cm.Cl
     ]
     peer_msgs: list[pm.PeerMessage] = [
         pm.PeerHello(peer, "fuzz"),
+        pm.PeerAuth(peer, "fuzz", b"n" * 16),
+        pm.PeerChallenge(node, b"n" * 16, b"p" * 32),
+        pm.PeerProof(b"p" * 32),
         pm.PeerError("protocol_error", "x"),
         pm.RoutingTableInit((pm.RouteItem(ch, RouteEntry(whole, (node,))),), 1, True),
         pm.ReplyRoutingTableInit(peer),
