@@ -178,7 +178,7 @@ class Fuzzer:
         self.client, self.peer = samples(config.schema, node=0, peer=STRANGER_ID)
         self.cluster = config.cluster.name
         self.token = token
-        self.corpus: dict[str, list[Any]] = {"client": [], "peer": []}
+        self.corpus: dict[str, list[bytes]] = {"client": [], "peer": []}
         self.incarnations = itertools.count(1)
         self.member_ids = itertools.cycle(range(STRANGER_ID, STRANGER_ID + MEMBER_IDS))
         self.member_id = STRANGER_ID  # the id of the member connection made last
@@ -193,7 +193,7 @@ class Fuzzer:
         donors = self.client if side == "client" else self.peer
         corpus = self.corpus[side]
         if corpus and self.rng.random() < 0.4:
-            tree = msgspec.msgpack.decode(self.m.encode(self.rng.choice(corpus)))  # a copy to mutate
+            tree = msgspec.msgpack.decode(self.rng.choice(corpus))  # kept packed: few objects for the GC
             for _ in range(self.rng.choice((1, 1, 2))):
                 tree = self.m.mutate(tree, donors)
             kind = "corpus"
@@ -299,10 +299,11 @@ class Fuzzer:
 
     def keep(self, side: str, tree: Any) -> None:
         corpus = self.corpus[side]
+        packed = self.m.encode(tree)
         if len(corpus) < CORPUS_MAX:
-            corpus.append(tree)
+            corpus.append(packed)
         else:
-            corpus[self.rng.randrange(CORPUS_MAX)] = tree
+            corpus[self.rng.randrange(CORPUS_MAX)] = packed
 
 
 # -- one connection --------------------------------------------------------------------------------
@@ -598,20 +599,17 @@ async def run(args: argparse.Namespace, workdir: Path) -> tuple[Stats, dict[str,
         info["rss_after_warmup"] = rss_of(procs.procs[0].pid)
         addr = procs.addr(0)
         budget = args.seconds - WARMUP_SECONDS
-        total = 0
         for name, share in PHASES:
             phase[0] = name
             end = time.monotonic() + budget * share
             limit = args.inputs * share
 
+            def tried(name: str = name) -> int:
+                return sum(n for (p, _), n in st.inputs.items() if p == name)
+
             async def worker(name: str = name, end: float = end, limit: float = limit) -> None:
-                nonlocal total
-                done = 0
-                while time.monotonic() < end and done * args.workers < limit and not stop.is_set():
-                    before = sum(st.inputs.values())
+                while time.monotonic() < end and tried() < limit and not stop.is_set():
                     await one_connection(fz, name, addr, st)
-                    done += sum(st.inputs.values()) - before
-                    total += 1
 
             await asyncio.gather(*(worker() for _ in range(args.workers)))
             await asyncio.sleep(1.0)  # the control traffic of this phase's end

@@ -25,6 +25,7 @@ Rules this module keeps:
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import random
 import typing
@@ -116,6 +117,8 @@ LONG: Final = 20_000
 DEEP: Final = 200
 # A raw nesting past the decoder's depth limit.
 DEEPER: Final = 5_000
+# Children of one list or map a mutation may pick among (a grown list has thousands).
+_FANOUT: Final = 64
 # Tags of the two protocols, for a swapped tag.
 _ALL_TAGS: Final = tuple(sorted({t.__name__ for t in typing.get_args(pm.PeerUnion) + typing.get_args(ClientUnion)}))
 
@@ -240,10 +243,11 @@ def _paths(value: Plain, limit: int = 4096) -> list[Path]:
     while todo and len(out) < limit:
         path, v = todo.pop(0) if len(todo) < 64 else todo.pop()
         out.append(path)
-        if isinstance(v, list):
-            todo.extend(((*path, i), item) for i, item in enumerate(v))
+        if isinstance(v, list):  # a grown list: every ``step``-th item, not a million paths
+            step = len(v) // _FANOUT + 1
+            todo.extend(((*path, i), v[i]) for i in range(0, len(v), step))
         elif isinstance(v, dict):
-            todo.extend(((*path, k), item) for k, item in v.items())
+            todo.extend(((*path, k), item) for k, item in itertools.islice(v.items(), _FANOUT))
     return out
 
 
@@ -344,9 +348,16 @@ class Mutator:
             return root
         if op == 5 and isinstance(node, list) and node:  # grow a list: a huge tuple
             item = node[r.randrange(len(node))]
-            # Rule 4: the copies stay under one frame (the tree may be grown again).
-            n = min(r.choice([2, 10, 100, 1000, 10_000]), self.max_size // (len(self.encode(item)) + 1))
-            node.extend([item] * n)
+            packed = self.encode(item)
+            # Rule 4: the copies stay under one frame.  A container is copied,
+            # not referenced (a later mutation inside a shared one would grow
+            # every reference), and at most a hundred times (its copies are
+            # objects to build); a scalar is immutable and may be shared.
+            n = min(r.choice([2, 10, 100, 1000, 10_000]), self.max_size // (len(packed) + 1))
+            if isinstance(item, (list, dict)):
+                node.extend(msgspec.msgpack.decode(packed) for _ in range(min(n, 100)))
+            else:
+                node.extend([item] * n)
             return root
         if op == 6 and isinstance(root, list) and root and isinstance(root[0], str):  # another type's tag
             root[0] = r.choice(_ALL_TAGS)
