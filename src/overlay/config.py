@@ -292,7 +292,8 @@ def _fields(struct: type[msgspec.Struct]) -> tuple[str, ...]:
 
 
 def _unknown(kind: str, name: str, where: str, known: tuple[str, ...]) -> ConfigError:
-    close = difflib.get_close_matches(name, known, n=1)
+    # str(): a dict handed to config_from_dict may have a key of another type.
+    close = difflib.get_close_matches(str(name), known, n=1)
     hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(known)}"
     return ConfigError(f"unknown {kind} {name!r}{' in ' + where if where else ''}; {hint}")
 
@@ -441,6 +442,8 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
         limits = _convert(doc.get("limits", {}), LimitSettings, "[limits]")
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from exc
+    except RecursionError:  # _numbers walks nested arrays; TOML allows any depth
+        raise ConfigError(f"{path}: a value is nested too deeply") from None
     if not nodes:
         raise ConfigError(f"{path}: no [[nodes]] declared")
     ids = [n.id for n in nodes]
@@ -525,6 +528,10 @@ def load_config(path: str | Path) -> ClusterConfig:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    except RecursionError:  # tomllib parses nested arrays and inline tables recursively
+        raise ConfigError(f"{path}: a value is nested too deeply") from None
+    except UnicodeDecodeError as exc:  # tomllib decodes the file itself
+        raise ConfigError(f"{path} is not UTF-8 text: {exc}") from None
     return _from_doc(doc, str(path))
 
 
@@ -542,5 +549,9 @@ def load_agent_settings(path: str | Path) -> AgentSettings:
         raise ConfigError(f"cannot read {path}: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
+    except RecursionError:
+        raise ConfigError(f"{path}: a value is nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not UTF-8 text: {exc}") from None
     except msgspec.ValidationError as exc:
         raise ConfigError(f"{path}: [agent]: {exc}") from exc

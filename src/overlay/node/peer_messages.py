@@ -1,7 +1,9 @@
 """Each peer message to the component that handles it (``node.core``'s dispatch).
 
 One ``match`` over the message types of SPEC §9 and what a deployment adds;
-a ``NotificationAck`` goes on by the leg its ``code`` names.  No state of
+a ``NotificationAck`` goes on by the leg its ``code`` names.  A message whose
+filters, events or spaces the schema refuses goes nowhere
+(``node.peer_checks``).  No state of
 its own: the components own theirs.
 """
 
@@ -23,6 +25,7 @@ from overlay.node.migration import Migration
 from overlay.node.notify import UNDELIVERABLE, Notifier
 from overlay.node.ordering import ACKED, COMPLETE, SEQUENCED, Ordering
 from overlay.node.outbox import Outbox, Receipts
+from overlay.node.peer_checks import check_peer_message
 from overlay.node.recovery import Recovery
 from overlay.node.router import Router
 from overlay.node.sessions import Sessions
@@ -79,6 +82,7 @@ class PeerMessages:
         self._peer_hello = peer_hello
 
     def handle(self, src: int, msg: pm.PeerMessage, now: float, out: list[Action]) -> None:
+        check_peer_message(msg, self._ctx.schema)  # what only the schema can judge (node.peer_checks)
         match msg:
             case pm.Event():
                 self._router.on_event(msg, out)

@@ -26,6 +26,9 @@ What is here:
 * ``MemoryLink`` (``overlay.testing.memory_link``) — one direction between
   two node cores held in memory, for harnesses that drive ``NodeCore``s
   without sockets (the core-pair links and the simulator of SPEC §15).
+* ``Mutator``, ``samples`` — one valid message of every wire type over a
+  schema, and their mutations (absurd field values, cut and rewritten
+  frames) for the fuzzers (``tests/test_fuzz_*.py``, ``bench/fuzz.py``).
 * ``wait_until``, ``nodes_quiet``, ``bound_socket``, ``free_ports`` — bounded
   condition waits and loopback sockets; ``insecure_tls``, ``dev_tls`` — how
   test nodes talk (plain TCP with a secret, or TLS with development
@@ -58,6 +61,7 @@ from overlay.testing._loopback import (
     wait_until,
     with_tls_table,
 )
+from overlay.testing._mutate import Mutator, samples
 from overlay.testing._peer import accept_peer, dial_peer
 from overlay.testing._processes import NodeProcesses, Partition, log_time, write_cluster_config
 from overlay.testing._raw_client import RawClient
@@ -73,6 +77,7 @@ __all__ = [
     "Ledger",
     "LoopbackCluster",
     "MemoryLink",
+    "Mutator",
     "NodeProcesses",
     "Partition",
     "RawClient",
@@ -91,6 +96,7 @@ __all__ = [
     "override",
     "publish_steadily",
     "range_subscriptions",
+    "samples",
     "skewed_price",
     "tls_toml",
     "wait_until",
