@@ -82,6 +82,7 @@ def test_an_unsubscribed_subscription_is_owed_only_what_was_acknowledged_before_
     publish(audit, 1, 2.0)  # PubAck at 2.01: owed
     publish(audit, 2, 2.995)  # PubAck at 3.005, after the unsubscribe: may come, at most once
     publish(audit, 3, 4.0)
+    publish(audit, 4, 2.5, key="k", rank=1)  # keyed: the home may release it after the unsubscribe
     audit.unsubscribed("churn", 3.0)
     assert audit.owed() == [("churn", 1)]
     audit.deliver("churn", note(1, 3.2))

@@ -38,7 +38,10 @@ Rules:
    asked) is owed only the events PubAck'ed before that moment — a PubAck
    promises the notification reached the access node, not the application,
    so the caller keeps reading a while after it; later events may reach it
-   at most once.  Its iteration ending then is no breach.
+   at most once.  A keyed event is never owed to it: its PubAck says only
+   that the key's home holds it, and the home may release it long after
+   (behind a missing rank, ``hold_ttl``), when the subscription is gone.
+   Its iteration ending is no breach.
 7. **Order.**  Events published with a ``key`` and a ``rank`` reach every
    receiver in rank order: for each (receiver, key), ranks strictly
    increase with the time they were received — a group's instances taken
@@ -222,7 +225,8 @@ class Audit:
             since = s.counts_from()
             for _, qty in acked[bisect.bisect_left(acked, (since, -1)) :]:
                 ev = self.events[qty]
-                if ev.acked <= s.closed and s.filter.matches(ev.values):
+                in_window = s.closed == NEVER or (not ev.key and ev.acked <= s.closed)  # rule 6
+                if in_window and s.filter.matches(ev.values):
                     out.append((name, qty))
         return out
 
