@@ -344,7 +344,7 @@ class Clients:
             return
         if not event_id:
             event_id = ctx.next_event_id()
-        self._ordering.remember_publish(event_id, sess.id, msg.seq)
+        self._ordering.remember_publish(event_id, sess.id, msg.seq, now)
         ctx.stats["events_in"] += 1
         if ctx.capture is not None:
             ctx.capture.publish(event_id, chid, values)
