@@ -9,11 +9,13 @@ What it does:
 
 1. **Cluster.**  Three ``overlay node`` processes (``overlay.testing.NodeProcesses``)
    of a generated config: balancing on, slices of ``--slice`` s, the failure
-   settings' defaults, and ``[auth]``: every client presents a token signed
-   with the run's own Ed25519 key (``overlay.auth``), with only the roles it
-   needs — publishers ``publish``, subscribers ``subscribe``, the operator
-   ``admin`` for the drain.  TLS is not on this branch yet: the run says so
-   in its first lines, and the nodes talk plain TCP.
+   settings' defaults; TLS on every port with development certificates
+   (``overlay.testing.dev_tls``: peers authenticated by their certificates,
+   clients verifying the nodes, the admin endpoint over HTTPS); and
+   ``[auth]``: every client presents a token signed with the run's own
+   Ed25519 key (``overlay.auth``), with only the roles it needs — publishers
+   ``publish``, subscribers ``subscribe``, the operator ``admin`` for the
+   drain.  ``--no-tls``: plain TCP, peers proving a secret (the run says so).
 2. **Traffic**, all of it through ``AgentClient``s (each connected to every
    node, as a real client of a 3-node cluster is):
 
@@ -81,12 +83,15 @@ from overlay.channels import parse_subscription
 from overlay.client import AgentClient
 from overlay.config import ClusterConfig, load_config
 from overlay.errors import OverlayError, RequestError
+from overlay.security import client_ssl
 from overlay.testing import (
     Audit,
     NodeProcesses,
     Verdict,
     consume,
+    dev_tls,
     free_ports,
+    insecure_tls,
     publish_steadily,
     skewed_price,
     write_cluster_config,
@@ -210,9 +215,11 @@ class Soak:
             name="soak",
             settings=settings,
             admin_ports=self.admin_ports,
+            tls=insecure_tls() if args.no_tls else dev_tls(range(NODES)),
             tables={"auth": {"public_keys": [str(public)], "signing_key": str(private)}},
         )
         self.config: ClusterConfig = load_config(self.config_path)
+        self.ssl = client_ssl(self.config)  # None without TLS
         self.procs = NodeProcesses(self.config_path, self.addresses, workdir)
         self.audit = Audit()
         self.clients: list[AgentClient] = []
@@ -233,7 +240,9 @@ class Soak:
         return local_token(self.config, subject, *roles, ttl=self.duration + TOKEN_MARGIN)
 
     async def agent(self, name: str, *roles: str) -> AgentClient:
-        a = AgentClient(self.addresses, client_id=name, token=self.token(name, *roles), error_cb=self.client_error)
+        a = AgentClient(
+            self.addresses, client_id=name, token=self.token(name, *roles), error_cb=self.client_error, ssl=self.ssl
+        )
         self.clients.append(a)
         await a.connect()
         if "publish" in roles:
@@ -397,11 +406,12 @@ class Soak:
             tl.drain = time.time()
             self.note(f"drain node {DRAINED} …")
             token = self.token("soak-ops", "admin")
-            url = f"http://127.0.0.1:{self.admin_ports[DRAINED]}/drain"
+            scheme = "http" if self.ssl is None else "https"
+            url = f"{scheme}://127.0.0.1:{self.admin_ports[DRAINED]}/drain"
             timeout = aiohttp.ClientTimeout(total=DRAIN_TIMEOUT)
             async with (
                 aiohttp.ClientSession(timeout=timeout) as http,
-                http.post(url, headers={"Authorization": f"Bearer {token}"}) as resp,
+                http.post(url, headers={"Authorization": f"Bearer {token}"}, ssl=self.ssl or False) as resp,
             ):
                 body = await resp.json(content_type=None)
                 if resp.status != 200:
@@ -470,7 +480,12 @@ class Soak:
             f"(2 homes each), group {GROUP!r} of {INSTANCES}, {args.churn} churn lanes, {LOAD_SUBS} load "
             f"subscriptions; node {DRAINED} drained at {args.drain_at:.0%} and re-joined after {args.down:g}s down"
         )
-        print("security: [auth] tokens on every client (Ed25519, roles per client); TLS: OFF — not on main yet")
+        tls = (
+            "TLS: OFF (--no-tls: plain TCP, peers proving the cluster secret)"
+            if self.ssl is None
+            else "TLS on every port (development CA; peers by certificate, admin over HTTPS)"
+        )
+        print(f"security: {tls}; [auth] tokens on every client (Ed25519, roles per client)")
         await self.setup()
         await self.start_traffic()
         print(
@@ -740,6 +755,7 @@ def main() -> int:
     )
     ap.add_argument("--down", type=float, default=10.0, help="seconds the drained node stays stopped (default 10)")
     ap.add_argument("--slice", type=float, default=1.0, help="T in seconds (default 1)")
+    ap.add_argument("--no-tls", action="store_true", help="plain TCP instead of TLS (tokens still on)")
     ap.add_argument("--logs", type=Path, help="copy the nodes' logs into this directory")
     ap.add_argument("--dump", type=Path, help="write everything the audit saw to this JSON file (a post-mortem)")
     args = ap.parse_args()

@@ -50,11 +50,12 @@ What it does:
    with a second publisher process; (3) every process's CPU during each run
    (server / publisher / subscribers / the rest of the machine).
 7. **Cost of security** (``--secure``, or the systems ``overlay-1-sec`` and
-   ``overlay-3-sec``): the overlay runs again with ``[auth]`` — every client
-   presents a token with the one role it needs, checked at its Hello and
-   each publish against it (TLS is not on this branch yet: tokens over plain
-   TCP) — and the report sets deliveries/s and p99 of each configuration
-   beside the plain run's, with the cost (1 − secure/plain).
+   ``overlay-3-sec``): the overlay runs again with TLS on every port
+   (development certificates made for the run: clients verify the node,
+   peers authenticate each other) and ``[auth]`` — every client presents a
+   token with the one role it needs, checked at its Hello and each publish
+   against it — and the report sets deliveries/s and p99 of each
+   configuration beside the plain run's, with the cost (1 − secure/plain).
 8. **The machine.**  It has 2 cores, shared by every process of a run — and
    possibly by other work.  The bench runs its processes at ``BENCH_NICE``
    (and its scheduler autogroup too, restored on exit) so the neighbours
@@ -432,7 +433,7 @@ HEADER: Final = (
 def print_security_cost(runs: dict[tuple[str, int], Run], lat_runs: dict[str, Run]) -> None:
     """Each secured configuration beside its plain twin: deliveries/s, p99, the cost."""
     print()
-    print("cost of security (secured: [auth] tokens; TLS not on this branch yet), median runs:")
+    print("cost of security (secured: TLS on every port and [auth] tokens), median runs:")
     for (key, fanout), sec in runs.items():
         if not key.endswith(SECURE) or (plain := runs.get((key.removesuffix(SECURE), fanout))) is None:
             continue
@@ -471,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--secure",
         action="store_true",
-        help="run each overlay system selected plain and secured ([auth] tokens), with the cost of security; "
+        help="run each overlay system selected plain and secured (TLS and tokens), with the cost of security; "
         "--profile then profiles the secured cluster",
     )
     ap.add_argument(

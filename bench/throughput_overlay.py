@@ -3,9 +3,10 @@ publisher and subscriber processes, and the null node of the load-generator
 check.
 
 A *secure* cluster (``overlay_cluster(..., secure=True)``) is the same with
+TLS on every port — development certificates made for the run, peers
+authenticated by them, clients verifying the node against the CA — and
 ``[auth]``: keys made for the run, every client presenting a token with the
 one role it needs (``ClientSecurity``), each publish checked against it.
-TLS is not on this branch yet: the secure runs are tokens over plain TCP.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ TOKEN_TTL: Final = 3600.0
 
 def bench_config(ports: Sequence[int], secure_dir: Path | None = None) -> Any:
     """The bench cluster's config: plain TCP, as the MQTT brokers it is compared
-    with run here; with ``secure_dir``, ``[auth]`` with keys made there."""
+    with run here; with ``secure_dir``, TLS with development certificates and
+    ``[auth]`` with keys, both made there."""
     from overlay.auth import generate_keys
     from overlay.config import config_from_dict
 
@@ -68,26 +70,40 @@ def bench_config(ports: Sequence[int], secure_dir: Path | None = None) -> Any:
         },
     }
     if secure_dir is not None:
+        from overlay.security.certs import make_dev_certs
+
+        certs = secure_dir / "certs"
+        make_dev_certs(certs, [(i, HOST) for i in range(len(ports))])
+        doc["tls"] = {
+            "ca": str(certs / "ca.pem"),
+            "cert": str(certs / "node-{id}.pem"),
+            "key": str(certs / "node-{id}.key"),
+        }
         private, public = generate_keys(secure_dir / "keys")
         doc["auth"] = {"public_keys": [str(public)], "signing_key": str(private)}
     return config_from_dict(doc, "<bench>")
 
 
 def client_security(cfg: Any) -> ClientSecurity:
-    """Tokens for a secure run's clients, signed with the config's key."""
+    """Tokens for a secure run's clients, signed with the config's key, and its CA."""
     from overlay.auth.keys import local_token
 
     return ClientSecurity(
         local_token(cfg, "bench-pub", "publish", ttl=TOKEN_TTL),
         local_token(cfg, "bench-sub", "subscribe", ttl=TOKEN_TTL),
+        cfg.tls.ca,
     )
 
 
 def client_options(security: ClientSecurity | None, role: str) -> dict[str, Any]:
-    """``Client`` keyword arguments for a ``pub`` or ``sub`` process."""
+    """``Client`` keyword arguments for a ``pub`` or ``sub`` process (its own
+    TLS context: made in the process that uses it)."""
     if security is None:
         return {}
-    return {"token": security.pub_token if role == "pub" else security.sub_token}
+    from overlay.security import client_context
+
+    token = security.pub_token if role == "pub" else security.sub_token
+    return {"token": token, "ssl": client_context(security.ca) if security.ca else None}
 
 
 def _node_main(cfg: Any, node_id: int, sock: socket.socket, ready: Any, profile: str | None) -> None:
