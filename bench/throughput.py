@@ -1,7 +1,7 @@
 """Publish→notify throughput and latency: the overlay against Mosquitto and amqtt.
 
 Run as ``.venv/bin/python bench/throughput.py [--quick] [--repeat N] [--only …]
-[--profile]``; ``make bench`` installs the ``bench`` extra first.
+[--secure] [--profile]``; ``make bench`` installs the ``bench`` extra first.
 
 This file runs the bench; next to it, ``throughput_overlay.py`` holds the
 overlay side (its nodes, publisher and subscriber processes, null node),
@@ -49,13 +49,21 @@ What it does:
    against a firehose of pre-encoded notifications; (2) the 1→1 runs again
    with a second publisher process; (3) every process's CPU during each run
    (server / publisher / subscribers / the rest of the machine).
-7. **The machine.**  It has 2 cores, shared by every process of a run — and
+7. **Cost of security** (``--secure``, or the systems ``overlay-1-sec`` and
+   ``overlay-3-sec``): the overlay runs again with TLS on every port
+   (development certificates made for the run: clients verify the node,
+   peers authenticate each other) and ``[auth]`` — every client presents a
+   token with the one role it needs, checked at its Hello and each publish
+   against it — and the report sets deliveries/s and p99 of each
+   configuration beside the plain run's, with the cost (1 − secure/plain).
+8. **The machine.**  It has 2 cores, shared by every process of a run — and
    possibly by other work.  The bench runs its processes at ``BENCH_NICE``
    (and its scheduler autogroup too, restored on exit) so the neighbours
    disturb it less; the "other" CPU column shows what they still took.
 
 Targets (one node, 1→1): overlay ≥ 5× amqtt and ≥ 0.5× Mosquitto
-throughput; p99 ≤ 5 ms at 5k msgs/s.
+throughput; p99 ≤ 5 ms at 5k msgs/s; security costs ≤ 25 % of the plain
+deliveries/s.
 """
 
 from __future__ import annotations
@@ -123,6 +131,8 @@ REPEATS: Final = 3
 TARGET_AMQTT: Final = 5.0
 TARGET_MOSQUITTO: Final = 0.5
 TARGET_P99_MS: Final = 5.0
+TARGET_SECURE_COST: Final = 0.25  # of the plain deliveries/s
+SECURE: Final = "-sec"  # the suffix of a secure overlay system
 
 
 # == servers ========================================================================
@@ -192,7 +202,15 @@ def run_workload(
         progress = CTX.Value("q", 0, lock=False)
         rx, tx = CTX.Pipe(duplex=False)
         if target.kind == "overlay":
-            args: tuple[Any, ...] = ([target.sub_addr(i) for i in slots], warmup, ready, stop, progress, tx)
+            args: tuple[Any, ...] = (
+                [target.sub_addr(i) for i in slots],
+                warmup,
+                ready,
+                stop,
+                progress,
+                tx,
+                target.security,
+            )
             fn: Callable[..., None] = _overlay_sub_main
         else:
             args = (target.pub[1], len(slots), warmup, ready, stop, progress, tx)
@@ -210,7 +228,17 @@ def run_workload(
         prx, ptx = CTX.Pipe(duplex=False)
         if target.kind == "overlay":
             pfn: Callable[..., None] = _overlay_pub_main
-            pargs: tuple[Any, ...] = (target.pub, n // publishers, warmup, share, limit, pub_ready, go, ptx)
+            pargs: tuple[Any, ...] = (
+                target.pub,
+                n // publishers,
+                warmup,
+                share,
+                limit,
+                pub_ready,
+                go,
+                ptx,
+                target.security,
+            )
         else:
             pfn = _mqtt_pub_main
             pargs = (target.pub[1], n // publishers, warmup, share, limit, pub_ready, go, ptx)
@@ -283,6 +311,8 @@ def run_workload(
 SYSTEMS: Final[dict[str, tuple[str, str, Callable[..., contextlib.AbstractContextManager[Target]]]]] = {
     "overlay-1": ("overlay", "1", lambda prof=None: overlay_cluster(1, prof)),
     "overlay-3": ("overlay", "3", lambda prof=None: overlay_cluster(3, prof)),
+    "overlay-1-sec": ("overlay-sec", "1", lambda prof=None: overlay_cluster(1, prof, secure=True)),
+    "overlay-3-sec": ("overlay-sec", "3", lambda prof=None: overlay_cluster(3, prof, secure=True)),
     "mosquitto": ("mosquitto", "1", lambda prof=None: mosquitto_broker()),
     "amqtt": ("amqtt", "1", lambda prof=None: amqtt_broker()),
 }
@@ -388,16 +418,38 @@ def _row(r: Run, spread: Sequence[Run] = ()) -> str:
         lo, hi = min(x.throughput for x in spread), max(x.throughput for x in spread)
         rng = f"{lo / 1000:.0f}–{hi / 1000:.0f}k"
     return (
-        f"{r.system:<10} {r.nodes:>5} {('1→' + str(r.fanout)):>6} {r.offered:>8} {r.sent:>8,} {r.delivered:>10,} "
+        f"{r.system:<11} {r.nodes:>5} {('1→' + str(r.fanout)):>6} {r.offered:>8} {r.sent:>8,} {r.delivered:>10,} "
         f"{r.lost:>6,} {_fmt_rate(r.throughput):>9} {rng:>9} {_fmt_rate(r.events_per_s):>9} "
         f"{r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {r.server_us:>7.1f} {cpu:>15}  {'; '.join(r.notes)}"
     )
 
 
 HEADER: Final = (
-    f"{'system':<10} {'nodes':>5} {'fan':>6} {'offered':>8} {'events':>8} {'delivered':>10} "
+    f"{'system':<11} {'nodes':>5} {'fan':>6} {'offered':>8} {'events':>8} {'delivered':>10} "
     f"{'lost':>6} {'deliv/s':>9} {'range':>9} {'events/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'srv µs':>7} {'CPU% s/p/s/oth':>15}  notes"
 )
+
+
+def print_security_cost(runs: dict[tuple[str, int], Run], lat_runs: dict[str, Run]) -> None:
+    """Each secured configuration beside its plain twin: deliveries/s, p99, the cost."""
+    print()
+    print("cost of security (secured: TLS on every port and [auth] tokens), median runs:")
+    for (key, fanout), sec in runs.items():
+        if not key.endswith(SECURE) or (plain := runs.get((key.removesuffix(SECURE), fanout))) is None:
+            continue
+        cost = 1 - sec.throughput / plain.throughput if plain.throughput else float("nan")
+        verdict = "met" if cost <= TARGET_SECURE_COST else "NOT met"
+        print(
+            f"  {plain.nodes} node{'s' if plain.nodes != '1' else ''} 1→{fanout:<2} deliv/s plain {_fmt_rate(plain.throughput):>9}"
+            f", secured {_fmt_rate(sec.throughput):>9}: cost {cost:6.1%} (target ≤ {TARGET_SECURE_COST:.0%}, {verdict}); "
+            f"p99 {plain.p99_ms:.2f} → {sec.p99_ms:.2f} ms"
+        )
+    for key, sec in lat_runs.items():
+        if key.endswith(SECURE) and (plain := lat_runs.get(key.removesuffix(SECURE))) is not None:
+            print(
+                f"  {plain.nodes} node 1→1 at {FIXED_RATE:,}/s offered: p99 plain {plain.p99_ms:.2f} ms, "
+                f"secured {sec.p99_ms:.2f} ms (p50 {plain.p50_ms:.2f} → {sec.p50_ms:.2f})"
+            )
 
 
 def print_profile(profile_dir: str) -> None:
@@ -412,7 +464,17 @@ def print_profile(profile_dir: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a tenth of the messages, one repeat (a smoke run)")
-    ap.add_argument("--only", default="", help="comma-separated systems to run (overlay-1,overlay-3,mosquitto,amqtt)")
+    ap.add_argument(
+        "--only",
+        default="",
+        help="comma-separated systems to run (overlay-1,overlay-3,mosquitto,amqtt; overlay-1-sec,overlay-3-sec)",
+    )
+    ap.add_argument(
+        "--secure",
+        action="store_true",
+        help="run each overlay system selected plain and secured (TLS and tokens), with the cost of security; "
+        "--profile then profiles the secured cluster",
+    )
     ap.add_argument(
         "--repeat", type=int, default=REPEATS, help="runs per configuration; the median is shown (default %(default)s)"
     )
@@ -433,10 +495,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     scale = 0.1 if args.quick else 1.0
     reps = 1 if args.quick else max(1, args.repeat)
-    keys = [k for k in (args.only.split(",") if args.only else SYSTEMS) if k]
+    keys = [k for k in (args.only.split(",") if args.only else (k for k in SYSTEMS if SECURE not in k)) if k]
     for k in keys:
         if k not in SYSTEMS:
             ap.error(f"unknown system {k!r}")
+    if args.secure:  # each overlay system beside its secured twin
+        keys = list(dict.fromkeys(x for k in keys for x in ((k, k + SECURE) if k + SECURE in SYSTEMS else (k,))))
 
     ensure_python_deps()
     # A plain kill still runs the atexit hooks (set_priority restores the group).
@@ -499,6 +563,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"  overlay p99 at {FIXED_RATE:,}/s offered: {ov_lat.p99_ms:.2f} ms (p50 {ov_lat.p50_ms:.2f}, "
             f"max {ov_lat.max_ms:.2f})   target ≤ {TARGET_P99_MS} ms  {verdict}"
         )
+    if any(SECURE in k for k in keys):
+        print_security_cost(runs, lat_runs)
 
     if not args.no_check:
         print()
@@ -534,10 +600,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             prof = args.profile_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-profile-"))
             Path(prof).mkdir(parents=True, exist_ok=True)
-            with overlay_cluster(args.profile_nodes, prof) as target:
+            with overlay_cluster(args.profile_nodes, prof, secure=args.secure) as target:
                 r = run_workload(
                     target,
-                    Run("overlay", str(args.profile_nodes), 1, "max"),
+                    Run("overlay-sec" if args.secure else "overlay", str(args.profile_nodes), 1, "max"),
                     int(EVENTS_1TO1 * scale),
                     limit=TIME_LIMIT,
                 )

@@ -1,7 +1,8 @@
 """What both sides of bench/throughput.py share: the address, payload size,
-topic and timeouts, the fork context, where a run connects (``Target``), what
-client processes report (``PubResult``, ``SubResult``), publish pacing, and
-helpers for ports, scheduling priority and CPU accounting."""
+topic and timeouts, the fork context, where a run connects (``Target``) and
+with what credentials (``ClientSecurity``), what client processes report
+(``PubResult``, ``SubResult``), publish pacing, and helpers for ports,
+scheduling priority and CPU accounting."""
 
 from __future__ import annotations
 
@@ -95,6 +96,17 @@ def machine_busy() -> float:
 # == servers ========================================================================
 
 
+@dataclass(frozen=True)
+class ClientSecurity:
+    """What the clients of a secured overlay present: a token each (the
+    publisher's with the ``publish`` role, the subscribers' with
+    ``subscribe``) and, with TLS, the cluster CA they verify the node with."""
+
+    pub_token: str
+    sub_token: str
+    ca: str = ""  # a PEM file; "" when the nodes speak plain TCP
+
+
 @dataclass
 class Target:
     """Where a run's clients connect, and which processes are the server."""
@@ -103,6 +115,7 @@ class Target:
     pub: tuple[str, int]
     subs: list[tuple[str, int]]  # one address per subscriber slot, reused round-robin
     server_pids: list[int]
+    security: ClientSecurity | None = None
 
     def sub_addr(self, i: int) -> tuple[str, int]:
         return self.subs[i % len(self.subs)]

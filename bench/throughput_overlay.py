@@ -1,6 +1,13 @@
 """The overlay side of bench/throughput.py: its config and node processes, its
 publisher and subscriber processes, and the null node of the load-generator
-check."""
+check.
+
+A *secure* cluster (``overlay_cluster(..., secure=True)``) is the same with
+TLS on every port — development certificates made for the run, peers
+authenticated by them, clients verifying the node against the CA — and
+``[auth]``: keys made for the run, every client presenting a token with the
+one role it needs (``ClientSecurity``), each publish checked against it.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +18,25 @@ import cProfile
 import os
 import signal
 import socket
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, Final
 
-from throughput_common import CTX, HOST, PAYLOAD_BYTES, STARTUP_TIMEOUT, TOPIC, PubResult, SubResult, Target, _paced
+from throughput_common import (
+    CTX,
+    HOST,
+    PAYLOAD_BYTES,
+    STARTUP_TIMEOUT,
+    TOPIC,
+    ClientSecurity,
+    PubResult,
+    SubResult,
+    Target,
+    _paced,
+)
 
 OVERLAY_PAYLOAD: Final = "x" * PAYLOAD_BYTES
 # The overlay's analogue of one MQTT topic: a distinguishing string attribute
@@ -25,28 +45,65 @@ OVERLAY_FILTER: Final = f'topic = "{TOPIC}"'
 # Generous per-subscription and per-connection queues so a short burst is not
 # dropped as a slow consumer: the run measures delivery, not the drop policy.
 SUB_QUEUE: Final = 100_000
+# The life of a secure run's tokens: longer than any run.
+TOKEN_TTL: Final = 3600.0
 
 
-def bench_config(ports: Sequence[int]) -> Any:
+def bench_config(ports: Sequence[int], secure_dir: Path | None = None) -> Any:
+    """The bench cluster's config: plain TCP, as the MQTT brokers it is compared
+    with run here; with ``secure_dir``, TLS with development certificates and
+    ``[auth]`` with keys, both made there."""
+    from overlay.auth import generate_keys
     from overlay.config import config_from_dict
 
-    return config_from_dict(
-        {
-            "cluster": {"name": "bench", "initializer": 0, "balancing": False},
-            # Plain TCP, as the MQTT brokers it is compared with run here.
-            "tls": {"insecure": True, "secret": "throughput bench secret"},
-            "nodes": [{"id": i, "host": HOST, "port": p} for i, p in enumerate(ports)],
-            "schema": {
-                "distinguishing": ["topic"],
-                "attributes": [
-                    {"name": "topic", "type": "string", "min": 1, "max": 64},
-                    {"name": "n", "type": "int", "min": 0, "max": 2**31 - 1},
-                    {"name": "payload", "type": "string", "min": 0, "max": 4 * PAYLOAD_BYTES},
-                ],
-            },
+    doc: dict[str, Any] = {
+        "cluster": {"name": "bench", "initializer": 0, "balancing": False},
+        "tls": {"insecure": True, "secret": "throughput bench secret"},
+        "nodes": [{"id": i, "host": HOST, "port": p} for i, p in enumerate(ports)],
+        "schema": {
+            "distinguishing": ["topic"],
+            "attributes": [
+                {"name": "topic", "type": "string", "min": 1, "max": 64},
+                {"name": "n", "type": "int", "min": 0, "max": 2**31 - 1},
+                {"name": "payload", "type": "string", "min": 0, "max": 4 * PAYLOAD_BYTES},
+            ],
         },
-        "<bench>",
+    }
+    if secure_dir is not None:
+        from overlay.security.certs import make_dev_certs
+
+        certs = secure_dir / "certs"
+        make_dev_certs(certs, [(i, HOST) for i in range(len(ports))])
+        doc["tls"] = {
+            "ca": str(certs / "ca.pem"),
+            "cert": str(certs / "node-{id}.pem"),
+            "key": str(certs / "node-{id}.key"),
+        }
+        private, public = generate_keys(secure_dir / "keys")
+        doc["auth"] = {"public_keys": [str(public)], "signing_key": str(private)}
+    return config_from_dict(doc, "<bench>")
+
+
+def client_security(cfg: Any) -> ClientSecurity:
+    """Tokens for a secure run's clients, signed with the config's key, and its CA."""
+    from overlay.auth.keys import local_token
+
+    return ClientSecurity(
+        local_token(cfg, "bench-pub", "publish", ttl=TOKEN_TTL),
+        local_token(cfg, "bench-sub", "subscribe", ttl=TOKEN_TTL),
+        cfg.tls.ca,
     )
+
+
+def client_options(security: ClientSecurity | None, role: str) -> dict[str, Any]:
+    """``Client`` keyword arguments for a ``pub`` or ``sub`` process (its own
+    TLS context: made in the process that uses it)."""
+    if security is None:
+        return {}
+    from overlay.security import client_context
+
+    token = security.pub_token if role == "pub" else security.sub_token
+    return {"token": token, "ssl": client_context(security.ca) if security.ca else None}
 
 
 def _node_main(cfg: Any, node_id: int, sock: socket.socket, ready: Any, profile: str | None) -> None:
@@ -81,7 +138,7 @@ def _node_main(cfg: Any, node_id: int, sock: socket.socket, ready: Any, profile:
 
 
 @contextlib.contextmanager
-def overlay_cluster(nodes: int, profile_dir: str | None = None) -> Iterator[Target]:
+def overlay_cluster(nodes: int, profile_dir: str | None = None, *, secure: bool = False) -> Iterator[Target]:
     socks = []
     for _ in range(nodes):
         s = socket.socket()
@@ -89,7 +146,9 @@ def overlay_cluster(nodes: int, profile_dir: str | None = None) -> Iterator[Targ
         s.listen(1024)
         socks.append(s)
     ports = [s.getsockname()[1] for s in socks]
-    cfg = bench_config(ports)
+    keys = tempfile.TemporaryDirectory(prefix="bench-secure-") if secure else None
+    cfg = bench_config(ports, Path(keys.name) if keys else None)
+    security = client_security(cfg) if secure else None
     procs = []
     try:
         for i, s in enumerate(socks):
@@ -104,13 +163,15 @@ def overlay_cluster(nodes: int, profile_dir: str | None = None) -> Iterator[Targ
                 raise RuntimeError(f"{p.name} did not start")
         addrs = [(HOST, port) for port in ports]
         if nodes == 1:
-            yield Target("overlay", addrs[0], [addrs[0]], [p.pid for p, _ in procs])
+            yield Target("overlay", addrs[0], [addrs[0]], [p.pid for p, _ in procs], security)
         else:
             # Publisher on node 1, the channel on node 0 (the initializer owns
             # EC), subscribers from node 2 on: every event crosses nodes.
             subs = [addrs[(2 + i) % nodes] for i in range(nodes)]
-            yield Target("overlay", addrs[1], subs, [p.pid for p, _ in procs])
+            yield Target("overlay", addrs[1], subs, [p.pid for p, _ in procs], security)
     finally:
+        if keys is not None:
+            keys.cleanup()
         for p, _ in procs:
             if p.is_alive():
                 os.kill(p.pid, signal.SIGTERM)
@@ -126,14 +187,22 @@ def overlay_event(i: int) -> dict[str, Any]:
 
 
 def _overlay_pub_main(
-    addr: tuple[str, int], n: int, warmup: int, rate: float | None, limit: float, ready: Any, go: Any, out: Connection
+    addr: tuple[str, int],
+    n: int,
+    warmup: int,
+    rate: float | None,
+    limit: float,
+    ready: Any,
+    go: Any,
+    out: Connection,
+    security: ClientSecurity | None = None,
 ) -> None:
     import uvloop
 
     from overlay.client import Client
 
     async def main() -> PubResult:
-        client = await Client([addr]).connect()
+        client = await Client([addr], **client_options(security, "pub")).connect()
         ready.set()
         await asyncio.get_running_loop().run_in_executor(None, go.wait)
         pace = _paced(rate)
@@ -160,14 +229,20 @@ def _overlay_pub_main(
 
 
 def _overlay_sub_main(
-    addrs: list[tuple[str, int]], warmup: int, ready: Any, stop: Any, progress: Any, out: Connection
+    addrs: list[tuple[str, int]],
+    warmup: int,
+    ready: Any,
+    stop: Any,
+    progress: Any,
+    out: Connection,
+    security: ClientSecurity | None = None,
 ) -> None:
     import uvloop
 
     from overlay.client import Client
 
     async def main() -> SubResult:
-        clients = [await Client([a]).connect() for a in addrs]
+        clients = [await Client([a], **client_options(security, "sub")).connect() for a in addrs]
         subs = [await c.subscribe(OVERLAY_FILTER, queue_size=SUB_QUEUE) for c in clients]
         lat = array.array("d")
         state = {"n": 0, "first": 0.0, "last": 0.0}

@@ -2,8 +2,11 @@
 
 Drain: the refusals (last node, twice, before ready), the moves through the
 ordinary migration messages to the lightest peer, the journal, the leaving
-hello and what the peers do with it.  Join: a hello from an unknown node with
-its address adds it (AddPeer before the table), one without an address does not.
+hello and what the peers do with it — its clients' subscriptions dropped even
+when their unsubscriptions died with it, its receipts no longer waited for —
+and a node that left refusing new clients.  Join: a hello from an unknown
+node with its address adds it (AddPeer before the table), one without an
+address does not; a drained node that restarts joins again.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from __future__ import annotations
 import pytest
 
 from coreworld import CONFIG
-from overlay.actions import AddPeer, ToPeer
+from overlay.actions import AddPeer, CloseClient, ToPeer
 from overlay.channels.channel import ChannelId
 from overlay.errors import LocalProtocolError
+from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.testing.corelink import CoreLink
 
@@ -107,3 +111,61 @@ def test_a_drained_node_that_restarts_joins_again():
     assert [type(a) for a in acts] == [AddPeer, ToPeer] and 1 in net.cores[2].peers
     assert isinstance(acts[1].msg, pm.RoutingTableInit) and acts[1].msg.sync  # it restarted without a table
     assert [n.id for n in net.cores[2].config.nodes].count(1) == 1
+
+
+def drained_and_stopped(net: CoreLink, node: int) -> None:
+    """``node`` drains (it holds no channel: at once) and stops right after
+    its leaving hello: what it sent last — the unsubscriptions of the clients
+    it closed — is lost with its links, and nothing reaches it any more."""
+    net.execute(node, net.cores[node].drain(1.0))
+    for (src, dst), link in net.links.items():
+        if src == node:
+            link.normal = type(link.normal)((t, m) for t, m in link.normal if not isinstance(m, pm.UnSubscription))
+        if dst == node:
+            link.paused = True
+    net.run()
+
+
+def test_a_node_that_left_leaves_no_subscription_of_its_clients_behind_to_hold_up_publishes():
+    net = started()
+    sub = net.open_client(2, "sub-2")
+    assert [type(m) for m in net.request(2, sub, cm.Subscribe(1, "s", "price < 100"))] == [cm.SubAck]
+    assert [s.access_node for s in net.cores[0].local[EC]] == [2]
+    drained_and_stopped(net, 2)
+    assert net.cores[2].membership.left and all(2 not in net.cores[i].peers for i in (0, 1))
+    # Rule 6: node 0 dropped the subscription though its unsubscription never came ...
+    assert not len(net.cores[0].local[EC]) and net.cores[0].stats["subscriptions_of_dead_clients_removed"] == 1
+    # ... so an event it would have matched is acknowledged: nothing waits for node 2.
+    pub = net.open_client(1, "pub")
+    got = net.request(1, pub, cm.Publish(1, {"price": 5.0, "sym": "A"}))
+    assert [type(m) for m in got] == [cm.PubAck]
+
+
+def test_a_node_that_left_stops_waiting_for_receipts_it_owed_and_waits_again_when_it_rejoins():
+    net = started()
+    for node in (1, 2):  # node 1's notification names node 2 among the nodes notified
+        sub = net.open_client(node, f"sub-{node}")
+        net.request(node, sub, cm.Subscribe(1, "s", "price < 100"))
+    pub = net.open_client(1, "pub")
+    net.pause(0, 2)  # the event's notification to node 2 waits on the link: node 2 never confirms it
+    net.client_send(1, pub, cm.Publish(1, {"price": 5.0, "sym": "A"}))
+    net.run()
+    assert net.received(1, pub, kind=cm.PubAck) == []
+    drained_and_stopped(net, 2)
+    assert [m.seq for m in net.received(1, pub, kind=cm.PubAck)] == [1]  # node 1 no longer waits for node 2
+    assert 2 in net.cores[1].outbox._dead
+    me = CONFIG.node(2)
+    net.cores[1].peer_hello(2, pm.PeerHello(2, "local", False, me.host, me.port, me.admin_port, me.capacity), 2.0)
+    assert 2 in net.cores[1].peers and 2 not in net.cores[1].outbox._dead  # back: its receipts count again
+
+
+def test_a_node_that_left_refuses_a_new_client():
+    net = started()
+    drained_and_stopped(net, 2)
+    core = net.cores[2]
+    sid = core.client_opened()
+    acts = core.handle_client(sid, cm.Hello("late"), 2.0)
+    assert [type(a) for a in acts] == [type(acts[0]), CloseClient]
+    err = acts[0].msg
+    assert isinstance(err, cm.Error) and err.code == cm.ErrorCode.DRAINING and err.fatal and "left" in err.message
+    assert core.stats["rejected_left"] == 1

@@ -111,10 +111,29 @@ def test_recent_publishes_are_remembered_in_two_generations_at_constant_cost() -
     core = NodeCore(CONFIG, 0)
     n = RECENT_PUBLISHES
     for i in range(3 * n + 5):
-        core.ordering.remember_publish(f"0-{i}", 1, i)
+        core.ordering.remember_publish(f"0-{i}", 1, i, 1000.0)
     last = 3 * n + 4
     assert all(
         core.ordering.recent_publish(f"0-{i}") == (1, i) for i in range(last - n + 1, last + 1)
     )  # at least the last n
     assert core.ordering.recent_publish("0-0") is None  # and not forever
     assert len(core.ordering._recent_pubs) + len(core.ordering._recent_pubs_old) <= 2 * n
+
+
+def test_recent_publishes_are_remembered_for_a_bounded_time_whatever_the_rate() -> None:
+    """A slow publisher's events are forgotten after two generations' time, not
+    after 2·RECENT_PUBLISHES of them: the memory follows the rate (bench/soak.py)."""
+    from overlay.node import NodeCore
+    from overlay.node.ordering import RECENT_PUBLISH_SECONDS
+
+    core = NodeCore(CONFIG, 0)
+    t0, rate = 1000.0, 10.0  # publishes per second
+    span = 2 * RECENT_PUBLISH_SECONDS
+    count = int(3 * span * rate)
+    for i in range(count):
+        core.ordering.remember_publish(f"0-{i}", 1, i, t0 + i / rate)
+    last = count - 1
+    kept = range(last - int(RECENT_PUBLISH_SECONDS * rate) + 1, last + 1)  # the last RECENT_PUBLISH_SECONDS, at least
+    assert all(core.ordering.recent_publish(f"0-{i}") == (1, i) for i in kept)
+    assert core.ordering.recent_publish(f"0-{last - int(span * rate) - 1}") is None  # never more than twice that
+    assert len(core.ordering._recent_pubs) + len(core.ordering._recent_pubs_old) <= span * rate + 1

@@ -15,7 +15,9 @@ Rules (``overlay.client.connection`` rule 1; STYLE habit 6):
    the messages that arrive with the Welcome are the reader's first.
 3. Per connection, one reader task hands each message to ``on_message`` in
    order, and one writer task writes the frames given to ``send`` in
-   batches (``writelines`` then ``drain``); nothing else touches the socket.
+   batches (``writelines`` then ``drain``; over TLS one joined ``write``,
+   ``write_batch``, as ``overlay.net.writer`` rule 8 says why); nothing else
+   touches the socket.
    ``serve`` returns when either ends — the connection is lost — and the
    other is cancelled and awaited, the socket closed and the frames not
    written discarded (their session is gone).
@@ -47,7 +49,7 @@ from overlay.client.protocol import ClientProtocol, ConnState
 from overlay.errors import RemoteProtocolError, RequestError, TlsError
 from overlay.messages import client as cm
 
-__all__ = ["AUTH_REFUSALS", "Conn", "TokenSource", "Transport"]
+__all__ = ["AUTH_REFUSALS", "Conn", "TokenSource", "Transport", "write_batch"]
 
 log = logging.getLogger("overlay.client")
 
@@ -63,6 +65,15 @@ Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter, list[cm.ClientMessage]]
 TokenSource = str | Callable[[], str]
 # Refusals that no other node, and no retry, would answer otherwise (rule 1).
 AUTH_REFUSALS: Final = frozenset({cm.ErrorCode.UNAUTHORIZED, cm.ErrorCode.TOKEN_EXPIRED})
+
+
+def write_batch(writer: asyncio.StreamWriter, frames: list[bytes], *, tls: bool) -> None:
+    """Rule 3: one batch of frames — joined over TLS, one record per write and
+    not per frame (``overlay.net.writer`` rule 8)."""
+    if tls:
+        writer.write(b"".join(frames))
+    else:
+        writer.writelines(frames)
 
 
 class Transport:
@@ -200,7 +211,9 @@ class Transport:
                 while not out:
                     self._out_ready.clear()
                     await self._out_ready.wait()
-                writer.writelines([out.popleft() for _ in range(min(len(out), WRITE_BATCH))])
+                write_batch(
+                    writer, [out.popleft() for _ in range(min(len(out), WRITE_BATCH))], tls=self.tls is not None
+                )
                 await writer.drain()
         except OSError as exc:
             log.debug("%s: write failed: %s", self.owner, exc)

@@ -3,7 +3,8 @@
 Rules: a client must say Hello first (a Hello carrying the cluster's admin
 token gives the session admin rights, ``node.admin``, unless the cluster has
 ``[auth]``: then the auth rules below hold); publish and subscribe
-before the cluster is ready are answered ``not_ready``; bad expressions and
+before the cluster is ready are answered ``not_ready``; a node that drained
+and left refuses a Hello (``draining``, ``node.membership`` rule 6); bad expressions and
 events are answered with an error and the position, and the session stays
 open; a message that is not a client request closes it.  An event gets its
 id here and goes to its one channel (``node.router``), a keyed one through
@@ -128,6 +129,7 @@ class Clients:
         outbox: Outbox,
         *,
         ready: Callable[[], bool],
+        left: Callable[[], bool] = lambda: False,
         quorum: Callable[[], bool] = lambda: True,
         admin: AdminCommand,
         admin_token: str,
@@ -141,6 +143,7 @@ class Clients:
         self._notifier = notifier
         self._outbox = outbox
         self._ready = ready
+        self._left = left
         self._quorum = quorum
         self._admin = admin
         self._admin_token = admin_token
@@ -166,6 +169,12 @@ class Clients:
                     ToClient(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, "the first message must be Hello", fatal=True))
                 )
                 out.append(CloseClient(sid, "no Hello"))
+                return out
+            if self._left():  # node.membership rule 6: nothing new lands on a node that left
+                ctx.stats["rejected_left"] += 1
+                why = f"node {ctx.id} drained and left: connect to another node"
+                out.append(ToClient(sid, cm.Error(-1, cm.ErrorCode.DRAINING, why, fatal=True)))
+                out.append(CloseClient(sid, "node drained"))
                 return out
             if self._verifier is not None:
                 if not self._authenticate(sess, msg, now, out):
@@ -423,7 +432,7 @@ class Clients:
             return
         if not event_id:
             event_id = ctx.next_event_id()
-        self._ordering.remember_publish(event_id, sess.id, msg.seq)
+        self._ordering.remember_publish(event_id, sess.id, msg.seq, now)
         ctx.stats["events_in"] += 1
         if ctx.capture is not None:
             ctx.capture.publish(event_id, chid, values)

@@ -247,7 +247,18 @@ class NodeCore:
         )
         self.outbox.dispatch = self.router.dispatch_event  # the lambda above, without its frame (hot path)
         self.membership = Membership(
-            ctx, self.startup, self.sessions, self.migration, self.balancing, self.loads, self.updates
+            ctx,
+            self.startup,
+            self.sessions,
+            self.migration,
+            self.balancing,
+            self.loads,
+            self.updates,
+            peer_left=(  # node.membership rule 6: it closed its clients when it left
+                lambda node, out: self.peer_runs.drop_subscriptions_of(node, f"node {node}'s clients (it left)"),
+                self.outbox.node_dead,  # its receipts will not come (node.outbox rule 2)
+            ),
+            peer_joined=(self.outbox.node_back,),
         )
         self.admin = Admin(
             ctx,
@@ -267,6 +278,7 @@ class NodeCore:
             self.notifier,
             self.outbox,
             ready=lambda: self.startup.ready,
+            left=lambda: self.membership.left,
             quorum=lambda: self.liveness.has_quorum(self.ctx.now),
             admin=self.admin.handle,
             admin_token=self.admin_token,

@@ -37,15 +37,24 @@ Rules this module keeps:
    marked ``leaving``; a peer drops it from its peers and its monitor (no
    more LIEMs, table updates or balancing sessions for it) and stops waiting
    for its ReplyUpdateGlobal, so the node can stop without stalling a session
-   elsewhere.  Its links stay (a late message still reaches it, and it can
-   still route one; its table may lag, and a stale route is re-routed by the
-   owner, node.core rule 3).  A restarted node with
-   the same id says hello without ``leaving`` and joins again (rule 5).
+   elsewhere.  The peer also drops the subscriptions of the node's clients
+   and stops waiting for its receipts (``peer_left``): rule 4 closed every
+   one of those clients, and the unsubscriptions it sent last may die with
+   the node when it stops at once — one left on a channel held up every
+   PubAck of the events it matched, the node never confirming their
+   notifications, until the node came back (bench/soak.py).  So that nothing
+   lands there later, a node that left refuses a new client's Hello
+   (``draining``).  Its links stay (a late message still reaches it, and it
+   can still route one; its table may lag, and a stale route is re-routed by
+   the owner, node.core rule 3).  A restarted node with the same id says
+   hello without ``leaving`` and joins again (rule 5); its receipts are
+   waited for again (``peer_joined``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from overlay.actions import Action, AddPeer, CloseClient, ToClient, ToPeer
@@ -124,7 +133,9 @@ class DrainState:
 
 
 class Membership:
-    """Rules 1–6 for one node: its drain, its hello, peers joining and leaving."""
+    """Rules 1–6 for one node: its drain, its hello, peers joining and leaving.
+    ``peer_left``: what the other components do when a peer left (rule 6);
+    ``peer_joined``: when a node joins, or comes back after leaving."""
 
     def __init__(
         self,
@@ -135,6 +146,9 @@ class Membership:
         balancing: Balancing,
         loads: ChannelLoads,
         updates: TableUpdates,
+        *,
+        peer_left: Sequence[Callable[[int, list[Action]], object]] = (),
+        peer_joined: Sequence[Callable[[int], object]] = (),
     ) -> None:
         self._ctx = ctx
         self._boot = boot
@@ -143,6 +157,8 @@ class Membership:
         self._balancing = balancing
         self._loads = loads
         self._updates = updates
+        self._peer_left_hooks = tuple(peer_left)
+        self._peer_joined_hooks = tuple(peer_joined)
         self.draining = False
         self.left = False  # drained, and told the peers (rule 6)
         self.drain_state: DrainState | None = None
@@ -360,6 +376,8 @@ class Membership:
             capacity=peer.capacity,
         )
         log.info("node %d: node %d joined from %s:%d", self._ctx.id, node, msg.host, msg.port)
+        for joined in self._peer_joined_hooks:
+            joined(node)
         return [AddPeer(peer)]
 
     def _peer_left(self, node: int) -> list[Action]:
@@ -373,4 +391,6 @@ class Membership:
         self._ctx.journal.record("leave", self._ctx.now, peer=node)
         log.info("node %d: node %d drained and left", self._ctx.id, node)
         self._migration.stop_waiting_for(node, out)
+        for left in self._peer_left_hooks:
+            left(node, out)
         return out

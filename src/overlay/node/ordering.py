@@ -93,11 +93,18 @@ log = logging.getLogger("overlay.node")
 
 # Publishes whose (session, seq) an access node remembers, to tell a publisher
 # about an event returned later (undeliverable): far more than are in flight.
-# Kept as two generations of this many (the newer fills, then replaces the
-# older), so forgetting costs O(1) per publish: evicting one dict's oldest
-# entry per publish made each ``next(iter(d))`` skip every slot deleted since
-# the dict's last resize, some 20 µs a publish once the bound was reached.
+# Kept as two generations (the newer fills, then replaces the older), so
+# forgetting costs O(1) per publish: evicting one dict's oldest entry per
+# publish made each ``next(iter(d))`` skip every slot deleted since the dict's
+# last resize, some 20 µs a publish once the bound was reached.  A generation
+# is replaced when it holds RECENT_PUBLISHES or is RECENT_PUBLISH_SECONDS old:
+# by count alone, a node at a hundred publishes a second took half an hour to
+# reach the bound, its memory growing by ~25 MB meanwhile (bench/soak.py).
+# Two minutes at least: a group event comes back once every instance failed it
+# in turn, each within 2·ack_timeout (4 s by default); one returned later is
+# logged and counted (``returned_publisher_gone``).
 RECENT_PUBLISHES: Final = 65_536
+RECENT_PUBLISH_SECONDS: Final = 120.0
 
 # Keys whose home an access node caches (cleared whenever the live set changes).
 HOME_CACHE: Final = 100_000
@@ -191,6 +198,7 @@ class Ordering:
         self._view: tuple[int, ...] = tuple(self.live_nodes())
         self._view_peers: list[int] = list(ctx.peers)
         self._runs: dict[int, int] = {}  # peer -> the incarnation of its last hello
+        self._recent_since = 0.0  # when the current generation started
         # Rule 8: the notes of the current batch per code, then per destination
         # node (nested dicts: no key tuple to build per note); end_batch() sends them.
         self._notes: dict[pm.AckCode, dict[int, list[str]]] = {SEQUENCED: {}, ACKED: {}, COMPLETE: {}}
@@ -270,15 +278,17 @@ class Ordering:
 
     # -- access node (rule 2) ---------------------------------------------------------------
 
-    def remember_publish(self, event_id: str, sid: int, seq: int) -> None:
+    def remember_publish(self, event_id: str, sid: int, seq: int, now: float) -> None:
         recent = self._recent_pubs
         recent[event_id] = (sid, seq)
-        if len(recent) >= RECENT_PUBLISHES:
+        if len(recent) >= RECENT_PUBLISHES or now - self._recent_since >= RECENT_PUBLISH_SECONDS:
             self._recent_pubs_old = recent
             self._recent_pubs = {}
+            self._recent_since = now
 
     def recent_publish(self, event_id: str) -> tuple[int, int] | None:
-        """``(session, seq)`` of one of the last ``RECENT_PUBLISHES`` (at least) publishes here."""
+        """``(session, seq)`` of a publish here among the last ``RECENT_PUBLISHES``
+        or within the last ``RECENT_PUBLISH_SECONDS``, whichever is fewer (at least)."""
         pub = self._recent_pubs.get(event_id)
         return pub if pub is not None else self._recent_pubs_old.get(event_id)
 
@@ -316,7 +326,7 @@ class Ordering:
         stats["events_in"] += 1
         stats["ordered_in"] += 1
         seq, key = msg.seq, msg.key
-        self.remember_publish(event_id, sid, seq)
+        self.remember_publish(event_id, sid, seq, now)
         if self._ctx.capture is not None:  # SPEC §13; the home assigns the rank when none is given
             self._ctx.capture.publish(event_id, chid, values, key, msg.rank or None)
         home = self.home_of(key)

@@ -41,9 +41,9 @@ class PeerRuns:
         inc = ctx.incarnation if access == ctx.id else self._incarnation.get(access)
         return inc is not None and not gid.startswith(sub_prefix(access, inc))
 
-    def drop_subscriptions_of(self, node: int) -> None:
-        """``node`` was declared dead: its clients are gone with it."""
-        self._drop(node, lambda gid: True, f"dead node {node}'s clients")
+    def drop_subscriptions_of(self, node: int, whose: str = "") -> None:
+        """``node`` was declared dead (or drained and left): its clients are gone."""
+        self._drop(node, lambda gid: True, whose or f"dead node {node}'s clients")
 
     def drop_subscriptions_of_old_run(self, node: int) -> None:
         """The clients of ``node``'s previous run are gone with it."""

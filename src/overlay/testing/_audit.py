@@ -28,13 +28,33 @@ Rules:
    event delivered to a subscription it does not match), unknown (a
    delivery of no known event), ended (a subscription whose iteration ended
    while the run went on — the client library gave it up — or that was
-   never SubAck'ed again after it lost its home: nothing would be owed to it).
+   never SubAck'ed again after it lost its home: nothing would be owed to
+   it), disordered (rule 7).
+5. A **group** (``group``) is one receiver: each of its acknowledged pairs
+   is owed to exactly one of its instances (``instance``), once — a copy to
+   a second instance is a duplicate of the group's.  An instance's SubAck
+   counts for its group (the group counts from its first instance's).
+6. A subscription the application ends (``unsubscribed``, at the moment it
+   asked) is owed only the events PubAck'ed before that moment — a PubAck
+   promises the notification reached the access node, not the application,
+   so the caller keeps reading a while after it; later events may reach it
+   at most once.  A keyed event is never owed to it: its PubAck says only
+   that the key's home holds it, and the home may release it long after
+   (behind a missing rank, ``hold_ttl``), when the subscription is gone.
+   Its iteration ending is no breach.
+7. **Order.**  Events published with a ``key`` and a ``rank`` reach every
+   receiver in rank order: for each (receiver, key), ranks strictly
+   increase with the time they were received — a group's instances taken
+   together (the key's home releases the next rank only once the previous
+   one was acknowledged, whichever instance took it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
+import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -59,6 +79,8 @@ class _Event:
     started: float
     acked: float = NEVER
     event_id: str = ""
+    key: str = ""  # rule 7
+    rank: int = 0
 
 
 @dataclass
@@ -67,6 +89,8 @@ class _Sub:
     filter: Filter
     subacks: list[float] = field(default_factory=list)
     lost_home: float = -NEVER
+    closed: float = NEVER  # rule 6: when the application asked to unsubscribe
+    group: bool = False  # rule 5: a group, fed by its instances
 
     def counts_from(self) -> float:
         """Rule 2: the first SubAck after its home was lost (or its first)."""
@@ -86,17 +110,21 @@ class Verdict:
     ended: list[str]
     # When the events of the lost pairs were published: (first, last), or None.
     lost_published: tuple[float, float] | None = None
+    disordered: list[str] = field(default_factory=list)  # rule 7
+    # The lost and duplicated pairs as (receiver, qty), for a caller sorting them further.
+    lost_pairs: list[tuple[str, int]] = field(default_factory=list)
+    duplicated_pairs: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.duplicated or self.wrong or self.unknown or self.ended)
+        return not (self.lost or self.duplicated or self.wrong or self.unknown or self.ended or self.disordered)
 
     def __str__(self) -> str:
         parts = [f"{self.expected} acknowledged pairs, {self.delivered} delivered"]
         if self.lost_published:
             a, b = self.lost_published
             parts.append(f"the lost pairs' events were published from {a:.3f} to {b:.3f} ({b - a:.2f}s)")
-        for kind in ("lost", "duplicated", "wrong", "unknown", "ended"):
+        for kind in ("lost", "duplicated", "wrong", "unknown", "ended", "disordered"):
             items: list[str] = getattr(self, kind)
             if items:
                 more = f" (+{len(items) - SHOWN} more)" if len(items) > SHOWN else ""
@@ -105,11 +133,12 @@ class Verdict:
 
 
 class Audit:
-    """Rules 1–4.  Times are ``time.time()`` (the nodes' clock too)."""
+    """Rules 1–7.  Times are ``time.time()`` (the nodes' clock too)."""
 
     def __init__(self) -> None:
         self.events: dict[int, _Event] = {}
-        self.subs: dict[str, _Sub] = {}
+        self.subs: dict[str, _Sub] = {}  # receivers: subscriptions and groups
+        self.instances: dict[str, str] = {}  # group instance -> its group (rule 5)
         self.delivered: collections.Counter[tuple[str, int]] = collections.Counter()
         # (publish started, publish→delivery seconds) of every first delivery of a pair.
         self.latencies: list[tuple[float, float]] = []
@@ -120,8 +149,11 @@ class Audit:
 
     # -- publishers (rule 1) -------------------------------------------------------------
 
-    def publishing(self, qty: int, values: dict[str, Any], at: float | None = None) -> None:
-        self.events[qty] = _Event(values, time.time() if at is None else at)
+    def publishing(
+        self, qty: int, values: dict[str, Any], at: float | None = None, *, key: str = "", rank: int = 0
+    ) -> None:
+        """Event ``qty`` is about to be published (with ``key`` and ``rank``: rule 7)."""
+        self.events[qty] = _Event(values, time.time() if at is None else at, key=key, rank=rank)
 
     def acked(self, qty: int, event_id: str, at: float | None = None) -> None:
         ev = self.events[qty]
@@ -136,11 +168,27 @@ class Audit:
         """A subscription about to be asked for (it counts from ``subacked``)."""
         self.subs[name] = _Sub(expression, f)
 
+    def group(self, name: str, expression: str, f: Filter) -> None:
+        """A subscriber group: one receiver, fed by its instances (rule 5)."""
+        self.subs[name] = _Sub(expression, f, group=True)
+
+    def instance(self, name: str, group: str) -> None:
+        """``name`` is an instance of ``group`` (declared with ``group``) and
+        subscribes with the group's expression: its SubAcks and deliveries are
+        the group's."""
+        if not self.subs[group].group:
+            raise ValueError(f"{group!r} is a subscription, not a group")
+        self.instances[name] = group
+
     def subacked(self, name: str, at: float | None = None) -> None:
-        self.subs[name].subacks.append(time.time() if at is None else at)
+        self.subs[self.instances.get(name, name)].subacks.append(time.time() if at is None else at)
 
     def lost_home(self, name: str, at: float) -> None:
         self.subs[name].lost_home = at
+
+    def unsubscribed(self, name: str, at: float | None = None) -> None:
+        """Rule 6: the application asked to end subscription ``name`` (now, or at ``at``)."""
+        self.subs[name].closed = time.time() if at is None else at
 
     def spy_subacks(self, client: Client, names: dict[str, str]) -> None:
         """Record every SubAck ``client`` receives for its subscription ids in
@@ -157,8 +205,9 @@ class Audit:
     # -- what the application received ----------------------------------------------------
 
     def deliver(self, name: str, note: Notification) -> None:
+        """Subscription (or group instance) ``name`` handed ``note`` to the application."""
         qty = int(note.event["qty"])  # every event of these runs has an int qty
-        key = (name, qty)
+        key = (self.instances.get(name, name), qty)
         self.delivered[key] += 1
         received = note.received or time.time()
         self.first_delivery.setdefault(qty, received)
@@ -166,15 +215,18 @@ class Audit:
         if self.delivered[key] == 1 and note.publish_time:
             self.latencies.append((note.publish_time, received - note.publish_time))
 
-    # -- the verdict (rules 3, 4) ----------------------------------------------------------
+    # -- the verdict (rules 3–7) ------------------------------------------------------------
 
     def owed(self) -> list[tuple[str, int]]:
-        """Acknowledged pairs (rule 3)."""
+        """Acknowledged pairs (rules 3, 5, 6), as (receiver, qty)."""
+        acked = sorted((ev.started, qty) for qty, ev in self.events.items() if ev.acked < NEVER)
         out = []
         for name, s in self.subs.items():
             since = s.counts_from()
-            for qty, ev in self.events.items():
-                if ev.acked < NEVER and ev.started >= since and s.filter.matches(ev.values):
+            for _, qty in acked[bisect.bisect_left(acked, (since, -1)) :]:
+                ev = self.events[qty]
+                in_window = s.closed == NEVER or (not ev.key and ev.acked <= s.closed)  # rule 6
+                if in_window and s.filter.matches(ev.values):
                     out.append((name, qty))
         return out
 
@@ -188,20 +240,22 @@ class Audit:
         lost = [self._pair(n, q) for n, q in lost_pairs]
         when = [self.events[q].started for _, q in lost_pairs]
         duplicated, wrong, unknown = [], [], []
-        copies: dict[tuple[str, int], set[str]] = collections.defaultdict(set)
-        for sub, q, eid, _ in self.deliveries:
-            copies[(sub, q)].add(eid)
+        duplicated_pairs = []
+        copies: dict[tuple[str, int], list[str]] = collections.defaultdict(list)
+        for name, q, eid, _ in self.deliveries:
+            receiver = self.instances.get(name, name)
+            copies[(receiver, q)].append(eid if receiver == name else f"{eid} to {name}")
         for (name, qty), n in sorted(self.delivered.items()):
             ev = self.events.get(qty)
             if ev is None or name not in self.subs:
                 unknown.append(f"event {qty} to {name}")
                 continue
             if n > 1:
-                ids = sorted(copies[(name, qty)])
-                duplicated.append(f"{self._pair(name, qty)} {n}x (ids {', '.join(ids)})")
+                duplicated_pairs.append((name, qty))
+                duplicated.append(f"{self._pair(name, qty)} {n}x (ids {', '.join(sorted(set(copies[(name, qty)])))})")
             if not self.subs[name].filter.matches(ev.values):
                 wrong.append(self._pair(name, qty))
-        ended = [f"{name}: {why}" for name, why in sorted(self.ended.items())]
+        ended = [f"{name}: {why}" for name, why in sorted(self.ended.items()) if not self._unsubscribed(name)]
         ended += [
             f"{name}: never {'re-' if s.lost_home > -NEVER else ''}subscribed (SubAck)"
             for name, s in sorted(self.subs.items())
@@ -209,7 +263,41 @@ class Audit:
         ]
         delivered = sum(1 for k in owed if self.delivered.get(k))
         span = (min(when), max(when)) if when else None
-        return Verdict(len(owed), delivered, lost, duplicated, wrong, unknown, ended, span)
+        return Verdict(
+            len(owed),
+            delivered,
+            lost,
+            duplicated,
+            wrong,
+            unknown,
+            ended,
+            span,
+            disordered=self._disordered(),
+            lost_pairs=lost_pairs,
+            duplicated_pairs=duplicated_pairs,
+        )
+
+    def _unsubscribed(self, name: str) -> bool:
+        """Rule 6: the application ended ``name`` (its iteration's end is no breach)."""
+        s = self.subs.get(name)
+        return s is not None and s.closed < NEVER
+
+    def _disordered(self) -> list[str]:
+        """Rule 7: per (receiver, key), the ranks in the order they were received."""
+        seen: dict[tuple[str, str], list[tuple[float, int, int, str]]] = collections.defaultdict(list)
+        for name, qty, _, received in self.deliveries:
+            ev = self.events.get(qty)
+            if ev is not None and ev.key:
+                seen[(self.instances.get(name, name), ev.key)].append((received, ev.rank, qty, name))
+        out = []
+        for (receiver, key), got in sorted(seen.items()):
+            got.sort()
+            for (_, r0, q0, n0), (_, r1, q1, n1) in itertools.pairwise(got):
+                if r1 < r0:  # an equal rank is a duplicate, listed as one
+                    out.append(
+                        f"{receiver} key {key!r}: rank {r1} (event {q1}, to {n1}) after rank {r0} (event {q0}, to {n0})"
+                    )
+        return out
 
     def dump(self) -> dict[str, Any]:
         """Everything the audit saw, JSON-ready: for the post-mortem of a failed run."""
@@ -217,6 +305,7 @@ class Audit:
             "events": {
                 q: {"values": e.values, "started": e.started, "acked": e.acked if e.acked < NEVER else None}
                 | {"event_id": e.event_id, "failed": self.failed.get(q)}
+                | ({"key": e.key, "rank": e.rank} if e.key else {})
                 for q, e in self.events.items()
             },
             "subs": {
@@ -224,9 +313,12 @@ class Audit:
                     "expression": s.expression,
                     "subacks": s.subacks,
                     "lost_home": s.lost_home if s.lost_home > -NEVER else None,
+                    "closed": s.closed if s.closed < NEVER else None,
+                    "group": s.group,
                 }
                 for n, s in self.subs.items()
             },
+            "instances": self.instances,
             "deliveries": self.deliveries,
             "ended": self.ended,
         }
@@ -236,7 +328,8 @@ class Audit:
         if ev is None:
             return f"event {qty} -> {name}"
         acked = f"PubAck {ev.acked:.3f}" if ev.acked < NEVER else f"no PubAck ({self.failed.get(qty, 'pending')})"
-        return f"event {qty} {ev.event_id or '?'} price={ev.values.get('price')} (published {ev.started:.3f}, {acked}) -> {name}"
+        keyed = f" key={ev.key} rank={ev.rank}" if ev.key else ""
+        return f"event {qty} {ev.event_id or '?'} price={ev.values.get('price')}{keyed} (published {ev.started:.3f}, {acked}) -> {name}"
 
 
 # -- the drivers that feed an audit -------------------------------------------------------

@@ -10,12 +10,15 @@ Rules this module keeps:
    that rejoins after being declared dead does so inside the same process
    (``overlay node`` starts a new run on the same ports), so its log goes on
    in the same file.
-2. ``kill`` is SIGKILL, ``pause``/``resume`` SIGSTOP/SIGCONT; ``stop`` ends
-   every process still running with SIGTERM, then SIGKILL after
-   ``STOP_TIMEOUT`` — after a test, nothing of it is left running (a paused
-   process is resumed first, or SIGTERM would wait for ever).
+2. ``kill`` is SIGKILL, ``pause``/``resume`` SIGSTOP/SIGCONT, ``terminate``
+   one node's clean shutdown (SIGTERM, as Ctrl-C); ``stop`` ends every
+   process still running with SIGTERM, then SIGKILL after ``STOP_TIMEOUT``
+   — after a test, nothing of it is left running (a paused process is
+   resumed first, or SIGTERM would wait for ever).
 3. Every wait is bounded and polls a condition (``overlay.testing._loopback``
-   rule 2): a node ready, a line in a log.
+   rule 2): a node ready, a line in a log.  With an ``[auth]`` table in the
+   config, the readiness probe signs itself a token with its signing key,
+   as ``overlay cluster up`` does.
 4. ``Partition`` gives one node a network namespace of its own, joined to
    the host by a veth pair; the other nodes listen on an address of an
    interface of the host's own that nothing cuts, so cutting the veth (``ip link set … down`` on the host's end)
@@ -43,6 +46,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
+from overlay.auth.keys import local_token
 from overlay.client import Client
 from overlay.config import TlsSettings, load_config
 from overlay.errors import OverlayError
@@ -55,6 +59,8 @@ __all__ = ["NodeProcesses", "Partition", "log_time", "write_cluster_config"]
 STOP_TIMEOUT: Final = 10.0
 # A node process's imports and start on a loaded 2-core machine: generous.
 START_TIMEOUT: Final = 30.0
+# The life of the readiness probe's token (rule 3): one probe.
+PROBE_TOKEN_TTL: Final = 60.0
 # Between two polls of a log file or a node's readiness.
 LOG_POLL: Final = 0.05
 READY_POLL: Final = 0.1
@@ -79,6 +85,8 @@ def _toml(value: object) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
     return repr(value)
 
 
@@ -91,11 +99,13 @@ def write_cluster_config(
     capacities: Sequence[float] | None = None,
     admin_ports: Sequence[int] | None = None,
     tls: TlsSettings | None = None,
+    tables: Mapping[str, Mapping[str, object]] | None = None,
 ) -> Path:
     """A config of ``len(addresses)`` nodes (ids 0…, node 0 the initializer;
     admin ports ephemeral unless given), with ``[cluster]`` ``settings``,
-    ``SCHEMA`` and ``tls`` (default: plain TCP and the test secret,
-    ``insecure_tls``; ``dev_tls(ids, host)`` for TLS)."""
+    ``tls`` (default: plain TCP and the test secret, ``insecure_tls``;
+    ``dev_tls(ids, host)`` for TLS), the other ``tables`` (``{"auth": {...},
+    "groups": {...}}``) and ``SCHEMA``."""
     settings = dict(settings or {})
     lines = ["[cluster]", f"name = {_toml(settings.pop('name', name))}", "initializer = 0"]
     lines += [f"{k} = {_toml(v)}" for k, v in settings.items()]
@@ -104,6 +114,8 @@ def write_cluster_config(
         admin = admin_ports[i] if admin_ports else 0
         lines += ["", "[[nodes]]", f"id = {i}", f"host = {_toml(host)}", f"port = {port}"]
         lines += [f"admin_port = {admin}", f"capacity = {cap!r}"]
+    for table, keys in (tables or {}).items():
+        lines += ["", f"[{table}]", *(f"{k} = {_toml(v)}" for k, v in keys.items())]
     lines += ["", tls_toml(tls or insecure_tls())]
     path.write_text("\n".join(lines) + "\n" + SCHEMA)
     return path
@@ -135,7 +147,8 @@ class NodeProcesses:
         self.logs = logs
         self.prefix = dict(prefix or {})
         self.log_level = log_level
-        self.tls = client_ssl(load_config(config))  # how ``status`` talks to the nodes
+        self.cluster = load_config(config)
+        self.tls = client_ssl(self.cluster)  # how ``status`` talks to the nodes
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.runs: dict[int, int] = {}
         self.paused: set[int] = set()
@@ -176,6 +189,19 @@ class NodeProcesses:
         proc.send_signal(signal.SIGKILL)
         proc.wait(STOP_TIMEOUT)
         self.paused.discard(node)
+        return at
+
+    def terminate(self, node: int) -> float:
+        """SIGTERM, a clean shutdown (rule 2); returns when it was sent once the
+        process is gone (SIGKILL after ``STOP_TIMEOUT``)."""
+        proc = self.procs[node]
+        at = time.time()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         return at
 
     def pause(self, node: int) -> float:
@@ -222,7 +248,8 @@ class NodeProcesses:
 
     async def status(self, node: int, timeout: float = 2.0) -> dict[str, object]:
         """Node ``node``'s ``status`` admin answer, over a connection of its own."""
-        c = Client([self.addr(node)], client_id=f"status-{node}", reconnect=False, ssl=self.tls)
+        token = local_token(self.cluster, f"status-{node}", "subscribe", ttl=PROBE_TOKEN_TTL)  # rule 3
+        c = Client([self.addr(node)], client_id=f"status-{node}", reconnect=False, token=token, ssl=self.tls)
         await c.connect(timeout=timeout)
         try:
             result: dict[str, object] = await c.admin("status", timeout=timeout)
