@@ -293,6 +293,10 @@ async def test_a_group_instance_cut_as_a_slow_consumer_has_its_events_go_to_anot
         sndbuf=4096,
         limits={"slow_consumer_grace": 1.0},
         groups={"ack_timeout": 60.0, "fault_period": 60.0},
+        # The stuck instance's failed deliveries reach the live one at once when it
+        # is cut: a queue that holds them all, or the live instance overflows too and
+        # they come back to the publisher as undeliverable (clients rule 3).
+        client_queue=200_000,
     ) as cl:
         node = cl.nodes[0]
         reader, writer = await raw_session(
