@@ -136,6 +136,8 @@ REGRESSION_SEEDS: Final = (
     285,  # a death of a node's old run, told after its new run said hello, cut the new run off for good
     373,  # the same: its (un)subscriptions were never answered
     577,  # the same, in a 5-node cluster
+    561,  # a group copy of a channel its dead owner had split just before: the rebuilt child sent it to a 2nd instance
+    963,  # a keyed event released to a migration's receiver that died with it: no recovery update re-sent it
 )
 
 

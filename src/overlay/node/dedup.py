@@ -36,6 +36,7 @@ Rules this module keeps (``node.notify`` applies them):
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 __all__ = ["Copy", "RankMarks", "Recent", "SeenEvents", "TrackedCopies"]
@@ -206,14 +207,18 @@ class TrackedCopies:
             del copies[gid]
         return also
 
-    def group_choices(self, owner: int, chid: object) -> list[tuple[str, str, str, bool]]:
+    def group_choices(
+        self, owner: int, chid: object, gone: Callable[[object], bool] = lambda c: False
+    ) -> list[tuple[str, str, str, bool]]:
         """``(event id, group, sub id, taken)`` of the group copies ``owner`` sent
-        for channel ``chid`` that were not given back (``node.groups`` rule 9)."""
+        for channel ``chid`` — or for a channel that is ``gone`` (split or merged
+        since: its events now belong to whichever channel took its space) — that
+        were not given back (``node.groups`` rule 9)."""
         return [
             (eid, c.group, gid, bool(c.acked))
             for eid, copies in self._recent.items()
             for gid, c in copies.items()
-            if c.group and c.owner == owner and c.chid == chid
+            if c.group and c.owner == owner and (c.chid == chid or gone(c.chid))
         ]
 
     def expire(self, now: float) -> None:

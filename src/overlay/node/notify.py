@@ -351,8 +351,12 @@ class Notifier:
             self._ack_to_owner(owner, pm.NotificationAck(event_id, (gid,), lf=lf, failed=not acked), out)
 
     def group_choices(self, owner: int, chid: object) -> tuple[pm.GroupChoice, ...]:
-        """What ``owner`` gave this node's group instances of channel ``chid`` lately (node.groups rule 9)."""
-        return tuple(pm.GroupChoice(e, g, s, t) for e, g, s, t in self.copies.group_choices(owner, chid))
+        """What ``owner`` gave this node's group instances of channel ``chid`` lately,
+        or of a channel the routing table no longer names (node.groups rule 9):
+        the dead owner may have split it just before it died (fault seed 561)."""
+        routing = self._ctx.routing
+        choices = self.copies.group_choices(owner, chid, lambda c: c not in routing)
+        return tuple(pm.GroupChoice(e, g, s, t) for e, g, s, t in choices)
 
     def _ack_to_owner(self, owner: int, ack: pm.NotificationAck, out: list[Action]) -> None:
         if owner == self._ctx.id:

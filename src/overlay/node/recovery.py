@@ -174,6 +174,12 @@ class Recovery:
                 if node in rb.waiting:
                     rb.waiting.discard(node)
                     self._maybe_release(chid, out)
+            # What the keys' homes here released to the dead node — an owner, or
+            # the receiver of a migration its death aborted (which no recovery
+            # update follows) — goes again to the channels' owners now
+            # (node.keyhome rule 9; fault seed 963); a channel the dead node
+            # owned gets it once more after the recovery's update (rule 3).
+            self._redispatch(now, out)
         if reassign and self._liveness.coordinator(now) == ctx.id:
             self._reassign(node, now, out)
 

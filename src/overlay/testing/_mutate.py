@@ -228,7 +228,9 @@ def samples(schema: Schema, *, node: int = 0, peer: int = 1) -> tuple[list[cm.Cl
         pm.EventsDelivered((ev.event_id,)),
         pm.LinkAck(1),
         pm.TableRequest(1, 1, 0, (pm.ChannelVersion(ch, 1 << 20),)),
-        pm.TableReply(1, 1, (pm.RouteItem(ch, RouteEntry(whole, (node,)), 1 << 20),), (pm.ChannelVersion(other, 1 << 20),)),
+        pm.TableReply(
+            1, 1, (pm.RouteItem(ch, RouteEntry(whole, (node,)), 1 << 20),), (pm.ChannelVersion(other, 1 << 20),)
+        ),
         pm.KeySync(1, (pm.KeyOp("k", ev, 1), pm.KeyOp("k", seq=2), pm.KeyOp("j", forget=True))),
         pm.KeySync(2, (), handover=True, last=True),
         pm.KeyAsk(1),
