@@ -63,6 +63,15 @@ Rules this module keeps:
    not notified again: the delivery learns its latest home (for the
    completion).  A group rebuilt on a new owner restarts its dispatch
    counters; exactly one instance per event does not depend on them.
+10. **A moved channel's copies in flight stay its sender's.**  The node a
+   live channel left keeps tracking the group copies it sent (its
+   ``_Delivery``), and picks another instance when one fails.  A receiver
+   that learned such a choice not yet taken (``ChannelSubscriptions.choices``)
+   and matches the event again (its access node re-sent it) sends it to the
+   same instance, but when that copy fails it picks no other while the
+   sender lives: the sender does (fault seed 808: both did, and the group
+   got the event twice).  Once the sender is down (``peer_down`` after the
+   choice was learned) the receiver picks, as for a dead owner's choices.
 """
 
 from __future__ import annotations
@@ -163,6 +172,9 @@ class Groups:
         self.chosen: Recent[tuple[ChannelId, dict[str, tuple[str, bool]]]] = Recent(
             cl.event_ttl, cl.dedup_max, ctx.stats, name="group_choices"
         )
+        # Rule 10: "event id\x1fgroup" -> (the live sender that still tracks the copy, when learned).
+        self._senders: Recent[tuple[int, float]] = Recent(cl.event_ttl, cl.dedup_max, ctx.stats, name="group_senders")
+        self._down_at: dict[int, float] = {}  # node -> when it last went down (rule 10)
 
     def dispatcher(self, chid: ChannelId, group: str) -> GroupDispatcher | None:
         """The dispatch state of ``group`` on channel ``chid``, if any (status, tests)."""
@@ -406,6 +418,9 @@ class Groups:
             self._ctx.stats["group_delivery_failed"] += 1
             if disp is not None:
                 disp.mark_faulty(gid, now)
+            if self._sender_tracks(msg.event_id, g, gid):  # rule 10: the channel's sender picks another
+                self._ctx.stats["group_retry_left_to_sender"] += 1
+                continue
             left = [s for s in d.cands[g] if s.id not in d.tried[g]]
             if disp is not None:
                 chosen = disp.pick([s.id for s in left], now) if left else None
@@ -442,6 +457,7 @@ class Groups:
 
     def peer_down(self, node: int, now: float, out: list[Action]) -> None:
         """A subscribers' access node went down: what it owed us failed (rule 4)."""
+        self._down_at[node] = now
         for eid, d in list(self._deliveries.items()):
             lost = tuple(g for g, n in d.waiting.items() if n == node)
             if lost:
@@ -491,6 +507,27 @@ class Groups:
         if cs.groups:
             self._ctx.stats["group_states_restored"] += len(cs.groups)
         self.learn_choices(cs.choices, cs.ch_id)
+
+    def learn_senders(self, choices: Sequence[pm.GroupChoice], sender: int) -> None:
+        """Rule 10: ``sender``, alive, moved these choices here with its channel;
+        it still tracks the copies not taken yet."""
+        now = self._ctx.now
+        for c in choices:
+            if not c.taken:
+                self._senders.put(f"{c.event_id}\x1f{c.group}", (sender, now), now)
+
+    def _sender_tracks(self, event_id: str, group: str, instance: str) -> bool:
+        """Rule 10: a failed copy to ``instance`` is the live sender's to replace."""
+        if not len(self._senders):
+            return False
+        entry = self._senders.get(f"{event_id}\x1f{group}")
+        if entry is None:
+            return False
+        sender, learned = entry
+        if sender == self._ctx.id or self._down_at.get(sender, -1.0) >= learned:
+            return False
+        chosen = self.chosen.get(event_id)
+        return chosen is not None and chosen[1].get(group, ("", False))[0] == instance
 
 
 def _notification(msg: pm.Event, sub_ids: tuple[str, ...], chid: ChannelId, origin: int) -> pm.Notification:
