@@ -498,3 +498,22 @@ def test_every_pipelined_publish_names_its_event_and_keeps_the_name_when_sent_ag
 def test_two_clients_of_the_same_id_never_name_two_events_alike() -> None:
     a, b = ClientProtocol("same"), ClientProtocol("same")
     assert a.event_prefix != b.event_prefix and a.next_event_id() != b.next_event_id()
+
+
+def test_an_error_answering_a_request_given_up_on_the_wire_is_nobodys() -> None:
+    """Rule 6 of overlay.client.requests: a ping (an Unsubscribe of no
+    subscription) answered after its timeout is not an error of the node's
+    for error_cb; an Error of a seq never asked still is."""
+    p = opened()
+    late = p.request(cm.Unsubscribe(0, "\x00ping"), now=0.0, timeout=1.0, retry=False)
+    (msg,) = sent(p)
+    (failed,) = p.tick(1.0)
+    assert isinstance(failed, Failed) and failed.request == late and isinstance(failed.error, TimeoutError)
+    assert feed(p, cm.Error(msg.seq, cm.ErrorCode.UNKNOWN_SUBSCRIPTION, "no such subscription")) == []
+    assert p.late_answers == 1
+    cancelled = p.request(cm.Admin(0, "status"), now=1.0, timeout=5.0, retry=False)
+    (msg,) = sent(p)
+    p.cancel(cancelled)
+    assert feed(p, cm.Error(msg.seq, cm.ErrorCode.ADMIN, "late")) == []
+    (reported,) = feed(p, cm.Error(msg.seq + 50, cm.ErrorCode.PROTOCOL, "unsolicited"))
+    assert isinstance(reported, NodeError)

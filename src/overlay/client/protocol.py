@@ -143,6 +143,7 @@ class ClientProtocol:
         self.cluster = ""
         self.ready = False
         self.chokes = 0
+        self.late_answers = 0  # answers to requests given up on the wire (requests rule 6)
         self.requests = Requests()
         self.window = PublishWindow()
         self.deliveries = Deliveries()
@@ -385,6 +386,8 @@ class ClientProtocol:
                 msg.seq in self.requests
             ):
                 return self._answered(msg, now)
+            case cm.Error() if self.requests.abandoned(msg.seq):  # a late answer (requests rule 6)
+                self.late_answers += 1
             case cm.Error():
                 return [NodeError(self._node_error(msg))]
             case cm.PubAck() | cm.SubAck() | cm.UnsubAck() | cm.AdminReply() | cm.Choke():

@@ -22,6 +22,11 @@ No clock is read here: every call that depends on time is given ``now``
 5. An **internal** request (a re-subscription after a reconnect) is the
    protocol's own: it is dropped when its connection goes (the re-subscribe
    list makes it again on the next one).
+6. A request given up while on the wire (timed out, or cancelled by its
+   caller) leaves its seq among the last ``ABANDONED`` ones (``abandoned``):
+   its answer may still come, and is nobody's — not an error of the node's
+   to report (a routing agent's ping answered after its timeout was handed
+   to ``error_cb`` as an ``unknown_subscription`` error).
 
 Invariant: a pending request is in exactly one of ``_idle`` (not on the wire)
 and ``_wire`` (by its seq); ``_timers`` holds a wake-up for every deadline and
@@ -31,6 +36,7 @@ every pause, plus stale ones for requests already gone (skipped, compacted).
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from typing import Final
 
 import msgspec
@@ -46,6 +52,8 @@ RequestMessage = cm.Publish | cm.Subscribe | cm.Unsubscribe | cm.Admin
 # Stale wake-ups kept before the timer heap is rebuilt: a few per pending request.
 COMPACT_RATIO: Final = 4
 COMPACT_MIN: Final = 64
+# Rule 6: seqs of requests given up on the wire that are remembered.
+ABANDONED: Final = 1024
 
 # What an answer did to its request: the final reply, the failure, or the
 # time it will be sent again (paused by Choke or not_ready).
@@ -86,6 +94,8 @@ class Requests:
         self._wire: dict[int, Request] = {}  # by seq
         self._by_id: dict[int, Request] = {}
         self._timers: list[tuple[float, int]] = []  # (when, request id): deadlines and pauses
+        self._abandoned: set[int] = set()  # rule 6: seqs given up on the wire ...
+        self._abandoned_order: deque[int] = deque()  # ... oldest first
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -96,6 +106,10 @@ class Requests:
 
     def get(self, rid: int) -> Request | None:
         return self._by_id.get(rid)
+
+    def abandoned(self, seq: int) -> bool:
+        """Rule 6: whether ``seq`` was a request of ours given up while on the wire."""
+        return seq in self._abandoned
 
     def pending(self) -> list[Request]:
         """Every pending request, oldest first."""
@@ -161,7 +175,11 @@ class Requests:
         del self._by_id[req.id]
         self._idle.pop(req.id, None)
         if req.seq:
-            self._wire.pop(req.seq, None)
+            if self._wire.pop(req.seq, None) is not None:  # given up on the wire (rule 6)
+                self._abandoned.add(req.seq)
+                self._abandoned_order.append(req.seq)
+                if len(self._abandoned_order) > ABANDONED:
+                    self._abandoned.discard(self._abandoned_order.popleft())
             req.seq = 0
 
     def connection_lost(self) -> list[tuple[Request, Exception]]:
