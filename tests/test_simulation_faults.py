@@ -37,8 +37,8 @@ WORKERS: Final = min(2, os.cpu_count() or 1)  # the seeds run on two processes: 
 pytestmark = pytest.mark.timeout(600)
 
 # Every one of these 200 seeds keeps SPEC §16's promise, and so do all 1,000
-# of ``bench/simulation.py --faults`` (the last three to fail — 561, 963 and
-# 808 — are regression seeds below).
+# of ``bench/simulation.py --faults`` (the last to fail — 561, 963, 808, and
+# 1094 and 1533 beyond them — are regression seeds below).
 
 
 def _run(seed: int) -> SimResult:
@@ -138,6 +138,8 @@ REGRESSION_SEEDS: Final = (
     561,  # a group copy of a channel its dead owner had split just before: the rebuilt child sent it to a 2nd instance
     963,  # a keyed event released to a migration's receiver that died with it: no recovery update re-sent it
     808,  # a moved channel's group copy failed at its sender and its receiver: each picked another instance
+    1094,  # the same, the instance gone at the receiver (its node died) when the event came again
+    1533,  # the same, in a 3-node cluster
 )
 
 
