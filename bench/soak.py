@@ -209,6 +209,8 @@ class Soak:
         self.admin_ports = ports[NODES:]
         private, public = generate_keys(workdir / "keys")
         settings = {"slice_seconds": args.slice, "balancing": True, "peer_timeout": 2.0}
+        if args.capture:  # SPEC §13: every node's publishes, subscriptions and deliveries, for a post-mortem
+            settings["capture_dir"] = str(args.capture.resolve())
         self.config_path = write_cluster_config(
             workdir / "soak.toml",
             self.addresses,
@@ -234,6 +236,8 @@ class Soak:
         self.attempts: collections.Counter[int] = collections.Counter()  # qty -> publishes sent (agents' re-sends)
         self.client_errors: collections.Counter[str] = collections.Counter()  # what the nodes told the clients
         self.churn_failures: list[str] = []
+        # Each churned subscription's access nodes (node ids) at its SubAck and at its end: a post-mortem's first question.
+        self.churn_homes: dict[str, list[list[int]]] = {}
         self.lane_errors: list[str] = []
 
     def token(self, subject: str, *roles: str) -> str:
@@ -385,6 +389,7 @@ class Soak:
             # Counted from now, just after its SubAck: what was published before is not owed.
             self.audit.subscription(name, expr, parse_subscription(expr, schema))
             self.audit.subacked(name)
+            self.churn_homes[name] = [sorted(fs.homes)]
             reader = asyncio.create_task(consume(fs, self.audit, name))
             self.tasks.append(reader)
             self.churned += 1
@@ -393,6 +398,7 @@ class Soak:
             if self.stop.is_set():
                 return  # kept open to the end: owed everything, like the bands
             self.audit.unsubscribed(name)
+            self.churn_homes[name].append(sorted(fs.homes))
             await asyncio.sleep(CHURN_GRACE)
             await fs.close()
 
@@ -727,7 +733,11 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> bool:
         verdict = soak.audit.verdict()
         if args.dump:
             tl = soak.timeline
-            extra = {"timeline": vars(tl), "attempts": {q: n for q, n in soak.attempts.items() if n > 1}}
+            extra = {
+                "timeline": vars(tl),
+                "attempts": {q: n for q, n in soak.attempts.items() if n > 1},
+                "churn_homes": soak.churn_homes,
+            }
             args.dump.write_text(json.dumps(soak.audit.dump() | extra))
         return report(soak, verdict, stats)
     finally:
@@ -757,6 +767,7 @@ def main() -> int:
     ap.add_argument("--slice", type=float, default=1.0, help="T in seconds (default 1)")
     ap.add_argument("--no-tls", action="store_true", help="plain TCP instead of TLS (tokens still on)")
     ap.add_argument("--logs", type=Path, help="copy the nodes' logs into this directory")
+    ap.add_argument("--capture", type=Path, help="every node captures its traffic into this directory (SPEC §13)")
     ap.add_argument("--dump", type=Path, help="write everything the audit saw to this JSON file (a post-mortem)")
     args = ap.parse_args()
     for name in ("minutes", "every", "rate", "keyed_rate", "slice"):

@@ -31,18 +31,22 @@ import ssl
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Final, Protocol, Self
 
 import msgspec
 
 from overlay.client import AgentClient, AgentSettings, Client
-from overlay.config import AuthSettings, ClusterConfig, NodeConfig, load_config
+from overlay.config import AuthSettings, ClusterConfig, ClusterSettings, NodeConfig, load_config
 from overlay.net.node import Node
 from overlay.security import client_ssl
 from overlay.testing._loopback import HOST, WAIT, bound_socket, dev_tls, insecure_tls, nodes_quiet, wait_until
 from overlay.testing._raw_client import RawClient
 
-__all__ = ["LoopbackCluster", "override"]
+__all__ = ["HARNESS_SUSPECT_TIMEOUT", "LoopbackCluster", "override"]
+
+# ``[cluster] suspect_timeout`` of a LoopbackCluster whose config keeps the default (see __init__).
+SUSPECT_DEFAULT: Final = ClusterSettings().suspect_timeout
+HARNESS_SUSPECT_TIMEOUT: Final = 4.0
 
 
 class _Closable(Protocol):
@@ -132,6 +136,13 @@ class LoopbackCluster:
         **cluster: Any,
     ) -> None:
         base = config if isinstance(config, ClusterConfig) else load_config(Path(config))
+        # The nodes share this process's event loop: a stall (a loaded machine)
+        # silences every heartbeat at once, and a lapsed lease has every node
+        # refuse with no_quorum (node.liveness rule 4) — CI on a busy host saw
+        # it.  So the failure detector is slower here unless a test says
+        # otherwise; tests of detection set their own timeouts.
+        if "suspect_timeout" not in cluster and base.cluster.suspect_timeout == SUSPECT_DEFAULT:
+            cluster["suspect_timeout"] = HARNESS_SUSPECT_TIMEOUT
         if capture is not None:
             cluster["capture_dir"] = os.fspath(capture)
         if not keep_auth and auth is None:
