@@ -56,6 +56,7 @@ class World:
         self.net = CoreLink(cfg)
         self.subs: dict[tuple[int, int], dict[str, str]] = {}  # (node, sid) -> local id -> expression
         self.events: dict[str, dict] = {}  # event id -> values
+        self.payloads: dict[str, bytes] = {}  # event id -> the payload it was published with
         self.published: dict[tuple[int, int, int], str] = {}  # (node, sid, seq) -> event id
         self._seq = 0
         if start:
@@ -92,13 +93,18 @@ class World:
             self.assert_replied(node, sid, cm.UnsubAck, seq)
         return seq
 
-    def publish(self, node: int, sid: int, values: dict) -> str:
+    def publish(self, node: int, sid: int, values: dict, payload: bytes | None = None) -> str:
         """Publish (no delivery yet); returns the event id the node named it.
         The PubAck comes once the event is confirmed (node.outbox): at once
-        when nothing waits, else after a run; ``notifies`` checks each came."""
+        when nothing waits, else after a run; ``notifies`` checks each came.
+        Every event carries a payload (by default bytes of its own, binary,
+        naming its seq), so every test through ``notifies`` checks that
+        payloads arrive unchanged on whatever path the event took."""
         seq = self.seq()
+        if payload is None:
+            payload = b"\x00\xff" + seq.to_bytes(4, "big") + b"payload"
         mark = len(self.net.to_clients)
-        self.net.client_send(node, sid, cm.Publish(seq, values))
+        self.net.client_send(node, sid, cm.Publish(seq, values, payload=payload))
         replies = [m for m in self.net.received(node, sid, since=mark) if getattr(m, "seq", None) == seq]
         if replies:
             (ack,) = replies
@@ -108,6 +114,7 @@ class World:
             eid = self.cores[node].outbox.ids()[-1]
             assert self.cores[node].outbox.waiting(eid) == [(sid, seq)]
         self.events[eid] = values
+        self.payloads[eid] = payload
         self.published[(node, sid, seq)] = eid
         return eid
 
@@ -143,6 +150,7 @@ class World:
         for node, sid, m in self.net.to_clients:
             if isinstance(m, cm.Notify):
                 assert m.event == self.events[m.event_id]
+                assert m.payload == self.payloads.get(m.event_id, b""), (m.event_id, m.payload)
                 assert len(set(m.sub_ids)) == len(m.sub_ids)  # each subscription once
                 out[(node, sid, m.event_id, frozenset(m.sub_ids))] += 1
         return out

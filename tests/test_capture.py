@@ -8,6 +8,7 @@ temporary directory.  The Spark side is ``test_replay.py``.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from overlay.capture import (
 from overlay.config import load_config
 from overlay.messages import client as cm
 from overlay.net.capture_writer import CaptureWriter
+from overlay.testing import free_ports
 from overlay.testing.corelink import CoreLink
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -281,3 +283,61 @@ def test_cli_capture_flags_reach_node_and_cluster(tmp_path: Path) -> None:
     assert with_capture_dir(CONFIG, "runs/z").cluster.capture_dir == "runs/z"
     lc = cli.LocalCluster(str(ROOT / "cluster_configs" / "local.toml"), capture=str(tmp_path))
     assert lc.capture == str(tmp_path)
+
+
+# -- payloads (rule 3) -------------------------------------------------------------------------
+
+
+def test_a_payload_is_recorded_by_its_size_not_its_content() -> None:
+    buf = CaptureBuffer(0)
+    buf.publish("0-1", None, {"price": 1.0}, payload=b"\x00secret\xff")
+    buf.publish("0-2", None, {"price": 2.0})
+    buf.deliver("0-1", ["1:1:s:1", "1:1:t:2"], {"1:1:s:1": None, "1:1:t:2": None}, 8)
+    lines = _lines(buf)
+    assert [(r["event"], r.get("payload_bytes"), "payload" in r) for r in lines] == [
+        ("0-1", 8, False),
+        ("0-2", None, False),  # no payload: nothing written, readers take 0
+        ("0-1", 8, False),
+    ]
+    assert b"secret" not in json.dumps(lines).encode()
+
+
+def test_capture_payload_records_the_content_as_base64() -> None:
+    buf = CaptureBuffer(0, payloads=True)
+    buf.publish("0-1", None, {"price": 1.0}, payload=b"\x00secret\xff")
+    buf.publish("0-2", None, {"price": 2.0})
+    one, two = _lines(buf)
+    assert (one["payload_bytes"], base64.b64decode(one["payload"])) == (8, b"\x00secret\xff")
+    assert "payload" not in two and "payload_bytes" not in two
+
+
+def test_core_records_payload_sizes_at_publish_and_delivery_on_every_node() -> None:
+    net, bufs = _captured_world()
+    admin = net.open_client(0, "op")
+    net.request(0, admin, cm.Admin(1, "split", {"channel": "0.0", "attr": "price", "at": 500.0}))
+    net.request(0, admin, cm.Admin(2, "place", {"channel": "0.2", "node": 2}))
+    sub = net.open_client(1, "subscriber")
+    assert isinstance(net.request(1, sub, cm.Subscribe(1, "all", "price >= 0"))[-1], cm.SubAck)
+    pub = net.open_client(0, "publisher")
+    net.request(0, pub, cm.Publish(1, {"price": 50.0, "sym": "X"}, payload=b"a" * 300))
+    net.request(0, pub, cm.Publish(2, {"price": 700.0, "sym": "X"}, payload=b"\x00" * 7))
+    net.request(0, pub, cm.Publish(3, {"price": 701.0, "sym": "X"}, key="k", payload=b"keyed"))
+    pubs = {r.event: r.payload_bytes for r in bufs[0].records if isinstance(r, Publish)}
+    assert sorted(pubs.values()) == [5, 7, 300]
+    dl = {r.event: r.payload_bytes for r in bufs[1].records if isinstance(r, Deliver)}
+    assert dl == pubs
+    assert all(r.payload is None for r in bufs[0].records if isinstance(r, Publish))
+
+
+def test_cli_capture_payload_needs_a_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = cli.build_parser().parse_args(["node", "--config", "c.toml", "--id", "1", "--capture-payload"])
+    assert a.capture_payload
+    assert capture.with_capture_payload(CONFIG).cluster.capture_payload
+    cfg = tmp_path / "c.toml"
+    text = (ROOT / "cluster_configs" / "local.toml").read_text()
+    ports = free_ports(6)
+    for old, new in zip(("7100", "7101", "7102", "8100", "8101", "8102"), ports, strict=True):
+        text = text.replace(f"port = {old}", f"port = {new}")
+    cfg.write_text(text.replace('"certs/', f'"{ROOT}/cluster_configs/certs/'))
+    assert cli.main(["node", "--config", str(cfg), "--id", "0", "--capture-payload"]) == 2
+    assert "--capture-payload needs a capture" in capsys.readouterr().err

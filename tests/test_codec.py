@@ -65,6 +65,9 @@ STORED = StoredSubscription("1:1:a:1", FILTER, "client-a", 1)
 SUB = pm.Subscription("1:1:a:1", FILTER, "client-a", 1, pm.DispatchSign.SUBSCRIBE_DISPATCHED, CH1, 2)
 UNSUB = pm.UnSubscription("1:1:a:1", UNSUB_FILTER, "a", 1, pm.DispatchSign.UNSUBSCRIBE_NEW)
 EV = pm.Event("1-42", EVENT, 1, pm.DispatchSign.EVENT_DISPATCHED, CH0, 1700000000.25, 1)
+# Every byte value, so no encoding (text, escaping) could pass it unchanged by luck.
+PAYLOAD = bytes(range(256))
+EVP = msgspec.structs.replace(EV, payload=PAYLOAD)
 
 PEER_MESSAGES: list[pm.PeerMessage] = [
     pm.PeerHello(3, "local", True),
@@ -84,6 +87,17 @@ PEER_MESSAGES: list[pm.PeerMessage] = [
     pm.SubscriptionApplied("1:1:a:1", CH0, True, (CH1, CH2)),
     EV,
     pm.Notification("1-42", EVENT, ("1:1:a:1", "1:1:b:2"), CH0, 1.5),
+    EVP,
+    pm.Notification("1-42", EVENT, ("1:1:a:1",), CH0, 1.5, "k", 3, 2, 1, (2,), PAYLOAD),
+    pm.Reforward(CH1, (pm.ReforwardItem(pm.ReforwardSign.EVENT_MESSAGE, EVP),), 9),
+    pm.KeySync(
+        8,
+        (
+            pm.KeyOp("k", msgspec.structs.replace(EVP, key="k", rank=3, home=2)),
+            pm.KeyOp("j", copy=pm.KeyCopy("j", 2, 5, (msgspec.structs.replace(EVP, key="j", rank=2),))),
+        ),
+        handover=True,
+    ),
     pm.NotificationAck("1-42", ("1:1:a:1",)),
     pm.LIEM(1, "UNDERLOADED", 120.0, 0.5, 240.0, 17),
     pm.RequestLoadBalance(300.0, 1.25, 9, True),
@@ -143,6 +157,8 @@ CLIENT_MESSAGES: list[cm.ClientMessage] = [
     cm.Welcome(0, 4, True, "local", 2.0),
     cm.Publish(1, '{price: 12.5, sym: "AB"}', 3.5),
     cm.Publish(2, {"price": 12.5, "qty": 3, "sym": "AB", "tag": 5}),
+    cm.Publish(3, {"price": 12.5, "sym": "AB"}, 3.5, "k", 2, "e-7", PAYLOAD),
+    cm.Welcome(0, 4, True, "local", 2.0, 65536),
     cm.PubAck(1, "0-1"),
     cm.Subscribe(3, "s1", 'price < 10 and sym = "AB"'),
     cm.SubAck(3, "s1", 2),
@@ -150,6 +166,7 @@ CLIENT_MESSAGES: list[cm.ClientMessage] = [
     cm.UnsubAck(4, "s1"),
     cm.Notify("0-1", {"price": 12.5, "sym": "AB"}, ("s1", "s2"), 3.5),
     cm.Notify("0-2", {"price": 1.0, "sym": "AB"}, ("g1",), 3.5, "k", 4, 17),
+    cm.Notify("0-3", {"price": 1.0, "sym": "AB"}, ("s1",), 3.5, "k", 4, 17, PAYLOAD),
     cm.Ack("0-1"),
     cm.Ack("0-2", 0.5, 17, declined=True),
     cm.Revoke(17, "0-2"),
@@ -213,6 +230,43 @@ def test_defaults_fill_fields_an_older_peer_did_not_send():
     body = msgspec.msgpack.encode(["Event", "e1", {"price": 1.0}, 0, "EVENT_NEW"])
     (out,) = peer_reader().feed(frame(body))
     assert out == pm.Event("e1", {"price": 1.0}, 0, pm.DispatchSign.EVENT_NEW, None, 0.0, 0)
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [m for m in PEER_MESSAGES + CLIENT_MESSAGES if isinstance(m, (pm.Event, pm.Notification, cm.Publish, cm.Notify))],
+    ids=_id,
+)
+def test_a_payload_round_trips_as_the_same_bytes(msg):
+    make = peer_reader if isinstance(msg, pm.PeerMessage) else client_reader
+    (out,) = make().feed(encode_frame(msg))
+    assert type(out.payload) is bytes and out.payload == msg.payload
+
+
+def test_an_empty_payload_costs_two_bytes_on_the_wire():
+    # The issue-19 hot path: an event without a payload costs ~nothing more.
+    without = encode(EV)
+    older = msgspec.msgpack.encode(msgspec.msgpack.decode(without)[:-1])  # the Event before payloads
+    assert len(without) - len(older) == 2  # bin8 of length 0
+    assert len(encode(EVP)) - len(without) == len(PAYLOAD) + 1  # the bytes, and bin16's longer header
+
+
+def test_messages_of_a_peer_without_payloads_decode_with_an_empty_one():
+    # An older node or client sends Publish / Notify / Event / Notification without the field.
+    body = msgspec.msgpack.encode(["Publish", 1, {"price": 1.0}, 0.0, "", 0, "e1"])
+    assert client_reader().feed(frame(body)) == [cm.Publish(1, {"price": 1.0}, 0.0, "", 0, "e1", b"")]
+    body = msgspec.msgpack.encode(["Notify", "e", {"price": 1.0}, ["s"], 0.0, "", 0, 0])
+    (note,) = client_reader().feed(frame(body))
+    assert note.payload == b""
+    body = msgspec.msgpack.encode(["Event", "e1", {"price": 1.0}, 0, "EVENT_NEW", None, 0.0, 0, "", 0, -1])
+    (ev,) = peer_reader().feed(frame(body))
+    assert ev.payload == b""
+
+
+def test_a_payload_that_is_not_bytes_is_a_remote_protocol_error():
+    body = msgspec.msgpack.encode(["Publish", 1, {"price": 1.0}, 0.0, "", 0, "e1", "text, not bin"])
+    with pytest.raises(RemoteProtocolError):
+        client_reader().feed(frame(body))
 
 
 def test_a_newer_peers_extra_trailing_field_is_ignored():

@@ -56,6 +56,15 @@ def test_the_shipped_configs_load(path: Path) -> None:
         ("slice_seconds = 2.0", "slice_seconds = 1e9", "[cluster] slice_seconds"),
         ("probability = 0.5", "probability = 0.5\npeer_queue = 1000000000000", "[cluster] peer_queue"),
         ("[cluster]", "[agent]\nwindow = 1\n\n[cluster]", "[agent] window: Expected `int` >= 2"),
+        # Payloads: at most half a frame; absurd sizes refused by their bound.
+        (
+            "probability = 0.5",
+            "probability = 0.5\nmax_payload = 600000",
+            "[cluster] max_payload = 600000 must be at most half of max_frame_size = 1048576 (so 524288)",
+        ),
+        ("probability = 0.5", "probability = 0.5\nmax_payload = -1", "[cluster] max_payload"),
+        ("probability = 0.5", "probability = 0.5\nmax_payload = 1e308", "[cluster] max_payload"),
+        ("probability = 0.5", "probability = 0.5\noutbox_bytes = 10", "[cluster] outbox_bytes"),
         # Rule 3: two sockets on one host:port.
         ("port = 7101", "port = 7100", "node 1's port 127.0.0.1:7100 is node 0's port too"),
         ("admin_port = 8102", "admin_port = 7101", "node 2's admin_port 127.0.0.1:7101 is node 1's port too"),
@@ -107,3 +116,17 @@ def test_a_node_checks_the_agent_table_without_importing_the_client_library(tmp_
     from overlay import client, config
 
     assert client.AgentSettings is config.AgentSettings and client.load_agent_settings is config.load_agent_settings
+
+
+def test_payload_settings_load_and_a_larger_frame_allows_a_larger_payload(tmp_path: Path) -> None:
+    (tmp_path / "c.toml").write_text(LOCAL)
+    cfg = load_config(tmp_path / "c.toml")
+    assert (cfg.cluster.max_payload, cfg.cluster.capture_payload) == (64 * 1024, False)
+    text = LOCAL.replace(
+        "probability = 0.5",
+        "probability = 0.5\nmax_frame_size = 4194304\nmax_payload = 2097152\ncapture_payload = true",
+        1,
+    )
+    (tmp_path / "c.toml").write_text(text)
+    cfg = load_config(tmp_path / "c.toml")
+    assert (cfg.cluster.max_payload, cfg.cluster.capture_payload) == (2 << 20, True)

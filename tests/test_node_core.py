@@ -58,7 +58,7 @@ def test_clients_get_not_ready_before_initialisation():
     w = World(start=False)
     sid = w.net.open_client(1, "early")
     (welcome,) = w.net.received(1, sid)
-    assert welcome == cm.Welcome(1, sid, False, "local", CONFIG.groups.ack_timeout)
+    assert welcome == cm.Welcome(1, sid, False, "local", CONFIG.groups.ack_timeout, CONFIG.cluster.max_payload)
     for msg in (cm.Publish(1, {"price": 1.0, "sym": "AB"}), cm.Subscribe(2, "s", "price < 5")):
         w.net.client_send(1, sid, msg)
         reply = w.net.received(1, sid)[-1]
@@ -320,7 +320,14 @@ def test_dispatched_to_a_moved_channel_is_rerouted_to_its_new_owner():
     # A stale DISPATCHED event and subscription reach the old owner.
     w.events["stale-1"] = {"price": 800.0, "sym": "Q"}
     f = parse_subscription("price > 900", SCHEMA)
-    net.send(1, 0, pm.Event("stale-1", w.events["stale-1"], 1, pm.DispatchSign.EVENT_DISPATCHED, HIGH))
+    w.payloads["stale-1"] = b"rerouted \x00 whole"  # the reroute keeps the payload
+    net.send(
+        1,
+        0,
+        pm.Event(
+            "stale-1", w.events["stale-1"], 1, pm.DispatchSign.EVENT_DISPATCHED, HIGH, payload=w.payloads["stale-1"]
+        ),
+    )
     net.send(1, 0, pm.Subscription("x:1", f, "c", 1, pm.DispatchSign.SUBSCRIBE_DISPATCHED, HIGH))
     net.send(1, 0, pm.UnSubscription("x:1", f, "c", 1, pm.DispatchSign.UNSUBSCRIBE_DISPATCHED, HIGH))
     mark = len(net.trace)

@@ -31,18 +31,22 @@ VALUES = {"price": 5.0, "sym": "AB"}
 class Rig:
     """An outbox of node 0 with sessions 1 and 2 open."""
 
-    def __init__(self, *, limit: int = 100, resend_after: float = 1.0, ttl: float = 10.0) -> None:
-        cluster = msgspec.structs.replace(_LOADED.cluster, outbox_limit=limit, resend_after=resend_after, event_ttl=ttl)
+    def __init__(
+        self, *, limit: int = 100, resend_after: float = 1.0, ttl: float = 10.0, byte_limit: int = 1 << 20
+    ) -> None:
+        cluster = msgspec.structs.replace(
+            _LOADED.cluster, outbox_limit=limit, resend_after=resend_after, event_ttl=ttl, outbox_bytes=byte_limit
+        )
         self.ctx = NodeContext(msgspec.structs.replace(_LOADED, cluster=cluster), 0, 0)
         self.ctx.routing.set(EC, RouteEntry(EventSpace.whole(self.ctx.schema), (1,)))
         self.sent: list[pm.Event] = []
         self.sessions = {1, 2}
         self.outbox = Outbox(self.ctx, dispatch=lambda ev, out: self.sent.append(ev), sessions=self.sessions)
 
-    def publish(self, eid: str, sid: int = 1, seq: int = 1, now: float = 0.0) -> list[Action]:
+    def publish(self, eid: str, sid: int = 1, seq: int = 1, now: float = 0.0, payload: bytes = b"") -> list[Action]:
         self.ctx.now = now
         out: list[Action] = []
-        ev = pm.Event(eid, VALUES, 0, pm.DispatchSign.EVENT_DISPATCHED, EC, now, hops=2)
+        ev = pm.Event(eid, VALUES, 0, pm.DispatchSign.EVENT_DISPATCHED, EC, now, hops=2, payload=payload)
         self.outbox.send(ev, sid, seq, out)
         return out
 
@@ -174,6 +178,28 @@ def test_the_bound() -> None:
     out: list[Action] = []
     r.outbox.matched("0-1", (), out)
     assert not r.outbox.full
+
+
+def test_the_bound_on_payload_bytes() -> None:
+    r = Rig(byte_limit=64 * 1024)
+    r.publish("0-1", payload=b"a" * 40_000)
+    assert not r.outbox.full and r.outbox.bytes == 40_000
+    r.publish("0-2", payload=b"b" * 30_000)
+    assert r.outbox.full and r.outbox.status()["payload_bytes"] == 70_000  # 2 events, but 70 kB of payload
+    out: list[Action] = []
+    r.outbox.matched("0-1", (), out)
+    assert not r.outbox.full and r.outbox.bytes == 30_000
+    r.ctx.now = 100.0
+    r.outbox.tick(100.0, out)  # past the ttl: given up, its bytes released too
+    assert r.outbox.bytes == 0 and len(r.outbox) == 0
+
+
+def test_a_re_send_carries_the_payload_unchanged() -> None:
+    r = Rig(resend_after=1.0, ttl=10.0)
+    r.publish("0-1", payload=bytes(range(256)))
+    r.ctx.now = 1.5
+    r.outbox.tick(1.5, [])
+    assert [e.payload for e in r.sent] == [bytes(range(256))] * 2
 
 
 def test_re_sent_after_resend_after_to_the_current_owner_with_backoff() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from overlay.client.limits import NOT_READY_RETRY
+from overlay.client.limits import NOT_READY_RETRY, PUBLISH_WINDOW_BYTES
 from overlay.client.window import PublishWindow
 from overlay.errors import RequestError
 from overlay.messages import client as cm
@@ -71,3 +71,18 @@ def test_the_timers_of_acknowledged_resends_do_not_pile_up() -> None:
         w.answer(cm.Choke(seq, 1.0), float(seq))
         w.answer(cm.PubAck(seq, "e"), float(seq))
     assert len(w) == 0 and w.next_timer() is None and len(w._timers) <= 65
+
+
+def test_payload_bytes_bound_the_window_and_one_publish_always_fits() -> None:
+    w = PublishWindow()
+    big = PUBLISH_WINDOW_BYTES // 2
+    w.add(cm.Publish(1, {"price": 1.0}, payload=b"x" * big))
+    assert w.bytes == big and w.room(100)
+    w.add(cm.Publish(2, {"price": 2.0}, payload=b"y" * big))
+    assert w.bytes == PUBLISH_WINDOW_BYTES and not w.room(100)  # full by bytes, not by count
+    w.answer(cm.PubAck(1, "e1"), 0.0)
+    assert w.bytes == big and w.room(100)
+    w.answer(cm.Error(2, cm.ErrorCode.PAYLOAD_TOO_LARGE, "too large"), 0.0)
+    assert w.bytes == 0 and len(w) == 0
+    w.add(cm.Publish(3, {"price": 3.0}, payload=b"z" * (PUBLISH_WINDOW_BYTES + 1)))
+    assert not w.room(100)  # over the bound alone: it went out, nothing more until it is answered

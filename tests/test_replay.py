@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import math
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -303,9 +304,12 @@ async def _cluster_run(run: Path) -> dict[str, Any]:
         pairs_seen: set[tuple[int, str, str]] = set()
         received = [0]
 
+        payload_of_pair: dict[tuple[int, str, str], int] = {}
+
         async def consume(node: int, sub: Any) -> None:
             async for note in sub:
                 pairs_seen.add((node, note.event_id, sub.sub_id))
+                payload_of_pair[(node, note.event_id, sub.sub_id)] = len(note.payload)
                 received[0] = len(pairs_seen)
 
         consumers = [asyncio.create_task(consume(node, s)) for node, s in subs]
@@ -314,7 +318,12 @@ async def _cluster_run(run: Path) -> dict[str, Any]:
         for i in range(EVENTS_PUBLISHED):
             # One event in ten is ordered (SPEC §10): three keys, ranks given by their homes.
             key = f"k{i % 3}" if i % 10 == 0 else ""
-            await pub.publish({"price": float(i * 7 % 1000), "sym": ("X", "Y1", "Z")[i % 3], "qty": i % 100}, key=key)
+            # Payloads of 0-49 bytes: the replay accounts for them (audit.payload).
+            await pub.publish(
+                {"price": float(i * 7 % 1000), "sym": ("X", "Y1", "Z")[i % 3], "qty": i % 100},
+                key=key,
+                payload=bytes(i % 50),
+            )
         # The last notifications arrive (a shortfall is the replay's to report),
         # and every node has reported two slices: the replay's slice table needs
         # a complete one.
@@ -336,7 +345,7 @@ async def _cluster_run(run: Path) -> dict[str, Any]:
         for n in nodes:
             n.stop()
         await asyncio.gather(*tasks)
-    return {"moved": moved, "received": received[0]}
+    return {"moved": moved, "received": received[0], "payload_bytes": sum(payload_of_pair.values())}
 
 
 def _pairs(cfg: Any) -> int:
@@ -376,6 +385,10 @@ def test_capture_of_a_real_cluster_run_replays_clean(spark: Any, cluster_capture
     order = res.details["audit"]["order"]
     assert res.details["audit"]["events"]["keyed"] == EVENTS_PUBLISHED // 10
     assert order is not None and order["keys"] >= 1 and order["violations"] == 0
+    # Payloads: every byte published accounted for, and delivered whole.
+    pl = res.details["audit"]["payloads"]
+    assert pl["published_bytes"] == sum(i % 50 for i in range(EVENTS_PUBLISHED))
+    assert pl["delivered_bytes"] == info["payload_bytes"] > 0 and pl["mismatched"] == 0
 
 
 # -- 3. an injected duplicate and a lost delivery -------------------------------------------------------
@@ -404,3 +417,19 @@ def test_audit_catches_an_injected_duplicate_and_a_lost_delivery(
     rows = (bad / "report" / "validations.csv").read_text()
     assert "audit.duplicates,FAIL" in rows and "audit.lost,FAIL" in rows
     assert "rematch.missing,PASS" in rows  # the owners did match: only delivery broke
+
+
+def test_audit_catches_a_payload_that_did_not_arrive_whole(
+    cluster_capture: tuple[Path, dict[str, Any]], tmp_path: Path, spark: Any
+) -> None:
+    src, _ = cluster_capture
+    bad = tmp_path / "short"
+    shutil.copytree(src, bad, ignore=shutil.ignore_patterns("report"))
+    f = bad / "node-1.ndjson"
+    lines = f.read_text().splitlines()
+    i = next(i for i, x in enumerate(lines) if x.startswith('{"kind":"deliver"') and '"payload_bytes":' in x)
+    lines[i] = re.sub(r'"payload_bytes":(\d+)', lambda m: f'"payload_bytes":{int(m[1]) - 1}', lines[i])
+    f.write_text("\n".join(lines) + "\n")
+    res = run_replay(str(bad), spark=spark, tail_guard=0.0, stream=None)
+    assert res.failed == ["audit.payload"]
+    assert res.details["audit"]["payloads"]["mismatched"] == 1

@@ -16,7 +16,11 @@ Theory of operation:
    channel it routed to), the owner writes ``event`` (tested count, matched
    subscription ids), and each subscriber's access node writes ``deliver``
    (subscriptions notified; ones whose subscriber left are ``orphans``).  The
-   shell adds ``drop`` for a Notify it dropped on a slow consumer.
+   shell adds ``drop`` for a Notify it dropped on a slow consumer.  An
+   event's payload is recorded by its size (``payload_bytes`` on ``publish``
+   and ``deliver``), not its content — unless ``capture_payload`` asks
+   (``[cluster] capture_payload``, ``overlay node --capture-payload``): then
+   ``publish`` holds it too (base64 in the JSON).
 4. Every ``ENCODE_EVERY`` records the buffer encodes them into one bytes
    chunk (newline-delimited JSON, one ``encode_lines`` call) and lets the
    objects go: a node keeps a few hundred KB of bytes between writes instead
@@ -61,6 +65,7 @@ __all__ = [
     "capture_file_name",
     "header_for",
     "with_capture_dir",
+    "with_capture_payload",
 ]
 
 SCHEMA_VERSION: Final = 1
@@ -115,6 +120,8 @@ class Publish(Record, tag="publish"):
     values: dict[str, Any]
     key: str | None = None
     rank: int | None = None
+    payload_bytes: int = 0  # the payload's size (rule 3)
+    payload: bytes | None = None  # its content, only when capture_payload asks
 
 
 class Matched(Record, tag="event"):
@@ -132,6 +139,7 @@ class Deliver(Record, tag="deliver"):
     event: str
     subs: tuple[str, ...]
     orphans: tuple[str, ...] = ()
+    payload_bytes: int = 0  # the payload's size in the Notification that arrived
 
 
 class Drop(Record, tag="drop"):
@@ -179,10 +187,23 @@ class CaptureBuffer:
     counts the records in ``chunks``.
     """
 
-    __slots__ = ("_enc", "_names", "chunks", "dropped", "max_pending", "n", "node", "now", "records", "sealed")
+    __slots__ = (
+        "_enc",
+        "_names",
+        "chunks",
+        "dropped",
+        "max_pending",
+        "n",
+        "node",
+        "now",
+        "payloads",
+        "records",
+        "sealed",
+    )
 
-    def __init__(self, node: int, *, max_pending: int = MAX_PENDING) -> None:
+    def __init__(self, node: int, *, max_pending: int = MAX_PENDING, payloads: bool = False) -> None:
         self.node = node
+        self.payloads = payloads  # rule 3: record payloads' content, not only their size
         self.now = 0.0
         self.n = 0
         self.records: list[Any] = []
@@ -234,12 +255,21 @@ class CaptureBuffer:
     # (``_room`` only when ENCODE_EVERY records wait), channel names are cached.
 
     def publish(
-        self, event_id: str, channel: object, values: dict[str, Any], key: str | None = None, rank: int | None = None
+        self,
+        event_id: str,
+        channel: object,
+        values: dict[str, Any],
+        key: str | None = None,
+        rank: int | None = None,
+        payload: bytes = b"",
     ) -> None:
         self.n += 1
         if len(self.records) < ENCODE_EVERY or self._room():
             ch = (self._names.get(channel) or self._name(channel)) if channel is not None else None
-            self.records.append(Publish(self.node, self.n, self.now, event_id, ch, values, key, rank))
+            content = payload if payload and self.payloads else None
+            self.records.append(
+                Publish(self.node, self.n, self.now, event_id, ch, values, key, rank, len(payload), content)
+            )
 
     def event(
         self,
@@ -272,9 +302,10 @@ class CaptureBuffer:
                 )
             )
 
-    def deliver(self, event_id: str, sub_ids: Sequence[str], owners: Mapping[str, Any]) -> None:
+    def deliver(self, event_id: str, sub_ids: Sequence[str], owners: Mapping[str, Any], payload_bytes: int = 0) -> None:
         """A Notification reached this (the subscribers') access node; ``owners``
-        maps the subscriptions it still serves to their sessions."""
+        maps the subscriptions it still serves to their sessions; ``payload_bytes``
+        is the size of the payload it carried."""
         self.n += 1
         if len(self.records) < ENCODE_EVERY or self._room():
             subs: tuple[str, ...]
@@ -284,7 +315,7 @@ class CaptureBuffer:
             else:
                 subs = tuple([g for g in sub_ids if g in owners])
                 orphans = tuple([g for g in sub_ids if g not in owners])
-            self.records.append(Deliver(self.node, self.n, self.now, event_id, subs, orphans))
+            self.records.append(Deliver(self.node, self.n, self.now, event_id, subs, orphans, payload_bytes))
 
     def drop(self, event_id: str, session: int, sub_ids: Sequence[str]) -> None:
         self.n += 1
@@ -362,3 +393,8 @@ def header_for(config: ClusterConfig, node_id: int, run: str, now: float) -> Hea
 def with_capture_dir(config: ClusterConfig, directory: str) -> ClusterConfig:
     """The config with ``cluster.capture_dir`` set (the CLI's ``--capture``)."""
     return msgspec.structs.replace(config, cluster=msgspec.structs.replace(config.cluster, capture_dir=directory))
+
+
+def with_capture_payload(config: ClusterConfig) -> ClusterConfig:
+    """The config with ``cluster.capture_payload`` on (the CLI's ``--capture-payload``)."""
+    return msgspec.structs.replace(config, cluster=msgspec.structs.replace(config.cluster, capture_payload=True))

@@ -147,11 +147,23 @@ class ClusterSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # ``event_ttl``.  Access nodes drop a notification whose event id they saw
     # within ``dedup_window`` seconds (at most ``dedup_max`` ids).
     outbox_limit: Entries = 50_000
+    # Payloads (``Publish.payload``): the largest one an event may carry (a
+    # larger publish is refused ``payload_too_large``), at most half of
+    # ``max_frame_size`` so an event travels in one frame with its attributes
+    # and ids; and the payload bytes an access node keeps in its outbox (and
+    # its keyed events waiting for their home) — past it a publish is answered
+    # Choke, as past ``outbox_limit``: a few large payloads cannot exhaust memory.
+    max_payload: Annotated[int, msgspec.Meta(ge=0, le=32 << 20)] = 64 * 1024
+    outbox_bytes: Annotated[int, msgspec.Meta(ge=64 * 1024, le=1 << 40)] = 64 << 20
     resend_after: Annotated[float, msgspec.Meta(gt=0, le=600)] = 1.0
     event_ttl: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0
     dedup_window: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 60.0
     dedup_max: Annotated[int, msgspec.Meta(ge=1000, le=100_000_000)] = 1_000_000
     capture_dir: str = ""
+    # The capture records each event's payload size; true: its content too
+    # (base64), for an audit that needs it (SPEC §13).  Off by default: a
+    # capture is not meant to be a second copy of the data.
+    capture_payload: bool = False
     # A handler (a message, a tick, an indexing step) that holds the node's loop
     # longer than this many ms is journalled as "slow" and logged; 0: off.
     slow_ms: Annotated[float, msgspec.Meta(ge=0, le=MAX_SLOW_MS)] = 5.0
@@ -463,6 +475,12 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
             f"{path}: [cluster] needs resend_after < event_ttl <= dedup_window "
             f"(got {settings.resend_after}, {settings.event_ttl}, {settings.dedup_window}): an event is re-sent "
             "only while it lives, and its duplicates are recognised as long as it may be re-sent"
+        )
+    if settings.max_payload > settings.max_frame_size // 2:
+        raise ConfigError(
+            f"{path}: [cluster] max_payload = {settings.max_payload} must be at most half of max_frame_size = "
+            f"{settings.max_frame_size} (so {settings.max_frame_size // 2}): an event's payload travels in one frame "
+            "with its attributes and ids; raise max_frame_size or lower max_payload"
         )
     if settings.initializer not in ids:
         raise ConfigError(f"{path}: initializer {settings.initializer} is not a declared node")

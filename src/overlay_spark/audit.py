@@ -24,6 +24,12 @@ Findings (counts of pairs unless said otherwise):
   (several owner ``event`` records), ``cost`` (tested count below matches);
 * ``order`` — a subscriber got two events of one key out of rank order
   (keys are optional: an event without ``key`` is not ordered).
+
+Payloads (``payloads``): the payload bytes published (``publish.payload_bytes``)
+and delivered (``deliver.payload_bytes`` once per subscription notified), and
+``mismatched`` — deliveries whose payload size differs from the one
+published (the payload did not arrive whole).  A capture written before
+payloads existed has no ``payload_bytes``: every size is 0.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from pyspark.sql import functions as F
 
 from overlay_spark.records import Capture, aggregate_row
 
-__all__ = ["EXAMPLES", "audit"]
+__all__ = ["EXAMPLES", "audit", "payloads"]
 
 # Examples of each finding shown in the report.
 EXAMPLES: Final = 5
@@ -229,3 +235,37 @@ def _order(cap: Capture, events: DataFrame) -> dict[str, Any]:
         "violations": violations,
         "examples": ex,
     }
+
+
+def payloads(cap: Capture) -> dict[str, Any]:
+    """Payload bytes published and delivered, and the deliveries whose payload
+    size differs from the publish's (see the module docstring)."""
+    out: dict[str, Any] = {"published_bytes": 0, "with_payload": 0, "delivered_bytes": 0, "mismatched": 0}
+    if not cap.has("publish"):
+        return out
+    pub = cap.df("publish").select("event", F.coalesce(F.col("payload_bytes"), F.lit(0)).alias("size"))
+    row = aggregate_row(pub.agg(F.sum("size").alias("b"), F.sum((F.col("size") > 0).cast("long")).alias("n")))
+    out["published_bytes"], out["with_payload"] = int(row["b"] or 0), int(row["n"] or 0)
+    if not cap.has("deliver"):
+        return out
+    dl = cap.df("deliver").select(
+        "event", F.coalesce(F.col("payload_bytes"), F.lit(0)).alias("got"), F.size(_ids("subs")).alias("subs")
+    )
+    joined = dl.join(pub.dropDuplicates(["event"]), "event", "left")
+    row = aggregate_row(
+        joined.agg(
+            F.sum(F.col("got") * F.col("subs")).alias("b"),
+            F.sum((F.col("size").isNotNull() & (F.col("got") != F.col("size"))).cast("long")).alias("bad"),
+        )
+    )
+    out["delivered_bytes"], out["mismatched"] = int(row["b"] or 0), int(row["bad"] or 0)
+    if out["mismatched"]:
+        out["examples"] = [
+            r.asDict()
+            for r in joined.filter(F.col("size").isNotNull() & (F.col("got") != F.col("size")))
+            .select("event", F.col("size").alias("published"), F.col("got").alias("delivered"))
+            .orderBy("event")
+            .limit(EXAMPLES)
+            .collect()
+        ]
+    return out

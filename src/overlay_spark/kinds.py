@@ -36,7 +36,7 @@ CONSUMED: Final[Mapping[str, str]] = {
     "end": "records and the capture.complete check: clean shutdown, records the writer dropped",
     "publish": "rematch (values re-matched), audit (events no owner matched)",
     "event": "loads (windows, slice costs), rematch (reported matches), audit",
-    "deliver": "audit (exactly once, losses, rank order)",
+    "deliver": "audit (exactly once, losses, rank order, payload bytes)",
     "drop": "audit (pairs dropped on a slow consumer are not lost)",
     "subscribe": "rematch (filter text, when asked)",
     "subscribed": "rematch (when acknowledged)",
@@ -83,10 +83,11 @@ KIND_SCHEMAS: Final[Mapping[str, str]] = {
     "schema STRUCT<distinguishing: ARRAY<STRING>, attributes: ARRAY<STRUCT<name: STRING, type: STRING, min: STRING, max: STRING>>>, "
     "balancing BOOLEAN, delta DOUBLE",
     "end": _BASE + ", records LONG, dropped LONG",
-    "publish": _BASE + ", event STRING, channel STRING, values MAP<STRING, STRING>, key STRING, rank LONG",
+    "publish": _BASE + ", event STRING, channel STRING, values MAP<STRING, STRING>, key STRING, rank LONG, "
+    "payload_bytes LONG",
     "event": _BASE
     + ", event STRING, access INT, channel STRING, tested LONG, matched ARRAY<STRING>, slice INT, key STRING, rank LONG",
-    "deliver": _BASE + ", event STRING, subs ARRAY<STRING>, orphans ARRAY<STRING>",
+    "deliver": _BASE + ", event STRING, subs ARRAY<STRING>, orphans ARRAY<STRING>, payload_bytes LONG",
     "drop": _BASE + ", event STRING, session INT, subs ARRAY<STRING>",
     "subscribe": _BASE + ", sub STRING, local STRING, session INT, subscriber STRING, filter STRING",
     "subscribed": _BASE + ", sub STRING",

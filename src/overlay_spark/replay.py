@@ -113,10 +113,21 @@ def run_replay(
         prog.step("audit: exactly-once delivery, losses, rank order")
         aud = audit_mod.audit(cap, events, pairs)
         events.unpersist()
+        aud["payloads"] = audit_mod.payloads(cap)
 
         prog.step("checks and headline figures")
         pc, ec = aud["pairs"], aud["events"]
         checks = _checks(cap, pc, ec, aud["order"], summary, costs, Check)
+        pl = aud["payloads"]
+        checks.append(
+            Check(
+                "audit.payload",
+                pl["mismatched"] == 0,
+                f"{pl['mismatched']} deliveries whose payload size differs from the one published; "
+                f"{pl['with_payload']} events carried a payload, {pl['published_bytes']} bytes published, "
+                f"{pl['delivered_bytes']} bytes delivered (once per subscription notified)",
+            )
+        )
         failed = [c.name for c in checks if c.ok is False]
         traffic = [r for r in actual if r["events"]]
         cf_by_w = {r["w"]: r for r in counter}

@@ -11,7 +11,7 @@ import argparse
 import asyncio
 from typing import Any, Final
 
-from overlay.capture import with_capture_dir
+from overlay.capture import with_capture_dir, with_capture_payload
 from overlay.cli.admin import cmd_drain
 from overlay.cli.args import add_command, check_dir_option, config_node, node_id, positive_float
 from overlay.cli.local_cluster import LocalCluster, ready_lines
@@ -92,6 +92,10 @@ def cmd_node(args: argparse.Namespace) -> int:
     check_dir_option("--capture", args.capture)
     if args.capture:
         cfg = with_capture_dir(cfg, args.capture)
+    if args.capture_payload:
+        if not cfg.cluster.capture_dir:
+            raise UsageError("--capture-payload needs a capture: give --capture DIR or set [cluster] capture_dir")
+        cfg = with_capture_payload(cfg)
     security = node_security(cfg, args.id)  # rule 1: a missing certificate is one line, before anything listens
     return run_command(_node_main(cfg, args.id, security), server=True)
 
@@ -146,6 +150,11 @@ def register(sub: Any) -> None:
     )
     n.add_argument("--timeout", type=positive_float, default=300.0, help="drain: seconds to wait for it to finish")
     n.add_argument("--capture", metavar="DIR", help="write this node's capture to DIR (overrides cluster.capture_dir)")
+    n.add_argument(
+        "--capture-payload",
+        action="store_true",
+        help="record each event's payload in the capture, not only its size (sets cluster.capture_payload)",
+    )
     n.set_defaults(func=cmd_node)
 
     c = add_command(sub, "cluster", "run every node of a config locally", CLUSTER_EXAMPLES)

@@ -5,12 +5,20 @@ Events and the expression are checked against the config's schema before
 anything connects (rule 1 of ``overlay.cli``); ``pub`` prints one JSON line
 per accepted event, ``sub`` one per notification.  Ctrl-C ends either within
 2 s (exit 130; 143 for SIGTERM), whatever the cluster does.
+
+Payloads: ``pub --payload TEXT`` (sent as UTF-8) or ``--payload-file F``
+(its bytes), read and checked against ``[cluster] max_payload`` before
+anything connects, go with every event of the command; ``sub`` prints a
+notification's payload as ``payload`` when it is UTF-8 text, else as
+``payload_base64`` — never both, never neither when there is one.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import binascii
 import contextlib
 import json
 import sys
@@ -53,16 +61,28 @@ from overlay.errors import (
     SchemaError,
 )
 
-__all__ = ["cmd_pub", "cmd_sub", "register", "run_pub", "run_sub"]
+__all__ = [
+    "cmd_pub",
+    "cmd_sub",
+    "decode_payload_fields",
+    "payload_fields",
+    "read_payload",
+    "register",
+    "run_pub",
+    "run_sub",
+]
 
 PUB_EXAMPLES: Final = """\
 examples:
   overlay pub --config cluster_configs/local.toml '{price: 42.5, sym: "IBM", qty: 10}'
   overlay pub --config F --node 1 '{price: 1, sym: "A"}' '{price: 2, sym: "B"}'
   overlay pub --config F --key order-17 --rank 1 '{price: 1, sym: "A"}' '{price: 2, sym: "A"}'
+  overlay pub --config F --payload 'order #17 filled' '{price: 1, sym: "A"}'
+  overlay pub --config F --payload-file report.pdf '{price: 1, sym: "A"}'
   generate-events | overlay pub --config F                      (one event per line)
 
-Prints one JSON line per accepted event: {"event_id": …, "event": …}.
+Prints one JSON line per accepted event: {"event_id": …, "event": …} (and
+"payload_bytes" when it carries a payload).
 Ctrl-C ends it within 2 s (exit 130; 143 for SIGTERM)."""
 
 SUB_EXAMPLES: Final = """\
@@ -71,7 +91,8 @@ examples:
   overlay sub --config F 'sym prefix "A"' --count 10 --seconds 30
   overlay sub --config F 'qty > 1000' --group workers --weight 2
 
-Prints one JSON line per notification on stdout, the subscription's homes on stderr.
+Prints one JSON line per notification on stdout, the subscription's homes on stderr;
+a payload shows as "payload" (UTF-8 text) or "payload_base64" (any other bytes).
 Ctrl-C ends it within 2 s, even when the cluster is gone (exit 130; 143 for SIGTERM)."""
 
 
@@ -103,6 +124,9 @@ def _stdin_events() -> list[str]:
 async def run_pub(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     events = args.events or _stdin_events()
+    payload: bytes | None = getattr(args, "payload_data", None)  # read by cmd_pub, before the loop started
+    if payload is None:
+        payload = read_payload(args, cfg.cluster.max_payload)
     failed = 0
     # The routing agent (SPEC §12) over every node, or the one --node names.
     token = user_token(args.token, cfg)
@@ -119,8 +143,11 @@ async def run_pub(args: argparse.Namespace) -> int:
             # --rank R is the first event's; the next ones follow it (R+1, R+2, …).
             rank = args.rank + i if args.rank else 0
             try:
-                event_id = await agent.publish(text, key=args.key, rank=rank)
-                print(json.dumps({"event_id": event_id, "event": text}), flush=True)
+                event_id = await agent.publish(text, payload=payload, key=args.key, rank=rank)
+                line: dict[str, Any] = {"event_id": event_id, "event": text}
+                if payload:
+                    line["payload_bytes"] = len(payload)
+                print(json.dumps(line), flush=True)
             except OverlayError as exc:
                 failed += 1
                 print(f"error: event {i + 1}: {one_line(exc)}", file=sys.stderr)
@@ -140,10 +167,62 @@ def _check_events(cfg: ClusterConfig, events: Sequence[str], source: str) -> Non
             raise UsageError(f"{source} {i + 1}: {one_line(exc)}") from None
 
 
+def read_payload(args: argparse.Namespace, limit: int) -> bytes:
+    """``--payload TEXT`` as UTF-8, or ``--payload-file F``'s bytes (b"" for
+    neither), within ``[cluster] max_payload``: a usage error otherwise."""
+    if args.payload_file is not None:
+        try:
+            with open(args.payload_file, "rb") as fh:
+                data = fh.read(limit + 1)  # no more than one byte past the limit is read
+        except FileNotFoundError:
+            raise UsageError(f"--payload-file {args.payload_file}: no such file") from None
+        except IsADirectoryError:
+            raise UsageError(f"--payload-file {args.payload_file}: is a directory, not a file") from None
+        except OSError as exc:
+            raise UsageError(f"--payload-file {args.payload_file}: cannot read it: {exc.strerror or exc}") from None
+        what = f"--payload-file {args.payload_file}"
+    elif args.payload is not None:
+        try:
+            data = args.payload.encode()
+        except UnicodeEncodeError:  # a lone surrogate from an undecodable argument
+            raise UsageError("--payload: not valid text; give the bytes with --payload-file") from None
+        what = "--payload"
+    else:
+        return b""
+    if len(data) > limit:
+        size = f"is {len(data)} bytes" if args.payload_file is None else f"is over {limit} bytes"
+        raise UsageError(f"{what} {size}; the cluster takes payloads of at most {limit} bytes ([cluster] max_payload)")
+    return data
+
+
+def payload_fields(payload: bytes) -> dict[str, str]:
+    """How ``sub`` prints a payload: ``payload`` when it is UTF-8 text,
+    ``payload_base64`` otherwise; nothing for none."""
+    if not payload:
+        return {}
+    try:
+        return {"payload": payload.decode()}
+    except UnicodeDecodeError:
+        return {"payload_base64": base64.b64encode(payload).decode("ascii")}
+
+
+def decode_payload_fields(line: dict[str, Any]) -> bytes:
+    """The payload bytes of a line ``sub`` printed (the inverse of ``payload_fields``)."""
+    if "payload" in line:
+        return str(line["payload"]).encode()
+    if "payload_base64" in line:
+        try:
+            return base64.b64decode(line["payload_base64"], validate=True)
+        except binascii.Error as exc:
+            raise ValueError(f"payload_base64 is not base64: {exc}") from None
+    return b""
+
+
 def cmd_pub(args: argparse.Namespace) -> int:
     if args.rank and not args.key:
         raise UsageError("--rank needs --key (ranks order the events of one key)")
     cfg = load_config(args.config)
+    args.payload_data = read_payload(args, cfg.cluster.max_payload)
     if args.node is not None:
         config_node(cfg, args.node)
     if args.events:
@@ -169,6 +248,8 @@ async def _notes(sub: Any, count: int | None) -> None:
         line: dict[str, Any] = {"event_id": note.event_id, "event": note.event, "subscriptions": list(note.sub_ids)}
         if note.key:  # an ordered event: its sequence key and rank
             line |= {"key": note.key, "rank": note.rank}
+        if note.payload:
+            line |= payload_fields(note.payload)
         print(json.dumps(line), flush=True)
         n += 1
         if count and n >= count:
@@ -234,6 +315,13 @@ def register(sub: Any) -> None:
     )
     pb.add_argument("--rank", type=positive_int, default=0, help="explicit rank of the first event (needs --key)")
     pb.add_argument("--token", default=None, help=TOKEN_HELP)
+    payload = pb.add_mutually_exclusive_group()
+    payload.add_argument(
+        "--payload", metavar="TEXT", default=None, help="an opaque payload for every event, sent as UTF-8 text"
+    )
+    payload.add_argument(
+        "--payload-file", metavar="F", default=None, help="an opaque payload for every event: the bytes of file F"
+    )
     pb.add_argument("events", nargs="*")
     pb.set_defaults(func=cmd_pub)
 

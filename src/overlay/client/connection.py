@@ -65,6 +65,7 @@ from overlay.client.limits import (
     PUBLISH_WINDOW,
     REQUEST_TIMEOUT,
     check_order,
+    check_payload,
     check_timeout,
 )
 from overlay.client.load_factor import LoadFactorConfig
@@ -362,15 +363,25 @@ class Client:
                 self._after()
 
     async def publish(
-        self, event: str | dict[str, Value], *, key: str = "", rank: int = 0, timeout: float = REQUEST_TIMEOUT
+        self,
+        event: str | dict[str, Value],
+        *,
+        payload: bytes | str = b"",
+        key: str = "",
+        rank: int = 0,
+        timeout: float = REQUEST_TIMEOUT,
     ) -> str:
         """Publish an event (an eventExp text or an ``{attr: value}`` map); returns its id.
 
+        ``payload``: opaque bytes delivered unchanged with every notification
+        (a ``str`` is sent as its UTF-8), never matched; at most the cluster's
+        ``[cluster] max_payload`` (else ``RequestError`` ``payload_too_large``).
         ``key`` (and optionally ``rank``) ask for ordered delivery (SPEC §10).
         """
         check_order(key, rank)
+        data = check_payload(payload, self.protocol.max_payload)
         eid = self.protocol.next_event_id()  # keyed too: its home sequences a re-send once (node.keyhome)
-        reply = await self._ask(cm.Publish(0, event, time.time(), key, rank, eid), timeout, retry=True)
+        reply = await self._ask(cm.Publish(0, event, time.time(), key, rank, eid, data), timeout, retry=True)
         assert isinstance(reply, cm.PubAck)
         return reply.event_id
 
@@ -382,6 +393,7 @@ class Client:
         rank: int = 0,
         timeout: float = REQUEST_TIMEOUT,
         event_id: str = "",
+        payload: bytes | str = b"",
     ) -> cm.PubAck | cm.Choke:
         """One attempt, for a caller that handles Choke itself (the routing agent).
 
@@ -393,10 +405,11 @@ class Client:
         goes, ``TimeoutError`` after ``timeout``.
         """
         check_order(key, rank)
+        data = check_payload(payload, self.protocol.max_payload)
         if not self.connected:
             raise ConnectionLost("not connected to the access node")
         eid = event_id or self.protocol.next_event_id()
-        reply = await self._ask(cm.Publish(0, event, time.time(), key, rank, eid), timeout, retry=False)
+        reply = await self._ask(cm.Publish(0, event, time.time(), key, rank, eid, data), timeout, retry=False)
         if isinstance(reply, cm.Error):
             if reply.code == cm.ErrorCode.NOT_READY:
                 raise NotReady(reply.message)
@@ -404,16 +417,20 @@ class Client:
         assert isinstance(reply, (cm.PubAck, cm.Choke))
         return reply
 
-    async def publish_windowed(self, event: str | dict[str, Value], *, window: int = PUBLISH_WINDOW) -> None:
+    async def publish_windowed(
+        self, event: str | dict[str, Value], *, payload: bytes | str = b"", window: int = PUBLISH_WINDOW
+    ) -> None:
         """Publish without waiting for this event's PubAck (rule 4).
 
         Returns once the frame is queued; waits only while ``window`` earlier
-        pipelined publishes are unacknowledged, after a Choke, or while the
+        pipelined publishes are unacknowledged (or they hold
+        ``PUBLISH_WINDOW_BYTES`` of payload), after a Choke, or while the
         connection is down.  A rejection surfaces in ``publish_errors`` and
-        from ``flush()``.
+        from ``flush()``; ``payload`` as for ``publish``.
         """
         if window < 1:
             raise ValueError("window must be at least 1")
+        data = check_payload(payload, self.protocol.max_payload)
         self._check_open()
         protocol = self.protocol
         if (pause := protocol.window.pause_left(time.monotonic())) > 0:
@@ -423,7 +440,7 @@ class Client:
                 raise ConnectionLost(protocol.closed_reason)
             self._changed.clear()
             await self._changed.wait()
-        protocol.publish_windowed(event, wall=time.time())
+        protocol.publish_windowed(event, wall=time.time(), payload=data)
         self._after()
 
     async def flush(self, *, timeout: float = REQUEST_TIMEOUT) -> None:

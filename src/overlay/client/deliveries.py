@@ -40,7 +40,8 @@ class Notification(msgspec.Struct, frozen=True):
     ``rank`` are the event's sequence key and rank when it was published in
     order (``""``/``0`` otherwise); ``tag`` is the node's delivery tag (0 when
     the node does not track it).  ``received`` is this client's wall clock
-    when it arrived."""
+    when it arrived.  ``payload`` is the event's opaque payload, the bytes
+    its publisher sent (``b""`` when it sent none)."""
 
     event_id: str
     event: dict[str, Value]
@@ -50,6 +51,7 @@ class Notification(msgspec.Struct, frozen=True):
     key: str = ""
     rank: int = 0
     tag: int = 0
+    payload: bytes = b""
 
 
 class _Held:

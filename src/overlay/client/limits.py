@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from overlay.errors import LocalProtocolError
+from overlay.errors import LocalProtocolError, RequestError
 from overlay.messages import client as cm
 
 __all__ = [
@@ -15,8 +15,10 @@ __all__ = [
     "MAX_TIMEOUT",
     "NOT_READY_RETRY",
     "PUBLISH_WINDOW",
+    "PUBLISH_WINDOW_BYTES",
     "REQUEST_TIMEOUT",
     "check_order",
+    "check_payload",
     "check_timeout",
 ]
 
@@ -36,6 +38,11 @@ NOT_READY_RETRY: Final = 0.05
 # and stay below the node's choke threshold (8,000 by default) so a lone
 # publisher is paced by PubAcks rather than by Chokes.
 PUBLISH_WINDOW: Final = 4_000
+# Payload bytes the unacknowledged pipelined publishes may hold together
+# before the caller waits (the client keeps each until its PubAck, to send it
+# again): 4,000 publishes of 64 KiB would be 256 MiB; this keeps a publisher
+# of large payloads to a few MiB in flight, which still fills any link.
+PUBLISH_WINDOW_BYTES: Final = 16 << 20
 # The protocol's bound on a sequence key (messages.client.Publish): checked
 # here, as a frame over it would be a protocol error that closes the session.
 MAX_KEY: Final = 256
@@ -59,3 +66,25 @@ def check_order(key: str, rank: object) -> None:
         raise LocalProtocolError(
             f"a rank is an integer in [1, {cm.MAX_RANK}] (0: let the key's home assign one), got {rank!r}"
         )
+
+
+def check_payload(payload: object, limit: int = 0) -> bytes:
+    """A publish's payload as the bytes to send: ``bytes`` as they are (no
+    copy), a ``str`` as its UTF-8, a ``bytearray`` or ``memoryview`` copied
+    once.  Anything else is ``LocalProtocolError``; one over ``limit`` (the
+    node's ``max_payload`` from its Welcome; 0: not known yet) is refused
+    here as the node would refuse it, ``RequestError(payload_too_large)``."""
+    if type(payload) is bytes:
+        data = payload
+    elif isinstance(payload, str):
+        data = payload.encode()
+    elif isinstance(payload, (bytes, bytearray, memoryview)):
+        data = bytes(payload)
+    else:
+        raise LocalProtocolError(f"a payload is bytes or str (sent as UTF-8), got {type(payload).__name__}")
+    if limit and len(data) > limit:
+        raise RequestError(
+            cm.ErrorCode.PAYLOAD_TOO_LARGE,
+            f"the payload is {len(data)} bytes; this cluster takes at most {limit} ([cluster] max_payload)",
+        )
+    return data

@@ -142,6 +142,7 @@ class ClientProtocol:
         self.node_id: int | None = None
         self.cluster = ""
         self.ready = False
+        self.max_payload = 0  # the node's [cluster] max_payload, from its Welcome (0: not known)
         self.chokes = 0
         self.late_answers = 0  # answers to requests given up on the wire (requests rule 6)
         self.requests = Requests()
@@ -202,6 +203,7 @@ class ClientProtocol:
         self.cluster = msg.cluster
         self.ready = msg.ready
         self.deliveries.window = msg.ack_timeout
+        self.max_payload = msg.max_payload
         events: list[Event] = [Connected(msg.node_id, msg.cluster, msg.ready, self.conn)]
         for spec in self.subscriptions.values():  # rule 3
             if spec.acked:
@@ -339,11 +341,12 @@ class ClientProtocol:
         moves it away from a lost connection, which must not re-subscribe it)."""
         self.subscriptions.pop(sub_id, None)
 
-    def publish_windowed(self, event: str | dict[str, Value], *, wall: float) -> int:
-        """A pipelined publish (window rule 1; the caller checked ``window.room``); returns its seq."""
+    def publish_windowed(self, event: str | dict[str, Value], *, wall: float, payload: bytes = b"") -> int:
+        """A pipelined publish (window rule 1; the caller checked ``window.room``
+        and ``payload``, ``check_payload``); returns its seq."""
         if self.state is ConnState.CLOSED:
             raise ConnectionLost(self.closed_reason)
-        msg = cm.Publish(self._next_seq(), event, wall, event_id=self.next_event_id())
+        msg = cm.Publish(self._next_seq(), event, wall, event_id=self.next_event_id(), payload=payload)
         encode_frame(msg, self.max_frame)  # refused now if it cannot be sent
         self.window.add(msg)
         if self.state is ConnState.OPEN:
@@ -397,7 +400,9 @@ class ClientProtocol:
         return []
 
     def _notify(self, msg: cm.Notify, now: float, wall: float) -> list[Event]:
-        note = Notification(msg.event_id, msg.event, msg.sub_ids, msg.publish_time, wall, msg.key, msg.rank, msg.tag)
+        note = Notification(
+            msg.event_id, msg.event, msg.sub_ids, msg.publish_time, wall, msg.key, msg.rank, msg.tag, msg.payload
+        )
         subs = self.subscriptions
         takers = tuple(sid for sid in dict.fromkeys(msg.sub_ids) if sid in subs)
         group = bool(msg.tag) and any(subs[sid].group for sid in takers)

@@ -106,7 +106,7 @@ from overlay.client.agent import RoutingAgent
 from overlay.client.callbacks import ErrorCallback, ErrorReporter
 from overlay.client.connection import Client
 from overlay.client.failover import FailoverSubscription
-from overlay.client.limits import DEFAULT_QUEUE, NOT_READY_RETRY, REQUEST_TIMEOUT, check_timeout
+from overlay.client.limits import DEFAULT_QUEUE, NOT_READY_RETRY, REQUEST_TIMEOUT, check_payload, check_timeout
 from overlay.client.load_factor import LoadFactorConfig
 from overlay.client.placement import MAX_PLACE_ATTEMPTS, Placements
 from overlay.client.tasks import OwnedTasks
@@ -265,13 +265,22 @@ class AgentClient:
     # -- publishing (rules 1–3) --------------------------------------------------------
 
     async def publish(
-        self, event: str | dict[str, Value], *, key: str = "", rank: int = 0, timeout: float = REQUEST_TIMEOUT
+        self,
+        event: str | dict[str, Value],
+        *,
+        payload: bytes | str = b"",
+        key: str = "",
+        rank: int = 0,
+        timeout: float = REQUEST_TIMEOUT,
     ) -> str:
         """Publish through the node with the lowest predicted latency; returns the event id.
 
-        Raises ``RequestError`` if the event is rejected, ``TimeoutError`` if no
+        ``payload`` as for ``Client.publish``: opaque bytes (a ``str`` as its
+        UTF-8) delivered unchanged with every notification.  Raises
+        ``RequestError`` if the event is rejected, ``TimeoutError`` if no
         node acknowledged it within ``timeout``.
         """
+        data = check_payload(payload)  # the same bytes on every attempt; each node checks its limit
         clock = time.perf_counter
         deadline = clock() + check_timeout(timeout)
         agent = self.agent
@@ -295,7 +304,7 @@ class AgentClient:
             pending[node] += 1
             try:
                 reply = await self.clients[node].publish_once(
-                    event, key=key, rank=rank, timeout=wait, event_id=event_id
+                    event, key=key, rank=rank, timeout=wait, event_id=event_id, payload=data
                 )
             except (TimeoutError, ConnectionLost):
                 self.timeouts += 1

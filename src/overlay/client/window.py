@@ -3,8 +3,9 @@
 No clock is read here; ``now`` is given.  Rules (Client rule 5):
 
 1. Each pipelined publish is kept, by its seq, until its PubAck.  The caller
-   keeps at most ``window`` of them unacknowledged (``room``): a fast
-   publisher is paced by the node.
+   keeps at most ``window`` of them unacknowledged (``room``), holding at
+   most ``PUBLISH_WINDOW_BYTES`` of payload (one publish always fits): a
+   fast publisher is paced by the node, and large payloads cannot pile up.
 2. ``Choke(delay)`` for one: it is sent again once the delay has passed, and
    no new pipelined publish goes out before then (``pause_left``) — sending
    more would only be choked in turn.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import heapq
 from typing import Final
 
-from overlay.client.limits import NOT_READY_RETRY
+from overlay.client.limits import NOT_READY_RETRY, PUBLISH_WINDOW_BYTES
 from overlay.errors import RequestError
 from overlay.messages import client as cm
 
@@ -38,6 +39,7 @@ class PublishWindow:
 
     def __init__(self) -> None:
         self._kept: dict[int, cm.Publish] = {}  # by seq, in send order
+        self.bytes = 0  # rule 1: the payload bytes of the kept publishes
         self._resend: dict[int, float] = {}  # seq -> not before
         self._timers: list[tuple[float, int]] = []
         self.paused_until = 0.0  # rule 2
@@ -52,7 +54,7 @@ class PublishWindow:
 
     def room(self, window: int) -> bool:
         """Rule 1: whether one more may go out under a window of ``window``."""
-        return len(self._kept) < window
+        return len(self._kept) < window and (self.bytes < PUBLISH_WINDOW_BYTES or not self._kept)
 
     def pause_left(self, now: float) -> float:
         """Rule 2: seconds before a new pipelined publish may go out (0: now)."""
@@ -62,6 +64,7 @@ class PublishWindow:
 
     def add(self, msg: cm.Publish) -> None:
         self._kept[msg.seq] = msg
+        self.bytes += len(msg.payload)
 
     def answer(self, msg: cm.PubAck | cm.Choke | cm.Error, now: float) -> None:
         """Rules 1–4 for the answer to a kept publish (the caller checked ``msg.seq in self``)."""
@@ -81,7 +84,7 @@ class PublishWindow:
                 self._done(seq)
 
     def _done(self, seq: int) -> None:
-        del self._kept[seq]
+        self.bytes -= len(self._kept.pop(seq).payload)
         self._resend.pop(seq, None)
 
     def _plan(self, seq: int, when: float) -> None:

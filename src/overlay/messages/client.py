@@ -81,6 +81,7 @@ class ErrorCode(StrEnum):
     TOO_MANY_CONNECTIONS = "too_many_connections"  # at Hello: the client id's (or the node's) connections (fatal)
     TOO_MANY_SUBSCRIPTIONS = "too_many_subscriptions"  # the client id holds its limit of subscriptions here
     EXPRESSION_TOO_LARGE = "expression_too_large"  # the subscription's text or predicates are over the limit
+    PAYLOAD_TOO_LARGE = "payload_too_large"  # the event's payload is over [cluster] max_payload
 
 
 class ClientMessage(msgspec.Struct, frozen=True, tag=True, array_like=True):
@@ -105,6 +106,9 @@ class Welcome(ClientMessage, frozen=True):
     # Seconds the node waits for the answer to a tracked Notify before it
     # revokes a group copy (node.acks rule 2); the client declines copies older.
     ack_timeout: float = 0.0
+    # The largest payload a Publish may carry (``[cluster] max_payload``), so
+    # the client refuses a larger one before sending it; 0: not told (an older node).
+    max_payload: int = 0
 
 
 class Publish(ClientMessage, frozen=True):
@@ -121,6 +125,10 @@ class Publish(ClientMessage, frozen=True):
     # re-sent with the same id — to this node or, after it died, to another —
     # is delivered once (``node.outbox``).  "": the node names it.
     event_id: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    # The event's opaque payload: delivered unchanged with every Notify, never
+    # matched (the attributes are the routing surface).  Bounded by the frame
+    # here and by ``[cluster] max_payload`` at the node (``payload_too_large``).
+    payload: bytes = b""
 
 
 class PubAck(ClientMessage, frozen=True):
@@ -168,6 +176,7 @@ class Notify(ClientMessage, frozen=True):
     key: str = ""
     rank: int = 0
     tag: int = 0
+    payload: bytes = b""  # the event's payload, as published
 
 
 class Ack(ClientMessage, frozen=True):

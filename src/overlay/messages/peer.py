@@ -317,6 +317,9 @@ class Event(PeerMessage, frozen=True):
     key: Ident = ""  # sequence key (SPEC §10); "" = unordered
     rank: Rank = 0  # rank within the key, assigned by the key's home node
     home: int = -1  # the key's home node, told when delivery completes
+    # The publisher's opaque payload, carried unchanged on every path the
+    # event takes (Reforward, re-sends, key hand-overs) and never matched.
+    payload: bytes = b""
 
 
 class Notification(PeerMessage, frozen=True):
@@ -341,6 +344,7 @@ class Notification(PeerMessage, frozen=True):
     # (``node.outbox`` rule 2).  Empty: the owner reports the match itself,
     # this node only confirms (``EventsDelivered``).
     confirm: tuple[int, ...] = ()
+    payload: bytes = b""  # the event's payload (``Event.payload``)
 
 
 class AckCode(enum.StrEnum):

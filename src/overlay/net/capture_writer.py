@@ -52,7 +52,7 @@ class CaptureWriter:
         self.dir = Path(directory)
         self.path = self.dir / capture_file_name(node_id)
         self.run_name = run or self.dir.name
-        self.buffer = CaptureBuffer(node_id)
+        self.buffer = CaptureBuffer(node_id, payloads=config.cluster.capture_payload)
         self.written = 0
         self._lock = threading.Lock()
         self._fh: BinaryIO | None = None

@@ -11,6 +11,11 @@ id here and goes to its one channel (``node.router``), a keyed one through
 its key's home (``node.ordering``); a subscription goes to every channel of
 its filter and is acknowledged once all applied it (``node.sessions``).
 
+An event's payload (``Publish.payload``) is never parsed or matched: one
+over ``[cluster] max_payload`` is refused ``payload_too_large`` before the
+event is parsed (the session stays open), and otherwise goes unchanged, the
+same bytes object, into the ``pm.Event`` and so into every notification.
+
 An unkeyed event is kept in the outbox and acknowledged once it reached
 every matching subscription's access node (``node.outbox``); a full outbox
 answers Choke.  Its id is the publisher's when the Publish names one —
@@ -101,6 +106,7 @@ log = logging.getLogger("overlay.node")
 # at most 128.  Ids travel in every notification, the capture and the logs.
 EVENT_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 CLIENT_ID: Final = re.compile(r"[!-~]{1,128}")
+_EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
 
 
 @functools.lru_cache(maxsize=4096)
@@ -149,6 +155,7 @@ class Clients:
         self._admin_token = admin_token
         self._verifier = verifier
         self._auth_required = auth_required
+        self._max_payload = ctx.config.cluster.max_payload
         self._expiries: list[tuple[float, int]] = []  # (rights.expires, session): rule A3's sweep
         # Rules L1–L4: what each client id holds here.
         self.quotas = Quotas(ctx.id, ctx.config.limits, self._subscriptions_of)
@@ -187,7 +194,14 @@ class Clients:
             sess.greeted = True
             sess.client_id = msg.client_id
             cfg = ctx.config
-            out.append(ToClient(sid, cm.Welcome(ctx.id, sid, self._ready(), cfg.cluster.name, cfg.groups.ack_timeout)))
+            out.append(
+                ToClient(
+                    sid,
+                    cm.Welcome(
+                        ctx.id, sid, self._ready(), cfg.cluster.name, cfg.groups.ack_timeout, cfg.cluster.max_payload
+                    ),
+                )
+            )
             return out
         rights = sess.rights
         if rights is not None and rights.expired(now):  # rule A3
@@ -381,6 +395,20 @@ class Clients:
                 )
             out.append(ToClient(sess.id, cm.Choke(msg.seq, delay)))
             return
+        if len(msg.payload) > self._max_payload:  # before parsing: the attributes are not looked at
+            ctx.stats["rejected_payload_too_large"] += 1
+            out.append(
+                ToClient(
+                    sess.id,
+                    cm.Error(
+                        msg.seq,
+                        cm.ErrorCode.PAYLOAD_TOO_LARGE,
+                        f"the payload is {len(msg.payload)} bytes; this cluster takes at most "
+                        f"{self._max_payload} ([cluster] max_payload)",
+                    ),
+                )
+            )
+            return
         try:
             if isinstance(msg.event, str):
                 values = parse_event(msg.event, ctx.schema)
@@ -435,8 +463,8 @@ class Clients:
         self._ordering.remember_publish(event_id, sess.id, msg.seq, now)
         ctx.stats["events_in"] += 1
         if ctx.capture is not None:
-            ctx.capture.publish(event_id, chid, values)
-        ev = pm.Event(event_id, values, ctx.id, pm.DispatchSign.EVENT_DISPATCHED, chid, publish_time_of(msg, now))
+            ctx.capture.publish(event_id, chid, values, payload=msg.payload)
+        ev = pm.Event(event_id, values, ctx.id, _EVENT_DISPATCHED, chid, publish_time_of(msg, now), payload=msg.payload)
         outbox.send(ev, sess.id, msg.seq, out)  # dispatched; the PubAck once it is confirmed
 
     def _subscribe(self, sess: Session, msg: cm.Subscribe, out: list[Action]) -> None:

@@ -342,7 +342,16 @@ class Groups:
             s = targets[0]
             if s.access_node == self._ctx.id:
                 self._notifier.notify(
-                    msg.event_id, msg.event_exp, (s.id,), msg.publish_time, self._ctx.id, msg.key, msg.rank, out, chid
+                    msg.event_id,
+                    msg.event_exp,
+                    (s.id,),
+                    msg.publish_time,
+                    self._ctx.id,
+                    msg.key,
+                    msg.rank,
+                    out,
+                    chid,
+                    msg.payload,
                 )
             else:
                 out.append(
@@ -359,7 +368,16 @@ class Groups:
         for node, ids in by_node.items():
             if node == self._ctx.id:
                 self._notifier.notify(
-                    msg.event_id, msg.event_exp, ids, msg.publish_time, self._ctx.id, msg.key, msg.rank, out, chid
+                    msg.event_id,
+                    msg.event_exp,
+                    ids,
+                    msg.publish_time,
+                    self._ctx.id,
+                    msg.key,
+                    msg.rank,
+                    out,
+                    chid,
+                    msg.payload,
                 )
             else:
                 out.append(
@@ -537,5 +555,14 @@ class Groups:
 def _notification(msg: pm.Event, sub_ids: tuple[str, ...], chid: ChannelId, origin: int) -> pm.Notification:
     """The Notification of ``msg`` for ``sub_ids`` of one access node."""
     return pm.Notification(
-        msg.event_id, msg.event_exp, sub_ids, chid, msg.publish_time, msg.key, msg.rank, msg.home, origin
+        msg.event_id,
+        msg.event_exp,
+        sub_ids,
+        chid,
+        msg.publish_time,
+        msg.key,
+        msg.rank,
+        msg.home,
+        origin,
+        payload=msg.payload,
     )

@@ -12,7 +12,7 @@ Rules:
    answer ``KeySynced(no)`` covers every sync of that link up to ``no``
    (links are FIFO: the receiver applied them in order).
 2. A link's ops go in ``KeySync``s cut below half the frame limit (an
-   event is reckoned at its values' length plus ``OP_BYTES``); what is
+   event is reckoned at its values' and payload's length plus ``OP_BYTES``); what is
    staged waits for the last one's answer.  A key's whole state is one
    ``KeyCopy`` with the events that fit, then one op per further event.
 3. ``take(key)`` removes every output of ``key`` waiting on any link, in
@@ -63,7 +63,13 @@ class Link:
 
 def op_size(ev: pm.Event) -> int:
     """About how many bytes ``ev`` takes on the wire (rule 2's cut)."""
-    return OP_BYTES + len(ev.event_id) + len(ev.key) + sum(len(k) + len(str(v)) + 8 for k, v in ev.event_exp.items())
+    return (
+        OP_BYTES
+        + len(ev.event_id)
+        + len(ev.key)
+        + len(ev.payload)
+        + sum(len(k) + len(str(v)) + 8 for k, v in ev.event_exp.items())
+    )
 
 
 def ranked_events(st: KeyState) -> list[pm.Event]:

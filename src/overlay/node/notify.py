@@ -141,10 +141,17 @@ class Notifier:
                 del self._group_of[gid]
 
     def notify_clients(
-        self, event_id: str, event: dict[str, Any], sub_ids: Sequence[str], publish_time: float, out: list[Action]
+        self,
+        event_id: str,
+        event: dict[str, Any],
+        sub_ids: Sequence[str],
+        publish_time: float,
+        out: list[Action],
+        payload: bytes = b"",
     ) -> None:
         """One Notify per client session, listing its matching subscriptions
-        (``node.core`` rule 5); a copy delivered lately is dropped (rule 5)."""
+        (``node.core`` rule 5); a copy delivered lately is dropped (rule 5).
+        ``payload`` goes unchanged in every Notify (the same bytes object)."""
         ctx = self._ctx
         if self.seen.seen(event_id, ctx.now):
             ctx.stats["duplicates_dropped"] += 1
@@ -153,13 +160,13 @@ class Notifier:
         latency = self._ctx.now - publish_time
         self._ctx.latency_hist.observe(latency if latency > 0 else 0.0)
         if self._ctx.capture is not None:
-            self._ctx.capture.deliver(event_id, sub_ids, owners)
+            self._ctx.capture.deliver(event_id, sub_ids, owners, len(payload))
         if len(sub_ids) == 1:  # the common case, without the grouping
             owner = owners.get(sub_ids[0])
             if owner is None:
                 self._ctx.stats["notifications_orphaned"] += 1
                 return
-            out.append(ToClient(owner[0], cm.Notify(event_id, event, (owner[1],), publish_time)))
+            out.append(ToClient(owner[0], cm.Notify(event_id, event, (owner[1],), publish_time, payload=payload)))
             self._ctx.stats["notifies_out"] += 1
             return
         by_session: dict[int, list[str]] = {}
@@ -170,7 +177,7 @@ class Notifier:
                 continue
             by_session.setdefault(owner[0], []).append(owner[1])
         for sid, local_ids in by_session.items():
-            out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local_ids), publish_time)))
+            out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local_ids), publish_time, payload=payload)))
         self._ctx.stats["notifies_out"] += len(by_session)
 
     def check_group(self, sid: int, msg: cm.Subscribe, out: list[Action]) -> bool:
@@ -205,6 +212,7 @@ class Notifier:
         rank: int,
         out: list[Action],
         chid: object = None,
+        payload: bytes = b"",
     ) -> None:
         """Rule 3 (``overlay.node.acks`` rule 1): each group instance's copy in
         a tagged Notify of its own; the plain subscriptions of one session in
@@ -212,7 +220,7 @@ class Notifier:
         Rule 5: a tracked copy delivered here before is answered, not delivered."""
         group_of = self._group_of
         if not key and not any(g in group_of for g in sub_ids):
-            self.notify_clients(event_id, event, sub_ids, publish_time, out)
+            self.notify_clients(event_id, event, sub_ids, publish_time, out, payload)
             return
         if self.copies.of(event_id) is not None:
             sub_ids = self._again(event_id, sub_ids, owner, bool(key), out)
@@ -223,7 +231,7 @@ class Notifier:
             if not sub_ids:
                 return
         if key and len(sub_ids) == 1 and sub_ids[0] not in group_of:
-            self._notify_one(event_id, event, sub_ids, publish_time, owner, key, rank, out, chid)
+            self._notify_one(event_id, event, sub_ids, publish_time, owner, key, rank, out, chid, payload)
             return
         now = self._ctx.now
         if not key and not all(g in group_of for g in sub_ids) and self.seen.seen(event_id, now):
@@ -233,7 +241,7 @@ class Notifier:
         self._ctx.latency_hist.observe(latency if latency > 0 else 0.0)
         owners = self._owners
         if self._ctx.capture is not None:
-            self._ctx.capture.deliver(event_id, sub_ids, owners)
+            self._ctx.capture.deliver(event_id, sub_ids, owners, len(payload))
         plain: dict[int, tuple[list[str], list[str]]] = {}
         orphans: list[str] = []
         notifies = 0
@@ -249,7 +257,7 @@ class Notifier:
                 self.copies.delivered(event_id, gid, owner, chid, group_of[gid], now)
                 if key:
                     self.marks.delivered(gid, key, rank, now)
-                out.append(ToClient(o[0], cm.Notify(event_id, event, (o[1],), publish_time, key, rank, tag)))
+                out.append(ToClient(o[0], cm.Notify(event_id, event, (o[1],), publish_time, key, rank, tag, payload)))
                 notifies += 1
                 continue
             local, gids = plain.setdefault(o[0], ([], []))
@@ -262,7 +270,7 @@ class Notifier:
                 for gid in gids:
                     self.copies.delivered(event_id, gid, owner, chid, "", now)
                     self.marks.delivered(gid, key, rank, now)
-            out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local), publish_time, key, rank, tag)))
+            out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local), publish_time, key, rank, tag, payload)))
         self._ctx.stats["notifies_out"] += notifies + len(plain)
         if orphans:
             self._ack_to_owner(owner, pm.NotificationAck(event_id, tuple(orphans), failed=True), out)
@@ -278,6 +286,7 @@ class Notifier:
         rank: int,
         out: list[Action],
         chid: object = None,
+        payload: bytes = b"",
     ) -> None:
         """``notify`` for the common keyed case: one plain subscription."""
         now = self._ctx.now
@@ -286,7 +295,7 @@ class Notifier:
         gid = sub_ids[0]
         gids = sub_ids if type(sub_ids) is tuple else (gid,)
         if self._ctx.capture is not None:
-            self._ctx.capture.deliver(event_id, gids, self._owners)
+            self._ctx.capture.deliver(event_id, gids, self._owners, len(payload))
         o = self._owners.get(gid)
         if o is None:
             self._ctx.stats["notifications_orphaned"] += 1
@@ -296,7 +305,7 @@ class Notifier:
         tag = self.acks.add(sid, event_id, owner, gids, group=False, now=now)
         self.copies.delivered(event_id, gid, owner, chid, "", now)
         self.marks.delivered(gid, key, rank, now)
-        out.append(ToClient(sid, cm.Notify(event_id, event, (local_id,), publish_time, key, rank, tag)))
+        out.append(ToClient(sid, cm.Notify(event_id, event, (local_id,), publish_time, key, rank, tag, payload)))
         self._ctx.stats["notifies_out"] += 1
 
     # -- rule 5: tracked copies that come again ----------------------------------------------------

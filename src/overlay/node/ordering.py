@@ -187,6 +187,8 @@ class Ordering:
         )
         cl = ctx.config.cluster
         self.limit = cl.outbox_limit
+        self.byte_limit = cl.outbox_bytes
+        self.bytes = 0  # the payload bytes of the events in _waiting (node.outbox rule 1's bound)
         self.resend_after = cl.resend_after
         self.ttl = cl.event_ttl
         self._waiting: dict[str, _Waiting] = {}  # access: event id -> the keyed event waiting for its verdict
@@ -317,7 +319,9 @@ class Ordering:
                     w.more = []
                 w.more.append((sid, msg.seq))
                 return
-        if len(self._waiting) >= self.limit:  # backpressure: the client sends it again after the delay
+        if (
+            len(self._waiting) >= self.limit or self.bytes >= self.byte_limit
+        ):  # backpressure: the client sends it again after the delay
             stats["choked_outbox_full"] += 1
             out.append(ToClient(sid, cm.Choke(msg.seq, FULL_DELAY)))
             return
@@ -328,13 +332,24 @@ class Ordering:
         seq, key = msg.seq, msg.key
         self.remember_publish(event_id, sid, seq, now)
         if self._ctx.capture is not None:  # SPEC §13; the home assigns the rank when none is given
-            self._ctx.capture.publish(event_id, chid, values, key, msg.rank or None)
+            self._ctx.capture.publish(event_id, chid, values, key, msg.rank or None, payload=msg.payload)
         home = self.home_of(key)
         ev = pm.Event(
-            event_id, values, self._ctx.id, _EVENT_NEW, chid, publish_time_of(msg, now), 0, key, msg.rank, home
+            event_id,
+            values,
+            self._ctx.id,
+            _EVENT_NEW,
+            chid,
+            publish_time_of(msg, now),
+            0,
+            key,
+            msg.rank,
+            home,
+            payload=msg.payload,
         )
         w = _Waiting(ev, sid, seq, now + self.resend_after, now + self.ttl)
         self._waiting[event_id] = w
+        self.bytes += len(msg.payload)
         heapq.heappush(self._resends, (w.resend_at, next(self._tie), event_id))
         self._send(w, out)
 
@@ -354,6 +369,7 @@ class Ordering:
             return
         w = self._waiting.pop(msg.event_id, None)
         if w is not None:
+            self.bytes -= len(w.ev.payload)
             for sid, seq in self._publishers(w):
                 out.append(ToClient(sid, cm.Error(seq, msg.code, msg.detail)))
 
@@ -366,6 +382,7 @@ class Ordering:
         any error about it that came first (rule 2)."""
         w = self._waiting.pop(event_id, None)
         if w is not None:
+            self.bytes -= len(w.ev.payload)
             pubs = self._publishers(w)
             out.extend(ToClient(sid, cm.PubAck(seq, event_id)) for sid, seq in pubs)
             for code, text in w.errors or ():
@@ -409,6 +426,7 @@ class Ordering:
                 continue  # answered, or re-armed
             if now >= w.expires:
                 del self._waiting[eid]
+                self.bytes -= len(w.ev.payload)
                 self._ctx.stats["ordered_expired"] += 1
                 log.warning(
                     "node %d: keyed event %s not sequenced within %gs; undeliverable", self._ctx.id, eid, self.ttl

@@ -15,6 +15,8 @@ Rules this module keeps:
    give up — until it is *complete*.  At ``outbox_limit`` kept events a new
    publish is answered ``Choke`` (``node.clients``): backpressure, the
    client sends it again after the delay; counted ``choked_outbox_full``.
+   Likewise at ``outbox_bytes`` of kept payloads (``bytes``): events with
+   large payloads cannot make the kept ones exhaust memory.
 2. **Complete.** The owner's match is reported (``EventsMatched``, naming
    the other access nodes its notifications went to; no match names none),
    and each node named confirmed that its notification arrived
@@ -150,6 +152,8 @@ class Outbox:
         self._sessions = sessions
         cl = ctx.config.cluster
         self.limit = cl.outbox_limit
+        self.byte_limit = cl.outbox_bytes
+        self.bytes = 0  # rule 1: the payload bytes of the kept events
         self.resend_after = cl.resend_after
         self.ttl = cl.event_ttl
         self._kept: dict[str, _Kept] = {}
@@ -171,7 +175,7 @@ class Outbox:
     @property
     def full(self) -> bool:
         """Rule 1: no room for one more event."""
-        return len(self._kept) >= self.limit
+        return len(self._kept) >= self.limit or self.bytes >= self.byte_limit
 
     def ids(self) -> list[str]:
         """The kept event ids, oldest first (status, tests)."""
@@ -186,6 +190,8 @@ class Outbox:
         return {
             "kept": len(self._kept),
             "limit": self.limit,
+            "payload_bytes": self.bytes,
+            "byte_limit": self.byte_limit,
             "completed": self.completed,
             "resent": self.resent,
             "expired": self.expired,
@@ -199,6 +205,7 @@ class Outbox:
         now = self._ctx.now
         k = _Kept(ev, sid, seq, now + self.resend_after, now + self.ttl)
         self._kept[ev.event_id] = k
+        self.bytes += len(ev.payload)
         self.dispatch(ev, out)
         if not k.done:  # else confirmed at once (a local owner, local subscribers): no deadline
             self._first_at.append(k.resend_at)
@@ -323,6 +330,7 @@ class Outbox:
     def _complete(self, k: _Kept, out: list[Action]) -> None:
         event_id = k.ev.event_id
         del self._kept[event_id]
+        self.bytes -= len(k.ev.payload)
         k.done = True
         self.completed += 1
         self._ctx.stats["events_confirmed"] += 1
@@ -384,6 +392,7 @@ class Outbox:
     def _expire(self, k: _Kept, out: list[Action]) -> None:
         event_id = k.ev.event_id
         del self._kept[event_id]
+        self.bytes -= len(k.ev.payload)
         k.done = True
         self.expired += 1
         self._ctx.stats["events_expired"] += 1

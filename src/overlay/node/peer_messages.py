@@ -99,9 +99,12 @@ class PeerMessages:
                         msg.rank,
                         out,
                         msg.ch_id,
+                        msg.payload,
                     )
                 else:
-                    notifier.notify_clients(msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out)
+                    notifier.notify_clients(
+                        msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out, msg.payload
+                    )
                 if msg.origin >= 0 and not msg.key:  # the publisher's access node waits for it (node.outbox)
                     if msg.confirm:  # the owner left its match report to us (node.outbox rule 2)
                         self._receipts.reported(msg.origin, msg.event_id, msg.confirm, out)

@@ -176,13 +176,23 @@ class Router:
             if node == me:
                 # This node is the subscribers' access node: straight to their
                 # clients, exactly as a Notification to ourselves would go.
-                self._notifier.notify_clients(msg.event_id, msg.event_exp, ids, msg.publish_time, out)
+                self._notifier.notify_clients(msg.event_id, msg.event_exp, ids, msg.publish_time, out, msg.payload)
             else:
                 out.append(
                     ToPeer(
                         node,
                         pm.Notification(
-                            msg.event_id, msg.event_exp, tuple(ids), ch.id, msg.publish_time, "", 0, -1, origin, nodes
+                            msg.event_id,
+                            msg.event_exp,
+                            tuple(ids),
+                            ch.id,
+                            msg.publish_time,
+                            "",
+                            0,
+                            -1,
+                            origin,
+                            nodes,
+                            msg.payload,
                         ),
                     )
                 )

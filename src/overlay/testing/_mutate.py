@@ -166,7 +166,7 @@ def samples(schema: Schema, *, node: int = 0, peer: int = 1) -> tuple[list[cm.Cl
     stored = StoredSubscription(f"{peer}:1:s:1", f, "fuzz", peer)
     sub = pm.Subscription(stored.id, f, "fuzz", peer, pm.DispatchSign.SUBSCRIBE_NEW, ch)
     unsub = pm.UnSubscription(stored.id, f, "fuzz", peer, pm.DispatchSign.UNSUBSCRIBE_NEW, ch)
-    ev = pm.Event(f"{peer}-1-1", values, peer, pm.DispatchSign.EVENT_NEW, ch, 1.0)
+    ev = pm.Event(f"{peer}-1-1", values, peer, pm.DispatchSign.EVENT_NEW, ch, 1.0, payload=b"\x00fuzz\xff")
     group = GroupState("g", {"i": InstanceState(1000)})
     client: list[cm.ClientMessage] = [
         cm.Hello("fuzz"),
@@ -174,6 +174,7 @@ def samples(schema: Schema, *, node: int = 0, peer: int = 1) -> tuple[list[cm.Cl
         cm.Publish(1, values, 1.0),
         cm.Publish(2, "{" + ", ".join(f"{k}: {schema.attributes[k].format(v)}" for k, v in values.items()) + "}"),
         cm.Publish(3, values, 1.0, "k", 1, "e1"),
+        cm.Publish(4, values, 1.0, event_id="e2", payload=b"\x00fuzz\xff" * 8),
         cm.PubAck(1, "e"),
         cm.Subscribe(4, "s", text),
         cm.Subscribe(5, "g", text, "workers", 2.0),
@@ -181,6 +182,7 @@ def samples(schema: Schema, *, node: int = 0, peer: int = 1) -> tuple[list[cm.Cl
         cm.Unsubscribe(6, "s"),
         cm.UnsubAck(6, "s"),
         cm.Notify("e", values, ("s",), 1.0, "k", 1, 1),
+        cm.Notify("e", values, ("s",), 1.0, payload=b"\x00fuzz\xff"),
         cm.Ack("e", 0.5, 1),
         cm.Revoke(1, "e"),
         cm.Choke(1, 0.01),
@@ -201,7 +203,7 @@ def samples(schema: Schema, *, node: int = 0, peer: int = 1) -> tuple[list[cm.Cl
         unsub,
         pm.SubscriptionApplied(stored.id, ch, True, (other,)),
         ev,
-        pm.Notification(ev.event_id, values, ("1",), ch, 1.0, origin=peer, confirm=(node,)),
+        pm.Notification(ev.event_id, values, ("1",), ch, 1.0, origin=peer, confirm=(node,), payload=ev.payload),
         pm.NotificationAck(ev.event_id, (stored.id,), 0.5, code=pm.AckCode.ACKED),
         pm.LIEM(peer, "UNDERLOADED", 1.0, 0.5, 1.0, 1),
         pm.RequestLoadBalance(10.0, 0.5, 1, True),

@@ -134,11 +134,15 @@ class RawClient:
     async def request(self, make: Callable[[int], cm.ClientMessage], timeout: float = WAIT) -> cm.ClientMessage:
         return await asyncio.wait_for(self.request_nowait(make), timeout)
 
-    def publish_nowait(self, event: dict[str, Any], key: str = "", rank: int = 0) -> asyncio.Future[cm.ClientMessage]:
-        return self.request_nowait(lambda seq: cm.Publish(seq, event, time.time(), key, rank))
+    def publish_nowait(
+        self, event: dict[str, Any], key: str = "", rank: int = 0, *, payload: bytes = b""
+    ) -> asyncio.Future[cm.ClientMessage]:
+        return self.request_nowait(lambda seq: cm.Publish(seq, event, time.time(), key, rank, payload=payload))
 
-    async def publish(self, event: dict[str, Any], key: str = "", rank: int = 0) -> cm.ClientMessage:
-        return await asyncio.wait_for(self.publish_nowait(event, key, rank), WAIT)
+    async def publish(
+        self, event: dict[str, Any], key: str = "", rank: int = 0, *, payload: bytes = b""
+    ) -> cm.ClientMessage:
+        return await asyncio.wait_for(self.publish_nowait(event, key, rank, payload=payload), WAIT)
 
     async def subscribe(
         self, expr: str, group: str = "", weight: float = 1.0, sub_id: str | None = None

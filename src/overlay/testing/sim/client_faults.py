@@ -47,7 +47,7 @@ from overlay.messages.codec import client_reader
 
 from .network import SimNetwork
 from .records import EventRec, SimClient, SubRec
-from .workload import SubSpec
+from .workload import SubSpec, payload_of
 
 
 class SimUsers(Protocol):
@@ -113,7 +113,15 @@ class ClientFaults:
         rec.sends += 1
         seq = users.next_seq(c, "event", rec)
         body = rec.values if event is None else event
-        users.send(c, cm.Publish(seq, body, publish_time=users.net.now, key=rec.key, event_id=rec.event_id))
+        publish = cm.Publish(
+            seq,
+            body,
+            publish_time=users.net.now,
+            key=rec.key,
+            event_id=rec.event_id,
+            payload=payload_of(rec.values),
+        )
+        users.send(c, publish)
 
     def acked(self, c: SimClient, msg: cm.PubAck, rec: EventRec) -> None:
         users = self.users

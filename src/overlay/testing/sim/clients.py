@@ -22,7 +22,7 @@ from .client_faults import ClientFaults
 from .network import SimNetwork
 from .records import EventRec, SimClient, SubRec
 from .setup import SimParams
-from .workload import PRICE_MAX, QTY_MAX, SYMS, SubSpec, clamp_price, literal, random_spec
+from .workload import PRICE_MAX, QTY_MAX, SYMS, SubSpec, clamp_price, literal, payload_of, random_spec
 
 __all__ = ["SimClients"]
 
@@ -137,6 +137,11 @@ class SimClients:
                 rec.unsub_acked_at = self._net.step_no
             case cm.Notify():
                 self.notifies += 1
+                if msg.payload != payload_of(msg.event):
+                    self._net.failures.append(
+                        f"{c.name}: Notify of {msg.event_id} carries payload {msg.payload!r}, "
+                        f"not its event's {payload_of(msg.event)!r}"
+                    )
                 if len(set(msg.sub_ids)) != len(msg.sub_ids):
                     self._net.failures.append(
                         f"{c.name}: Notify of {msg.event_id} lists a subscription twice: {msg.sub_ids}"
@@ -251,7 +256,7 @@ class SimClients:
             seq = self.next_seq(c, "pub", (values, self._net.step_no))
             if rng.random() < 0.2:
                 event = "{" + ", ".join(f"{k}: {literal(v)}" for k, v in values.items()) + "}"
-            self.send(c, cm.Publish(seq, event, publish_time=self._net.now))
+            self.send(c, cm.Publish(seq, event, publish_time=self._net.now, payload=payload_of(values)))
         elif kind == "subscribe":
             if self.group_specs and rng.random() < p.p_group:
                 group = rng.choice(sorted(self.group_specs))

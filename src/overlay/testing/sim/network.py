@@ -288,10 +288,12 @@ class SimNetwork:
         notifier = core.notifier  # local matches and Notifications both end in notify_clients
         orig_notify = notifier.notify_clients
 
-        def notify_clients(event_id: str, event: Any, sub_ids: Any, publish_time: float, out: list[Action]) -> None:
+        def notify_clients(
+            event_id: str, event: Any, sub_ids: Any, publish_time: float, out: list[Action], payload: bytes = b""
+        ) -> None:
             for gid in sub_ids:
                 arrivals.setdefault((event_id, gid), self.step_no)
-            orig_notify(event_id, event, sub_ids, publish_time, out)
+            orig_notify(event_id, event, sub_ids, publish_time, out, payload)
 
         orig_tracked = notifier.notify  # tracked copies (keyed, group instances'): node.notify rule 3
 

@@ -10,12 +10,24 @@ import random
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
+
 from overlay.testing._traffic import PRICE_MAX
 
-__all__ = ["PRICE_MAX", "QTY_MAX", "SYMS", "SubSpec", "clamp_price", "literal", "random_spec"]
+__all__ = ["PRICE_MAX", "QTY_MAX", "SYMS", "SubSpec", "clamp_price", "literal", "payload_of", "random_spec"]
 
 SYMS: Final = ("A", "AB", "ABC", "B", "BA", "C", "X", "XY")
 QTY_MAX: Final = 1000
+# Deterministic: maps encode sorted, whatever PYTHONHASHSEED is.
+_PAYLOAD_ENCODER: Final = msgspec.msgpack.Encoder(order="deterministic")
+
+
+def payload_of(values: dict[str, Any]) -> bytes:
+    """The payload every simulated event carries: binary bytes made of its
+    values, so each Notify's payload is checked against its event's
+    (``sim.clients``): a payload arrives unchanged on every path the
+    simulator drives, migrations and node deaths included."""
+    return b"\x00\xfe" + _PAYLOAD_ENCODER.encode(values)
 
 
 @dataclass(frozen=True)
