@@ -24,11 +24,13 @@ What it does:
    each) in one subscriber process for 1→1, two for 1→10.  Payload: an MQTT
    message carries exactly 100 bytes (an 8-byte sequence number, an 8-byte
    send time, 84 bytes of padding) at QoS 0 on one topic.  An overlay event is
-   ``{topic: "bench/t", n: <seq>, payload: <100-byte string>}`` — the
-   ``payload`` string attribute carries the 100 bytes, ``topic`` is the
-   distinguishing attribute and every subscriber's filter is ``topic =
-   "bench/t"`` (the analogue of one MQTT topic); the Publish frame is ~150
-   bytes with the seq, tag and publish time the protocol carries anyway.
+   ``{topic: "bench/t", n: <seq>}`` with an opaque 100-byte payload (the
+   event's body, delivered with every notification and never matched, as
+   MQTT's is) — ``topic`` is the distinguishing attribute and every
+   subscriber's filter is ``topic = "bench/t"`` (the analogue of one MQTT
+   topic); the Publish frame is ~150 bytes with the seq, id and publish time
+   the protocol carries anyway.  Each subscriber checks every payload's size
+   (``bad-payload`` in the notes if one differs).
 3. **Throughput runs** publish as fast as the publisher may, bounded by a
    count and a time limit.  The overlay publisher uses
    ``Client.publish_windowed`` (pipelined, paced by PubAcks); the MQTT one is
@@ -514,8 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{os.getloadavg()[0]:.1f} at start; Python {sys.version.split()[0]}; {priority}"
     )
     print(
-        f"payload: {PAYLOAD_BYTES} bytes — MQTT: the message body (QoS 0, topic {TOPIC!r}); overlay: the 'payload' "
-        f"string attribute of {{topic, n, payload}}, filter {OVERLAY_FILTER}"
+        f"payload: {PAYLOAD_BYTES} bytes — MQTT: the message body (QoS 0, topic {TOPIC!r}); overlay: the event's "
+        f"payload, attributes {{topic, n}}, filter {OVERLAY_FILTER}"
     )
     print(
         f"throughput runs: ≤{int(EVENTS_1TO1 * scale):,} events (1→1) / ≤{int(EVENTS_FANOUT * scale):,} (1→10), "

@@ -38,7 +38,9 @@ from throughput_common import (
     _paced,
 )
 
-OVERLAY_PAYLOAD: Final = "x" * PAYLOAD_BYTES
+# Every overlay event carries an opaque payload of PAYLOAD_BYTES, as every
+# MQTT message carries its body: like for like (issue 18).
+OVERLAY_PAYLOAD: Final = b"x" * PAYLOAD_BYTES
 # The overlay's analogue of one MQTT topic: a distinguishing string attribute
 # with one value, and an equality filter on it.
 OVERLAY_FILTER: Final = f'topic = "{TOPIC}"'
@@ -65,7 +67,6 @@ def bench_config(ports: Sequence[int], secure_dir: Path | None = None) -> Any:
             "attributes": [
                 {"name": "topic", "type": "string", "min": 1, "max": 64},
                 {"name": "n", "type": "int", "min": 0, "max": 2**31 - 1},
-                {"name": "payload", "type": "string", "min": 0, "max": 4 * PAYLOAD_BYTES},
             ],
         },
     }
@@ -183,7 +184,8 @@ def overlay_cluster(nodes: int, profile_dir: str | None = None, *, secure: bool 
 
 
 def overlay_event(i: int) -> dict[str, Any]:
-    return {"topic": TOPIC, "n": i, "payload": OVERLAY_PAYLOAD}
+    """The attributes of event ``i``; its body is ``OVERLAY_PAYLOAD``, sent as the payload."""
+    return {"topic": TOPIC, "n": i}
 
 
 def _overlay_pub_main(
@@ -215,7 +217,7 @@ def _overlay_pub_main(
                 t_first = time.time()
             while (d := pace(i, t0)) > 0:
                 await asyncio.sleep(d)
-            await client.publish_windowed(overlay_event(i))
+            await client.publish_windowed(overlay_event(i), payload=OVERLAY_PAYLOAD)
             sent += 1
             if not i & 1023 and time.time() > stop_at:
                 break
@@ -245,11 +247,13 @@ def _overlay_sub_main(
         clients = [await Client([a], **client_options(security, "sub")).connect() for a in addrs]
         subs = [await c.subscribe(OVERLAY_FILTER, queue_size=SUB_QUEUE) for c in clients]
         lat = array.array("d")
-        state = {"n": 0, "first": 0.0, "last": 0.0}
+        state = {"n": 0, "first": 0.0, "last": 0.0, "bad_payload": 0}
         ready.set()
 
         async def consume(sub: Any) -> None:
             async for note in sub:
+                if len(note.payload) != PAYLOAD_BYTES:  # the body must arrive whole, as MQTT's does
+                    state["bad_payload"] += 1
                 if note.event["n"] < warmup:
                     continue
                 rx = note.received
@@ -268,9 +272,10 @@ def _overlay_sub_main(
         dropped = sum(s.dropped for s in subs)
         for c in clients:
             await c.close()
-        return SubResult(
-            state["n"], state["first"], state["last"], lat.tobytes(), f"client-dropped={dropped}" if dropped else ""
-        )
+        notes = [f"client-dropped={dropped}"] if dropped else []
+        if state["bad_payload"]:
+            notes.append(f"bad-payload={state['bad_payload']}")
+        return SubResult(state["n"], state["first"], state["last"], lat.tobytes(), " ".join(notes))
 
     out.send(uvloop.run(main()))
 
@@ -312,7 +317,7 @@ def _null_overlay_node(sock: socket.socket, mode: str, n: int) -> None:
         for start in range(0, n, batch):
             now = time.time()
             writer.writelines(
-                encode_frame(cm.Notify(f"e{i}", overlay_event(i), (sub_id,), now))
+                encode_frame(cm.Notify(f"e{i}", overlay_event(i), (sub_id,), now, payload=OVERLAY_PAYLOAD))
                 for i in range(start, min(n, start + batch))
             )
             await writer.drain()
