@@ -189,3 +189,41 @@ async def test_placing_a_subscription_never_spins_and_a_duplicate_left_behind_is
     finally:
         await agent.close()
         await cluster.stop()
+
+
+async def test_a_subscription_placed_by_the_caller_and_the_supervisor_at_once_stays_on_its_homes() -> None:
+    """AgentClient rule 6: one placement of a subscription at a time.  The
+    supervisor (every 0.2 s) once placed a subscription while the caller's
+    first placement waited for a node; it met the caller's copy as a
+    client-side duplicate_subscription and unsubscribed it — a SubAck'd
+    subscription on no node (bench/soak.py: every event of a churned
+    subscription lost).  Here both placements run at once, on purpose."""
+    cluster = await LoopbackCluster(LOCAL, balancing=False).start()
+    agent = AgentClient(
+        [cluster.addr(0), cluster.addr(1), cluster.addr(2)], settings=AgentSettings(probe_interval=0, redundancy=2)
+    )
+    try:
+        await agent.connect()
+        await wait_until(lambda: len(agent.connected) == 3)
+        place = agent._place
+        raced = []
+
+        async def caller_and_supervisor(fs, *, initial=False):  # type: ignore[no-untyped-def]
+            if initial:
+                raced.append(fs.sub_id)
+                await asyncio.gather(place(fs, initial=True), place(fs))
+            else:
+                await place(fs)
+
+        agent._place = caller_and_supervisor  # type: ignore[method-assign]
+        sub = await agent.subscribe("price < 10", sub_id="raced")
+        assert raced == ["raced"] and len(sub.homes) == 2
+        held = [i for i in range(3) if any(":raced:" in g for g in cluster.nodes[i].core.sessions.owners)]
+        assert sorted(held) == sorted(sub.homes)  # on its two homes, nowhere else, and not unsubscribed
+        pub = await cluster.client(0)
+        await pub.publish({"price": 1.0, "sym": "A"})
+        note = await sub.next(10.0)
+        assert note.event["price"] == 1.0
+    finally:
+        await agent.close()
+        await cluster.stop()

@@ -94,6 +94,8 @@ class FailoverSubscription:
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._dedup = dedup
         self._handed_at: float | None = None
+        # The agent places it under this lock (AgentClient rule 6): never two placements at once.
+        self.placing = asyncio.Lock()
 
     def _sink(self, part: Subscription, note: Notification) -> None:
         """Rules 1, 2 (called by the reader of the client the copy came through)."""

@@ -68,6 +68,11 @@ keeps these rules:
    an earlier attempt that timed out there, which is cleaned up with an
    unsubscribe) is tried again after a growing pause, at most
    ``MAX_PLACE_ATTEMPTS`` times per connection to it (``overlay.client.placement``);
+   one placement of a subscription runs at a time (``FailoverSubscription.placing``:
+   the supervisor's, running while the caller's first one waited for a
+   node, met the caller's copy as a client-side ``duplicate_subscription``
+   and cleaned it up with an unsubscribe — a SubAck'd subscription on no
+   node, seen by ``bench/soak.py`` as every event of a churned subscription lost);
    a subscription left with no home while every connected node gave up on
    it ends: its iteration raises ``ConnectionLost`` naming the last refusal.
    Failures are logged once each, without a traceback.
@@ -411,6 +416,10 @@ class AgentClient:
         first (rule 6: a node that failed waits out its pause).  ``initial``:
         the caller's subscribe — a refusal of the subscription itself
         (``bad_expression`` …) is raised to it."""
+        async with fs.placing:  # rule 6: one placement of a subscription at a time
+            await self._place_locked(fs, initial=initial)
+
+    async def _place_locked(self, fs: FailoverSubscription, *, initial: bool) -> None:
         now = time.perf_counter()
         tried: set[int] = set()
         while len(fs.homes) < fs.redundancy and not fs.closed and not self._closing:
@@ -435,7 +444,11 @@ class AgentClient:
                 if initial and refused and not fs.homes:  # the first node refused the subscription itself
                     raise
                 self._failed_to_place(fs, i, exc)
-                if isinstance(exc, RequestError) and exc.code == cm.ErrorCode.DUPLICATE_SUBSCRIPTION:
+                if (
+                    isinstance(exc, RequestError)
+                    and exc.code == cm.ErrorCode.DUPLICATE_SUBSCRIPTION
+                    and i not in fs.homes
+                ):
                     # An earlier attempt there timed out here but was applied there.
                     with contextlib.suppress(ConnectionLost, RequestError, TimeoutError):
                         await self.clients[i].request_unsubscribe(fs.sub_id, timeout=CLEANUP_TIMEOUT)
