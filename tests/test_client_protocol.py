@@ -517,3 +517,29 @@ def test_an_error_answering_a_request_given_up_on_the_wire_is_nobodys() -> None:
     assert feed(p, cm.Error(msg.seq, cm.ErrorCode.ADMIN, "late")) == []
     (reported,) = feed(p, cm.Error(msg.seq + 50, cm.ErrorCode.PROTOCOL, "unsolicited"))
     assert isinstance(reported, NodeError)
+
+
+def test_a_plain_subscription_gets_an_event_once_across_a_reconnect() -> None:
+    """Rule 9: the same event again after the client subscribed anew (its
+    access node died; a key's new home released it again) is acked, not
+    delivered twice; a group copy is the node's to de-duplicate; an event a
+    subscription dropped may come again."""
+    p = opened()
+    subscribed(p, "s")
+    subscribed(p, "g", group="workers")
+    note = cm.Notify("e1", EVENT, ("s",), 1.0, "k", 7, 3)
+    (first,) = feed(p, note)
+    assert isinstance(first, Delivered) and first.sub_ids == ("s",)
+    p.connection_lost()
+    handshake(p, now=1.0)
+    sent(p)
+    assert feed(p, cm.Notify("e1", EVENT, ("s",), 1.0, "k", 7, 9)) == []
+    assert p.duplicates == 1 and cm.Ack("e1", 0.0, 9) in sent(p)
+    (_group,) = feed(p, cm.Notify("e2", EVENT, ("g",), 1.0, "", 0, 4))
+    (again,) = feed(p, cm.Notify("e2", EVENT, ("g",), 1.0, "", 0, 5))
+    assert isinstance(again, Delivered) and again.sub_ids == ("g",)
+    (third,) = feed(p, cm.Notify("e3", EVENT, ("s",), 1.0))
+    assert isinstance(third, Delivered)
+    p.dropped(third.note)
+    (back,) = feed(p, cm.Notify("e3", EVENT, ("s",), 1.0))
+    assert isinstance(back, Delivered)

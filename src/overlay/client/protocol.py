@@ -47,6 +47,14 @@ queued for the application.  Rules (SPEC §4, §12; Client rules 1–5):
    never name two events alike.  A publish sent again (rules 2, 3, and the
    publish window's rule 5) keeps its id, so the cluster delivers it once
    (the node's ``client_id/event_id``; ``overlay.node.outbox``).
+9. **Once per subscription, across reconnects.**  The client remembers, for
+   its last ``RECENT_EVENTS`` events, which of its plain subscriptions each
+   was handed to; a copy for one of them again — the same event re-sent or
+   released again after its access node died and the client subscribed
+   anew elsewhere — is acked as taken, not delivered twice
+   (``duplicates``); an event one of them could not take (``dropped``) is
+   forgotten, so a copy again is never taken for delivered.  Group copies are the node's to de-duplicate (a revoked
+   copy may come back to the same instance).
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ from __future__ import annotations
 import enum
 import itertools
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Final
 
 from overlay.channels.schema import Value
@@ -104,6 +112,9 @@ class Call(enum.Enum):
 _S = ConnState
 # Rule 1: (state, input) -> next state; the inputs are the calls above and the
 # node's handshake answers.  In OPEN, every other message leaves the state as it is.
+# Rule 9: the events whose subscriptions the client remembers (a few MB at most).
+RECENT_EVENTS: Final = 65_536
+
 TRANSITIONS: Final[dict[tuple[ConnState, Call | type[cm.ClientMessage]], ConnState]] = {
     (_S.IDLE, Call.CONNECT): _S.HANDSHAKE,
     (_S.HANDSHAKE, cm.Welcome): _S.OPEN,
@@ -145,6 +156,8 @@ class ClientProtocol:
         self.max_payload = 0  # the node's [cluster] max_payload, from its Welcome (0: not known)
         self.chokes = 0
         self.late_answers = 0  # answers to requests given up on the wire (requests rule 6)
+        self.duplicates = 0  # copies of an event a subscription had already (rule 9)
+        self._recent: OrderedDict[str, tuple[str, ...]] = OrderedDict()  # rule 9: event id -> its subscriptions
         self.requests = Requests()
         self.window = PublishWindow()
         self.deliveries = Deliveries()
@@ -367,6 +380,7 @@ class ClientProtocol:
 
     def dropped(self, note: Notification) -> None:
         """Not taken: a full queue, or a subscription that closed."""
+        self._recent.pop(note.event_id, None)  # rule 9: a copy again may be handed over
         self._ack(self.deliveries.dropped(note))
 
     def _ack(self, ack: cm.Ack | None) -> None:
@@ -406,6 +420,22 @@ class ClientProtocol:
         subs = self.subscriptions
         takers = tuple(sid for sid in dict.fromkeys(msg.sub_ids) if sid in subs)
         group = bool(msg.tag) and any(subs[sid].group for sid in takers)
+        if not group and takers:  # rule 9
+            recent = self._recent
+            had = recent.get(msg.event_id)
+            if had is not None:
+                fresh = tuple(sid for sid in takers if sid not in had)
+                if len(fresh) < len(takers):
+                    self.duplicates += len(takers) - len(fresh)
+                    if not fresh:
+                        self._ack(cm.Ack(msg.event_id, 0.0, msg.tag))
+                        return []
+                    takers = fresh
+                recent[msg.event_id] = had + takers
+            else:
+                recent[msg.event_id] = takers
+                if len(recent) > RECENT_EVENTS:
+                    recent.popitem(last=False)
         self._ack(self.deliveries.arrived(note, len(takers), group=group, conn=self.conn, now=now))
         return [Delivered(note, takers)] if takers else []
 
