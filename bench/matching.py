@@ -27,6 +27,15 @@ What it does, for each size:
    time ratio, the mean number of matches, memory per subscription and build
    time.  The target is an index at least ``TARGET_SPEEDUP`` times faster than
    the linear scan at 100k subscriptions.
+5. A second, *mixed* workload (``--workload mixed``; both run by default)
+   uses every operator of the extended language (issue 18): each
+   subscription is 1 or 2 alternatives (``or``: each conjunct is indexed as
+   a subscription of its own, as a channel stores them), each alternative an
+   anchor — a float range, ``=``, ``ieq``, ``iprefix``, ``isuffix``,
+   ``suffix`` or ``like "A*B"`` — plus up to two of ``not in {…}``, ``not in
+   [lo, hi]``, ``exists``, ``not exists``; events omit the non-distinguishing
+   ``qty`` and ``venue`` now and then.  The same checks hold; it reports
+   tested/matched and time beside the linear scan, with no target.
 """
 
 from __future__ import annotations
@@ -84,9 +93,14 @@ SCHEMA: Final = Schema(
         Attribute("temp", Kind.FLOAT, -40.0, 60.0),
         Attribute("qty", Kind.INT, 0, 999),
         Attribute("sym", Kind.STRING, 1, 8),
+        # Only the mixed workload's events carry it (the selective ones never do).
+        Attribute("venue", Kind.STRING, 0, 8),
     ],
     ["price", "sym"],
 )
+# Mixed workload: the share of events without each non-distinguishing attribute.
+ABSENT_SHARE: Final = {"qty": 0.2, "venue": 0.3}
+VENUES: Final = ("XNYS", "XNAS", "BATS", "ARCX", "IEXG", "EDGX", "XCHI", "MEMX")
 
 
 class Matcher(Protocol):
@@ -108,7 +122,7 @@ class Workload:
             n = self.rng.randint(2, 6)
             words.add("".join(self.rng.choices(string.ascii_uppercase, k=n)))
         self.vocabulary = sorted(words)
-        self.attrs = list(SCHEMA.attributes.values())
+        self.attrs = [a for a in SCHEMA.attributes.values() if a.name != "venue"]
 
     def predicate(self, attr: Attribute) -> Predicate:
         rng = self.rng
@@ -140,6 +154,66 @@ class Workload:
     def events(self, n: int) -> list[dict[str, Value]]:
         """Uniform over every attribute's domain, all attributes present, checked."""
         return [SCHEMA.check_event_values({a.name: self.value(a) for a in self.attrs}) for _ in range(n)]
+
+    # -- the mixed workload (rule 5) -------------------------------------------------
+
+    def anchor(self) -> Predicate:
+        rng = self.rng
+        word = rng.choice(self.vocabulary)
+        kind = rng.choice(("range", "eq", "ieq", "iprefix", "isuffix", "suffix", "like"))
+        if kind == "range":
+            return self.predicate(SCHEMA.attributes[rng.choice(("price", "temp"))])
+        if kind == "eq":
+            return self.predicate(SCHEMA.attributes[rng.choice(("qty", "sym"))])
+        if kind == "ieq":
+            return Predicate("sym", Op.IEQ, (word.lower(),))
+        if kind == "iprefix":
+            return Predicate("sym", Op.IPREFIX, (word[:3].lower(),))
+        if kind == "isuffix":
+            return Predicate("sym", Op.ISUFFIX, (word[-3:].lower(),))
+        if kind == "suffix":
+            return Predicate("sym", Op.SUFFIX, (word[-3:],))
+        return Predicate("sym", Op.LIKE, (f"{word[0]}*{word[-2:]}",))
+
+    def broad(self) -> Predicate:
+        rng = self.rng
+        kind = rng.choice(("not in set", "not in range", "exists", "not exists"))
+        if kind == "not in set":
+            return Predicate("sym", Op.NOT_IN_SET, tuple(rng.sample(self.vocabulary, 3)))
+        if kind == "not in range":
+            name = rng.choice(("price", "qty"))
+            attr = SCHEMA.attributes[name]
+            lo = rng.uniform(attr.min, attr.max) if name == "price" else rng.randint(0, 900)
+            hi = lo + (attr.max - attr.min) * 0.1
+            return Predicate(name, Op.NOT_IN_RANGE, (lo, min(hi, attr.max)) if name == "price" else (lo, int(hi)))
+        if kind == "exists":
+            return Predicate(rng.choice(("venue", "qty")), Op.EXISTS, ())
+        return Predicate("venue", Op.NOT_EXISTS, ())
+
+    def mixed_subscriptions(self, n: int) -> list[Subscription]:
+        """``n`` subscriptions of 1 or 2 conjuncts, each conjunct indexed as its
+        own subscription ``s<i>|<j>`` (as a channel holds them)."""
+        subs = []
+        i = 0
+        while len(subs) < n:
+            for j in range(self.rng.randint(1, 2)):
+                preds = [self.anchor()] + [self.broad() for _ in range(self.rng.randint(0, 2))]
+                f = Filter(tuple(preds)).check(SCHEMA)
+                if f.satisfiable(SCHEMA):
+                    subs.append(Subscription(f"s{i}|{j}", f))
+            i += 1
+        return subs[:n]
+
+    def mixed_events(self, n: int) -> list[dict[str, Value]]:
+        out = []
+        for _ in range(n):
+            values = {a.name: self.value(a) for a in self.attrs}
+            values["venue"] = self.rng.choice(VENUES)
+            for name, share in ABSENT_SHARE.items():
+                if self.rng.random() < share:
+                    del values[name]
+            out.append(SCHEMA.check_event_values(values))
+        return out
 
 
 # -- measuring -----------------------------------------------------------------
@@ -287,10 +361,12 @@ def check(
             fail(f"{size} subscriptions, event #{k} {e}: index returned non-matching {wrong[:10]}")
 
 
-def bench_size(size: int, n_events: int, seed: int) -> tuple[Side, Side, int]:
+def bench_size(size: int, n_events: int, seed: int, workload: str = "selective") -> tuple[Side, Side, int]:
     w = Workload(seed + size)
-    subs = w.subscriptions(size)
-    events = w.events(n_events)
+    if workload == "mixed":
+        subs, events = w.mixed_subscriptions(size), w.mixed_events(n_events)
+    else:
+        subs, events = w.subscriptions(size), w.events(n_events)
     n_linear = min(n_events, max(MIN_LINEAR_EVENTS, LINEAR_TEST_BUDGET // size))
 
     ix, lin = Side("index"), Side("linear")
@@ -350,6 +426,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--events", type=_positive, default=DEFAULT_EVENTS, help="events per size for the index")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--workload",
+        choices=("selective", "mixed", "both"),
+        default="both",
+        help="the selective workload (with the target), the extended language's mixed one, or both (default)",
+    )
     args = ap.parse_args(argv)
     sizes: tuple[int, ...] = args.sizes
 
@@ -371,18 +453,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         "~0.5 µs of clock reads; unlike wall time, it ignores other processes on a busy machine)"
     )
     print("medians and avg matches are over the events each side matched; speed-up: linear / index")
-    print()
-    print(_HEADER)
-    print("-" * len(_HEADER))
     speedups: dict[int, tuple[float, float]] = {}
-    for size in sizes:
-        ix, lin, n_linear = bench_size(size, args.events, args.seed)
-        speedup = (lin.median_us / ix.median_us, lin.median_cpu_us / ix.median_cpu_us)
-        speedups[size] = speedup
-        print(row(size, ix, len(ix.times_ns), speedup))
-        print(row(None, lin, n_linear, None))
-        sys.stdout.flush()
-    print("-" * len(_HEADER))
+    workloads = ("selective", "mixed") if args.workload == "both" else (args.workload,)
+    for workload in workloads:
+        print()
+        if workload == "selective":
+            print("selective workload (the target's):")
+        else:
+            print(
+                "mixed workload: 1-2 alternatives (or) per subscription, each indexed as its own entry (subs counts\n"
+                "them); an anchor (float range, =, ieq, iprefix, isuffix, suffix, like) and up to two of\n"
+                "not in {...}, not in [lo, hi], exists, not exists; events lack qty 20%, venue 30% of the time:"
+            )
+        print(_HEADER)
+        print("-" * len(_HEADER))
+        for size in sizes:
+            ix, lin, n_linear = bench_size(size, args.events, args.seed, workload)
+            speedup = (lin.median_us / ix.median_us, lin.median_cpu_us / ix.median_cpu_us)
+            if workload == "selective":
+                speedups[size] = speedup
+            print(row(size, ix, len(ix.times_ns), speedup))
+            print(row(None, lin, n_linear, None))
+            sys.stdout.flush()
+        print("-" * len(_HEADER))
     print(
         f"index and linear scan agreed on every event both matched; every id the index "
         f"returned matches.  Total {time.perf_counter() - started:.1f} s."

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 
-from overlay.channels import ChannelId, parse_subscription
+from overlay.channels import ChannelId, parse_expression
 from overlay.config import load_config
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
@@ -163,7 +163,7 @@ class World:
         events = self.events if events is None else events
         out: Counter = Counter()
         for (node, sid), table in subs.items():
-            filters = {lid: parse_subscription(e, SCHEMA) for lid, e in table.items()}
+            filters = {lid: parse_expression(e, SCHEMA) for lid, e in table.items()}
             for eid, values in events.items():
                 hit = frozenset(lid for lid, f in filters.items() if f.matches(values))
                 if hit:
@@ -177,6 +177,10 @@ class World:
 
     def gid(self, node: int, sid: int, lid: str) -> str:
         return self.cores[node].sessions[sid].subs[lid][0]
+
+    def gids(self, node: int, sid: int, lid: str) -> list[str]:
+        """Global ids of every conjunct of a subscription (node.sessions rule 7)."""
+        return [gid for gid, _ in self.cores[node].sessions[sid].conjuncts(lid)]
 
 
 def spread(w: World, admin_sid: int) -> None:

@@ -45,7 +45,7 @@ FLOAT_STEP = 0.5
 PATTERN_ALPHABET = "ab"
 # Strings over one more letter than the patterns use: the extra letter is a
 # separator, so witnesses of non-coverage / overlap are short (see test_predicates).
-WITNESS_ALPHABET = "abc"
+WITNESS_ALPHABET = "abcAB"
 WITNESS_MAX_LEN = 5
 
 # A schema with one attribute of every kind as DA, plus non-DA attributes.
@@ -84,8 +84,32 @@ STRINGS = Schema(
 
 PROPERTY_SCHEMAS = {"mixed": SMALL, "strings": STRINGS}
 
-ORDERED_OPS = ("=", "!=", "<", "<=", ">", ">=", "in[]")
-STRING_OPS = ("=", "!=", "prefix", "suffix", "contains", "in{}")
+ORDERED_OPS = ("=", "!=", "<", "<=", ">", ">=", "in[]", "not in[]", "exists", "not exists")
+STRING_OPS = (
+    "=",
+    "!=",
+    "prefix",
+    "suffix",
+    "contains",
+    "in{}",
+    "not in{}",
+    "not prefix",
+    "not suffix",
+    "not contains",
+    "ieq",
+    "not ieq",
+    "iprefix",
+    "not iprefix",
+    "isuffix",
+    "not isuffix",
+    "like",
+    "not like",
+    "exists",
+    "not exists",
+)
+# Case-insensitive patterns mix cases; like patterns mix in the wildcard.
+FOLDED_ALPHABET = "abAB"
+LIKE_ALPHABET = "ab*"
 
 
 # -- values ---------------------------------------------------------------------
@@ -133,17 +157,28 @@ def predicates(draw: st.DrawFn, schema: Schema, attr_name: str) -> Predicate:
     consts = constants(attr)
     if attr.kind is Kind.STRING:
         op = draw(st.sampled_from(STRING_OPS))
-        if op in ("prefix", "suffix", "contains"):
+        if op in ("exists", "not exists"):
+            return Predicate(attr_name, Op(op), ())
+        base = op.removeprefix("not ")
+        if base in ("prefix", "suffix", "contains"):
             arg = draw(st.text(PATTERN_ALPHABET, max_size=2))
             return Predicate(attr_name, Op(op), (arg,))
-        if op == "in{}":
+        if base in ("ieq", "iprefix", "isuffix"):
+            arg = draw(st.text(FOLDED_ALPHABET, max_size=2))
+            return Predicate(attr_name, Op(op), (arg,))
+        if base == "like":
+            arg = draw(st.text(LIKE_ALPHABET, max_size=3))
+            return Predicate(attr_name, Op(op), (arg,))
+        if base == "in{}":
             vals = draw(st.lists(st.sampled_from(consts), min_size=1, max_size=3, unique=True))
-            return Predicate(attr_name, Op.IN_SET, tuple(vals))
+            return Predicate(attr_name, Op(op), tuple(vals))
         return Predicate(attr_name, Op(op), (draw(st.sampled_from(consts)),))
     op = draw(st.sampled_from(ORDERED_OPS))
-    if op == "in[]":
+    if op in ("exists", "not exists"):
+        return Predicate(attr_name, Op(op), ())
+    if op in ("in[]", "not in[]"):
         a, b = sorted(draw(st.lists(st.sampled_from(consts), min_size=2, max_size=2)))
-        return Predicate(attr_name, Op.IN_RANGE, (a, b))
+        return Predicate(attr_name, Op(op), (a, b))
     return Predicate(attr_name, Op(op), (draw(st.sampled_from(consts)),))
 
 
@@ -178,8 +213,32 @@ def all_events(schema: Schema) -> list[dict[str, object]]:
 # -- the brute-force reference (SPEC §2.2) --------------------------------------------
 
 
+def _glob(pattern: str, v: str) -> bool:
+    """``v`` matches ``pattern``, ``*`` any run: by brute recursion."""
+    if not pattern:
+        return not v
+    if pattern[0] == "*":
+        return any(_glob(pattern[1:], v[i:]) for i in range(len(v) + 1))
+    return bool(v) and v[0] == pattern[0] and _glob(pattern[1:], v[1:])
+
+
 def brute_satisfies(p: Predicate, v: object) -> bool:
+    """A present value ``v`` satisfies ``p`` (written from the language's definition)."""
     op, a = p.op.value, p.args
+    if op.startswith("not ") and op != "not exists":
+        return not brute_satisfies(Predicate(p.attr, Op(op[4:]), a), v)
+    if op == "exists":
+        return True
+    if op == "not exists":
+        return False
+    if op == "ieq":
+        return v.lower() == a[0].lower()
+    if op == "iprefix":
+        return v.lower()[: len(a[0])] == a[0].lower()
+    if op == "isuffix":
+        return len(a[0]) == 0 or v.lower()[-len(a[0]) :] == a[0].lower()
+    if op == "like":
+        return _glob(a[0], v)
     if op == "=":
         return v == a[0]
     if op == "!=":
@@ -207,7 +266,10 @@ def brute_satisfies(p: Predicate, v: object) -> bool:
 
 def brute_matches(f: Filter, event: Mapping[str, object]) -> bool:
     """e matches F iff every predicate is satisfied by e's item on its attribute."""
-    return all(p.attr in event and brute_satisfies(p, event[p.attr]) for p in f.predicates)
+    return all(
+        (p.attr not in event) if p.op is Op.NOT_EXISTS else (p.attr in event and brute_satisfies(p, event[p.attr]))
+        for p in f.predicates
+    )
 
 
 def domain_of(attr: Attribute) -> list[object]:

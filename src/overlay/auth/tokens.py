@@ -34,8 +34,10 @@ the caller passes ``now``, Unix seconds):
    may this session publish this event (the role, and the event matches
    the publish scope — SPEC §2.2 matching); may it subscribe with this
    filter (the role, and the subscribe scope *includes* the filter —
-   ``Filter.includes``, the exact per-attribute form of §2.2 coverage: every
-   event the subscription could match lies inside the scope); may it run
+   ``Expression.includes``, exact for the extended language (``or``,
+   ``not``, ``exists`` … in the scope and in the subscription alike,
+   ``overlay.channels.dnf`` rule 3): every event the subscription could
+   match lies inside the scope); may it run
    an admin command (the ``admin`` role).  A role without a scope is
    unrestricted.
 5. ``issue`` makes tokens with the same checks, so a bad role or scope
@@ -64,7 +66,8 @@ import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from overlay.channels.expressions import parse_subscription
+from overlay.channels.dnf import Expression
+from overlay.channels.expressions import parse_expression
 from overlay.channels.predicates import Filter, compile_filter
 from overlay.channels.schema import Schema, Value
 from overlay.errors import BadScope, ExpressionError, Forbidden, TokenError, TokenExpired, UnknownRole
@@ -149,9 +152,21 @@ def parse_roles(names: Iterable[str]) -> frozenset[Role]:
     return frozenset(roles)
 
 
-def _parse_scopes(scopes: Mapping[str, str], roles: frozenset[Role], schema: Schema) -> dict[Role, Filter]:
-    """Rule 2 for the scopes: one parsed filter per scoped role the token has."""
-    out: dict[Role, Filter] = {}
+def _expression(f: Filter | Expression) -> Expression:
+    return f if isinstance(f, Expression) else Expression((f,))
+
+
+def _compile(scope: Expression) -> Callable[[Mapping[str, Value]], bool]:
+    """A scope's match as a closure: one conjunct's compiled test, or any of them."""
+    tests = tuple(compile_filter(f) for f in scope.conjuncts)
+    if len(tests) == 1:
+        return tests[0]
+    return lambda values: any(t(values) for t in tests)
+
+
+def _parse_scopes(scopes: Mapping[str, str], roles: frozenset[Role], schema: Schema) -> dict[Role, Expression]:
+    """Rule 2 for the scopes: one parsed expression per scoped role the token has."""
+    out: dict[Role, Expression] = {}
     for name, text in scopes.items():
         (role,) = parse_roles([name])
         if role not in SCOPED:
@@ -163,7 +178,7 @@ def _parse_scopes(scopes: Mapping[str, str], roles: frozenset[Role], schema: Sch
                 f"the {role} scope must be an expression of at most {MAX_SCOPE_LENGTH} characters", role=role
             )
         try:
-            out[role] = parse_subscription(text, schema)
+            out[role] = parse_expression(text, schema)
         except ExpressionError as exc:
             raise BadScope(
                 f"the {role} scope {text!r} is not an expression of this cluster: {exc.reason} at position {exc.position}",
@@ -197,7 +212,7 @@ class Rights:
         self,
         subject: str,
         roles: frozenset[Role],
-        scopes: Mapping[Role, Filter],
+        scopes: Mapping[Role, Filter | Expression],
         schema: Schema,
         *,
         expires: float = math.inf,
@@ -206,7 +221,7 @@ class Rights:
     ) -> None:
         self.subject = subject
         self.roles = roles
-        self.scopes = dict(scopes)
+        self.scopes = {role: _expression(f) for role, f in scopes.items()}
         self.schema = schema
         self.expires = expires
         self.token_id = token_id
@@ -215,7 +230,7 @@ class Rights:
         # The publish check runs on every event: the compiled closure (~1 µs).
         scope = self.scopes.get(Role.PUBLISH)
         self._in_publish_scope: Callable[[Mapping[str, Value]], bool] | None = (
-            compile_filter(scope) if scope is not None else None
+            _compile(scope) if scope is not None else None
         )
 
     @classmethod
@@ -244,14 +259,18 @@ class Rights:
             scope = self.scope_text[Role.PUBLISH]
             raise Forbidden(f"event not inside your publish scope `{scope}`", role=Role.PUBLISH, scope=scope)
 
-    def check_subscribe(self, f: Filter) -> None:
+    def check_subscribe(self, f: Filter | Expression) -> None:
         self.need(Role.SUBSCRIBE, "subscribing")
         scope = self.scopes.get(Role.SUBSCRIBE)
-        if scope is not None and not scope.includes(f, self.schema):
+        if scope is not None and not scope.includes(_expression(f), self.schema):
             text = self.scope_text[Role.SUBSCRIBE]
+            stext = f"({text})" if len(scope.conjuncts) > 1 else text
+            ftext = f.text(self.schema)
+            if isinstance(f, Expression) and len(f.conjuncts) > 1:
+                ftext = f"({ftext})"
             raise Forbidden(
                 f"subscription not covered by your subscribe scope `{text}`: narrow it to lie inside the scope "
-                f"(e.g. `{f.text(self.schema)} and {text}`)",
+                f"(e.g. `{ftext} and {stext}`)",
                 role=Role.SUBSCRIBE,
                 scope=text,
             )

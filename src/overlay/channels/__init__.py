@@ -4,7 +4,8 @@ Pure Python, no I/O (SPEC §2, §2.3–2.4, §5).
 """
 
 from overlay.channels.channel import Channel, ChannelId, EventRecord, SliceStats
-from overlay.channels.expressions import parse_event, parse_subscription
+from overlay.channels.dnf import Expression
+from overlay.channels.expressions import parse_event, parse_expression, parse_subscription
 from overlay.channels.intervals import Interval, IntervalSet
 from overlay.channels.local_table import LocalTable
 from overlay.channels.matcher import LinearMatcher, SubscriptionIndex
@@ -29,6 +30,7 @@ __all__ = [
     "EventRecord",
     "EventSpace",
     "ExceptConstraint",
+    "Expression",
     "Filter",
     "Interval",
     "IntervalSet",
@@ -50,6 +52,7 @@ __all__ = [
     "compile_filter",
     "format_rfid",
     "parse_event",
+    "parse_expression",
     "parse_rfid",
     "parse_subscription",
 ]

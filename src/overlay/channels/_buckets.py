@@ -9,8 +9,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Final, TypeGuard
 
 from overlay.channels.intervals import IntervalSet
-from overlay.channels.predicates import Filter, Op, StringConj, compile_filter
+from overlay.channels.predicates import Filter, Op, Predicate, StringConj, compile_filter, conjunction
 from overlay.channels.schema import Attribute, Kind, Value, as_number, as_string
+from overlay.channels.strings import fold
 from overlay.channels.subscriptions import Subscription
 
 # Buckets per attribute.  More buckets prune better (a range over a few
@@ -22,6 +23,24 @@ from overlay.channels.subscriptions import Subscription
 # (bench/matching.py measures both).
 DEFAULT_BUCKETS: Final = 256
 _WILD: Final = -1
+# Two more pseudo-buckets (rule 7 of overlay.channels.matcher): slots that
+# need the attribute present but no bucket narrows (``exists``, anything-but,
+# a pattern without an anchor), and slots that need it absent (``not exists``).
+_PRESENT: Final = -2
+_ABSENT_OK: Final = -3
+# Placement codes are ``pos * stride + bucket + _CODE_OFFSET`` (stride:
+# nbuckets + _CODE_OFFSET), so every pseudo-bucket has a code of its own.
+_CODE_OFFSET: Final = 3
+# Keyed tables of a string attribute (rule 8): the kinds looked up by the
+# event value's prefixes, by its suffixes, by the value itself, and the
+# anything-but exclusions.
+_PREFIX_KINDS: Final = ("prefix", "iprefix")
+_SUFFIX_KINDS: Final = ("suffix", "isuffix")
+_EXCL: Final = "excl"
+# The operators of the language before issue 18 (rule 8 of the matcher).
+_CLASSIC_OPS: Final = frozenset(
+    {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.IN_RANGE, Op.PREFIX, Op.SUFFIX, Op.CONTAINS, Op.IN_SET}
+)
 # Candidate extraction: bytes.translate maps every non-zero byte of the
 # candidate bitmap to 1, then bytes.find (a memchr) jumps between them: far
 # cheaper than a regex over mostly zero bytes when candidates are sparse.
@@ -116,16 +135,20 @@ class _AttrIndex:
 
     __slots__ = (
         "_bucket_of",
+        "absent_ok",
         "attr",
         "buckets",
         "constrained",
         "discrete",
         "hi",
+        "key_lens",
+        "keyed",
         "lo",
         "name",
         "nbuckets",
         "ordered",
         "pos",
+        "present",
         "single_buckets",
         "single_eq",
         "single_wild",
@@ -139,6 +162,11 @@ class _AttrIndex:
         self.pos = pos
         self.nbuckets = nbuckets
         self.wild = _Bitmap()
+        self.present = _Bitmap()
+        self.absent_ok = _Bitmap()
+        # Rule 8: kind -> key -> slots, and kind -> key length -> keys of it.
+        self.keyed: dict[str, dict[str, _Bitmap]] = {}
+        self.key_lens: dict[str, dict[int, int]] = {}
         self.buckets: list[_Bitmap | None] = [None] * nbuckets
         self.constrained = 0  # bitmapped slots whose filter names this attribute
         self.ordered = attr.kind.ordered
@@ -154,8 +182,8 @@ class _AttrIndex:
     # -- bitmaps (rules 1, 2) ------------------------------------------------------
 
     def bitmap(self, b: int) -> _Bitmap:
-        if b == _WILD:
-            return self.wild
+        if b < 0:
+            return self.wild if b == _WILD else self.present if b == _PRESENT else self.absent_ok
         bm = self.buckets[b]
         if bm is None:
             bm = self.buckets[b] = _Bitmap()
@@ -212,8 +240,96 @@ class _AttrIndex:
 
     def mask(self, value: Value) -> int:
         b = self.buckets[self._bucket_of(value)]
-        w = self.wild.value()
-        return w if b is None else w | b.value()
+        w = self.wild.value() | self.present.value()
+        m = w if b is None else w | b.value()
+        if self.keyed:
+            m = self._keyed_mask(value, m)
+        return m
+
+    def absent_mask(self) -> int:
+        """The slots an event lacking this attribute can still match."""
+        return self.wild.value() | self.absent_ok.value()
+
+    # -- keyed tables of a string attribute (rule 8) -----------------------------
+
+    def bitmapped_placement(self, preds: tuple[Predicate, ...]) -> tuple[list[tuple[int, int]], list[tuple[str, str]]]:
+        """Where a bitmapped slot constraining this attribute by ``preds`` goes:
+        bucket runs (pseudo-buckets included) and keyed-table entries.  A
+        superset of the values satisfying ``preds``: the exact test decides."""
+        conj = conjunction(preds, self.attr)
+        if all(p.op in _CLASSIC_OPS for p in preds):
+            # The language before issue 18, placed exactly as it always was:
+            # an event's cost (what the index tests) drives balancing, and a
+            # cluster's behaviour must not change under its old subscriptions.
+            return self.placement(conj), []
+        if all(p.op is Op.NOT_EXISTS for p in preds):
+            return [(_ABSENT_OK, _ABSENT_OK)], []
+        if conj.is_empty():
+            return [], []
+        if isinstance(conj, StringConj) and conj.finite is None:
+            anchor = _anchor(preds)
+            keys = [anchor] if anchor is not None else []
+            # Anything-but: the slot is out for an event carrying an excluded value.
+            for p in preds:
+                if p.op is Op.NE or p.op is Op.NOT_IN_SET:
+                    keys += [(_EXCL, x) for x in p.args if type(x) is str]
+            return ([] if anchor is not None else [(_PRESENT, _PRESENT)]), keys
+        runs = self.placement(conj)
+        if runs == [(_WILD, _WILD)]:
+            return [(_PRESENT, _PRESENT)], []  # constrained, so the attribute must be there
+        return runs, []
+
+    def flip_key(self, kind: str, key: str, slot: int, *, removing: bool) -> None:
+        table = self.keyed.setdefault(kind, {})
+        lens = self.key_lens.setdefault(kind, {})
+        bm = table.get(key)
+        if bm is None:
+            bm = table[key] = _Bitmap()
+            lens[len(key)] = lens.get(len(key), 0) + 1
+        bm.flip(slot)
+        # Only a removal can empty a table (folding the flips costs N/8 bytes: not on every add).
+        if removing and not bm.value():
+            del table[key]
+            n = lens[len(key)] - 1
+            if n:
+                lens[len(key)] = n
+            else:
+                del lens[len(key)]
+            if not table:
+                del self.keyed[kind]
+                del self.key_lens[kind]
+
+    def _keyed_mask(self, value: Value, m: int) -> int:
+        """Rule 8: add the slots whose anchor the value has, drop those that
+        exclude it.  A value's type was checked by ``bucketed``: a str."""
+        v: str = value  # type: ignore[assignment]  # a str (bucketed)
+        folded: str | None = None
+        excl = 0
+        for kind, table in self.keyed.items():
+            if kind == _EXCL:
+                bm = table.get(v)
+                if bm is not None:
+                    excl = bm.value()
+                continue
+            if kind[0] == "i":
+                if folded is None:
+                    folded = fold(v)
+                s = folded
+            else:
+                s = v
+            if kind == "ieq":
+                bm = table.get(s)
+                if bm is not None:
+                    m |= bm.value()
+                continue
+            n = len(s)
+            prefix = kind in _PREFIX_KINDS
+            for k in self.key_lens[kind]:
+                if k <= n:
+                    bm = table.get(s[:k] if prefix else s[n - k :])
+                    if bm is not None:
+                        m |= bm.value()
+        return m & ~excl if excl else m
 
     # -- single-attribute entries (rule 5) ---------------------------------------
 
@@ -292,6 +408,38 @@ class _AttrIndex:
                 if compile_filter(sub.filter)(values):
                     append(sub)
         return len(self.singles)
+
+
+def _anchor(preds: tuple[Predicate, ...]) -> tuple[str, str] | None:
+    """Rule 8: the keyed-table entry a string conjunction is filed under — its
+    ``ieq`` value, else its longest literal prefix or suffix (``prefix``,
+    ``suffix``, ``iprefix``, ``isuffix``, a ``like`` pattern's text before its
+    first or after its last ``*``); None when it has none."""
+    best: tuple[str, str] | None = None
+    for p in preds:
+        if not p.args or type(p.args[0]) is not str:
+            continue
+        x = p.args[0]
+        cands: list[tuple[str, str]] = []
+        match p.op:
+            case Op.IEQ:
+                return ("ieq", fold(x))
+            case Op.PREFIX:
+                cands.append(("prefix", x))
+            case Op.SUFFIX:
+                cands.append(("suffix", x))
+            case Op.IPREFIX:
+                cands.append(("iprefix", fold(x)))
+            case Op.ISUFFIX:
+                cands.append(("isuffix", fold(x)))
+            case Op.LIKE:
+                head, _, rest = x.partition("*")
+                cands.append(("prefix", head))
+                cands.append(("suffix", rest.rpartition("*")[2]))
+        for c in cands:
+            if c[1] and (best is None or len(c[1]) > len(best[1])):
+                best = c
+    return best
 
 
 def _above(a: Value, b: Value) -> bool:

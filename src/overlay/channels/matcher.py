@@ -42,6 +42,30 @@ per-bucket dicts for the subscriptions that constrain a single attribute:
    folds the flips in with one XOR and drops the buffer, so a bitmap costs
    ``N/8`` bytes at rest.  Flips are exact because a slot's bit is only set
    when it is clear and cleared when it is set (the invariant below).
+7. Rules 7 and 8 place a conjunction on one attribute that uses an operator
+   of the extended language (``not in``, ``ieq``, ``iprefix``, ``isuffix``,
+   ``like``, ``exists``, ``not exists``, the negated patterns); one that uses
+   only the older operators (``= != < <= > >= in[] in{} prefix suffix
+   contains``) is placed exactly as it always was (a pattern or ``!=`` a
+   wildcard), so an old subscription costs what it cost — costs drive
+   balancing.  Two pseudo-buckets per attribute serve presence: slots that
+   need the attribute present but no bucket narrows (``exists``, values
+   spanning the domain) are in ``present`` — kept for any value, out when
+   the attribute is absent — and slots that need it absent (``not exists``)
+   in ``absent_ok``, kept only then.  An absent attribute keeps ``wild |
+   absent_ok``; a present one ``wild | present | bucket(value)``.
+8. A string conjunction (rule 7) that is not a finite set is filed under one
+   *anchor* in a keyed table of its attribute: its ``ieq`` value (folded),
+   else its longest literal prefix or suffix (``prefix``, ``suffix``, the
+   folded ``iprefix``/``isuffix``, a ``like`` pattern's text before its
+   first or after its last ``*``).  An event's value looks up each table
+   once per key length the table holds (its prefixes, suffixes, or its
+   folded self): a few dict look-ups, never a scan of the slots.  A
+   conjunction with no anchor (``contains`` with ``not in {…}``, ``not
+   prefix`` …) is ``present`` (rule 7).  Anything-but adds an *exclusion*:
+   the slots whose ``!=``/``not in {…}`` names the value are dropped from
+   the mask (their exact test would fail).  Every placement is a superset
+   of the values the slot accepts, so the exact test of rule 3 still decides.
 
 The order of the matched subscriptions is unspecified.  ``LinearMatcher``
 tests every subscription; it is the reference the index is checked against
@@ -53,7 +77,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from overlay.channels.predicates import compile_filter, conjunction
+from overlay.channels.predicates import compile_filter
 from overlay.channels.schema import Schema, Value
 from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
@@ -63,6 +87,7 @@ __all__ = ["DEFAULT_BUCKETS", "LinearMatcher", "MatchResult", "SubscriptionIndex
 from overlay.channels._buckets import (
     _ABSENT,
     _BITS,
+    _CODE_OFFSET,
     _CODE_TYPE,
     _HI_STRICT,
     _LO_STRICT,
@@ -95,7 +120,7 @@ class SubscriptionIndex:
         if nbuckets < 1:
             raise LocalProtocolError(f"an index needs at least one bucket, got {nbuckets}")
         self.schema = schema
-        self._stride = nbuckets + 1
+        self._stride = nbuckets + _CODE_OFFSET
         self._attrs = {
             name: _AttrIndex(attr, pos, nbuckets) for pos, (name, attr) in enumerate(schema.attributes.items())
         }
@@ -105,6 +130,8 @@ class SubscriptionIndex:
         self._subs: list[Subscription | None] = []
         self._tests: list[_Plain | _Compiled | None] = []
         self._placed: list[bytes | None] = []
+        # Rule 8: the keyed-table entries of the slots that have some.
+        self._keys: dict[int, tuple[tuple[int, str, str], ...]] = {}
         self._free: list[int] = []
 
     def __len__(self) -> int:
@@ -146,8 +173,13 @@ class SubscriptionIndex:
         for k in range(0, len(codes), 2):
             pos, first = divmod(codes[k], stride)
             ai = order[pos]
-            for b in range(first - 1, codes[k + 1] - pos * stride):
+            for b in range(first - _CODE_OFFSET, codes[k + 1] - pos * stride - _CODE_OFFSET + 1):
                 ai.bitmap(b).flip(slot)
+
+    def _flip_keys(self, slot: int, keys: tuple[tuple[int, str, str], ...], *, removing: bool = False) -> None:
+        order = self._order
+        for pos, kind, key in keys:
+            order[pos].flip_key(kind, key, slot, removing=removing)
 
     def add(self, sub: Subscription) -> bool:
         """Index ``sub``; False (and no change) if its id is already here.
@@ -168,6 +200,7 @@ class SubscriptionIndex:
             self._tests[slot] = (ai.pos, *bound)
         else:
             test: _Plain | _Compiled
+            keys: list[tuple[int, str, str]] = []
             codes = array(_CODE_TYPE)
             stride = self._stride
             names = f.attrs()
@@ -181,19 +214,26 @@ class SubscriptionIndex:
                         flat += (ai.pos, *on_ai)
                         runs = ai.plain_placement(on_ai[0], on_ai[1])
                     for first, last in runs:
-                        codes.append(ai.pos * stride + first + 1)
-                        codes.append(ai.pos * stride + last + 1)
+                        codes.append(ai.pos * stride + first + _CODE_OFFSET)
+                        codes.append(ai.pos * stride + last + _CODE_OFFSET)
                 test = tuple(flat)
             else:
                 for ai in self._order:
-                    conj = conjunction(f.on(ai.name), ai.attr) if ai.name in names else None
-                    for first, last in ai.placement(conj):
-                        codes.append(ai.pos * stride + first + 1)
-                        codes.append(ai.pos * stride + last + 1)
+                    if ai.name in names:
+                        runs, ai_keys = ai.bitmapped_placement(f.on(ai.name))
+                        keys += [(ai.pos, kind, key) for kind, key in ai_keys]
+                    else:
+                        runs = [(_WILD, _WILD)]
+                    for first, last in runs:
+                        codes.append(ai.pos * stride + first + _CODE_OFFSET)
+                        codes.append(ai.pos * stride + last + _CODE_OFFSET)
                 test = compile_filter(f)
             placed = codes.tobytes()
             slot = self._new_slot()
             self._flip(slot, placed)
+            if keys:
+                self._flip_keys(slot, tuple(keys))
+                self._keys[slot] = tuple(keys)
             for name in names:
                 named = self._attrs.get(name)
                 if named is not None:
@@ -222,6 +262,9 @@ class SubscriptionIndex:
             self._attrs[name].remove_single(slot)
         else:
             self._flip(slot, placed)
+            keys = self._keys.pop(slot, None)
+            if keys:
+                self._flip_keys(slot, keys, removing=True)
             for name in sub.filter.attrs():
                 ai = self._attrs.get(name)
                 if ai is not None:
@@ -249,7 +292,7 @@ class SubscriptionIndex:
             if v is _ABSENT:
                 # No predicate on a missing attribute holds: its singles are out.
                 if cand and ai.constrained:
-                    cand &= ai.wild.value()
+                    cand &= ai.absent_mask()
                 continue
             if (type(v) in _NUMBER_TYPES) if ai.ordered else (type(v) is str):
                 vals[ai.pos] = v

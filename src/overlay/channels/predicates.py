@@ -4,16 +4,21 @@ coverage and overlap (SPEC §2.2).
 Rules this module keeps:
 
 1. A predicate is ``(attr, op, args)``; the attribute's kind comes from the
-   schema, so ``args`` are plain values: one for comparisons, two for
-   ``in[lo, hi]``, any number (≥ 1) for ``in{...}``.
-2. ``L(f)`` of an ordered attribute is an ``IntervalSet`` clipped to the
-   domain.  ``L(f)`` of a string attribute is taken over all strings (the
+   schema, so ``args`` are plain values: none for ``exists``/``not exists``,
+   one for comparisons and patterns, two for ``in[lo, hi]`` and ``not in[lo,
+   hi]``, any number (≥ 1) for ``in{...}``/``not in{...}``.
+2. ``L(f)`` — the values of a *present* attribute ``f`` accepts — of an
+   ordered attribute is an ``IntervalSet`` clipped to the domain (``not
+   in[]`` its complement, ``exists`` the whole domain, ``not exists``
+   nothing).  ``L(f)`` of a string attribute is taken over all strings (the
    schema's length bound validates values; it does not narrow ``L``), and a
    conjunction of string predicates is a ``StringConj`` that decides
-   emptiness, membership, finiteness and containment exactly.
+   emptiness and containment exactly, whatever the operators
+   (``overlay.channels.strings``: every string predicate is an automaton).
 3. ``a`` satisfies ``f`` iff same attribute and ``value ∈ L(f)``; ``e``
    matches ``F`` iff every predicate of ``F`` is satisfied by ``e``'s item on
-   that attribute (an event has one item per attribute).
+   that attribute (an event has one item per attribute).  An event may lack
+   a non-distinguishing attribute: then only ``not exists`` on it holds.
 4. ``f1 ⊒ f2`` iff same attribute and ``L(f1) ⊇ L(f2)``; ``F1 ⊒ F2`` iff every
    predicate of ``F1`` covers some predicate of ``F2`` (the spec's definition,
    sound but not complete for conjunctions).
@@ -26,11 +31,24 @@ Rules this module keeps:
    matching ``F2`` matches ``F1``, and ``F1 ⊒ F2`` implies it.  A content
    scope uses it (``overlay.auth``): ``price in [10, 20]`` includes
    ``price >= 10 and price <= 20``, which no single predicate is within.
+   ``not exists a`` in ``F1`` is satisfied iff ``F2`` lets ``a`` take no value.
+6. Every operator has a negation (``NEGATION``, ``Predicate.negated``): the
+   predicate a *present* value satisfies iff it fails the original (``=`` and
+   ``!=``, ``<`` and ``>=``, ``prefix`` and ``not prefix``, …, ``exists`` and
+   ``not exists``).  So ``not`` in the language (``overlay.channels.dnf``
+   rule 2) needs no operator of its own, and a negated predicate is false on
+   an absent attribute, like the original.
+7. A conjunction is satisfiable iff on each attribute it names, either every
+   predicate is ``not exists`` and the attribute is not distinguishing, or
+   the values every predicate allows meet (rule 2): attributes are
+   independent, so this is exact.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
@@ -38,6 +56,7 @@ import msgspec
 
 from overlay.channels.intervals import Interval, IntervalSet
 from overlay.channels.schema import Attribute, Kind, Schema, Value, as_number, as_string
+from overlay.channels.strings import STAR, Auto, fold, glob_auto, is_empty, set_auto
 from overlay.errors import SchemaError
 
 __all__ = [
@@ -69,10 +88,90 @@ class Op(enum.StrEnum):
     SUFFIX = "suffix"
     CONTAINS = "contains"
     IN_SET = "in{}"
+    # The extended language (rule 6): anything-but, case-insensitive,
+    # wildcard, presence, and the negation of every pattern.
+    NOT_IN_RANGE = "not in[]"
+    NOT_IN_SET = "not in{}"
+    NOT_PREFIX = "not prefix"
+    NOT_SUFFIX = "not suffix"
+    NOT_CONTAINS = "not contains"
+    IEQ = "ieq"
+    NOT_IEQ = "not ieq"
+    IPREFIX = "iprefix"
+    NOT_IPREFIX = "not iprefix"
+    ISUFFIX = "isuffix"
+    NOT_ISUFFIX = "not isuffix"
+    LIKE = "like"
+    NOT_LIKE = "not like"
+    EXISTS = "exists"
+    NOT_EXISTS = "not exists"
 
 
-ORDERED_OPS: Final = frozenset({Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.IN_RANGE})
-STRING_OPS: Final = frozenset({Op.EQ, Op.NE, Op.PREFIX, Op.SUFFIX, Op.CONTAINS, Op.IN_SET})
+ORDERED_OPS: Final = frozenset(
+    {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.IN_RANGE, Op.NOT_IN_RANGE, Op.EXISTS, Op.NOT_EXISTS}
+)
+STRING_OPS: Final = frozenset(
+    {
+        Op.EQ,
+        Op.NE,
+        Op.PREFIX,
+        Op.SUFFIX,
+        Op.CONTAINS,
+        Op.IN_SET,
+        Op.NOT_IN_SET,
+        Op.NOT_PREFIX,
+        Op.NOT_SUFFIX,
+        Op.NOT_CONTAINS,
+        Op.IEQ,
+        Op.NOT_IEQ,
+        Op.IPREFIX,
+        Op.NOT_IPREFIX,
+        Op.ISUFFIX,
+        Op.NOT_ISUFFIX,
+        Op.LIKE,
+        Op.NOT_LIKE,
+        Op.EXISTS,
+        Op.NOT_EXISTS,
+    }
+)
+# Operators whose one argument is a pattern: a fragment of a value, a string
+# of any length (the schema's length bound is for values).
+PATTERN_OPS: Final = frozenset(
+    {
+        Op.PREFIX,
+        Op.SUFFIX,
+        Op.CONTAINS,
+        Op.NOT_PREFIX,
+        Op.NOT_SUFFIX,
+        Op.NOT_CONTAINS,
+        Op.IEQ,
+        Op.NOT_IEQ,
+        Op.IPREFIX,
+        Op.NOT_IPREFIX,
+        Op.ISUFFIX,
+        Op.NOT_ISUFFIX,
+        Op.LIKE,
+        Op.NOT_LIKE,
+    }
+)
+# Rule 6: the negation of each operator among present values (Kleene's NOT:
+# a predicate on an absent attribute is false, and so is its negation).
+NEGATION: Final = {
+    Op.EQ: Op.NE,
+    Op.LT: Op.GE,
+    Op.LE: Op.GT,
+    Op.IN_RANGE: Op.NOT_IN_RANGE,
+    Op.IN_SET: Op.NOT_IN_SET,
+    Op.PREFIX: Op.NOT_PREFIX,
+    Op.SUFFIX: Op.NOT_SUFFIX,
+    Op.CONTAINS: Op.NOT_CONTAINS,
+    Op.IEQ: Op.NOT_IEQ,
+    Op.IPREFIX: Op.NOT_IPREFIX,
+    Op.ISUFFIX: Op.NOT_ISUFFIX,
+    Op.LIKE: Op.NOT_LIKE,
+    Op.EXISTS: Op.NOT_EXISTS,
+}
+NEGATION.update({v: k for k, v in list(NEGATION.items())})
 
 
 class Predicate(msgspec.Struct, frozen=True, array_like=True):
@@ -84,11 +183,20 @@ class Predicate(msgspec.Struct, frozen=True, array_like=True):
 
     def text(self, schema: Schema | None = None) -> str:
         fmt = schema.attributes[self.attr].format if schema else _plain
-        if self.op is Op.IN_RANGE:
-            return f"{self.attr} in [{fmt(self.args[0])}, {fmt(self.args[1])}]"
-        if self.op is Op.IN_SET:
-            return f"{self.attr} in {{{', '.join(fmt(a) for a in self.args)}}}"
-        return f"{self.attr} {self.op.value} {fmt(self.args[0])}"
+        op = self.op
+        if op is Op.EXISTS:
+            return f"exists {self.attr}"
+        if op is Op.NOT_EXISTS:
+            return f"not exists {self.attr}"
+        if op is Op.IN_RANGE or op is Op.NOT_IN_RANGE:
+            word = "in" if op is Op.IN_RANGE else "not in"
+            return f"{self.attr} {word} [{fmt(self.args[0])}, {fmt(self.args[1])}]"
+        if op is Op.IN_SET or op is Op.NOT_IN_SET:
+            word = "in" if op is Op.IN_SET else "not in"
+            return f"{self.attr} {word} {{{', '.join(fmt(a) for a in self.args)}}}"
+        if op.value.startswith("not "):  # a negated pattern: `not` before the predicate
+            return f"not {self.attr} {op.value[4:]} {fmt(self.args[0])}"
+        return f"{self.attr} {op.value} {fmt(self.args[0])}"
 
     def check(self, schema: Schema) -> Predicate:
         """Validate against the schema (rule 1); return self or raise SchemaError."""
@@ -100,10 +208,14 @@ class Predicate(msgspec.Struct, frozen=True, array_like=True):
                 attr=attr.name,
             )
         n = len(self.args)
-        if self.op is Op.IN_RANGE:
+        if self.op is Op.EXISTS or self.op is Op.NOT_EXISTS:
+            if n != 0:
+                raise SchemaError(f"{self.op.value} {attr.name} takes no value", attr=attr.name)
+            return self
+        if self.op is Op.IN_RANGE or self.op is Op.NOT_IN_RANGE:
             if n != 2:
                 raise SchemaError(f"in[lo, hi] on {attr.name!r} needs two bounds", attr=attr.name)
-        elif self.op is Op.IN_SET:
+        elif self.op is Op.IN_SET or self.op is Op.NOT_IN_SET:
             if not 1 <= n <= MAX_SET_SIZE:
                 raise SchemaError(
                     f"in{{...}} on {attr.name!r} needs 1 to {MAX_SET_SIZE} values, got {n}",
@@ -111,7 +223,7 @@ class Predicate(msgspec.Struct, frozen=True, array_like=True):
                 )
         elif n != 1:
             raise SchemaError(f"operator {self.op.value!r} on {attr.name!r} takes one value", attr=attr.name)
-        if self.op in (Op.PREFIX, Op.SUFFIX, Op.CONTAINS):
+        if self.op in PATTERN_OPS:
             # A pattern is a fragment of a value: its type matters, not its length bound.
             if type(self.args[0]) is not str:
                 raise SchemaError(f"{self.op.value} on {attr.name!r} needs a string", attr=attr.name)
@@ -119,12 +231,22 @@ class Predicate(msgspec.Struct, frozen=True, array_like=True):
             for a in self.args:
                 attr.check(a)
         # attr.check passed both bounds of in[] (an ordered operator): numbers.
-        if self.op is Op.IN_RANGE and as_number(self.args[0]) > as_number(self.args[1]):
+        if self.op in (Op.IN_RANGE, Op.NOT_IN_RANGE) and as_number(self.args[0]) > as_number(self.args[1]):
             raise SchemaError(f"in[lo, hi] on {attr.name!r} has lo above hi", attr=attr.name)
         return self
 
     def satisfied_by(self, value: Value) -> bool:
-        return _TESTS[self.op](self.args, value)
+        """Whether a present value satisfies the predicate (an absent one
+        satisfies only ``not exists``: rule 3)."""
+        return _compile_predicate(self)(value)
+
+    def negated(self) -> Predicate:
+        """Rule 6: the predicate a present value satisfies iff it fails this one."""
+        return Predicate(self.attr, NEGATION[self.op], self.args)
+
+    def glob(self) -> Auto:
+        """This string predicate's automaton (``overlay.channels.strings``)."""
+        return _glob_of(self)
 
 
 def _plain(v: Value) -> str:
@@ -143,29 +265,20 @@ def _plain(v: Value) -> str:
 # value carries an ignore saying so.
 
 
-def _in_set(args: tuple[Value, ...], v: Value) -> bool:
-    return v in args
-
-
-_TESTS: Final[dict[Op, Callable[[tuple[Value, ...], Value], bool]]] = {
-    Op.EQ: lambda a, v: v == a[0],
-    Op.NE: lambda a, v: v != a[0],
-    Op.LT: lambda a, v: v < a[0],  # type: ignore[operator]  # any event value: Python decides, or raises
-    Op.LE: lambda a, v: v <= a[0],  # type: ignore[operator]  # any event value: Python decides, or raises
-    Op.GT: lambda a, v: v > a[0],  # type: ignore[operator]  # any event value: Python decides, or raises
-    Op.GE: lambda a, v: v >= a[0],  # type: ignore[operator]  # any event value: Python decides, or raises
-    Op.IN_RANGE: lambda a, v: a[0] <= v <= a[1],  # type: ignore[operator]  # any event value: Python decides, or raises
-    Op.PREFIX: lambda a, v: v.startswith(a[0]),  # type: ignore[union-attr, arg-type]  # any event value: its own method decides, or raises
-    Op.SUFFIX: lambda a, v: v.endswith(a[0]),  # type: ignore[union-attr, arg-type]  # any event value: its own method decides, or raises
-    Op.CONTAINS: lambda a, v: a[0] in v,  # type: ignore[operator]  # any event value: Python decides, or raises
-    Op.IN_SET: _in_set,
-}
+def _like_regex(pattern: str) -> re.Pattern[str]:
+    """A ``like`` pattern as a regular expression: ``*`` any run, all else literal."""
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
 
 
 def _compile_predicate(p: Predicate) -> Callable[[Value], bool]:
-    """A closure testing one value: the hot path of matching, so one call each."""
+    """A closure testing one present value: the hot path of matching, so one call each."""
+    return _compiled(p)
+
+
+@functools.lru_cache(maxsize=65536)
+def _compiled(p: Predicate) -> Callable[[Value], bool]:
     a = p.args
-    x = a[0]
+    x = a[0] if a else None
     match p.op:
         case Op.EQ:
             return lambda v: v == x
@@ -182,28 +295,88 @@ def _compile_predicate(p: Predicate) -> Callable[[Value], bool]:
         case Op.IN_RANGE:
             y = a[1]
             return lambda v: x <= v <= y  # type: ignore[operator]  # any event value: Python decides, or raises
+        case Op.NOT_IN_RANGE:
+            y = a[1]
+            return lambda v: not x <= v <= y  # type: ignore[operator]  # any event value: Python decides, or raises
         case Op.PREFIX:
             return lambda v: v.startswith(x)  # type: ignore[union-attr, arg-type]  # any event value: its own method decides, or raises
         case Op.SUFFIX:
             return lambda v: v.endswith(x)  # type: ignore[union-attr, arg-type]  # any event value: its own method decides, or raises
         case Op.CONTAINS:
             return lambda v: x in v  # type: ignore[operator]  # any event value: Python decides, or raises
+        case Op.NOT_PREFIX:
+            return lambda v: not v.startswith(x)  # type: ignore[union-attr, arg-type]  # any event value: its own method decides, or raises
+        case Op.NOT_SUFFIX:
+            return lambda v: not v.endswith(x)  # type: ignore[union-attr, arg-type]  # any event value: its own method decides, or raises
+        case Op.NOT_CONTAINS:
+            return lambda v: x not in v  # type: ignore[operator]  # any event value: Python decides, or raises
         case Op.IN_SET:
             s = frozenset(a)
             return lambda v: v in s
+        case Op.NOT_IN_SET:
+            s = frozenset(a)
+            return lambda v: v not in s
+        case Op.IEQ | Op.NOT_IEQ | Op.IPREFIX | Op.NOT_IPREFIX | Op.ISUFFIX | Op.NOT_ISUFFIX:
+            fx = fold(as_string(x))  # type: ignore[arg-type]  # a pattern: a str (rule 1)
+            neg = p.op.value.startswith("not ")
+            kind = p.op.value.removeprefix("not ")
+            if kind == "ieq":
+                return lambda v: (fold(v) == fx) != neg  # type: ignore[arg-type]  # any event value: fold decides, or raises
+            if kind == "iprefix":
+                return lambda v: fold(v).startswith(fx) != neg  # type: ignore[arg-type]  # any event value: fold decides, or raises
+            return lambda v: fold(v).endswith(fx) != neg  # type: ignore[arg-type]  # any event value: fold decides, or raises
+        case Op.LIKE | Op.NOT_LIKE:
+            full = _like_regex(as_string(x)).fullmatch  # type: ignore[arg-type]  # a pattern: a str (rule 1)
+            if p.op is Op.LIKE:
+                return lambda v: full(v) is not None  # type: ignore[arg-type]  # any event value: re decides, or raises
+            return lambda v: full(v) is None  # type: ignore[arg-type]  # any event value: re decides, or raises
+        case Op.EXISTS:
+            return lambda v: True
+        case Op.NOT_EXISTS:
+            return lambda v: False
     raise AssertionError(p.op)  # pragma: no cover - Op is exhaustive
+
+
+@functools.lru_cache(maxsize=65536)
+def _glob_of(p: Predicate) -> Auto:
+    """Rule 2 (``overlay.channels.strings`` rule 1): a string predicate's automaton."""
+    op = p.op
+    neg = op in _NEGATIVE
+    if op is Op.EQ or op is Op.NE or op is Op.IN_SET or op is Op.NOT_IN_SET:
+        return set_auto((v for v in p.args if type(v) is str), negated=neg)
+    if op is Op.EXISTS or op is Op.NOT_EXISTS:
+        return glob_auto((STAR,), negated=neg)
+    x = as_string(p.args[0])
+    chars: list[str | None] = list(x)
+    kind = op.value.removeprefix("not ")
+    folded = kind.startswith("i") and kind != "in{}"
+    if kind == "like":
+        chars = [STAR if c == "*" else c for c in x]
+    elif kind in ("prefix", "iprefix"):
+        chars.append(STAR)
+    elif kind in ("suffix", "isuffix"):
+        chars.insert(0, STAR)
+    elif kind == "contains":
+        chars = [STAR, *chars, STAR]
+    return glob_auto(chars, folded=folded, negated=neg)
+
+
+_NEGATIVE: Final = frozenset(op for op in Op if op.value.startswith("not ") or op is Op.NE)
 
 
 def compile_filter(f: Filter) -> Callable[[Mapping[str, Value]], bool]:
     """``e matches F`` as one closure over the event's ``{attr: value}`` map."""
-    checks = tuple((p.attr, _compile_predicate(p)) for p in f.predicates)
+    checks = tuple((p.attr, _compile_predicate(p), p.op is Op.NOT_EXISTS) for p in f.predicates)
     missing = _MISSING
 
     def matches(values: Mapping[str, Value]) -> bool:
         get = values.get
-        for attr, test in checks:
+        for attr, test, absent_ok in checks:
             v = get(attr, missing)
-            if v is missing or not test(v):
+            if v is missing:
+                if not absent_ok:
+                    return False
+            elif not test(v):
                 return False
         return True
 
@@ -211,7 +384,8 @@ def compile_filter(f: Filter) -> Callable[[Mapping[str, Value]], bool]:
 
 
 class _Missing(enum.Enum):
-    """The value of an attribute the event lacks (no predicate on it holds)."""
+    """The value of an attribute the event lacks (no predicate on it holds
+    but ``not exists``)."""
 
     MISSING = enum.auto()
 
@@ -228,7 +402,10 @@ class Filter(msgspec.Struct, frozen=True, array_like=True):
         """Rule 3."""
         for p in self.predicates:
             v = values.get(p.attr, _MISSING)
-            if v is _MISSING or not p.satisfied_by(v):
+            if v is _MISSING:
+                if p.op is not Op.NOT_EXISTS:
+                    return False
+            elif not p.satisfied_by(v):
                 return False
         return True
 
@@ -242,22 +419,28 @@ class Filter(msgspec.Struct, frozen=True, array_like=True):
         """Rule 4: every predicate of self covers some predicate of other."""
         return all(any(covers(p, q, schema) for q in other.predicates) for p in self.predicates)
 
+    def satisfiable(self, schema: Schema) -> bool:
+        """Rule 7: whether some event matches this conjunction."""
+        return satisfiable(self.predicates, schema)
+
     def includes(self, other: Filter, schema: Schema) -> bool:
         """Rule 5: every event matching ``other`` matches ``self``, decided
         attribute by attribute (a content scope and a subscription, ``overlay.auth``)."""
+        if not other.satisfiable(schema):
+            return True
         for p in self.predicates:
             attr = schema.attribute(p.attr)
             on = other.on(p.attr)
-            if not on and not schema.is_da(p.attr):
-                return False  # other matches events without the attribute; self never does
-            if attr.kind is Kind.STRING:
-                if not _string_covers(p, StringConj(on)):
+            values = conjunction(on, attr)
+            # other lets the attribute be absent: every predicate on it is `not exists`.
+            absent_ok = not schema.is_da(p.attr) and all(q.op is Op.NOT_EXISTS for q in on)
+            if p.op is Op.NOT_EXISTS:
+                if not values.is_empty():  # other lets the attribute be present
                     return False
                 continue
-            allowed = IntervalSet.whole(_domain(attr), attr.kind.discrete)
-            for q in on:
-                allowed = allowed.intersection(_interval_values(q, attr))
-            if not allowed.issubset(_interval_values(p, attr)):
+            if absent_ok:
+                return False  # other matches events without the attribute; p never does
+            if not _values_within(values, p, attr):
                 return False
         return True
 
@@ -272,19 +455,44 @@ class Filter(msgspec.Struct, frozen=True, array_like=True):
         return self
 
 
+def satisfiable(preds: Iterable[Predicate], schema: Schema) -> bool:
+    """Rule 7: some event satisfies every predicate of ``preds``.
+
+    Attributes are independent: on each, either every predicate is ``not
+    exists`` and the attribute is not distinguishing (an event may lack it),
+    or the values every predicate allows (``not exists`` allows none) meet.
+    """
+    by_attr: dict[str, list[Predicate]] = {}
+    for p in preds:
+        by_attr.setdefault(p.attr, []).append(p)
+    for name, on in by_attr.items():
+        if all(p.op is Op.NOT_EXISTS for p in on) and not schema.is_da(name):
+            continue
+        if conjunction(on, schema.attribute(name)).is_empty():
+            return False
+    return True
+
+
+def _values_within(values: ValueSet, p: Predicate, attr: Attribute) -> bool:
+    """``values ⊆ L(p)``."""
+    if isinstance(values, StringConj):
+        return _string_covers(p, values)
+    return values.issubset(_interval_values(p, attr))
+
+
 # -- L(f) ---------------------------------------------------------------------
 
 
 class StringConj:
     """``L`` of a conjunction of string predicates, decided exactly.
 
-    Either finite (some ``=``/``in{}`` present: ``finite`` holds exactly the
-    values satisfying every predicate — strings, when the predicates passed
+    ``finite`` holds exactly the values satisfying every predicate when some
+    ``=``/``in{}`` is present (strings, when the predicates passed
     ``Predicate.check``; ``Value`` is what an unchecked one may hold, which
-    the matcher's placement skips) or infinite: then it is non-empty iff
-    the prefixes are pairwise prefix-consistent and the suffixes
-    suffix-consistent — ``longest prefix + contains… + longest suffix`` plus any
-    padding is a member, and ``!=`` removes only finitely many.
+    the matcher's placement skips), and is None otherwise — the language may
+    still be finite (``ieq "ab"``), which the exact tests below never assume
+    it is not.  Emptiness, and emptiness once finitely many values are taken
+    out, are decided by ``overlay.channels.strings`` (its rule 3), lazily.
     """
 
     __slots__ = ("_empty", "finite", "predicates")
@@ -296,34 +504,70 @@ class StringConj:
             if p.op is Op.EQ or p.op is Op.IN_SET:
                 vals = frozenset(p.args)
                 finite = vals if finite is None else finite & vals
+        self._empty: bool | None = None
         if finite is not None:
             finite = frozenset(v for v in finite if self.contains(v))
             self._empty = not finite
-        else:
-            self._empty = not (
-                _chain(self._args(Op.PREFIX), str.startswith) and _chain(self._args(Op.SUFFIX), str.endswith)
-            )
         self.finite = finite
-
-    def _args(self, op: Op) -> list[str]:
-        """The patterns of the ``op`` predicates (strings, rule 1)."""
-        return [as_string(p.args[0]) for p in self.predicates if p.op is op]
 
     def contains(self, value: Value) -> bool:
         return all(p.satisfied_by(value) for p in self.predicates)
 
     def is_empty(self) -> bool:
+        if self._empty is None:
+            self._empty = _strings_empty(self.predicates)
         return self._empty
 
     def is_whole(self) -> bool:
-        return self.finite is None and all(
-            p.op in (Op.PREFIX, Op.SUFFIX, Op.CONTAINS) and p.args[0] == "" for p in self.predicates
-        )
+        return self.finite is None and all(_is_whole_pattern(p) for p in self.predicates)
+
+    def minus_is_empty(self, excluded: Iterable[str]) -> bool:
+        """Whether no value is left once ``excluded`` is taken out."""
+        if self.finite is not None:
+            return self.finite <= frozenset(excluded)
+        if not self.predicates:
+            return False  # every string, minus finitely many
+        if self.is_empty():
+            return True
+        hit = tuple(sorted(x for x in excluded if self.contains(x)))
+        if not hit:
+            return False
+        return _strings_empty((*self.predicates, Predicate(self.predicates[0].attr, Op.NOT_IN_SET, hit)))
+
+    def within(self, values: frozenset[str]) -> bool:
+        """Whether every value of the language is one of ``values``."""
+        if self.finite is not None:
+            return self.finite <= values
+        if self.is_empty():
+            return True
+        if not values or not self.predicates:
+            return False
+        return _strings_empty((*self.predicates, Predicate(self.predicates[0].attr, Op.NOT_IN_SET, tuple(values))))
 
 
-def _chain(items: list[str], extends: Callable[[str, str], bool]) -> bool:
-    longest = max(items, key=len, default="")
-    return all(extends(longest, x) for x in items)
+def _is_whole_pattern(p: Predicate) -> bool:
+    if p.op is Op.EXISTS:
+        return True
+    if p.op in (Op.PREFIX, Op.SUFFIX, Op.CONTAINS, Op.IPREFIX, Op.ISUFFIX):
+        return p.args[0] == ""
+    if p.op is Op.LIKE:
+        return type(p.args[0]) is str and p.args[0] != "" and set(p.args[0]) == {"*"}
+    return False
+
+
+def _strings_empty(preds: tuple[Predicate, ...]) -> bool:
+    """Rule 2: emptiness of a conjunction of string predicates, exactly."""
+    autos = []
+    for p in preds:
+        if p.op is Op.NOT_EXISTS:
+            return True  # no present value satisfies it
+        if p.op is not Op.EXISTS:
+            autos.append(p.glob())
+    if not autos:
+        return False
+    if len(autos) == 1 and not autos[0].negated:
+        return False  # a positive automaton always accepts something (rule 1 of strings)
+    return is_empty(autos)
 
 
 ValueSet = IntervalSet | StringConj
@@ -362,6 +606,13 @@ def _interval_values(p: Predicate, attr: Attribute) -> IntervalSet:
             ivs = [Interval(as_number(a[0]), attr.max)]
         case Op.IN_RANGE:
             ivs = [Interval(as_number(a[0]), as_number(a[1]))]
+        case Op.NOT_IN_RANGE:
+            inside = IntervalSet([Interval(as_number(a[0]), as_number(a[1]))], dom, discrete)
+            return inside.complement()
+        case Op.EXISTS:
+            return IntervalSet.whole(dom, discrete)
+        case Op.NOT_EXISTS:
+            return IntervalSet.empty_set(dom, discrete)
         case _:
             raise SchemaError(
                 f"operator {p.op.value!r} does not apply to {attr.kind.value} attribute {attr.name!r}",
@@ -371,7 +622,8 @@ def _interval_values(p: Predicate, attr: Attribute) -> IntervalSet:
 
 
 def conjunction(preds: Iterable[Predicate], attr: Attribute) -> ValueSet:
-    """``L(f1 ∧ … ∧ fk)`` for predicates all on ``attr``; no predicate → whole."""
+    """``L(f1 ∧ … ∧ fk)`` for predicates all on ``attr``; no predicate → whole.
+    The values of a present attribute: ``not exists`` allows none."""
     preds = list(preds)
     if attr.kind is Kind.STRING:
         return StringConj(preds)
@@ -385,10 +637,15 @@ def conjunction(preds: Iterable[Predicate], attr: Attribute) -> ValueSet:
 
 
 def covers(p: Predicate, q: Predicate, schema: Schema) -> bool:
-    """``p ⊒ q``: same attribute and ``L(p) ⊇ L(q)``."""
+    """``p ⊒ q``: same attribute and every attribute state satisfying ``q``
+    satisfies ``p`` (``L(p) ⊇ L(q)``, and ``not exists`` only by itself)."""
     if p.attr != q.attr:
         return False
     attr = schema.attribute(p.attr)
+    if q.op is Op.NOT_EXISTS:
+        return p.op is Op.NOT_EXISTS or schema.is_da(q.attr)
+    if p.op is Op.NOT_EXISTS:
+        return predicate_values(q, attr).is_empty()
     if attr.kind is Kind.STRING:
         return _string_covers(p, StringConj((q,)))
     lp = _interval_values(p, attr)
@@ -397,35 +654,22 @@ def covers(p: Predicate, q: Predicate, schema: Schema) -> bool:
 
 
 def overlaps(p: Predicate, q: Predicate, schema: Schema) -> bool:
-    """``L(p) ∩ L(q) ≠ ∅`` on the same attribute."""
+    """Some attribute state satisfies both (on the same attribute)."""
     if p.attr != q.attr:
         return False
     attr = schema.attribute(p.attr)
+    if p.op is Op.NOT_EXISTS or q.op is Op.NOT_EXISTS:
+        return p.op is q.op and not schema.is_da(p.attr)
     if attr.kind is Kind.STRING:
         return not StringConj((p, q)).is_empty()
     return _interval_values(p, attr).overlaps(_interval_values(q, attr))
 
 
 def _string_covers(p: Predicate, q: StringConj) -> bool:
-    """``L(p) ⊇ L(q)`` for one string predicate p and a conjunction q."""
+    """``L(p) ⊇ L(q)`` for one string predicate p and a conjunction q: no
+    value of q fails p."""
     if q.is_empty():
         return True
     if q.finite is not None:
         return all(p.satisfied_by(v) for v in q.finite)
-    # q is infinite from here on.  Patterns are strings (rule 1).
-    x = p.args[0]
-    qs = q.predicates
-    match p.op:
-        case Op.EQ | Op.IN_SET:
-            return False
-        case Op.NE:
-            return not q.contains(x)
-        case Op.PREFIX:
-            return x == "" or any(r.op is Op.PREFIX and as_string(r.args[0]).startswith(as_string(x)) for r in qs)
-        case Op.SUFFIX:
-            return x == "" or any(r.op is Op.SUFFIX and as_string(r.args[0]).endswith(as_string(x)) for r in qs)
-        case Op.CONTAINS:
-            return x == "" or any(
-                r.op in (Op.PREFIX, Op.SUFFIX, Op.CONTAINS) and as_string(x) in as_string(r.args[0]) for r in qs
-            )
-    raise AssertionError(p.op)  # pragma: no cover
+    return _strings_empty((*q.predicates, p.negated()))

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 
 from overlay.channels.intervals import Interval, IntervalSet
-from overlay.channels.predicates import Filter, StringConj, conjunction
+from overlay.channels.predicates import Filter, StringConj, conjunction, satisfiable
 from overlay.channels.schema import Attribute, Kind, Schema, Value, as_number
 from overlay.errors import LocalProtocolError
 
@@ -86,9 +86,7 @@ class SetConstraint(msgspec.Struct, frozen=True, tag="set", array_like=True):
 
     def covers_conj(self, conj: IntervalSet | StringConj, attr: Attribute) -> bool:
         assert isinstance(conj, StringConj)
-        if conj.is_empty():
-            return True
-        return conj.finite is not None and conj.finite <= self.values
+        return conj.within(self.values)
 
     def overlaps_conj(self, conj: IntervalSet | StringConj, attr: Attribute) -> bool:
         assert isinstance(conj, StringConj)
@@ -124,10 +122,7 @@ class ExceptConstraint(msgspec.Struct, frozen=True, tag="except", array_like=Tru
 
     def overlaps_conj(self, conj: IntervalSet | StringConj, attr: Attribute) -> bool:
         assert isinstance(conj, StringConj)
-        if conj.finite is not None:
-            return not conj.finite <= self.excluded
-        # Infinite minus finite is never empty.
-        return not conj.is_empty()
+        return not conj.minus_is_empty(self.excluded)
 
     def text(self, attr: Attribute) -> str:
         if not self.excluded:
@@ -190,9 +185,9 @@ class EventSpace(msgspec.Struct, frozen=True, array_like=True):
     def overlaps(self, f: Filter, schema: Schema) -> bool:
         """``Es ∩ F ≠ ∅``: some event matching F lies in Es (rule 3)."""
         da = {c.attr for c in self.constraints}
-        for name in f.attrs() - da:
-            if conjunction(f.on(name), schema.attribute(name)).is_empty():
-                return False
+        rest = [p for p in f.predicates if p.attr not in da]
+        if rest and not satisfiable(rest, schema):
+            return False
         for c in self.constraints:
             attr = schema.attributes[c.attr]
             if not c.overlaps_conj(conjunction(f.on(c.attr), attr), attr):

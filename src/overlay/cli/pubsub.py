@@ -25,7 +25,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Final
 
-from overlay.channels import parse_event, parse_subscription
+from overlay.channels import parse_event, parse_expression
 from overlay.cli.args import (
     add_command,
     addresses,
@@ -294,7 +294,7 @@ def cmd_sub(args: argparse.Namespace) -> int:
     if args.node is not None:
         config_node(cfg, args.node)
     try:
-        parse_subscription(args.expression, cfg.schema)
+        parse_expression(args.expression, cfg.schema)
     except (ExpressionError, SchemaError) as exc:
         raise UsageError(f"expression: {one_line(exc)}") from None
     cluster_tls(cfg)  # rule 1, after the arguments (cmd_pub)

@@ -35,6 +35,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Final
 
+from overlay.channels.dnf import Expression
 from overlay.channels.predicates import Filter
 from overlay.errors import LimitExceeded
 from overlay.limits.bucket import TokenBucket
@@ -201,13 +202,14 @@ class Quotas:
                 value=size,
             )
 
-    def check_filter(self, sid: int, f: Filter) -> None:
-        """Rule 3, after parsing: the filter's predicates."""
+    def check_filter(self, sid: int, f: Filter | Expression) -> None:
+        """Rule 3, after parsing: the filter's predicates — of its disjunctive
+        normal form, every conjunct's, since each is stored and routed."""
         s = self._sessions.get(sid)
         if s is None:
             return
         cap = s.limits.max_predicates
-        n = len(f.predicates)
+        n = f.predicate_count() if isinstance(f, Expression) else len(f.predicates)
         if cap and n > cap:
             raise LimitExceeded(
                 f"the expression has {n} predicates, over the limit "

@@ -85,7 +85,7 @@ import msgspec
 
 from overlay.actions import Action, CloseClient, ToClient
 from overlay.auth.tokens import Rights, Role, Verifier
-from overlay.channels.expressions import parse_event, parse_subscription
+from overlay.channels.expressions import parse_event, parse_expression
 from overlay.errors import ExpressionError, Forbidden, LimitExceeded, SchemaError, TokenError
 from overlay.limits.quotas import Quotas
 from overlay.messages import client as cm
@@ -485,8 +485,18 @@ class Clients:
             return
         try:
             self.quotas.check_subscribe(sess.id, msg.expression)  # rule L2: before parsing
-            f = parse_subscription(msg.expression, ctx.schema)
-            self.quotas.check_filter(sess.id, f)
+            expr = parse_expression(msg.expression, ctx.schema)
+            self.quotas.check_filter(sess.id, expr)
+            if msg.group and len(expr.conjuncts) > 1:
+                # A group's dispatcher picks one instance per event among the
+                # subscriptions it matched; conjuncts of one instance would
+                # count as several (overlay.channels.groups).
+                raise ExpressionError(
+                    f"a group subscription takes one conjunction: this expression expands to "
+                    f"{len(expr.conjuncts)} alternatives ('or'); subscribe to each in the group instead",
+                    text=msg.expression,
+                    position=0,
+                )
         except LimitExceeded as exc:
             self._limit(sess, msg.seq, exc, out)
             return
@@ -496,26 +506,32 @@ class Clients:
             return
         if sess.rights is not None:  # rule A2
             try:
-                sess.rights.check_subscribe(f)
+                sess.rights.check_subscribe(expr)
             except Forbidden as exc:
                 self._forbid(sess, msg.seq, exc, out)
                 return
-        chans = ctx.routing.lookup_subscription(f)
-        gid = self._sessions.subscribed(
-            sess, msg.seq, msg.sub_id, f, msg.expression, chans, group=msg.group, weight=msg.weight
+        # Rule 7 of node.sessions: each conjunct to the channels it overlaps.
+        routed = [(f, ctx.routing.lookup_subscription(f)) for f in expr.conjuncts]
+        gids = self._sessions.subscribed(
+            sess, msg.seq, msg.sub_id, routed, msg.expression, group=msg.group, weight=msg.weight
         )
         ctx.stats["subscriptions_in"] += 1
-        if not chans:  # a filter no event can match: nothing to store
-            self._sessions.forget_pending(gid)
+        if all(not chans for _, chans in routed):  # a filter no event can match: nothing to store
+            for gid in gids:
+                self._sessions.forget_pending(gid)
             out.append(ToClient(sess.id, cm.SubAck(msg.seq, msg.sub_id, 0)))
             return
         if msg.group:
-            self._notifier.note_group(gid, msg.group)
-        sub = pm.Subscription(
-            gid, f, sess.client_id, ctx.id, pm.DispatchSign.SUBSCRIBE_DISPATCHED, group=msg.group, weight=msg.weight
-        )
-        for chid in chans:
-            self._router.dispatch_sub(msgspec.structs.replace(sub, ch_id=chid), out)
+            self._notifier.note_group(gids[0], msg.group)
+        for gid, (f, chans) in zip(gids, routed):
+            if not chans:
+                self._sessions.apply_unrouted(gid, out)
+                continue
+            sub = pm.Subscription(
+                gid, f, sess.client_id, ctx.id, pm.DispatchSign.SUBSCRIBE_DISPATCHED, group=msg.group, weight=msg.weight
+            )
+            for chid in chans:
+                self._router.dispatch_sub(msgspec.structs.replace(sub, ch_id=chid), out)
 
     def _unsubscribe(self, sess: Session, msg: cm.Unsubscribe, out: list[Action]) -> None:
         if not self._sessions.unsubscribed(sess, msg.seq, msg.sub_id, out):

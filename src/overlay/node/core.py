@@ -131,6 +131,7 @@ class NodeCore:
             ctx,
             self.ordering,
             owners=self.sessions.owners,
+            base_of=self.sessions.base_of,
             sessions=self.sessions,
             owner_ack=lambda ack, out: self.groups.on_delivery_ack(ack, out),
             close_session=self.sessions.close,

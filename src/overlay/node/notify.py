@@ -37,6 +37,11 @@ Rules this module keeps (numbered as in ``overlay.node.groups``):
    a rank at or below one its subscription got lately (``RankMarks``) is
    late — its home released it again after the next ranks went out — and is
    answered the same way, so a key's order holds at every subscription.
+6. Conjuncts of one subscription (``node.sessions`` rule 7) that an event
+   matched come in one Notification (the event's one channel holds them
+   all): their client hears the subscription's local id once, and the
+   capture records the subscription's own id once.  A tracked copy's answer
+   still goes back for every conjunct the owner named.
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ class Notifier:
         ordering: Ordering,
         *,
         owners: Mapping[str, tuple[int, str]],
+        base_of: Mapping[str, str] | None = None,
         sessions: Container[int],
         owner_ack: OwnerAck,
         close_session: CloseSession,
@@ -94,6 +100,7 @@ class Notifier:
         self._ctx = ctx
         self._ordering = ordering
         self._owners = owners
+        self._base_of: Mapping[str, str] = base_of if base_of is not None else {}
         self._sessions = sessions
         self._owner_ack = owner_ack
         self._close_session = close_session
@@ -160,7 +167,7 @@ class Notifier:
         latency = self._ctx.now - publish_time
         self._ctx.latency_hist.observe(latency if latency > 0 else 0.0)
         if self._ctx.capture is not None:
-            self._ctx.capture.deliver(event_id, sub_ids, owners, len(payload))
+            self._ctx.capture.deliver(event_id, self._bases(sub_ids), owners, len(payload))
         if len(sub_ids) == 1:  # the common case, without the grouping
             owner = owners.get(sub_ids[0])
             if owner is None:
@@ -175,10 +182,20 @@ class Notifier:
             if owner is None:
                 self._ctx.stats["notifications_orphaned"] += 1
                 continue
-            by_session.setdefault(owner[0], []).append(owner[1])
+            local_ids = by_session.setdefault(owner[0], [])
+            if owner[1] not in local_ids:  # rule 6: conjuncts of one subscription
+                local_ids.append(owner[1])
         for sid, local_ids in by_session.items():
             out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local_ids), publish_time, payload=payload)))
         self._ctx.stats["notifies_out"] += len(by_session)
+
+    def _bases(self, sub_ids: Sequence[str]) -> Sequence[str]:
+        """Rule 6: the subscriptions' own ids, each once (the same ids when no
+        subscription here has several conjuncts: the common case, no copy)."""
+        base_of = self._base_of
+        if not base_of:
+            return sub_ids
+        return tuple(dict.fromkeys(base_of.get(g, g) for g in sub_ids))
 
     def check_group(self, sid: int, msg: cm.Subscribe, out: list[Action]) -> bool:
         """Bad input: a weight outside (0, MAX_WEIGHT] (NaN, inf, 1e308 …) is refused."""
@@ -241,7 +258,7 @@ class Notifier:
         self._ctx.latency_hist.observe(latency if latency > 0 else 0.0)
         owners = self._owners
         if self._ctx.capture is not None:
-            self._ctx.capture.deliver(event_id, sub_ids, owners, len(payload))
+            self._ctx.capture.deliver(event_id, self._bases(sub_ids), owners, len(payload))
         plain: dict[int, tuple[list[str], list[str]]] = {}
         orphans: list[str] = []
         notifies = 0
@@ -261,7 +278,8 @@ class Notifier:
                 notifies += 1
                 continue
             local, gids = plain.setdefault(o[0], ([], []))
-            local.append(o[1])
+            if o[1] not in local:  # rule 6: conjuncts of one subscription
+                local.append(o[1])
             gids.append(gid)
         for sid, (local, gids) in plain.items():
             tag = 0
@@ -295,7 +313,7 @@ class Notifier:
         gid = sub_ids[0]
         gids = sub_ids if type(sub_ids) is tuple else (gid,)
         if self._ctx.capture is not None:
-            self._ctx.capture.deliver(event_id, gids, self._owners, len(payload))
+            self._ctx.capture.deliver(event_id, self._bases(gids), self._owners, len(payload))
         o = self._owners.get(gid)
         if o is None:
             self._ctx.stats["notifications_orphaned"] += 1

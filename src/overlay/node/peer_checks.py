@@ -68,6 +68,12 @@ def _filter(f: Filter, schema: Schema) -> None:
             p.check(schema)
         except SchemaError as exc:
             raise _Bad(f"predicate {p.attr!r} {p.op.value}: {exc}") from None
+    try:
+        # Decided here, where a refusal is clean: patterns too intricate to
+        # decide (overlay.channels.strings rule 4) would fail in the matcher.
+        f.satisfiable(schema)
+    except SchemaError as exc:
+        raise _Bad(f"a filter: {exc}") from None
 
 
 @functools.lru_cache(maxsize=8)

@@ -23,6 +23,19 @@ Rules (``node.core`` rules 4 and 6):
    counted again — nor is any answer of a copy sent there before the
    rebuild, which would leave the wait below zero for ever, though the
    copies a reroute notice announces are waited for).
+7. A subscription of the extended language is kept in disjunctive normal
+   form (``overlay.channels.dnf``): each conjunct is a subscription of its
+   own between nodes, under the global id ``<id>/<j>`` (one conjunct keeps
+   the plain ``<id>``), routed to the channels it overlaps.  A session's
+   ``subs`` holds ``(<id>, first conjunct)`` as it always held a
+   subscription, and ``alts`` the conjuncts of one that has several.  ``owners``
+   maps every conjunct's id, and the subscription's own id, to the session;
+   ``base_of`` maps a conjunct's id to the subscription's.  The client hears
+   one SubAck (UnsubAck) once every conjunct is applied everywhere, counting
+   the channels of all of them (a ``_Joint``).  An event matching several
+   conjuncts is matched in its one channel, which names them all in one
+   Notification: the notifier names the subscription to its client once
+   (``node.notify`` rule 6).
 6. A node's death or restart may take (un)subscription copies with it (one
    it was forwarding, one it held unanswered): every (un)subscription still
    waiting is sent again, to every channel it belongs to now, as a new try;
@@ -59,7 +72,7 @@ FailAcks = Callable[[int, list[Action]], None]
 
 
 class Session:
-    __slots__ = ("admin", "auth_logged", "client_id", "greeted", "groups", "id", "n", "rights", "subs")
+    __slots__ = ("admin", "alts", "auth_logged", "client_id", "greeted", "groups", "id", "n", "rights", "subs")
 
     def __init__(self, sid: int) -> None:
         self.id = sid
@@ -70,8 +83,27 @@ class Session:
         self.rights: Rights | None = None
         self.auth_logged = False  # a refusal was logged: later ones are only counted
         self.subs: dict[str, tuple[str, Filter]] = {}  # local id -> (global id, filter)
+        # Rule 7: local id -> (global id, filter) of each conjunct, for subscriptions of several.
+        self.alts: dict[str, tuple[tuple[str, Filter], ...]] = {}
         self.groups: dict[str, tuple[str, float]] = {}  # local id -> (group, weight), group members only
         self.n = 0
+
+    def conjuncts(self, local_id: str) -> tuple[tuple[str, Filter], ...]:
+        """Rule 7: ``(global id, filter)`` of each conjunct of a subscription held."""
+        alts = self.alts.get(local_id)
+        return alts if alts is not None else (self.subs[local_id],)
+
+
+class _Joint:
+    """Rule 7: the conjuncts of one (un)subscription still waiting, and the
+    channels the finished ones were applied on."""
+
+    __slots__ = ("applied", "base", "remaining")
+
+    def __init__(self, base: str, gids: Iterable[str]) -> None:
+        self.base = base
+        self.remaining = set(gids)
+        self.applied = 0
 
 
 class Pending:
@@ -81,6 +113,7 @@ class Pending:
         "applied",
         "attempt",
         "channels",
+        "joint",
         "local_id",
         "rebuilt",
         "seq",
@@ -99,8 +132,10 @@ class Pending:
         subscribe: bool,
         chans: Iterable[ChannelId],
         template: pm.Subscription | pm.UnSubscription | None = None,
+        joint: _Joint | None = None,
     ) -> None:
         self.session = session
+        self.joint = joint
         self.seq = seq
         self.local_id = local_id
         self.subscribe = subscribe
@@ -110,7 +145,7 @@ class Pending:
         self.rebuilt: set[ChannelId] = set()  # rule 5: applied by a rebuild, whatever their copies answer
         self.channels = len(self.waiting)
         # An unsubscribe that waits for this subscribe (rule 3): the arguments of send_unsubscribe.
-        self.then: tuple[int, int, str, str, Filter] | None = None
+        self.then: tuple[int, int, str, str, Filter, _Joint | None] | None = None
         # Rule 6: the message its copies are made of, and which try this is.
         self.template = template
         self.attempt = 0
@@ -127,6 +162,7 @@ class Sessions(Mapping[int, Session]):
         self._fail_acks = fail_acks
         self._by_id: dict[int, Session] = {}
         self.owners: dict[str, tuple[int, str]] = {}  # global sub id -> (session, local id)
+        self.base_of: dict[str, str] = {}  # a conjunct's global id -> its subscription's (rule 7)
         self._pending: dict[str, Pending] = {}
         self._seq = 0
 
@@ -166,71 +202,109 @@ class Sessions(Mapping[int, Session]):
             return out
         self._fail_acks(sid, out)
         capture = self._ctx.capture
-        for local_id, (gid, f) in sess.subs.items():
-            self.owners.pop(gid, None)
+        for local_id, (base, _) in sess.subs.items():
+            conjuncts = self._forget(sess, local_id, base)
             if capture is not None:
-                capture.unsubscribe(gid, "closed")
-            self.send_unsubscribe(sid, 0, local_id, gid, f, out)
+                capture.unsubscribe(base, "closed")
+            for gid, f in conjuncts:
+                self.send_unsubscribe(sid, 0, local_id, gid, f, out)
         return out
+
+    def _forget(self, sess: Session, local_id: str, base: str) -> tuple[tuple[str, Filter], ...]:
+        """Drop a subscription's owners entries (rule 7); its conjuncts."""
+        alts = sess.alts.pop(local_id, None)
+        self.owners.pop(base, None)
+        if alts is None:
+            return (sess.subs[local_id],) if local_id in sess.subs else ()
+        for gid, _ in alts:
+            self.owners.pop(gid, None)
+            self.base_of.pop(gid, None)
+        return alts
 
     def subscribed(
         self,
         sess: Session,
         seq: int,
         local_id: str,
-        f: Filter,
+        conjuncts: list[tuple[Filter, list[ChannelId]]],
         expression: str,
-        chans: list[ChannelId],
         *,
         group: str = "",
         weight: float = 1.0,
-    ) -> str:
-        """A new subscription of ``sess`` (rule 1), waiting for ``chans`` (rule 2): its global id."""
+    ) -> list[str]:
+        """A new subscription of ``sess`` (rules 1, 7), each conjunct waiting for
+        its channels (rule 2; none: ``NO_CHANNEL``, for the caller to apply):
+        the conjuncts' global ids."""
         ctx = self._ctx
         sess.n += 1
-        gid = f"{ctx.sub_prefix}{sess.id}:{local_id}:{sess.n}"
-        sess.subs[local_id] = (gid, f)
+        base = f"{ctx.sub_prefix}{sess.id}:{local_id}:{sess.n}"
+        gids = [base] if len(conjuncts) == 1 else [f"{base}/{j}" for j in range(len(conjuncts))]
+        sess.subs[local_id] = (base, conjuncts[0][0])
+        if len(conjuncts) > 1:
+            sess.alts[local_id] = tuple((gid, f) for gid, (f, _) in zip(gids, conjuncts))
+        else:
+            sess.alts.pop(local_id, None)
         if group:
             sess.groups[local_id] = (group, weight)
         else:
             sess.groups.pop(local_id, None)
-        self.owners[gid] = (sess.id, local_id)
+        self.owners[base] = (sess.id, local_id)
+        joint = None
+        if len(gids) > 1:
+            joint = _Joint(base, gids)
+            for gid in gids:
+                self.owners[gid] = (sess.id, local_id)
+                self.base_of[gid] = base
         if ctx.capture is not None:
-            ctx.capture.subscribe(gid, local_id, sess.id, sess.client_id, expression)
-        template = pm.Subscription(
-            gid, f, sess.client_id, ctx.id, pm.DispatchSign.SUBSCRIBE_DISPATCHED, group=group, weight=weight
-        )
-        self._pending[gid] = Pending(sess.id, seq, local_id, True, chans, template)
-        return gid
+            ctx.capture.subscribe(base, local_id, sess.id, sess.client_id, expression)
+        for gid, (f, chans) in zip(gids, conjuncts):
+            template = pm.Subscription(
+                gid, f, sess.client_id, ctx.id, pm.DispatchSign.SUBSCRIBE_DISPATCHED, group=group, weight=weight
+            )
+            self._pending[gid] = Pending(sess.id, seq, local_id, True, chans or [NO_CHANNEL], template, joint)
+        return gids
 
     def forget_pending(self, gid: str) -> None:
         del self._pending[gid]
 
+    def apply_unrouted(self, gid: str, out: list[Action]) -> None:
+        """A conjunct no channel holds (rule 7): applied at once, on no channel."""
+        self.on_applied(pm.SubscriptionApplied(gid, NO_CHANNEL, True), out)
+
     def unsubscribed(self, sess: Session, seq: int, local_id: str, out: list[Action]) -> bool:
         """The client unsubscribes ``local_id``; False when it has no such subscription."""
-        entry = sess.subs.pop(local_id, None)
+        entry = sess.subs.get(local_id)
         if entry is None:
             return False
         sess.groups.pop(local_id, None)
-        gid, f = entry
-        self.owners.pop(gid, None)
+        base = entry[0]
+        conjuncts = self._forget(sess, local_id, base)
+        del sess.subs[local_id]
         if self._ctx.capture is not None:
-            self._ctx.capture.unsubscribe(gid, "client")
-        self.send_unsubscribe(sess.id, seq, local_id, gid, f, out)
+            self._ctx.capture.unsubscribe(base, "client")
+        if len(conjuncts) == 1:
+            gid, f = conjuncts[0]
+            self.send_unsubscribe(sess.id, seq, local_id, gid, f, out)
+            return True
+        joint = _Joint(base, [gid for gid, _ in conjuncts])
+        for gid, f in conjuncts:
+            self.send_unsubscribe(sess.id, seq, local_id, gid, f, out, joint=joint)
         return True
 
-    def send_unsubscribe(self, sid: int, seq: int, local_id: str, gid: str, f: Filter, out: list[Action]) -> None:
+    def send_unsubscribe(
+        self, sid: int, seq: int, local_id: str, gid: str, f: Filter, out: list[Action], *, joint: _Joint | None = None
+    ) -> None:
         ctx = self._ctx
         prior = self._pending.get(gid)
         if prior is not None and prior.subscribe:
             # The subscribe is still on its way, maybe by a stale route: an
             # unsubscribe sent now could overtake it and be undone by it.  It
             # goes once every channel has applied the subscribe (rule 3).
-            prior.then = (sid, seq, local_id, gid, f)
+            prior.then = (sid, seq, local_id, gid, f, joint)
             return
         chans = ctx.routing.lookup_subscription(f)
         unsub = pm.UnSubscription(gid, f, local_id, ctx.id, pm.DispatchSign.UNSUBSCRIBE_DISPATCHED)
-        self._pending[gid] = Pending(sid, seq, local_id, False, chans or [NO_CHANNEL], unsub if chans else None)
+        self._pending[gid] = Pending(sid, seq, local_id, False, chans or [NO_CHANNEL], unsub if chans else None, joint)
         if not chans:
             self.on_applied(pm.SubscriptionApplied(gid, NO_CHANNEL, False), out)
             return
@@ -242,10 +316,11 @@ class Sessions(Mapping[int, Session]):
         ctx = self._ctx
         schema = ctx.schema
         for sess in self._by_id.values():
-            for local_id, (gid, f) in sess.subs.items():
-                if space.overlaps(f, schema):
-                    group, weight = sess.groups.get(local_id, ("", 1.0))
-                    yield StoredSubscription(gid, f, sess.client_id, ctx.id, group, weight)
+            for local_id in sess.subs:
+                for gid, f in sess.conjuncts(local_id):
+                    if space.overlaps(f, schema):
+                        group, weight = sess.groups.get(local_id, ("", 1.0))
+                        yield StoredSubscription(gid, f, sess.client_id, ctx.id, group, weight)
 
     def rebuilt(self, chid: ChannelId, out: list[Action]) -> None:
         """Rule 5: ``chid`` was rebuilt from this node's own copies: every
@@ -299,14 +374,28 @@ class Sessions(Mapping[int, Session]):
         if any(p.waiting.values()):
             return
         del self._pending[msg.sub_id]
-        if self._ctx.capture is not None:
-            self._ctx.capture.applied(msg.sub_id, p.subscribe)
+        applied = len(p.applied)
+        base = msg.sub_id
+        j = p.joint
+        if j is not None:  # rule 7: the last conjunct answers for all
+            j.remaining.discard(msg.sub_id)
+            j.applied += len(p.applied - {NO_CHANNEL})
+            applied, base = j.applied, j.base
+        done = j is None or not j.remaining
+        if done and self._ctx.capture is not None:
+            self._ctx.capture.applied(base, p.subscribe)
         if p.then is not None:  # an unsubscribe waited for this subscribe: no SubAck, send it now
-            self.send_unsubscribe(*p.then, out)
+            sid, seq, local_id, gid, f, joint = p.then
+            if joint is None:
+                self.send_unsubscribe(sid, seq, local_id, gid, f, out)
+            else:
+                self.send_unsubscribe(sid, seq, local_id, gid, f, out, joint=joint)
+            return
+        if not done:
             return
         if p.session not in self._by_id:
             return
         if p.subscribe:
-            out.append(ToClient(p.session, cm.SubAck(p.seq, p.local_id, len(p.applied))))
+            out.append(ToClient(p.session, cm.SubAck(p.seq, p.local_id, applied)))
         else:
             out.append(ToClient(p.session, cm.UnsubAck(p.seq, p.local_id)))
