@@ -25,7 +25,7 @@ Findings (counts of pairs unless said otherwise):
 * ``order`` — a subscriber got two events of one key out of rank order
   (keys are optional: an event without ``key`` is not ordered).
 
-Payloads (``payloads``): the payload bytes published (``publish.payload_bytes``)
+Payloads (``payloads`` of the result): the payload bytes published (``publish.payload_bytes``)
 and delivered (``deliver.payload_bytes`` once per subscription notified), and
 ``mismatched`` — deliveries whose payload size differs from the one
 published (the payload did not arrive whole).  A capture written before
@@ -41,8 +41,9 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from overlay_spark.records import Capture, aggregate_row
+from overlay_spark.rematch import status
 
-__all__ = ["EXAMPLES", "audit", "payloads"]
+__all__ = ["EXAMPLES", "audit"]
 
 # Examples of each finding shown in the report.
 EXAMPLES: Final = 5
@@ -57,31 +58,107 @@ def _ids(col: str) -> Column:
 
 
 def _per_event(cap: Capture, rematched: DataFrame) -> DataFrame:
-    d = (
-        cap.df("deliver")
-        .groupBy("event")
-        .agg(F.flatten(F.collect_list("subs")).alias("d"), F.flatten(F.collect_list("orphans")).alias("o"))
-    )
-    parts = [d]
+    """Rule 1: every record about an event, grouped in one shuffle: the
+    publish, the owners' ``event`` records, the deliveries, drops and the
+    re-matched pairs (with their subscriptions' lifetimes)."""
+    parts = [
+        cap.df("publish").select(
+            "event",
+            F.lit(True).alias("pub"),
+            F.col("node").alias("access"),
+            F.col("time").alias("t_pub"),
+            F.col("key").alias("p_key"),
+            F.col("rank").alias("p_rank"),
+            F.coalesce(F.col("payload_bytes"), F.lit(0)).alias("p_size"),
+        ),
+        cap.df("event").select(
+            "event",
+            F.col("node").alias("e_node"),
+            F.col("time").alias("e_time"),
+            "tested",
+            "matched",
+            F.col("key").alias("e_key"),
+            F.col("rank").alias("e_rank"),
+        ),
+        cap.df("deliver").select(
+            "event",
+            F.struct(
+                F.col("node"),
+                F.col("n"),
+                F.col("time"),
+                F.col("subs"),
+                F.coalesce(F.col("payload_bytes"), F.lit(0)).alias("size"),
+            ).alias("dl"),
+            "orphans",
+        ),
+        rematched.select("event", F.struct("sub", "t_sub", "t_ack", "t_unsub", "t_unack").alias("rr")),
+    ]
     if cap.has("drop"):
-        parts.append(cap.df("drop").groupBy("event").agg(F.flatten(F.collect_list("subs")).alias("x")))
-    r = rematched.groupBy("event").agg(
-        F.collect_list("sub").alias("r"),
-        F.collect_list(F.when(F.col("status") == "active", F.col("sub"))).alias("r_active"),
-        F.collect_list(F.when(F.col("status") == "inactive", F.col("sub"))).alias("r_inactive"),
-        F.collect_list(F.when(F.col("status") == "open", F.col("sub"))).alias("r_open"),
-    )
-    parts.append(r)
-    out = parts[0]
+        parts.append(cap.df("drop").select("event", F.col("subs").alias("x_subs")))
+    u = parts[0]
     for p in parts[1:]:
-        out = out.join(p, "event", "full_outer")
-    return out
+        u = u.unionByName(p, allowMissingColumns=True)
+    if not cap.has("drop"):
+        u = u.withColumn("x_subs", F.lit(None).cast("array<string>"))
+    return u.groupBy("event").agg(
+        F.max("pub").alias("published"),
+        F.max("access").alias("access"),
+        F.min("t_pub").alias("t_pub"),
+        F.max("p_key").alias("p_key"),
+        F.max("p_rank").alias("p_rank"),
+        F.max("p_size").alias("p_size"),
+        F.count("e_node").alias("records"),
+        F.min("e_time").alias("t_match"),
+        F.min_by("tested", "e_time").alias("tested"),
+        F.min_by(F.size("matched"), "e_time").alias("nmatched"),
+        F.flatten(F.collect_list("matched")).alias("m"),
+        # The owner's key and rank: the key's home assigns the rank (SPEC §10).
+        F.max("e_key").alias("e_key"),
+        F.max("e_rank").alias("e_rank"),
+        F.flatten(F.collect_list("orphans")).alias("o"),
+        F.collect_list("dl").alias("dl"),
+        F.flatten(F.collect_list("x_subs")).alias("x"),
+        F.collect_list("rr").alias("rr"),
+    )
 
 
-def audit(cap: Capture, events: DataFrame, rematched: DataFrame) -> dict[str, Any]:
-    ev = events.select("event", "tail", "published", "records", "tested", "nmatched", "m", "key")
-    per = ev.join(_per_event(cap, rematched), "event", "full_outer").fillna(
-        {"tail": False, "records": 0, "published": False}
+def _subs(col: Column, state: str | None = None) -> Column:
+    """The subscription ids of the re-matched pairs, all or those in ``state``."""
+    picked = col if state is None else F.filter(col, lambda x: x["st"] == state)
+    return F.transform(picked, lambda x: x["sub"])
+
+
+def audit(cap: Capture, tail_from: float, rematched: DataFrame) -> dict[str, Any]:
+    per = _per_event(cap, rematched)
+    rs = F.transform(
+        F.col("rr"),
+        lambda x: F.struct(
+            x["sub"].alias("sub"),
+            status(F.col("t_pub"), F.col("t_match"), x["t_sub"], x["t_ack"], x["t_unsub"], x["t_unack"]).alias("st"),
+        ),
+    )
+    per = per.select(
+        "event",
+        F.coalesce(F.col("published"), F.lit(False)).alias("published"),
+        "records",
+        "tested",
+        "nmatched",
+        "m",
+        F.flatten(F.transform("dl", lambda x: x["subs"])).alias("d"),
+        "o",
+        "x",
+        F.coalesce(F.col("t_pub") > F.lit(tail_from), F.lit(False)).alias("tail"),
+        F.coalesce("e_key", "p_key").alias("key"),
+        F.coalesce("e_rank", "p_rank").alias("rank"),
+        "dl",
+        "p_size",
+        rs.alias("rs"),
+    ).select(
+        "*",
+        _subs(F.col("rs")).alias("r"),
+        _subs(F.col("rs"), "active").alias("r_active"),
+        _subs(F.col("rs"), "inactive").alias("r_inactive"),
+        _subs(F.col("rs"), "open").alias("r_open"),
     )
     m = F.array_distinct(_ids("m"))
     d, o, x = _ids("d"), _ids("o"), _ids("x") if cap.has("drop") else _empty()
@@ -120,13 +197,32 @@ def audit(cap: Capture, events: DataFrame, rematched: DataFrame) -> dict[str, An
         "tested",
         "nmatched",
         "key",
+        "rank",
         *[c.alias(k) for k, c in sets.items()],
         *[c.alias(k) for k, c in flags.items()],
-        # The offending ids, for the report's examples.
-        F.array_except(expected, F.concat(handled, x)).alias("lost_ids"),
-        F.array_except(r_active, m).alias("missing_ids"),
-        F.array_except(m, r).alias("extra_ids"),
-        F.array_except(F.array_distinct(d), m).alias("unexpected_ids"),
+        # The offending ids, for the report's examples (null when none: the
+        # persisted frame stays narrow).
+        *[
+            F.when(F.size(ids) > 0, ids).alias(name)
+            for name, ids in (
+                ("lost_ids", F.array_except(expected, F.concat(handled, x))),
+                ("missing_ids", F.array_except(r_active, m)),
+                ("extra_ids", F.array_except(m, r)),
+                ("unexpected_ids", F.array_except(F.array_distinct(d), m)),
+            )
+        ],
+        # The deliveries of a keyed event, for the rank-order check.
+        F.when(F.col("key").isNotNull(), F.col("dl")).alias("dl"),
+        # Payloads: bytes published, delivered (once per subscription
+        # notified), and the delivery sizes that differ from the publish's.
+        F.when(F.col("published"), F.coalesce("p_size", F.lit(0))).otherwise(0).alias("payload_published"),
+        F.aggregate(
+            F.col("dl"), F.lit(0).cast("long"), lambda acc, x: acc + x["size"] * F.size(F.coalesce(x["subs"], _empty()))
+        ).alias("payload_delivered"),
+        F.when(F.col("p_size").isNull(), F.array().cast("array<long>"))
+        .otherwise(F.transform(F.filter("dl", lambda x: x["size"] != F.col("p_size")), lambda x: x["size"]))
+        .alias("payload_bad"),
+        "p_size",
     ).persist(StorageLevel.MEMORY_AND_DISK)
     totals = aggregate_row(
         per.agg(
@@ -138,6 +234,10 @@ def audit(cap: Capture, events: DataFrame, rematched: DataFrame) -> dict[str, An
             F.sum((F.col("records") > 0).cast("long")).alias("matched_events"),
             F.sum(F.col("tail").cast("long")).alias("tail_events"),
             F.sum(F.col("key").isNotNull().cast("long")).alias("keyed"),
+            F.sum("payload_published").alias("published_bytes"),
+            F.sum((F.col("payload_published") > 0).cast("long")).alias("with_payload"),
+            F.sum("payload_delivered").alias("delivered_bytes"),
+            F.sum(F.size("payload_bad")).alias("payload_mismatched"),
         )
     ).asDict()
     totals = {k: int(v or 0) for k, v in totals.items()}
@@ -165,7 +265,6 @@ def audit(cap: Capture, events: DataFrame, rematched: DataFrame) -> dict[str, An
                 .limit(EXAMPLES)
                 .collect()
             ]
-    per.unpersist()
     pairs = {k: totals[k] for k in sets}
     evc = {
         k: totals[k]
@@ -191,30 +290,49 @@ def audit(cap: Capture, events: DataFrame, rematched: DataFrame) -> dict[str, An
             cap.df("sequencer").groupBy("node").agg(F.max("expired_dropped").alias("x")).agg(F.sum("x"))
         )
         evc["expired"] = int(row[0] or 0)
-    order = _order(cap, events) if totals["keyed"] else None
+    payloads: dict[str, Any] = {
+        "published_bytes": totals["published_bytes"],
+        "with_payload": totals["with_payload"],
+        "delivered_bytes": totals["delivered_bytes"],
+        "mismatched": totals["payload_mismatched"],
+    }
+    if payloads["mismatched"]:
+        payloads["examples"] = [
+            r.asDict()
+            for r in per.filter(F.size("payload_bad") > 0)
+            .select("event", F.col("p_size").alias("published"), F.col("payload_bad")[0].alias("delivered"))
+            .orderBy("event")
+            .limit(EXAMPLES)
+            .collect()
+        ]
+    order = _order(per) if totals["keyed"] else None
     if order is not None:
         ex = order.pop("examples")
         if ex:
             examples["order"] = ex
-    return {"pairs": pairs, "events": evc, "order": order, "examples": examples}
+    per.unpersist()
+    return {"pairs": pairs, "events": evc, "order": order, "examples": examples, "payloads": payloads}
 
 
-def _order(cap: Capture, events: DataFrame) -> dict[str, Any]:
+def _order(per: DataFrame) -> dict[str, Any]:
     """Per (subscription, key), deliveries in the access node's record order
     must carry increasing ranks (SPEC §10)."""
-    delivered = cap.df("deliver").select("event", F.explode("subs").alias("sub"), "node", "n")
-    keyed = events.filter(F.col("key").isNotNull()).select("event", "key", "rank")
-    d = delivered.join(keyed, "event")
-    w = Window.partitionBy("sub", "key").orderBy("node", "n")
+    d = (
+        per.filter(F.col("key").isNotNull())
+        .select("event", "key", "rank", F.explode("dl").alias("dl"))
+        .select("event", "key", "rank", "dl.node", "dl.n", "dl.time", F.explode("dl.subs").alias("sub"))
+    )
+    # (A record's time breaks ties of n: only hand-made captures have them.)
+    w = Window.partitionBy("sub", "key").orderBy("node", "n", "time")
     d = d.withColumn("prev", F.lag("rank").over(w)).withColumn("prev_event", F.lag("event").over(w))
-    d = d.withColumn("bad", F.col("prev").isNotNull() & (F.col("rank") <= F.col("prev"))).persist()
+    d = d.withColumn("bad", F.col("prev").isNotNull() & (F.col("rank") <= F.col("prev")))
     res = aggregate_row(
         d.agg(
             F.count("*").alias("deliveries"),
-            F.countDistinct("key").alias("keys"),
             F.sum(F.col("bad").cast("long")).alias("violations"),
         )
     ).asDict()
+    keys = aggregate_row(per.filter(F.col("key").isNotNull()).agg(F.countDistinct("key")))[0]
     violations = int(res["violations"] or 0)
     ex = (
         [
@@ -228,44 +346,9 @@ def _order(cap: Capture, events: DataFrame) -> dict[str, Any]:
         if violations
         else []
     )
-    d.unpersist()
     return {
         "deliveries": int(res["deliveries"] or 0),
-        "keys": int(res["keys"] or 0),
+        "keys": int(keys or 0),
         "violations": violations,
         "examples": ex,
     }
-
-
-def payloads(cap: Capture) -> dict[str, Any]:
-    """Payload bytes published and delivered, and the deliveries whose payload
-    size differs from the publish's (see the module docstring)."""
-    out: dict[str, Any] = {"published_bytes": 0, "with_payload": 0, "delivered_bytes": 0, "mismatched": 0}
-    if not cap.has("publish"):
-        return out
-    pub = cap.df("publish").select("event", F.coalesce(F.col("payload_bytes"), F.lit(0)).alias("size"))
-    row = aggregate_row(pub.agg(F.sum("size").alias("b"), F.sum((F.col("size") > 0).cast("long")).alias("n")))
-    out["published_bytes"], out["with_payload"] = int(row["b"] or 0), int(row["n"] or 0)
-    if not cap.has("deliver"):
-        return out
-    dl = cap.df("deliver").select(
-        "event", F.coalesce(F.col("payload_bytes"), F.lit(0)).alias("got"), F.size(_ids("subs")).alias("subs")
-    )
-    joined = dl.join(pub.dropDuplicates(["event"]), "event", "left")
-    row = aggregate_row(
-        joined.agg(
-            F.sum(F.col("got") * F.col("subs")).alias("b"),
-            F.sum((F.col("size").isNotNull() & (F.col("got") != F.col("size"))).cast("long")).alias("bad"),
-        )
-    )
-    out["delivered_bytes"], out["mismatched"] = int(row["b"] or 0), int(row["bad"] or 0)
-    if out["mismatched"]:
-        out["examples"] = [
-            r.asDict()
-            for r in joined.filter(F.col("size").isNotNull() & (F.col("got") != F.col("size")))
-            .select("event", F.col("size").alias("published"), F.col("got").alias("delivered"))
-            .orderBy("event")
-            .limit(EXAMPLES)
-            .collect()
-        ]
-    return out

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["CONSUMED", "KIND_SCHEMAS", "NOTE_WHEN_PRESENT", "SKIPPED", "KindReport", "classify"]
+__all__ = ["BULK_KINDS", "CONSUMED", "KIND_SCHEMAS", "NOTE_WHEN_PRESENT", "SKIPPED", "KindReport", "classify"]
 
 _BASE: Final = "node INT, n LONG, time DOUBLE"
 _JOURNAL: Final = _BASE + ", slice INT"
@@ -103,6 +103,18 @@ KIND_SCHEMAS: Final[Mapping[str, str]] = {
     "merge": _JOURNAL + ", parts ARRAY<STRING>, merged STRING, space STRING, subscriptions LONG",
     "abort": _JOURNAL + ", session INT, receiver INT, reason STRING",
     "sequencer": _JOURNAL + ", held LONG, released LONG, expired_dropped LONG, gaps_skipped LONG, ranks_skipped LONG",
+}
+
+
+# The kinds nearly every line of a big capture is (one per event, or per
+# event and access node): ``records`` parses them into flat typed columns
+# once, and these are the columns of each (the same fields as its entry in
+# ``KIND_SCHEMAS``; ``values`` typed by the header's schema).
+BULK_KINDS: Final[Mapping[str, tuple[str, ...]]] = {
+    "publish": ("node", "n", "time", "event", "channel", "values", "key", "rank", "payload_bytes"),
+    "event": ("node", "n", "time", "event", "access", "channel", "tested", "matched", "slice", "key", "rank"),
+    "deliver": ("node", "n", "time", "event", "subs", "orphans", "payload_bytes"),
+    "drop": ("node", "n", "time", "event", "session", "subs"),
 }
 
 

@@ -76,7 +76,10 @@ def window_table(spark: SparkSession, cap: Capture) -> tuple[DataFrame, DataFram
         "node",
         "tested",
     )
-    actual = ev.groupBy("w", "node").agg(F.sum("tested").cast("double").alias("d"), F.count("*").alias("events"))
+    # Small (windows × nodes), and read four times below: computed once.
+    actual = (
+        ev.groupBy("w", "node").agg(F.sum("tested").cast("double").alias("d"), F.count("*").alias("events")).persist()
+    )
     loads = actual.withColumn("scenario", F.lit("actual")).unionByName(
         actual.groupBy("w")
         .agg(F.sum("d").alias("d"), F.sum("events").alias("events"))
@@ -207,10 +210,12 @@ def slice_cost_check(cap: Capture) -> tuple[DataFrame, DataFrame]:
     Returns (per node and slice: reported d, recomputed d, changed, mismatched
     channels; per node: totals).
     """
+    # Small (slices × channels), and read by both results: computed once.
     ev = (
         cap.df("event")
         .groupBy("node", (F.col("slice") + 1).alias("slice"), "channel")
         .agg(F.sum("tested").cast("double").alias("recomputed"))
+        .persist()
     )
     rep = cap.df("slice").select("node", "slice", F.explode("channels").alias("channel", "reported"))
     last = cap.df("slice").groupBy("node").agg(F.max("slice").alias("last"))

@@ -1,37 +1,60 @@
 """Reading a run's capture: every ``node-*.ndjson`` file, each record kind with
 its own schema (``spark/SCHEMA.md``, schema version 1).
 
-The files are read once: each line's ``kind`` is taken from its first key
-(with a JSON-path fallback), the line is parsed with that kind's schema, and
-the parsed rows are persisted, so every job after this reads memory, not JSON.
-Only the headers (one per node) and per-kind counts reach the driver.  Which
-kinds are parsed, which are skipped on purpose and what happens to unknown
-ones is ``overlay_spark.kinds``.
+Rules:
+
+1. The files are read once.  Each line's ``kind`` is taken from its first
+   key (with a JSON-path fallback).  Every line is parsed with one flat
+   schema (``bulk_schema``): the fields of the bulk kinds (``BULK_KINDS``:
+   publish, event, deliver, drop — nearly every line of a big capture) as
+   typed columns, an event's ``values`` as a struct of the header's
+   attributes with their types (``value_type``: float → double, int →
+   long, rfid → decimal(20,0)), and ``node``/``n``/``time`` of every line.
+   Lines of the other kinds keep their text (``raw``) and are parsed with
+   their own schema when a job asks for them (few lines).
+2. The flat rows are persisted (memory, spilling to disk): one narrow frame
+   every job after this reads instead of JSON.  The lines of the other
+   kinds are persisted again apart (``small``), so reading one of them does
+   not scan the events.
+3. Only the headers and ends (one per node), and per-kind counts, last
+   times and value ranges reach the driver.  Which kinds are parsed, which
+   are skipped on purpose and what happens to unknown ones is
+   ``overlay_spark.kinds``.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
-from overlay_spark.kinds import KIND_SCHEMAS, KindReport, classify
+from overlay_spark.kinds import BULK_KINDS, KIND_SCHEMAS, KindReport, classify
 
 __all__ = [
+    "BULK_KINDS",
     "KIND_SCHEMAS",
     "SUPPORTED_VERSIONS",
     "Capture",
     "CaptureError",
     "NodeInfo",
     "aggregate_row",
+    "bulk_schema",
     "load_capture",
+    "value_type",
 ]
 
 SUPPORTED_VERSIONS: Final = frozenset({1})
+# Signed 64-bit: an int attribute whose declared bounds fit is read as a long.
+_LONG_MIN: Final = -(1 << 63)
+_LONG_MAX: Final = (1 << 63) - 1
+# The kinds whose last record time bounds the run when a node did not end cleanly.
+_TIMED: Final = ("publish", "event", "deliver", "slice")
 
 
 class CaptureError(Exception):
@@ -46,11 +69,17 @@ class NodeInfo:
 
 @dataclass
 class Capture:
-    """A run: its parsed records (persisted) and what the headers say."""
+    """A run: its parsed records (persisted) and what the headers say.
+
+    ``ranges`` is the observed ``(min, max)`` of every ordered attribute over
+    the published events (absent when no event carries it); ``last`` the
+    latest time of a publish, event, deliver or slice record.
+    """
 
     run: str
     path: str
     parsed: DataFrame
+    small: DataFrame
     nodes: list[NodeInfo]
     initializer: int
     slice_seconds: float
@@ -61,12 +90,25 @@ class Capture:
     ends: dict[int, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     kinds: KindReport | None = None
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    last: float | None = None
 
     def df(self, kind: str) -> DataFrame:
-        return self.parsed.filter(F.col("kind") == kind).select(f"`{kind}`.*")
+        """The records of ``kind`` with their fields as columns (rule 1)."""
+        if kind in BULK_KINDS:
+            return self.parsed.filter(F.col("kind") == kind).select(*BULK_KINDS[kind])
+        return (
+            self.small.filter(F.col("kind") == kind)
+            .select(F.from_json("raw", KIND_SCHEMAS[kind]).alias("r"))
+            .select("r.*")
+        )
 
     def has(self, kind: str) -> bool:
         return self.counts.get(kind, 0) > 0
+
+    def unpersist(self) -> None:
+        self.parsed.unpersist()
+        self.small.unpersist()
 
     @property
     def capacity(self) -> dict[int, float]:
@@ -92,20 +134,110 @@ def capture_pattern(run_dir: str) -> str:
     return str(p.resolve() / "node-*.ndjson")
 
 
+def value_type(attr: dict[str, Any]) -> T.DataType:
+    """Rule 1: the column type of one attribute's values."""
+    kind = attr["type"]
+    if kind in ("float", "numeric"):
+        return T.DoubleType()
+    if kind == "string":
+        return T.StringType()
+    if kind == "int":
+        try:
+            lo, hi = int(attr["min"]), int(attr["max"])
+        except (TypeError, ValueError):
+            lo, hi = _LONG_MIN - 1, 0
+        if lo >= _LONG_MIN and hi <= _LONG_MAX:
+            return T.LongType()
+    return T.DecimalType(20, 0)  # rfid: unsigned 64-bit codes
+
+
+def bulk_schema(schema: dict[str, Any]) -> T.StructType:
+    """Rule 1: the one flat schema every line is parsed with."""
+    values = T.StructType([T.StructField(a["name"], value_type(a)) for a in schema["attributes"]])
+    strings = T.ArrayType(T.StringType())
+    return T.StructType(
+        [
+            T.StructField("node", T.IntegerType()),
+            T.StructField("n", T.LongType()),
+            T.StructField("time", T.DoubleType()),
+            T.StructField("event", T.StringType()),
+            T.StructField("channel", T.StringType()),
+            T.StructField("values", values),
+            T.StructField("key", T.StringType()),
+            T.StructField("rank", T.LongType()),
+            T.StructField("access", T.IntegerType()),
+            T.StructField("tested", T.LongType()),
+            T.StructField("matched", strings),
+            T.StructField("slice", T.IntegerType()),
+            T.StructField("subs", strings),
+            T.StructField("orphans", strings),
+            T.StructField("session", T.IntegerType()),
+            T.StructField("payload_bytes", T.LongType()),
+        ]
+    )
+
+
+def _first_header(raw: DataFrame, run_dir: str) -> dict[str, Any]:
+    """The first header line Spark finds (each file starts with one): the
+    schema the values are typed with."""
+    row = raw.filter(F.col("value").startswith('{"kind":"header"')).select("value").first()
+    if row is None:  # a header whose kind is not the first key: the slow way
+        row = raw.filter(F.get_json_object("value", "$.kind") == "header").select("value").first()
+    if row is None:
+        raise CaptureError(f"{run_dir}: no header record in any file")
+    try:
+        header = json.loads(row["value"])
+        return {"schema": header["schema"], "attributes": list(header["schema"]["attributes"])}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CaptureError(f"{run_dir}: a header record without a readable schema ({exc})") from None
+
+
+def _range_aggs(schema: dict[str, Any]) -> list[Column]:
+    out = []
+    for a in schema["attributes"]:
+        if a["type"] != "string":
+            v = F.col("values").getField(a["name"]).cast("double")
+            out += [F.min(v).alias(f"lo:{a['name']}"), F.max(v).alias(f"hi:{a['name']}")]
+    return out
+
+
 def load_capture(spark: SparkSession, run_dir: str) -> Capture:
     raw = spark.read.text(capture_pattern(run_dir))
+    schema = _first_header(raw, run_dir)["schema"]
     kind = F.coalesce(
         F.nullif(F.regexp_extract("value", r'^\{"kind":"([a-z_]+)"', 1), F.lit("")),
         F.get_json_object("value", "$.kind"),
     )
     raw = raw.select(kind.alias("kind"), "value")
-    cols = [F.when(F.col("kind") == k, F.from_json("value", ddl)).alias(k) for k, ddl in KIND_SCHEMAS.items()]
-    # Rows clustered by kind within each partition: the in-memory cache keeps
-    # min/max per column batch, so ``df(kind)`` skips every batch of other kinds
-    # instead of scanning all records each time.
-    parsed = raw.select("kind", *cols).sortWithinPartitions("kind").persist(StorageLevel.MEMORY_AND_DISK)
-    counts = {r["kind"] or "?": r["count"] for r in parsed.groupBy("kind").count().collect()}
-    meta = parsed.filter(F.col("kind").isin("header", "end")).select("kind", "header", "end").collect()
+    bulk = F.from_json("value", bulk_schema(schema))
+    parsed = (
+        raw.select("kind", bulk.alias("b"), F.when(~F.col("kind").isin(*BULK_KINDS), F.col("value")).alias("raw"))
+        .select("kind", "b.*", "raw")
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    per_kind = parsed.groupBy("kind").agg(
+        F.count("*").alias("count"), F.max("time").alias("last"), *_range_aggs(schema)
+    )
+    stats = per_kind.collect()
+    counts = {r["kind"] or "?": r["count"] for r in stats}
+    lasts = [r["last"] for r in stats if r["kind"] in _TIMED and r["last"] is not None]
+    ranges: dict[str, tuple[float, float]] = {}
+    for r in stats:
+        if r["kind"] == "publish":
+            for a in schema["attributes"]:
+                lo, hi = (r[f"lo:{a['name']}"], r[f"hi:{a['name']}"]) if a["type"] != "string" else (None, None)
+                if lo is not None and hi is not None:
+                    ranges[a["name"]] = (float(lo), float(hi))
+    small = parsed.filter(F.col("raw").isNotNull()).select("kind", "raw").persist(StorageLevel.MEMORY_AND_DISK)
+    meta = (
+        small.filter(F.col("kind").isin("header", "end"))
+        .select(
+            "kind",
+            F.when(F.col("kind") == "header", F.from_json("raw", KIND_SCHEMAS["header"])).alias("header"),
+            F.when(F.col("kind") == "end", F.from_json("raw", KIND_SCHEMAS["end"])).alias("end"),
+        )
+        .collect()
+    )
     headers = [r["header"].asDict(recursive=True) for r in meta if r["kind"] == "header"]
     if not headers:
         raise CaptureError(f"{run_dir}: no header record in any file")
@@ -146,6 +278,7 @@ def load_capture(spark: SparkSession, run_dir: str) -> Capture:
         run=first["run"],
         path=run_dir,
         parsed=parsed,
+        small=small,
         nodes=nodes,
         initializer=int(first["initializer"]),
         slice_seconds=float(first["slice_seconds"]),
@@ -156,4 +289,6 @@ def load_capture(spark: SparkSession, run_dir: str) -> Capture:
         ends=ends,
         notes=notes,
         kinds=kinds,
+        ranges=ranges,
+        last=max(lasts) if lasts else None,
     )

@@ -1,28 +1,31 @@
 """Independent re-matching (SPEC §2.2, §13): the captured events against the
 captured subscriptions, in Spark, compared with what the owners reported.
 
-1. Events are the access nodes' ``publish`` records (what was asked), joined
-   with the owners' ``event`` records (what was done: when, where, the
-   tested count and the matched ids).  Values are cast per attribute kind
-   from the header's schema: float → double, int and rfid → decimal(20,0)
-   (rfid codes are unsigned 64-bit), string → string.
+1. Events are the access nodes' ``publish`` records (what was asked), with
+   their values in typed columns ``v_<i>`` (``records.value_type``: float →
+   double, int → long, rfid → decimal(20,0), string → string).
 2. Subscriptions are the ``subscribe`` records with their lifetime: asked
    (``subscribe``), acknowledged (``subscribed``: every channel applied it),
    and if it ended, ``unsubscribe`` and ``unsubscribed``.  Their text is
-   parsed on the executors (``filters.parse_filter``).
-3. Candidates: each event is exploded into one key per attribute (an
-   equality key for strings, a bucket of the domain for ordered kinds); each
-   subscription into the keys of its access attribute; a hash join pairs
-   them, and wide subscriptions are crossed with every event.  Each pair is
+   parsed on the executors (``filters.parse_filter``), which also picks each
+   one's candidate keys from the events' histogram (``histogram``).
+3. Candidates: each event carries one key per key family some subscription
+   uses (``filters`` rule 4: a bucket of an ordered attribute at one level,
+   a string value, or ``*``); each subscription its keys; a broadcast hash
+   join pairs them.  No subscription is crossed with every event unless it
+   constrains no attribute by equality or range (key ``*``).  Each pair is
    then decided exactly: every predicate, in one column expression over the
-   predicate's attribute, operator and typed arguments.
+   predicate's attribute, operator and typed arguments (``satisfied`` — the
+   one place that knows the filter language's operators).
 4. Whether a pair *must* have matched depends on time (SPEC §4 rule 4 of the
    node core: an event published after the SubAck is matched against the
    subscription).  A pair is ``active`` when the subscription was
    acknowledged before the event was published and not asked to end before
    the event was matched; ``inactive`` when the event was matched before the
    subscription was asked for or published after its end was acknowledged;
-   ``open`` otherwise (in flight either way — not judged).
+   ``open`` otherwise (in flight either way — not judged).  ``status`` is
+   that rule as a column expression; the audit applies it once the event's
+   match time is known.
 
 Comparisons: a re-matched active pair the owner did not report is *missing*;
 a reported pair the filter does not match is *extra*; a reported pair whose
@@ -42,27 +45,34 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from overlay_spark import filters
-from overlay_spark.records import Capture
+from overlay_spark.records import Capture, value_type
 from overlay_spark.session import ship_code
 
-__all__ = ["BUCKETS", "events_frame", "rematch_pairs", "reported_pairs", "schema_json", "subscriptions_frame"]
+__all__ = [
+    "BROADCAST_KEYS",
+    "events_frame",
+    "histogram",
+    "rematch_pairs",
+    "reported_pairs",
+    "satisfied",
+    "schema_json",
+    "status",
+    "subscriptions_frame",
+]
 
-# Buckets per ordered attribute for the candidate join: with 128, a range
-# subscription covering 5 % of the domain is looked up under ~7 keys.
-BUCKETS: Final = 128
-
-_TYPES: Final = {
-    "float": "double",
-    "numeric": "double",
-    "int": "decimal(20,0)",
-    "rfid": "decimal(20,0)",
-    "string": "string",
-}
+# Subscription keys up to this many rows are broadcast to every task of the
+# candidate join; more, and the join is a shuffle (bounded memory either way).
+BROADCAST_KEYS: Final = 100_000
+# A string value seen in fewer than 1/HEAVY of the events is not listed in
+# the histogram; its count is bounded by that instead.
+HEAVY: Final = 1024
 
 
-def _num(text: str | None) -> int | float | None:
+def _num(text: Any) -> int | float | None:
     if text is None:
         return None
+    if isinstance(text, (int, float)):
+        return text
     try:
         return int(text)
     except ValueError:
@@ -92,71 +102,98 @@ def _attrs(cap: Capture) -> list[dict[str, Any]]:
                 "i": i,
                 "name": a["name"],
                 "kind": kind,
-                "type": _TYPES[kind],
+                "type": value_type(a).simpleString(),
                 "ordered": kind != "string",
-                "min": float(_num(a["min"]) or 0),
-                "max": float(_num(a["max"]) or 0),
+                "range": cap.ranges.get(a["name"]),
             }
         )
     return out
 
 
-def _bucket(x: Column, a: dict[str, Any]) -> Column:
-    span = a["max"] - a["min"]
-    if span <= 0:
+def _bucket(x: Column, lo: float, hi: float) -> Column:
+    """``filters.bucket`` as a column: the same double operations in the same order."""
+    span = hi - lo
+    if not span > 0:
         return F.lit(0).cast("long")
-    b = F.floor((x.cast("double") - F.lit(a["min"])) / F.lit(span) * F.lit(BUCKETS))
-    return F.least(F.lit(BUCKETS - 1).cast("long"), F.greatest(F.lit(0).cast("long"), b))
+    b = F.floor((x.cast("double") - F.lit(lo)) / F.lit(span) * F.lit(float(filters.FINEST)))
+    return F.least(F.lit(filters.FINEST - 1).cast("long"), F.greatest(F.lit(0).cast("long"), b))
 
 
-def events_frame(cap: Capture, tail_from: float) -> DataFrame:
-    """Rule 1: one row per published event, with typed values ``v_<i>``.
+def events_frame(cap: Capture) -> DataFrame:
+    """Rule 1: one row per publish record, its values typed in ``v_<i>``."""
+    typed = [F.col("values").getField(a["name"]).alias(f"v_{a['i']}") for a in _attrs(cap)]
+    return cap.df("publish").select("event", F.col("node").alias("access"), F.col("time").alias("t_pub"), *typed)
 
-    ``records`` counts the owners' ``event`` records of the event (1 when all
-    is well); ``tail`` marks events published after ``tail_from`` (left out
-    of the loss checks: they may have been in flight at shutdown).
-    """
-    pub = cap.df("publish").select(
-        "event", F.col("node").alias("access"), F.col("time").alias("t_pub"), "values", "key", "rank", "channel"
+
+def histogram(cap: Capture, events: DataFrame) -> dict[str, Any]:
+    """The events' histogram ``filters.choose_key`` costs keys with: per ordered
+    attribute the count per finest bucket (as prefix sums), per string
+    attribute the count of each value seen in at least 1/``HEAVY`` of the
+    events.  At most ``FINEST`` numbers per ordered attribute and ``HEAVY``
+    values per string one reach the driver."""
+    attrs = _attrs(cap)
+    n_events = cap.counts.get("publish", 0)
+    parts = []
+    for a in attrs:
+        v = F.col(f"v_{a['i']}")
+        if a["ordered"] and a["range"] is not None:
+            parts.append(
+                F.when(
+                    v.isNotNull(),
+                    F.struct(
+                        F.lit(a["i"]).alias("i"),
+                        _bucket(v, *a["range"]).alias("b"),
+                        F.lit(None).cast("string").alias("s"),
+                    ),
+                )
+            )
+        elif not a["ordered"]:
+            parts.append(
+                F.when(
+                    v.isNotNull(), F.struct(F.lit(a["i"]).alias("i"), F.lit(None).cast("long").alias("b"), v.alias("s"))
+                )
+            )
+    stats: dict[str, Any] = {
+        "events": n_events,
+        # filters rule 2: all subscriptions' range keys together stay under BROADCAST_KEYS.
+        "key_budget": BROADCAST_KEYS // max(1, cap.counts.get("subscribe", 0)),
+        "index": {a["name"]: a["i"] for a in attrs},
+        "attrs": {},
+    }
+    if not parts:
+        return stats
+    thr = max(1, n_events // HEAVY)
+    rows = (
+        events.select(F.explode(F.array(*parts)).alias("k"))
+        .filter(F.col("k").isNotNull())
+        .groupBy("k.i", "k.b", "k.s")
+        .count()
+        .filter(F.col("b").isNotNull() | (F.col("count") >= thr))
+        .collect()
     )
-    rec = (
-        cap.df("event")
-        .groupBy("event")
-        .agg(
-            F.count("*").alias("records"),
-            F.min("time").alias("t_match"),
-            F.min_by("node", "time").alias("owner"),
-            F.min_by("tested", "time").alias("tested"),
-            F.min_by(F.size("matched"), "time").alias("nmatched"),
-            F.flatten(F.collect_list("matched")).alias("m"),
-            # The owner's key and rank: the key's home assigns the rank (SPEC §10).
-            F.max("key").alias("owner_key"),
-            F.max("rank").alias("owner_rank"),
-        )
-    )
-    ev = pub.join(rec, "event", "full_outer")
-    typed = [F.col("values")[a["name"]].cast(a["type"]).alias(f"v_{a['i']}") for a in _attrs(cap)]
-    return ev.select(
-        "event",
-        "access",
-        "t_pub",
-        F.coalesce("owner_key", "key").alias("key"),
-        F.coalesce("owner_rank", "rank").alias("rank"),
-        "channel",
-        F.coalesce("records", F.lit(0)).alias("records"),
-        "t_match",
-        "owner",
-        "tested",
-        "nmatched",
-        F.coalesce("m", F.array().cast("array<string>")).alias("m"),
-        F.col("values").isNotNull().alias("published"),
-        (F.col("t_pub") > F.lit(tail_from)).alias("tail"),
-        *typed,
-    )
+    by_attr: dict[int, list[Any]] = {}
+    for r in rows:
+        by_attr.setdefault(r["i"], []).append(r)
+    for a in attrs:
+        got = by_attr.get(a["i"], [])
+        if a["ordered"]:
+            if a["range"] is None:
+                continue
+            counts = [0] * filters.FINEST
+            for r in got:
+                counts[int(r["b"])] += int(r["count"])
+            prefix = [0]
+            for c in counts:
+                prefix.append(prefix[-1] + c)
+            lo, hi = a["range"]
+            stats["attrs"][a["name"]] = {"lo": lo, "hi": hi, "prefix": prefix}
+        else:
+            stats["attrs"][a["name"]] = {"counts": {r["s"]: int(r["count"]) for r in got}, "rest": thr}
+    return stats
 
 
-def subscriptions_frame(spark: SparkSession, cap: Capture) -> DataFrame:
-    """Rule 2: one row per subscription, with its lifetime and parsed text."""
+def subscriptions_frame(spark: SparkSession, cap: Capture, stats: dict[str, Any]) -> DataFrame:
+    """Rule 2: one row per subscription, with its lifetime, parsed text and keys."""
     subs = (
         cap.df("subscribe")
         .groupBy("sub")
@@ -173,28 +210,38 @@ def subscriptions_frame(spark: SparkSession, cap: Capture) -> DataFrame:
         else:
             subs = subs.withColumn(col, F.lit(None).cast("double"))
     ship_code(spark)
-    sj = schema_json(cap)
-    parse = F.udf(lambda text: filters.parse_filter(text, sj), filters.PARSED_TYPE)
+    sj, st = schema_json(cap), json.dumps(stats)
+    parse = F.udf(lambda text: filters.parse_filter(text, sj, st), filters.PARSED_TYPE)
     return subs.withColumn("parsed", parse("filter"))
 
 
+def _forms(attrs: list[dict[str, Any]]) -> list[str]:
+    """The Spark types the attributes' values have (one typed form of each argument per type)."""
+    return sorted({a["type"] for a in attrs})
+
+
+def _form(t: str) -> str:
+    return t.replace("(", "_").replace(",", "_").replace(")", "")
+
+
 def _typed_preds(attrs: list[dict[str, Any]]) -> Column:
-    """Each predicate with its arguments cast once: double, decimal and string forms."""
-    return F.transform(
-        F.col("parsed.preds"),
-        lambda p: F.struct(
-            p["attr"].alias("attr"),
-            p["op"].alias("op"),
-            p["args"][0].cast("double").alias("f0"),
-            p["args"][1].cast("double").alias("f1"),
-            F.transform(p["args"], lambda x: x.cast("double")).alias("farr"),
-            p["args"][0].cast("decimal(20,0)").alias("i0"),
-            p["args"][1].cast("decimal(20,0)").alias("i1"),
-            F.transform(p["args"], lambda x: x.cast("decimal(20,0)")).alias("iarr"),
-            p["args"][0].alias("s0"),
-            p["args"].alias("sarr"),
-        ),
-    )
+    """Each predicate with its arguments cast once to every value type of the schema."""
+
+    def caster(t: str) -> Callable[[Column], Column]:
+        return lambda x: x.cast(t)
+
+    def typed(p: Column) -> Column:
+        fields = [p["attr"].alias("attr"), p["op"].alias("op")]
+        for t in _forms(attrs):
+            f = _form(t)
+            fields += [
+                p["args"][0].cast(t).alias(f"{f}0"),
+                p["args"][1].cast(t).alias(f"{f}1"),
+                F.transform(p["args"], caster(t)).alias(f"{f}arr"),
+            ]
+        return F.struct(*fields)
+
+    return F.transform(F.col("parsed.preds"), typed)
 
 
 def _ordered(op: Column, v: Column, lo: Column, hi: Column, arr: Column) -> Column:
@@ -221,74 +268,62 @@ def _string(op: Column, v: Column, s0: Column, arr: Column) -> Column:
     )
 
 
-def _satisfied(p: Column, attrs: list[dict[str, Any]]) -> Column:
-    """``a satisfies f`` (SPEC §2.2): same attribute and value in L(f); an
-    event without the attribute satisfies nothing on it."""
+def satisfied(p: Column, attrs: list[dict[str, Any]]) -> Column:
+    """``a satisfies f`` (SPEC §2.2) for one predicate ``p`` of ``_typed_preds``
+    against the event's ``v_<i>`` columns: same attribute and value in L(f);
+    an event without the attribute satisfies nothing on it.  The filter
+    language's operators are known here and nowhere else in the replay."""
     expr = None
     for a in attrs:
         v = F.col(f"v_{a['i']}")
+        f = _form(a["type"])
         if a["kind"] == "string":
-            test = _string(p["op"], v, p["s0"], p["sarr"])
-        elif a["type"] == "double":
-            test = _ordered(p["op"], v, p["f0"], p["f1"], p["farr"])
+            test = _string(p["op"], v, p[f"{f}0"], p[f"{f}arr"])
         else:
-            test = _ordered(p["op"], v, p["i0"], p["i1"], p["iarr"])
+            test = _ordered(p["op"], v, p[f"{f}0"], p[f"{f}1"], p[f"{f}arr"])
         cond = p["attr"] == a["name"]
         expr = F.when(cond, test) if expr is None else expr.when(cond, test)
     return F.coalesce(expr, F.lit(False)) if expr is not None else F.lit(False)
 
 
-def _event_keys(attrs: list[dict[str, Any]]) -> Column:
+def status(t_pub: Column, t_match: Column, t_sub: Column, t_ack: Column, t_unsub: Column, t_unack: Column) -> Column:
+    """Rule 4: ``active``, ``inactive`` or ``open`` for one (event, subscription) pair."""
+    t_done = F.coalesce(t_match, t_pub)
+    return (
+        F.when(t_ack.isNotNull() & (t_ack <= t_pub) & (t_unsub.isNull() | (t_unsub >= t_done)), F.lit("active"))
+        .when((t_done < t_sub) | (t_unack.isNotNull() & (t_pub > t_unack)), F.lit("inactive"))
+        .otherwise(F.lit("open"))
+    )
+
+
+def _event_keys(attrs: list[dict[str, Any]], groups: list[str]) -> Column:
+    """Rule 3: an event's key of every family in ``groups`` (``filters`` rule 4)."""
+    by_i = {a["i"]: a for a in attrs}
     keys = []
-    for a in attrs:
-        v = F.col(f"v_{a['i']}")
-        if a["ordered"]:
-            k = F.concat(F.lit(f"{a['i']}#"), _bucket(v, a).cast("string"))
+    for g in sorted(groups):
+        if g == filters.WIDE:
+            keys.append(F.lit(filters.WIDE))
+        elif g.endswith("="):
+            v = F.col(f"v_{int(g[:-1])}")
+            keys.append(F.when(v.isNotNull(), F.concat(F.lit(g), v)))
         else:
-            k = F.concat(F.lit(f"{a['i']}="), v)
-        keys.append(F.when(v.isNotNull(), k))
-    return F.filter(F.array(*keys), lambda k: k.isNotNull())
-
-
-def _prefixed(pfx: Column, key: Callable[[Column], Column]) -> Callable[[Column], Column]:
-    """``pfx`` + ``key(x)``, as the one-argument function ``F.transform`` takes."""
-    return lambda x: F.concat(pfx, key(x))
-
-
-def _bucket_text(a: dict[str, Any]) -> Callable[[Column], Column]:
-    return lambda x: _bucket(x.cast(a["type"]), a).cast("string")
-
-
-def _sub_keys(attrs: list[dict[str, Any]]) -> Column:
-    expr = F.when(F.lit(False), F.array().cast("array<string>"))
-    for a in attrs:
-        is_attr = F.col("parsed.key_attr") == a["name"]
-        kk = F.col("parsed.key_kind")
-        if a["ordered"]:
-            pfx = F.lit(f"{a['i']}#")
-            points = F.transform(F.col("parsed.key_vals"), _prefixed(pfx, _bucket_text(a)))
-            rng = F.transform(
-                F.sequence(
-                    _bucket(F.col("parsed.key_lo").cast(a["type"]), a),
-                    _bucket(F.col("parsed.key_hi").cast(a["type"]), a),
-                ),
-                _prefixed(pfx, lambda b: b.cast("string")),
-            )
-            expr = expr.when(is_attr & (kk == "points"), F.array_distinct(points)).when(is_attr & (kk == "range"), rng)
-        else:
-            pfx = F.lit(f"{a['i']}=")
-            expr = expr.when(
-                is_attr & (kk == "points"), F.transform(F.col("parsed.key_vals"), _prefixed(pfx, lambda x: x))
-            )
-    return expr
+            i, level = (int(x) for x in g.split("@"))
+            a = by_i[i]
+            if a["range"] is None:
+                continue  # no event carries the attribute
+            v = F.col(f"v_{i}")
+            shift = 3 * (len(filters.LEVELS) - 1 - level)
+            b = F.shiftright(_bucket(v, *a["range"]), shift)
+            keys.append(F.when(v.isNotNull(), F.concat(F.lit(f"{g}:"), b.cast("string"))))
+    return F.array(*keys) if keys else F.array().cast("array<string>")
 
 
 def rematch_pairs(
     spark: SparkSession, cap: Capture, events: DataFrame, subs: DataFrame
 ) -> tuple[DataFrame, dict[str, Any]]:
-    """Rules 3–4: every (event, subscription) pair whose filter the event
-    satisfies, with ``status`` active / inactive / open.  Also returns the
-    subscription parse summary (counts by access-key kind, parse errors)."""
+    """Rule 3: every (event, subscription) pair whose filter the event
+    satisfies, with the subscription's lifetime (rule 4 is ``status``).  Also
+    returns the subscription summary (counts by key kind, parse errors, keys)."""
     attrs = _attrs(cap)
     sp = subs.select(
         "sub",
@@ -299,61 +334,53 @@ def rematch_pairs(
         "parsed.ok",
         "parsed.error",
         "parsed.key_kind",
+        "parsed.key_group",
+        "parsed.keys",
+        "parsed.cost",
         _typed_preds(attrs).alias("preds"),
-        _sub_keys(attrs).alias("keys"),
     ).persist(StorageLevel.MEMORY_AND_DISK)
     summary_rows = (
         sp.groupBy("ok", "key_kind")
         .agg(
             F.count("*").alias("n"),
             F.max(F.size("preds")).alias("k"),
+            F.sum(F.size("keys")).alias("keys"),
+            F.sum("cost").alias("cost"),
+            F.collect_set("key_group").alias("groups"),
             F.slice(F.collect_list(F.when(~F.col("ok"), F.struct("sub", "error"))), 1, 5).alias("bad"),
         )
         .collect()
     )
     bad = [b.asDict() for r in summary_rows for b in (r["bad"] or [])]
     k = max([r["k"] or 0 for r in summary_rows] + [0])
+    n_keys = sum(r["keys"] or 0 for r in summary_rows if r["ok"])
+    groups = sorted({g for r in summary_rows if r["ok"] for g in (r["groups"] or [])})
     summary = {
         "subscriptions": sum(r["n"] for r in summary_rows),
         "by_key": {f"{r['key_kind']}": r["n"] for r in summary_rows if r["ok"]},
         "unparsed": sum(r["n"] for r in summary_rows if not r["ok"]),
         "unparsed_examples": bad,
         "max_predicates": k,
+        "keys": n_keys,
+        "key_families": groups,
+        "estimated_candidates": int(sum(r["cost"] or 0 for r in summary_rows if r["ok"])),
     }
-    good = sp.filter(F.col("ok"))
     # Pad the predicate list to k columns: the match test is then one flat,
     # code-generated expression instead of a lambda over an array per pair.
-    pred_cols = [F.get(F.col("preds"), i).alias(f"p_{i}") for i in range(k)]
     life = ["sub", "t_sub", "t_ack", "t_unsub", "t_unack"]
-    sub_preds = good.select(*life, *pred_cols)
-    ev_cols = ["event", "t_pub", "t_match"] + [f"v_{a['i']}" for a in attrs]
-    ev = events.filter("published").select(*ev_cols)
-
-    keyed = good.filter(F.col("key_kind").isin("points", "range")).select("sub", F.explode("keys").alias("key"))
-    ev_keys = ev.select(*ev_cols, F.explode(_event_keys(attrs)).alias("key"))
-    cand = ev_keys.join(F.broadcast(keyed), "key").drop("key").join(F.broadcast(sub_preds), "sub")
-    wide = good.filter(F.col("key_kind") == "wide").select(*life, *pred_cols)
-    cand = cand.unionByName(ev.crossJoin(F.broadcast(wide)))
-
+    pred_cols = [F.get(F.col("preds"), i).alias(f"p_{i}") for i in range(k)]
+    keyed = sp.filter(F.col("ok")).select(*life, *pred_cols, F.explode("keys").alias("key"))
+    if n_keys <= BROADCAST_KEYS:
+        keyed = F.broadcast(keyed)
+    ev_cols = ["event"] + [f"v_{a['i']}" for a in attrs]
+    ev_keys = events.select(*ev_cols, F.explode(_event_keys(attrs, groups)).alias("key")).filter(
+        F.col("key").isNotNull()
+    )
     test = F.lit(True)
     for i in range(k):
         p = F.col(f"p_{i}")
-        test = test & (p.isNull() | _satisfied(p, attrs))
-    t_done = F.coalesce("t_match", "t_pub")
-    status = (
-        F.when(
-            F.col("t_ack").isNotNull()
-            & (F.col("t_ack") <= F.col("t_pub"))
-            & (F.col("t_unsub").isNull() | (F.col("t_unsub") >= t_done)),
-            F.lit("active"),
-        )
-        .when(
-            (t_done < F.col("t_sub")) | (F.col("t_unack").isNotNull() & (F.col("t_pub") > F.col("t_unack"))),
-            F.lit("inactive"),
-        )
-        .otherwise(F.lit("open"))
-    )
-    pairs = cand.filter(test).select("event", "sub", status.alias("status"))
+        test = test & (p.isNull() | satisfied(p, attrs))
+    pairs = ev_keys.join(keyed, "key").filter(test).select("event", *life)
     return pairs, summary
 
 

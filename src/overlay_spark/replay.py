@@ -42,15 +42,14 @@ def run_replay(
     out: str | None = None,
     tail_guard: float | None = None,
     partitions: int = 8,
+    conf: dict[str, str] | None = None,
     quick_jvm: bool = False,
     spark: Any = None,
     stream: TextIO | None = sys.stderr,
 ) -> ReplayResult:
-    from pyspark.sql import functions as F
-
     from overlay_spark import audit as audit_mod
     from overlay_spark import loads, rematch
-    from overlay_spark.records import aggregate_row, load_capture
+    from overlay_spark.records import load_capture
     from overlay_spark.report import Check, plot_loads, plot_spread, write_csv, write_markdown
     from overlay_spark.session import Progress, make_session
 
@@ -58,7 +57,7 @@ def run_replay(
     if spark is None:
         if stream:
             print(f"starting Spark ({master or 'local[*]'}) …", file=stream, flush=True)
-        spark = make_session(master, partitions=partitions, quick_jvm=quick_jvm)
+        spark = make_session(master, partitions=partitions, quick_jvm=quick_jvm, conf=conf)
     master_url = spark.sparkContext.master
     out_dir = Path(out) if out else Path(run_dir) / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -71,9 +70,7 @@ def run_replay(
         nodes = [n.id for n in cap.nodes]
         guard = cap.slice_seconds if tail_guard is None else tail_guard
         end_times = [e["time"] for e in cap.ends.values()]
-        last = aggregate_row(
-            cap.parsed.agg(F.max(F.coalesce(*[F.col(f"`{k}`.time") for k in ("publish", "event", "deliver", "slice")])))
-        )[0]
+        last = cap.last
         t_end = min(end_times) if len(end_times) == len({h["node"] for h in cap.headers}) else (last or cap.t0)
         tail_from = t_end - guard
 
@@ -102,18 +99,19 @@ def run_replay(
             slice_costs, costs = [], []
 
         prog.step("re-matching events against subscriptions (parse on executors, candidate join)")
-        events = rematch.events_frame(cap, tail_from).persist()
-        subs = rematch.subscriptions_frame(spark, cap) if cap.has("subscribe") else None
-        if subs is not None and cap.has("publish"):
+        if cap.has("subscribe") and cap.has("publish"):
+            events = rematch.events_frame(cap)
+            stats = rematch.histogram(cap, events)
+            subs = rematch.subscriptions_frame(spark, cap, stats)
             pairs, summary = rematch.rematch_pairs(spark, cap, events, subs)
         else:
-            pairs = spark.createDataFrame([], "event STRING, sub STRING, status STRING")
+            pairs = spark.createDataFrame(
+                [], "event STRING, sub STRING, t_sub DOUBLE, t_ack DOUBLE, t_unsub DOUBLE, t_unack DOUBLE"
+            )
             summary = {"subscriptions": 0, "by_key": {}, "unparsed": 0, "unparsed_examples": [], "max_predicates": 0}
 
         prog.step("audit: exactly-once delivery, losses, rank order")
-        aud = audit_mod.audit(cap, events, pairs)
-        events.unpersist()
-        aud["payloads"] = audit_mod.payloads(cap)
+        aud = audit_mod.audit(cap, tail_from, pairs)
 
         prog.step("checks and headline figures")
         pc, ec = aud["pairs"], aud["events"]
@@ -246,7 +244,7 @@ def run_replay(
             "kinds": cap.kinds,
         }
         write_markdown(out_dir / "report.md", report)
-        cap.parsed.unpersist()
+        cap.unpersist()
 
     if stream:
         _summary(stream, out_dir, headline, checks, failed, cap.notes)

@@ -29,12 +29,18 @@ def make_session(
     partitions: int = DEFAULT_PARTITIONS,
     quick_jvm: bool = False,
     driver_memory: str = "4g",
+    conf: dict[str, str] | None = None,
 ) -> SparkSession:
     """A session for the replay; an existing one (tests, spark-submit) is reused.
 
     ``quick_jvm`` stops the JIT at C1: a JVM that starts in half the time and
     runs a little slower, right for the small captures of the tests.
+    ``conf`` (``overlay replay --conf``) is applied last: it wins over every
+    default here.  Executors keep Spark's defaults (1 GiB each): the jobs
+    are written to fit in them (``overlay_spark`` rule: no large collect,
+    broadcasts bounded).
     """
+    conf = dict(conf or {})
     # Python workers run this interpreter, which has ``overlay`` installed: the
     # filter parser the re-matching uses on executors (SPEC §2.2).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -52,7 +58,13 @@ def make_session(
         .config("spark.sql.ansi.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.driver.memory", driver_memory)
-        .config("spark.sql.autoBroadcastJoinThreshold", str(64 << 20))
+        # Spark's own default: the small tables of a replay (capacities,
+        # slices, subscriptions) are far below it, and an executor keeps
+        # its default memory (1 GiB).
+        .config("spark.sql.autoBroadcastJoinThreshold", str(10 << 20))
+        # Splits of a capture file: tasks small enough to keep both cores of
+        # a laptop busy to the end, and an executor's memory per task low.
+        .config("spark.sql.files.maxPartitionBytes", str(32 << 20))
         # No pandas/pyarrow here: plain pickled UDF rows, and no warning about it.
         .config("spark.sql.execution.pythonUDF.arrow.enabled", "false")
     )
@@ -60,11 +72,16 @@ def make_session(
         b = b.config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
     if not master or master.startswith("local"):
         b = b.config("spark.ui.enabled", "false").config("spark.driver.host", "127.0.0.1")
+    for k, v in conf.items():
+        b = b.config(k, v)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     spark.conf.set("spark.sql.ansi.enabled", "false")
     spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     spark.conf.set("spark.sql.execution.pythonUDF.arrow.enabled", "false")
+    for k, v in conf.items():  # the runtime settings above, overridden again by the user's
+        if spark.conf.isModifiable(k):
+            spark.conf.set(k, v)
     # The CLI logs at INFO; py4j's and matplotlib's chatter is not progress.
     for name in ("py4j", "py4j.clientserver", "matplotlib", "matplotlib.font_manager"):
         logging.getLogger(name).setLevel(logging.WARNING)

@@ -18,7 +18,7 @@ from typing import Any, Final
 from overlay.cli.args import add_command, check_dir_option, non_negative_float, positive_int
 from overlay.cli.running import UsageError
 
-__all__ = ["REPLAY_EXTRA", "cmd_replay", "register"]
+__all__ = ["REPLAY_EXTRA", "cmd_replay", "register", "spark_conf"]
 
 # What `pip install 'overlay[replay]'` adds, as the modules the replay imports.
 REPLAY_EXTRA: Final = ("pyspark", "matplotlib")
@@ -28,9 +28,28 @@ examples:
   overlay cluster up cluster_configs/hetero5.toml --capture runs/x --duration 60 --traffic
   overlay replay runs/x                                         (writes runs/x/report/)
   overlay replay runs/x --master spark://host:7077 --out /tmp/report
+  overlay replay runs/x --master spark://host:7077 --conf spark.executor.memory=2g --conf spark.cores.max=8
 
 Needs the replay extra (pip install 'overlay[replay]') and Java.
 Exits 1 when a validation fails, 2 when the capture cannot be read."""
+
+
+def spark_conf(text: str) -> tuple[str, str]:
+    """One ``--conf KEY=VALUE``: a Spark setting (its key starts with ``spark.``)
+    and a value, both non-empty."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE (e.g. spark.executor.memory=2g)")
+    if not key:
+        raise argparse.ArgumentTypeError(f"{text!r} has no key before '='")
+    if any(c.isspace() for c in key):
+        raise argparse.ArgumentTypeError(f"{key!r} is not a Spark setting: a key has no spaces")
+    if not key.startswith("spark."):
+        raise argparse.ArgumentTypeError(f"{key!r} is not a Spark setting: Spark's keys start with 'spark.'")
+    if not value:
+        raise argparse.ArgumentTypeError(f"{key} has no value after '='")
+    return key, value
 
 
 def _check_extra() -> None:
@@ -67,6 +86,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
             out=args.out,
             tail_guard=args.tail_guard,
             partitions=args.partitions,
+            conf=dict(args.conf or ()),
             stream=None if args.quiet else sys.stderr,
         )
     except CaptureError as exc:  # no header, an unknown schema version: the capture's fault (exit 2)
@@ -93,5 +113,12 @@ def register(sub: Any) -> None:
         help="seconds before the first node stopped whose events the loss checks skip (default: one slice)",
     )
     rp.add_argument("--partitions", type=positive_int, default=8, help="Spark shuffle partitions")
+    rp.add_argument(
+        "--conf",
+        type=spark_conf,
+        action="append",
+        metavar="KEY=VALUE",
+        help="a Spark setting, as spark-submit's --conf (repeatable; wins over the replay's own defaults)",
+    )
     rp.add_argument("--quiet", action="store_true", help="no progress lines")
     rp.set_defaults(func=cmd_replay)

@@ -1,0 +1,130 @@
+"""``overlay replay`` of the 1M-event synthetic capture, timed (issue 19 item 4: target ≤ 60 s on local[2]).
+
+    flock /tmp/bench.lock .venv/bin/python bench/replay.py [--events 1000000] [--dir /tmp/overlay-replay-bench]
+        [--master 'local[2]'] [--conf spark.k=v …] [--cluster]
+
+Generates the capture with ``spark/gen_capture.py`` (kept in ``--dir`` and
+reused while its size matches ``--events``), then runs ``overlay replay`` on
+it as a user does — a fresh process, JVM start included — and prints the
+wall time beside the target, each step's time as the replay reported it,
+and the load average before and after (the machine is shared: a figure
+taken under load is not the code's).  Every validation must pass; a failed
+one fails the bench.
+
+``--cluster`` runs it again on a Spark standalone cluster on loopback
+(``overlay_spark.standalone``: one master, one worker with 2 cores,
+executors with Spark's default memory of 1 GiB), and checks that both
+reports have the same headline and validations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_S = 60.0
+_STEP = re.compile(r"^\[(\d+)/(\d+)\] (.*?) \(t\+\d+s\)$")
+_DONE = re.compile(r"^\s+done in ([\d.]+)s")
+
+
+def _capture(path: Path, events: int) -> dict[str, Any]:
+    meta = path / "bench.json"
+    if meta.exists():
+        info: dict[str, Any] = json.loads(meta.read_text())
+        if info.get("events") == events:
+            print(f"reusing the capture in {path} ({info['bytes'] / 1e6:.0f} MB)", flush=True)
+            return info
+    spec = importlib.util.spec_from_file_location("gen_capture", ROOT / "spark" / "gen_capture.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    for old in path.glob("node-*.ndjson"):
+        old.unlink()
+    t = time.monotonic()
+    info = gen.generate(path, str(ROOT / "cluster_configs" / "hetero5.toml"), events, 300.0, 400, True, 1)
+    print(f"generated {events:,} events, {info['bytes'] / 1e6:.0f} MB in {time.monotonic() - t:.0f}s", flush=True)
+    meta.write_text(json.dumps(info))
+    return info
+
+
+def _replay(run: Path, out: Path, master: str, conf: list[str]) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "overlay", "replay", str(run), "--master", master, "--out", str(out)]
+    for c in conf:
+        cmd += ["--conf", c]
+    env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
+    load0 = os.getloadavg()[0]
+    t = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, check=False)
+    wall = time.monotonic() - t
+    steps: list[tuple[str, float]] = []
+    current = None
+    for line in proc.stderr.splitlines():
+        if m := _STEP.match(line):
+            current = m.group(3)
+        elif (m := _DONE.match(line)) and current is not None:
+            steps.append((current, float(m.group(1))))
+            current = None
+    if proc.returncode != 0:
+        print(proc.stderr[-4000:], file=sys.stderr)
+    return {
+        "wall": wall,
+        "rc": proc.returncode,
+        "steps": steps,
+        "load": (load0, os.getloadavg()[0]),
+        "tail": proc.stderr.splitlines()[-20:],
+    }
+
+
+def _print(label: str, res: dict[str, Any]) -> None:
+    verdict = "MET" if res["wall"] <= TARGET_S else "MISSED"
+    print(
+        f"\n{label}: {res['wall']:.1f} s wall (target ≤ {TARGET_S:.0f} s: {verdict}), exit code {res['rc']}, "
+        f"load average {res['load'][0]:.1f} → {res['load'][1]:.1f} on {os.cpu_count()} cores"
+    )
+    for what, secs in res["steps"]:
+        print(f"  {secs:7.1f} s  {what}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--events", type=int, default=1_000_000)
+    p.add_argument("--dir", default=str(Path(tempfile.gettempdir()) / "overlay-replay-bench"))
+    p.add_argument("--master", default="local[2]")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--cluster", action="store_true", help="also on a standalone cluster on loopback")
+    a = p.parse_args(argv)
+    base = Path(a.dir)
+    run = base / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    _capture(run, a.events)
+    res = _replay(run, base / "report-local", a.master, a.conf)
+    _print(f"overlay replay, {a.events:,} events, {a.master}", res)
+    ok = res["rc"] == 0
+    if a.cluster:
+        from overlay_spark.standalone import StandaloneCluster
+
+        with StandaloneCluster(base / "spark") as cluster:
+            conf = ["spark.driver.host=127.0.0.1", *a.conf]
+            cres = _replay(run, base / "report-cluster", cluster.url, conf)
+        _print(f"overlay replay, {a.events:,} events, standalone cluster (1 worker, 2 cores, default memory)", cres)
+        same = all(
+            (base / "report-cluster" / f).read_text() == (base / "report-local" / f).read_text()
+            for f in ("validations.csv", "headline.csv")
+        ) if cres["rc"] == 0 else False  # fmt: skip
+        print(f"  report equal to the local one (validations, headline): {same}")
+        ok = ok and cres["rc"] == 0 and same
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
