@@ -152,6 +152,10 @@ def bad_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "demo-bad-config": (["demo", str(typo)], "slice_secnds"),
         "replay-missing": (["replay", str(tmp / "no-run")], "does not exist"),
         "replay-tail-guard": (["replay", str(tmp), "--tail-guard", "-1"], "negative"),
+        "replay-conf-no-equals": (["replay", str(tmp), "--conf", "spark.executor.memory"], "KEY=VALUE"),
+        "replay-conf-not-spark": (["replay", str(tmp), "--conf", "executor.memory=2g"], "start with 'spark.'"),
+        "replay-conf-no-value": (["replay", str(tmp), "--conf", "spark.executor.memory="], "no value"),
+        "replay-conf-no-key": (["replay", str(tmp), "--conf", "=2g"], "no key"),
         "no-command": ([], "COMMAND"),
         "log-level": (["--log-level", "loud", "status", "--config", cfg], "log-level"),
     }
