@@ -68,10 +68,14 @@ Rules this module keeps:
    ``_Delivery``), and picks another instance when one fails.  A receiver
    that learned such a choice not yet taken (``ChannelSubscriptions.choices``)
    and matches the event again (its access node re-sent it) sends it to the
-   same instance, but when that copy fails — or that instance is no longer
-   among the channel's subscriptions (its node died: fault seed 1094) — it
-   picks no other while the sender lives: the sender does (fault seed 808:
-   both did, and the group got the event twice).  Once the sender is down (``peer_down`` after the
+   same instance, but when that copy fails it picks no other while the
+   sender lives: the sender does (fault seed 808: both did, and the group
+   got the event twice).  Not covered: the instance already gone from the
+   channel when the event comes again — the receiver picks another at once
+   while the sender may replace its own copy too (fault seeds 1094, 1533: a
+   second instance).  Leaving it to the sender instead lost the event when
+   the sender died next (fault seed 770); a hand-over of the sender's copies
+   in flight with the channel would close both.  Once the sender is down (``peer_down`` after the
    choice was learned) the receiver picks, as for a dead owner's choices.
 """
 
@@ -277,9 +281,6 @@ class Groups:
                 self._ctx.stats["group_sticky"] += 1
             elif taken:  # rule 9: the instance that took it left since: the group had it
                 self._ctx.stats["group_sticky_gone"] += 1
-                continue
-            elif before and self._sender_tracks(msg.event_id, g, before):  # rule 10: gone here, the sender replaces it
-                self._ctx.stats["group_retry_left_to_sender"] += 1
                 continue
             else:
                 chosen = disp.pick([s.id for s in subs], now)
