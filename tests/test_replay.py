@@ -29,7 +29,7 @@ import pytest
 from loopback import nodes_quiet, wait_until
 from overlay import cli
 from overlay.capture import with_capture_dir
-from overlay.channels import parse_subscription
+from overlay.channels import parse_expression
 from overlay.client import Client
 from overlay.config import NodeConfig, load_config
 from overlay.net.node import Node
@@ -267,6 +267,14 @@ def test_hand_made_capture_gives_the_hand_computed_spread_and_costs(spark: Any, 
 SUBSCRIPTIONS = {
     1: ["price < 100", 'sym = "X" and price < 500', "price >= 400 and price < 700"],
     2: ["price >= 900", 'sym prefix "Y"', "qty > 50"],
+    # The extended language (issue 18): alternatives on both sides of the
+    # price split (one event may match both: delivered and re-matched once),
+    # anything-but, presence, case-insensitive and wildcard operators.
+    0: [
+        'price < 50 or (price > 950 and not sym = "X")',
+        'sym not in {"X", "Y"} and not exists venue and (qty < 10 or price in [490, 510])',
+        'sym ieq "y1" or sym like "X*"',
+    ],
 }
 EVENTS_PUBLISHED = 600
 
@@ -351,7 +359,7 @@ async def _cluster_run(run: Path) -> dict[str, Any]:
 def _pairs(cfg: Any) -> int:
     """(event, subscription) pairs the run must deliver: every subscription is
     SubAck'ed before the first publish."""
-    filters = [parse_subscription(e, cfg.schema) for exprs in SUBSCRIPTIONS.values() for e in exprs]
+    filters = [parse_expression(e, cfg.schema) for exprs in SUBSCRIPTIONS.values() for e in exprs]
     events = [
         {"price": float(i * 7 % 1000), "sym": ("X", "Y1", "Z")[i % 3], "qty": i % 100} for i in range(EVENTS_PUBLISHED)
     ]

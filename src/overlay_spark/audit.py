@@ -41,7 +41,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from overlay_spark.records import Capture, aggregate_row
-from overlay_spark.rematch import status
+from overlay_spark.rematch import base_ids, status
 
 __all__ = ["EXAMPLES", "audit"]
 
@@ -111,11 +111,11 @@ def _per_event(cap: Capture, rematched: DataFrame) -> DataFrame:
         F.min("e_time").alias("t_match"),
         F.min_by("tested", "e_time").alias("tested"),
         F.min_by(F.size("matched"), "e_time").alias("nmatched"),
-        F.flatten(F.collect_list("matched")).alias("m"),
+        base_ids(F.flatten(F.collect_list("matched"))).alias("m"),  # conjuncts read as subscriptions
         # The owner's key and rank: the key's home assigns the rank (SPEC §10).
         F.max("e_key").alias("e_key"),
         F.max("e_rank").alias("e_rank"),
-        F.flatten(F.collect_list("orphans")).alias("o"),
+        base_ids(F.flatten(F.collect_list("orphans"))).alias("o"),
         F.collect_list("dl").alias("dl"),
         F.flatten(F.collect_list("x_subs")).alias("x"),
         F.collect_list("rr").alias("rr"),

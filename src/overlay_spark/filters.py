@@ -1,9 +1,14 @@
 """Subscription text → predicates and candidate keys, on the executors (SPEC §2.2).
 
 The text a subscriber sent is parsed with the overlay's own parser
-(``overlay.channels.parse_subscription``, the grammar of the wire); what the
-replay does with the result — deciding which events match — is its own,
-written as Spark column expressions in ``rematch``.  Nothing here imports
+(``overlay.channels.parse_expression``, the grammar of the wire) into its
+disjunctive normal form: one or more *conjuncts*, each with its predicates
+and its own key (an event matches a subscription iff it matches some
+conjunct, ``spark/SCHEMA.md``).  What the replay does with the result —
+deciding which events match — is its own, written as Spark column
+expressions in ``rematch``; arguments travel as text prepared for Spark (a
+case-insensitive operator's pattern lowercased, a ``like`` pattern followed
+by its anchored Java regular expression).  Nothing here imports
 Spark: the key choice is plain Python, tested directly.
 
 Rules:
@@ -68,9 +73,12 @@ MAX_POINT_KEYS: Final = 64
 WIDE: Final = "*"
 
 PARSED_TYPE: Final = (
-    "ok BOOLEAN, error STRING, preds ARRAY<STRUCT<attr: STRING, op: STRING, args: ARRAY<STRING>>>, "
-    "key_kind STRING, key_attr STRING, key_group STRING, keys ARRAY<STRING>, cost DOUBLE"
+    "ok BOOLEAN, error STRING, conjuncts ARRAY<STRUCT<"
+    "preds: ARRAY<STRUCT<attr: STRING, op: STRING, args: ARRAY<STRING>>>, "
+    "key_kind: STRING, key_attr: STRING, key_group: STRING, keys: ARRAY<STRING>, cost: DOUBLE>>"
 )
+# Operators whose one pattern is compared lowercased (with Spark's lower() of the value).
+_FOLDED: Final = frozenset({"ieq", "not ieq", "iprefix", "not iprefix", "isuffix", "not isuffix"})
 
 
 @lru_cache(maxsize=8)
@@ -192,9 +200,26 @@ def choose_key(f: Any, schema: Any, stats: dict[str, Any]) -> Key:
     return best[3]
 
 
+def like_regex(pattern: str) -> str:
+    """A ``like`` pattern as a Java regular expression matching the whole value:
+    the text between ``*``s quoted, each ``*`` any run of characters."""
+    quoted = ".*".join("\\Q" + part.replace("\\E", "\\E\\\\E\\Q") + "\\E" for part in pattern.split("*"))
+    return f"(?s)^{quoted}\\z"
+
+
+def _args(p: Any) -> list[str]:
+    op = p.op.value
+    if op in _FOLDED:
+        return [str(p.args[0]).lower()]
+    if op in ("like", "not like"):
+        return [str(p.args[0]), like_regex(str(p.args[0]))]
+    return [_text(a) for a in p.args]
+
+
 def parse_filter(text: str | None, schema_json: str, stats_json: str) -> dict[str, Any]:
-    """A row of ``PARSED_TYPE`` for one subscription text."""
-    from overlay.channels.expressions import parse_subscription
+    """A row of ``PARSED_TYPE`` for one subscription text: at least one
+    conjunct (an unparsed text's has no key and never matches)."""
+    from overlay.channels.expressions import parse_expression
     from overlay.errors import OverlayError
 
     empty: dict[str, Any] = {
@@ -206,20 +231,24 @@ def parse_filter(text: str | None, schema_json: str, stats_json: str) -> dict[st
         "cost": 0.0,
     }
     if text is None:
-        return {"ok": False, "error": "no filter text", **empty}
+        return {"ok": False, "error": "no filter text", "conjuncts": [empty]}
     schema = _schema(schema_json)
     try:
-        f = parse_subscription(text, schema)
+        expr = parse_expression(text, schema)
     except OverlayError as exc:
-        return {"ok": False, "error": str(exc), **empty}
-    kind, attr, group, keys, cost = choose_key(f, schema, _stats(stats_json))
-    return {
-        "ok": True,
-        "error": None,
-        "preds": [{"attr": p.attr, "op": p.op.value, "args": [_text(a) for a in p.args]} for p in f.predicates],
-        "key_kind": kind,
-        "key_attr": attr,
-        "key_group": group,
-        "keys": keys,
-        "cost": cost,
-    }
+        return {"ok": False, "error": str(exc), "conjuncts": [empty]}
+    stats = _stats(stats_json)
+    conjuncts = []
+    for f in expr.conjuncts:
+        kind, attr, group, keys, cost = choose_key(f, schema, stats)
+        conjuncts.append(
+            {
+                "preds": [{"attr": p.attr, "op": p.op.value, "args": _args(p)} for p in f.predicates],
+                "key_kind": kind,
+                "key_attr": attr,
+                "key_group": group,
+                "keys": keys,
+                "cost": cost,
+            }
+        )
+    return {"ok": True, "error": None, "conjuncts": conjuncts}

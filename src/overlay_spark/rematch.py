@@ -8,7 +8,12 @@ captured subscriptions, in Spark, compared with what the owners reported.
    (``subscribe``), acknowledged (``subscribed``: every channel applied it),
    and if it ended, ``unsubscribe`` and ``unsubscribed``.  Their text is
    parsed on the executors (``filters.parse_filter``), which also picks each
-   one's candidate keys from the events' histogram (``histogram``).
+   one's candidate keys from the events' histogram (``histogram``).  A
+   subscription is one row per conjunct of its disjunctive normal form; a
+   pair matched by several conjuncts of one subscription is one pair.  The
+   owners name the conjuncts of a subscription of several ``<sub>/<j>`` in
+   their ``event`` records (``node.sessions`` rule 7): ``base_ids`` reads
+   those as ``<sub>``.
 3. Candidates: each event carries one key per key family some subscription
    uses (``filters`` rule 4: a bucket of an ordered attribute at one level,
    a string value, or ``*``); each subscription its keys; a broadcast hash
@@ -50,6 +55,7 @@ from overlay_spark.session import ship_code
 
 __all__ = [
     "BROADCAST_KEYS",
+    "base_ids",
     "events_frame",
     "histogram",
     "rematch_pairs",
@@ -108,6 +114,16 @@ def _attrs(cap: Capture) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+# A conjunct's id: its subscription's id (ending in ``:<n>``), then ``/<j>``.
+_CONJUNCT_ID: Final = r"^(.*:[0-9]+)/[0-9]+$"
+
+
+def base_ids(ids: Column) -> Column:
+    """Rule 2: an array of subscription ids with every conjunct's id read as
+    its subscription's."""
+    return F.transform(ids, lambda x: F.regexp_replace(x, _CONJUNCT_ID, "$1"))
 
 
 def _bucket(x: Column, lo: float, hi: float) -> Column:
@@ -212,7 +228,19 @@ def subscriptions_frame(spark: SparkSession, cap: Capture, stats: dict[str, Any]
     ship_code(spark)
     sj, st = schema_json(cap), json.dumps(stats)
     parse = F.udf(lambda text: filters.parse_filter(text, sj, st), filters.PARSED_TYPE)
-    return subs.withColumn("parsed", parse("filter"))
+    # One row per conjunct (rule 2), each with the fields of one parsed filter.
+    c = F.col("c")
+    fields = ("preds", "key_kind", "key_attr", "key_group", "keys", "cost")
+    return (
+        subs.withColumn("p", parse("filter"))
+        .select(
+            *subs.columns,
+            F.col("p.ok").alias("ok"),
+            F.col("p.error").alias("error"),
+            F.explode("p.conjuncts").alias("c"),
+        )
+        .select(*subs.columns, F.struct("ok", "error", *(c[f].alias(f) for f in fields)).alias("parsed"))
+    )
 
 
 def _forms(attrs: list[dict[str, Any]]) -> list[str]:
@@ -253,6 +281,7 @@ def _ordered(op: Column, v: Column, lo: Column, hi: Column, arr: Column) -> Colu
         .when(op == ">", v > lo)
         .when(op == ">=", v >= lo)
         .when(op == "in[]", (v >= lo) & (v <= hi))
+        .when(op == "not in[]", (v < lo) | (v > hi))
         .when(op == "in{}", F.array_contains(arr, v))
     )
 
@@ -265,22 +294,40 @@ def _string(op: Column, v: Column, s0: Column, arr: Column) -> Column:
         .when(op == "suffix", v.endswith(s0))
         .when(op == "contains", v.contains(s0))
         .when(op == "in{}", F.array_contains(arr, v))
+        .when(op == "not in{}", ~F.array_contains(arr, v))
+        .when(op == "not prefix", ~v.startswith(s0))
+        .when(op == "not suffix", ~v.endswith(s0))
+        .when(op == "not contains", ~v.contains(s0))
+        # A case-insensitive operator's pattern comes lowercased (filters._args).
+        .when(op == "ieq", F.lower(v) == s0)
+        .when(op == "not ieq", F.lower(v) != s0)
+        .when(op == "iprefix", F.lower(v).startswith(s0))
+        .when(op == "not iprefix", ~F.lower(v).startswith(s0))
+        .when(op == "isuffix", F.lower(v).endswith(s0))
+        .when(op == "not isuffix", ~F.lower(v).endswith(s0))
+        # A like pattern's second argument is its Java regular expression.
+        .when(op == "like", F.regexp_like(v, arr[1]))
+        .when(op == "not like", ~F.regexp_like(v, arr[1]))
     )
 
 
 def satisfied(p: Column, attrs: list[dict[str, Any]]) -> Column:
     """``a satisfies f`` (SPEC §2.2) for one predicate ``p`` of ``_typed_preds``
     against the event's ``v_<i>`` columns: same attribute and value in L(f);
-    an event without the attribute satisfies nothing on it.  The filter
-    language's operators are known here and nowhere else in the replay."""
+    an event without the attribute satisfies nothing on it but ``not
+    exists`` (a negated operator needs the attribute too: anything-but).
+    The filter language's operators are known here and nowhere else in the
+    replay."""
     expr = None
     for a in attrs:
         v = F.col(f"v_{a['i']}")
+        presence = F.when(p["op"] == "exists", v.isNotNull()).when(p["op"] == "not exists", v.isNull())
         f = _form(a["type"])
         if a["kind"] == "string":
             test = _string(p["op"], v, p[f"{f}0"], p[f"{f}arr"])
         else:
             test = _ordered(p["op"], v, p[f"{f}0"], p[f"{f}1"], p[f"{f}arr"])
+        test = F.coalesce(presence, test)
         cond = p["attr"] == a["name"]
         expr = F.when(cond, test) if expr is None else expr.when(cond, test)
     return F.coalesce(expr, F.lit(False)) if expr is not None else F.lit(False)
@@ -356,7 +403,8 @@ def rematch_pairs(
     n_keys = sum(r["keys"] or 0 for r in summary_rows if r["ok"])
     groups = sorted({g for r in summary_rows if r["ok"] for g in (r["groups"] or [])})
     summary = {
-        "subscriptions": sum(r["n"] for r in summary_rows),
+        # Rows are conjuncts (rule 2): subscriptions are counted by id.
+        "subscriptions": sp.select("sub").distinct().count(),
         "by_key": {f"{r['key_kind']}": r["n"] for r in summary_rows if r["ok"]},
         "unparsed": sum(r["n"] for r in summary_rows if not r["ok"]),
         "unparsed_examples": bad,
@@ -380,10 +428,15 @@ def rematch_pairs(
     for i in range(k):
         p = F.col(f"p_{i}")
         test = test & (p.isNull() | satisfied(p, attrs))
-    pairs = ev_keys.join(keyed, "key").filter(test).select("event", *life)
+    # Several conjuncts of one subscription may match one event: one pair.
+    pairs = ev_keys.join(keyed, "key").filter(test).select("event", *life).dropDuplicates(["event", "sub"])
     return pairs, summary
 
 
 def reported_pairs(cap: Capture) -> DataFrame:
     """(event, sub, owner) for every subscription an owner reported matched."""
-    return cap.df("event").select("event", F.explode("matched").alias("sub"), F.col("node").alias("owner"))
+    return (
+        cap.df("event")
+        .select("event", F.explode(base_ids(F.col("matched"))).alias("sub"), F.col("node").alias("owner"))
+        .dropDuplicates()
+    )
