@@ -105,7 +105,28 @@ def test_parse_filter_reports_a_parse_error_without_raising() -> None:
         {"distinguishing": ["price"], "attributes": [{"name": "price", "type": "float", "min": 0, "max": 9}]}
     )
     row = filters.parse_filter("price >", sj, json.dumps({"events": 0, "index": {"price": 0}, "attrs": {}}))
-    assert row["ok"] is False and row["error"] and row["keys"] == []
+    assert row["ok"] is False and row["error"] and [c["keys"] for c in row["conjuncts"]] == [[]]
+
+
+def test_parse_filter_gives_each_conjunct_its_predicates_and_key() -> None:
+    """The extended language (issue 18): one row per conjunct of the DNF,
+    arguments prepared for Spark (lowercased, a like's regular expression)."""
+    sj = json.dumps(
+        {
+            "distinguishing": ["price"],
+            "attributes": [{"name": "price", "type": "float", "min": 0, "max": 9}, {"name": "sym", "type": "string"}],
+        }
+    )
+    stats = json.dumps({"events": 0, "index": {"price": 0, "sym": 1}, "attrs": {}})
+    row = filters.parse_filter('price < 1 or (sym ieq "AB" and not sym like "A*")', sj, stats)
+    assert row["ok"] is True and len(row["conjuncts"]) == 2
+    first, second = row["conjuncts"]
+    assert [p["op"] for p in first["preds"]] == ["<"]
+    assert [(p["op"], p["args"]) for p in second["preds"]] == [
+        ("ieq", ["ab"]),
+        ("not like", ["A*", filters.like_regex("A*")]),
+    ]
+    assert filters.like_regex("a*b.c") == "(?s)^\\Qa\\E.*\\Qb.c\\E\\z"
 
 
 _price = st.floats(0, 1000, allow_nan=False).map(lambda x: round(x, 1))
