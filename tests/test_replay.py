@@ -441,3 +441,109 @@ def test_audit_catches_a_payload_that_did_not_arrive_whole(
     res = run_replay(str(bad), spark=spark, tail_guard=0.0, stream=None)
     assert res.failed == ["audit.payload"]
     assert res.details["audit"]["payloads"]["mismatched"] == 1
+
+
+# -- 4. the extended filter language, re-matched independently ----------------------------------------
+
+EXTENDED = [
+    'price < 100 or sym ieq "x"',
+    'not exists qty and sym like "X*"',
+    "qty not in [10, 20] and price >= 500",
+    'sym not in {"A", "B"} and venue iprefix "ny"',
+    'not (price < 300 or sym = "A")',
+    'venue isuffix "SE" or qty = 5',
+    'not sym prefix "X" and exists venue',
+    'sym contains "B" or not sym like "*Z"',
+    "price in [10.5, 20.5] or price not in [0, 990]",
+    'sym like "A.*" or not venue ieq "nyse"',
+    "qty != 3 or not exists venue",
+    'not (venue isuffix "se" or sym iprefix "a")',
+]
+
+
+def test_extended_language_subscriptions_are_re_matched_like_the_nodes_do(spark: Any, tmp_path: Path) -> None:
+    """Subscriptions with or, not, exists, anything-but, case-insensitive and
+    wildcard operators; events that leave optional attributes out.  The
+    "owners" report what the node's own matcher says; the replay's Spark
+    expressions must find exactly those pairs (rematch.missing and
+    rematch.extra both pass, and the counts agree)."""
+    import random
+
+    from overlay.channels import Attribute, Kind, Schema
+    from overlay.channels.expressions import parse_expression
+
+    schema = Schema(
+        [
+            Attribute("price", Kind.FLOAT, 0, 1000),
+            Attribute("sym", Kind.STRING, 1, 8),
+            Attribute("qty", Kind.INT, 0, 100),
+            Attribute("venue", Kind.STRING, 0, 16),
+        ],
+        ["price", "sym"],
+    )
+    exprs = {f"0:1:x{i}:{i}": parse_expression(t, schema) for i, t in enumerate(EXTENDED)}
+    texts = {f"0:1:x{i}:{i}": t for i, t in enumerate(EXTENDED)}
+    rng = random.Random(3)
+    run = tmp_path / "ext"
+    run.mkdir()
+    header = {
+        "schema_version": 1,
+        "run": "ext",
+        "cluster": "ext",
+        "initializer": 0,
+        "slice_seconds": 100.0,
+        "nodes": [{"id": 0, "capacity": 1.0}],
+        "bandwidth": {"default": 100.0, "links": []},
+        "schema": {
+            "distinguishing": ["price", "sym"],
+            "attributes": [
+                {"name": "price", "type": "float", "min": 0, "max": 1000},
+                {"name": "sym", "type": "string", "min": 1, "max": 8},
+                {"name": "qty", "type": "int", "min": 0, "max": 100},
+                {"name": "venue", "type": "string", "min": 0, "max": 16},
+            ],
+        },
+        "balancing": False,
+        "delta": 0.1,
+    }
+    lines = [_line("header", 0, 0.0, **header)]
+    for sub, text in texts.items():
+        lines.append(
+            _line("subscribe", 0, 0.1, sub=sub, local=sub.split(":")[2], session=1, subscriber="c", filter=text)
+        )
+        lines.append(_line("subscribed", 0, 0.2, sub=sub))
+    pairs = 0
+    for e in range(400):
+        values: dict[str, Any] = {
+            "price": round(rng.choice([rng.uniform(0, 1000), rng.uniform(5, 25), 995.0]), 1),
+            "sym": rng.choice(["A", "B", "X", "XZ", "AB", "a.", "A.b", "Zx", "xbZ"]),
+        }
+        if rng.random() < 0.6:
+            values["qty"] = rng.choice([3, 5, 10, 15, 20, 21, 50])
+        if rng.random() < 0.6:
+            values["venue"] = rng.choice(["NYSE", "nyse", "ny", "LSE", "xse", "NASDAQ"])
+        matched = [sub for sub, ex in exprs.items() if ex.matches(values)]
+        pairs += len(matched)
+        t = 1.0 + e * 0.01
+        eid = f"0-{e + 1}"
+        lines.append(_line("publish", 0, t, event=eid, channel="0.0", values=values))
+        lines.append(
+            _line(
+                "event", 0, t + 0.001, event=eid, access=0, channel="0.0", tested=len(exprs), matched=matched, slice=0
+            )
+        )
+        if matched:
+            lines.append(_line("deliver", 0, t + 0.002, event=eid, subs=matched, orphans=[]))
+    lines.append(_line("end", 0, 9.0, records=len(lines) + 1, dropped=0))
+    (run / "node-0.ndjson").write_text("\n".join(lines) + "\n")
+    assert pairs > 100
+    res = run_replay(str(run), spark=spark, tail_guard=0.0, stream=None)
+    checks = {c.name: (c.ok, c.detail) for c in res.checks}
+    for name in ("rematch.parse", "rematch.missing", "rematch.extra", "audit.lost", "audit.duplicates"):
+        assert checks[name][0] is True, (name, checks[name][1], res.details["audit"]["examples"])
+    got = res.details["audit"]["pairs"]
+    assert got["rematched"] == got["reported"] == got["delivered"] == pairs
+    # Each conjunct is looked up on its own (an `or` of keyed parts stays keyed).
+    by_key = res.details["rematch"]["by_key"]
+    assert sum(by_key.values()) == sum(len(ex.conjuncts) for ex in exprs.values())
+    assert by_key["range"] >= 3 and by_key["points"] >= 1
