@@ -46,7 +46,6 @@ import asyncio
 import contextlib
 import math
 import os
-import random
 import shutil
 import sys
 import tempfile
@@ -61,11 +60,13 @@ from overlay.config import load_config
 from overlay.testing import (
     Audit,
     NodeProcesses,
+    bench_event,
     consume,
     free_ports,
+    load_ranges,
     log_time,
+    price_bands,
     publish_steadily,
-    skewed_price,
     write_cluster_config,
 )
 
@@ -111,25 +112,15 @@ class Result:
 
 
 def cost_subscriptions() -> list[str]:
-    rng = random.Random(11)
-    out = []
-    for _ in range(COST_SUBS):
-        lo = rng.uniform(0, 950)
-        out.append(f'price >= {lo:.1f} and price < {min(1000.0, lo + rng.uniform(20, 200)):.1f} and venue prefix "zz"')
-    return out
+    return load_ranges(COST_SUBS)
 
 
 def bands() -> list[str]:
-    width = 1000 / BANDS
-    out = []
-    for k in range(BANDS):
-        top = "price <= 1000" if k == BANDS - 1 else f"price < {(k + 1) * width:g}"
-        out.append(f"price >= {k * width:g} and {top}")
-    return out
+    return price_bands(BANDS)
 
 
 def values(qty: int) -> dict[str, Any]:
-    return {"price": skewed_price(qty), "sym": "AB"[qty % 2], "qty": qty, "venue": "x"}
+    return bench_event(qty)
 
 
 def ratio(xs: list[float]) -> float:

@@ -88,12 +88,14 @@ from overlay.testing import (
     Audit,
     NodeProcesses,
     Verdict,
+    bench_event,
     consume,
     dev_tls,
     free_ports,
     insecure_tls,
+    load_ranges,
+    price_bands,
     publish_steadily,
-    skewed_price,
     write_cluster_config,
 )
 
@@ -176,25 +178,15 @@ def pct(xs: list[float], p: float) -> float | None:
 
 
 def load_subscriptions() -> list[str]:
-    rng = random.Random(11)
-    out = []
-    for _ in range(LOAD_SUBS):
-        lo = rng.uniform(0, 950)
-        out.append(f'price >= {lo:.1f} and price < {min(1000.0, lo + rng.uniform(20, 200)):.1f} and venue prefix "zz"')
-    return out
+    return load_ranges(LOAD_SUBS)
 
 
 def bands() -> list[str]:
-    width = 1000 / BANDS
-    out = []
-    for k in range(BANDS):
-        top = "price <= 1000" if k == BANDS - 1 else f"price < {(k + 1) * width:g}"
-        out.append(f"price >= {k * width:g} and {top}")
-    return out
+    return price_bands(BANDS)
 
 
 def values(qty: int) -> dict[str, Any]:
-    return {"price": skewed_price(qty), "sym": "AB"[qty % 2], "qty": qty, "venue": "x"}
+    return bench_event(qty)
 
 
 class Soak:

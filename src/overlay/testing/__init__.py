@@ -65,7 +65,16 @@ from overlay.testing._mutate import Mutator, samples
 from overlay.testing._peer import accept_peer, dial_peer
 from overlay.testing._processes import NodeProcesses, Partition, log_time, write_cluster_config
 from overlay.testing._raw_client import RawClient
-from overlay.testing._traffic import GOLDEN, QUEUE_SIZE, Traffic, range_subscriptions, skewed_price
+from overlay.testing._traffic import (
+    GOLDEN,
+    QUEUE_SIZE,
+    Traffic,
+    bench_event,
+    load_ranges,
+    price_bands,
+    range_subscriptions,
+    skewed_price,
+)
 from overlay.testing.memory_link import MemoryLink
 
 __all__ = [
@@ -85,15 +94,18 @@ __all__ = [
     "Traffic",
     "Verdict",
     "accept_peer",
+    "bench_event",
     "bound_socket",
     "consume",
     "dev_tls",
     "dial_peer",
     "free_ports",
     "insecure_tls",
+    "load_ranges",
     "log_time",
     "nodes_quiet",
     "override",
+    "price_bands",
     "publish_steadily",
     "range_subscriptions",
     "samples",

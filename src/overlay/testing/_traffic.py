@@ -18,14 +18,23 @@ import contextlib
 import random
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from overlay.client import Client, Subscription
 
 if TYPE_CHECKING:
     from overlay.testing._cluster import LoopbackCluster
 
-__all__ = ["GOLDEN", "QUEUE_SIZE", "Traffic", "range_subscriptions", "skewed_price"]
+__all__ = [
+    "GOLDEN",
+    "QUEUE_SIZE",
+    "Traffic",
+    "bench_event",
+    "load_ranges",
+    "price_bands",
+    "range_subscriptions",
+    "skewed_price",
+]
 
 GOLDEN: Final = 0.6180339887498949
 PRICE_MAX: Final = 1000.0
@@ -45,6 +54,34 @@ def skewed_price(k: int, offset: float = 0.0, hot: tuple[float, float] = (0.0, 2
     if u < 0.7:
         return round(lo + (hi - lo) * u / 0.7, 3)
     return round(PRICE_MAX * (u - 0.7) / 0.3, 3)
+
+
+def load_ranges(n: int, seed: int = 11) -> list[str]:
+    """``n`` price ranges 20 to 200 wide with a venue pattern no event matches:
+    matching load for the benches' nodes (SPEC §5), nothing notified (rule 1)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        lo = rng.uniform(0, 950)
+        out.append(
+            f'price >= {lo:.1f} and price < {min(PRICE_MAX, lo + rng.uniform(20, 200)):.1f} and venue prefix "zz"'
+        )
+    return out
+
+
+def price_bands(n: int) -> list[str]:
+    """``n`` price bands tiling [0, 1000]: every event is in exactly one."""
+    width = PRICE_MAX / n
+    out = []
+    for k in range(n):
+        top = "price <= 1000" if k == n - 1 else f"price < {(k + 1) * width:g}"
+        out.append(f"price >= {k * width:g} and {top}")
+    return out
+
+
+def bench_event(qty: int) -> dict[str, Any]:
+    """The benches' ``qty``-th event: a skewed price (rule 2), ``qty`` naming it."""
+    return {"price": skewed_price(qty), "sym": "AB"[qty % 2], "qty": qty, "venue": "x"}
 
 
 def range_subscriptions(n: int, seed: int, venue: str | None = None) -> list[str]:
