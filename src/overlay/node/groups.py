@@ -341,53 +341,34 @@ class Groups:
         origin = -1 if msg.key else msg.access_node  # rule 8: a keyed event is its home's to track
         if len(targets) == 1:  # the common case, without the grouping
             s = targets[0]
-            if s.access_node == self._ctx.id:
-                self._notifier.notify(
-                    msg.event_id,
-                    msg.event_exp,
-                    (s.id,),
-                    msg.publish_time,
-                    self._ctx.id,
-                    msg.key,
-                    msg.rank,
-                    out,
-                    chid,
-                    msg.payload,
-                )
-            else:
-                out.append(
-                    ToPeer(
-                        s.access_node,
-                        _notification(msg, (s.id,), chid, origin),
-                    )
-                )
-            self._ctx.stats["notifications_out"] += 1
-            return
-        by_node: dict[int, list[str]] = {}
-        for s in targets:
-            by_node.setdefault(s.access_node, []).append(s.id)
-        for node, ids in by_node.items():
-            if node == self._ctx.id:
-                self._notifier.notify(
-                    msg.event_id,
-                    msg.event_exp,
-                    ids,
-                    msg.publish_time,
-                    self._ctx.id,
-                    msg.key,
-                    msg.rank,
-                    out,
-                    chid,
-                    msg.payload,
-                )
-            else:
-                out.append(
-                    ToPeer(
-                        node,
-                        _notification(msg, tuple(ids), chid, origin),
-                    )
-                )
+            self._send_to(s.access_node, (s.id,), msg, chid, origin, out)
+        else:
+            by_node: dict[int, list[str]] = {}
+            for s in targets:
+                by_node.setdefault(s.access_node, []).append(s.id)
+            for node, ids in by_node.items():
+                self._send_to(node, tuple(ids), msg, chid, origin, out)
         self._ctx.stats["notifications_out"] += len(targets)
+
+    def _send_to(
+        self, node: int, ids: tuple[str, ...], msg: pm.Event, chid: ChannelId, origin: int, out: list[Action]
+    ) -> None:
+        """``msg``'s notification for ``ids``, subscriptions of access node ``node``."""
+        if node == self._ctx.id:
+            self._notifier.notify(
+                msg.event_id,
+                msg.event_exp,
+                ids,
+                msg.publish_time,
+                self._ctx.id,
+                msg.key,
+                msg.rank,
+                out,
+                chid,
+                msg.payload,
+            )
+        else:
+            out.append(ToPeer(node, _notification(msg, ids, chid, origin)))
 
     def _undeliverable(self, ev: pm.Event, group: str, out: list[Action]) -> None:
         """Rule 4: no instance of ``group`` can take ``ev``: tell the publisher."""
