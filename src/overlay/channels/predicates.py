@@ -110,30 +110,6 @@ class Op(enum.StrEnum):
 ORDERED_OPS: Final = frozenset(
     {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.IN_RANGE, Op.NOT_IN_RANGE, Op.EXISTS, Op.NOT_EXISTS}
 )
-STRING_OPS: Final = frozenset(
-    {
-        Op.EQ,
-        Op.NE,
-        Op.PREFIX,
-        Op.SUFFIX,
-        Op.CONTAINS,
-        Op.IN_SET,
-        Op.NOT_IN_SET,
-        Op.NOT_PREFIX,
-        Op.NOT_SUFFIX,
-        Op.NOT_CONTAINS,
-        Op.IEQ,
-        Op.NOT_IEQ,
-        Op.IPREFIX,
-        Op.NOT_IPREFIX,
-        Op.ISUFFIX,
-        Op.NOT_ISUFFIX,
-        Op.LIKE,
-        Op.NOT_LIKE,
-        Op.EXISTS,
-        Op.NOT_EXISTS,
-    }
-)
 # Operators whose one argument is a pattern: a fragment of a value, a string
 # of any length (the schema's length bound is for values).
 PATTERN_OPS: Final = frozenset(
@@ -154,6 +130,8 @@ PATTERN_OPS: Final = frozenset(
         Op.NOT_LIKE,
     }
 )
+# Operators on strings: the patterns, and equality, sets and presence.
+STRING_OPS: Final = PATTERN_OPS | {Op.EQ, Op.NE, Op.IN_SET, Op.NOT_IN_SET, Op.EXISTS, Op.NOT_EXISTS}
 # Rule 6: the negation of each operator among present values (Kleene's NOT:
 # a predicate on an absent attribute is false, and so is its negation).
 NEGATION: Final = {
