@@ -332,7 +332,8 @@ def _raw_pub_main(
                     await asyncio.sleep(d)
                     continue
                 # Everything due by now, in one write (as paho's flush before a sleep).
-                upto = min(total, i + RAW_BATCH, int((now() - t0) * rate) + 1)
+                # At least message i itself: it was due (a rounding apart).
+                upto = max(i + 1, min(total, i + RAW_BATCH, int((now() - t0) * rate) + 1))
             if i <= warmup < upto:
                 t_first = now()
             c.write(b"".join([prefix + pack(j, now()) + pad for j in range(i, upto)]))
