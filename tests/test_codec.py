@@ -126,6 +126,18 @@ PEER_MESSAGES: list[pm.PeerMessage] = [
     pm.Heartbeat(1, sent=2.5, echo=1.25, table_digest=(1 << 63) - 1, table_clock=42),
     pm.Rebuild(CH1, (SUB.stored(),), last=False, dead=3),
     pm.Rebuild(CH1, (), dead=3, groups=(pm.GroupChoice("1-42", "workers", "1:1:a:1"),)),
+    pm.DeliveryHandover(
+        9,
+        CH1,
+        (
+            pm.TrackedDelivery(
+                EVP,
+                (pm.CopyInFlight("1:1:a:1", 2, "workers"), pm.CopyInFlight("1:1:b:2", 1)),
+                (pm.GroupTries("workers", ("1:1:c:3", "1:1:a:1"), ("1:1:a:1", "1:1:d:4")),),
+            ),
+        ),
+        (pm.GroupChoice("1-42", "workers", "1:1:a:1"), pm.GroupChoice("1-41", "workers", "1:1:c:3", taken=True)),
+    ),
     pm.KeySync(
         7,
         (

@@ -57,6 +57,7 @@ SAMPLES: dict[type, pm.PeerMessage] = {
     pm.UpdateRoutingTable: pm.UpdateRoutingTable((), (), SESSION, 0),
     pm.ReplyUpdateGlobal: pm.ReplyUpdateGlobal(SESSION, 0),
     pm.CompleteLoadBalance: pm.CompleteLoadBalance(SESSION),
+    pm.DeliveryHandover: pm.DeliveryHandover(SESSION, CH[0], ()),
     pm.Reforward: pm.Reforward(CH[0], (pm.ReforwardItem(pm.ReforwardSign.SUBSCRIBE, _SUB),), SESSION),
     pm.Heartbeat: pm.Heartbeat(1),
     pm.Rebuild: pm.Rebuild(CH[0], (_SUB.stored(),)),

@@ -161,6 +161,7 @@ def test_admin_place_emits_the_exact_migration_sequence():
         (2, 0, "ReplySubscriptionMove"),
         (0, 1, "UpdateRoutingTable"),
         (0, 2, "UpdateRoutingTable"),
+        (0, 2, "DeliveryHandover"),  # nothing tracked: it says so (node.groups rule 10)
         (1, 0, "ReplyUpdateGlobal"),
         (2, 0, "ReplyUpdateGlobal"),
         (0, 2, "CompleteLoadBalance"),
@@ -177,7 +178,8 @@ def test_admin_place_emits_the_exact_migration_sequence():
     assert msgs[6] == msgs[7]
     assert msgs[6].delete_chs == () and msgs[6].origin == 0
     assert [(i.ch_id, i.entry.owners) for i in msgs[6].update_chs] == [(HIGH, (2,))]
-    assert msgs[10] == pm.CompleteLoadBalance(session, aborted=False)
+    assert msgs[8] == pm.DeliveryHandover(session, HIGH, ())
+    assert msgs[11] == pm.CompleteLoadBalance(session, aborted=False)
     assert reply == cm.AdminReply(
         reply.seq,
         {

@@ -37,8 +37,8 @@ WORKERS: Final = min(2, os.cpu_count() or 1)  # the seeds run on two processes: 
 pytestmark = pytest.mark.timeout(600)
 
 # Every one of these 200 seeds keeps SPEC §16's promise, and so do all 1,000
-# of ``bench/simulation.py --faults`` (the last to fail — 561, 963, 808 — are
-# regression seeds below; 1094 and 1533, beyond them, a known gap).
+# of ``bench/simulation.py --faults`` (the last to fail — 561, 963, 808, 1094,
+# 1533 — are regression seeds below).
 
 
 def _run(seed: int) -> SimResult:
@@ -138,23 +138,12 @@ REGRESSION_SEEDS: Final = (
     561,  # a group copy of a channel its dead owner had split just before: the rebuilt child sent it to a 2nd instance
     963,  # a keyed event released to a migration's receiver that died with it: no recovery update re-sent it
     808,  # a moved channel's group copy failed at its sender and its receiver: each picked another instance
+    1094,  # a moved channel's group copy in flight, its instance gone at the receiver: a 2nd instance
+    1533,  # the same (tests/test_group_handover.py pins the schedule down)
 )
 
 
 @pytest.mark.parametrize("seed", REGRESSION_SEEDS)
 def test_fault_seeds_that_found_a_bug_keep_the_promise(seed: int) -> None:
-    result = _run(seed)
-    assert result.ok, result.describe()
-
-
-# Known to break the promise (node.groups rule 10's "not covered"): a group
-# copy in flight when its channel moved, its instance gone at the receiver,
-# reaches a second instance.  Strict: when a fix makes them pass, they move up.
-KNOWN_FAILING_SEEDS: Final = (1094, 1533)
-
-
-@pytest.mark.xfail(strict=True, reason="node.groups rule 10: a moved channel's group copy in flight, instance gone")
-@pytest.mark.parametrize("seed", KNOWN_FAILING_SEEDS)
-def test_fault_seeds_of_a_known_gap_still_fail(seed: int) -> None:
     result = _run(seed)
     assert result.ok, result.describe()

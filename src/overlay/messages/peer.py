@@ -31,12 +31,15 @@ __all__ = [
     "ChannelTransfer",
     "ChannelVersion",
     "CompleteLoadBalance",
+    "CopyInFlight",
     "DeadNode",
+    "DeliveryHandover",
     "DispatchSign",
     "Event",
     "EventsDelivered",
     "EventsMatched",
     "GroupChoice",
+    "GroupTries",
     "Heartbeat",
     "KeyAsk",
     "KeyCopy",
@@ -72,6 +75,7 @@ __all__ = [
     "SubscriptionType",
     "TableReply",
     "TableRequest",
+    "TrackedDelivery",
     "UnSubscription",
     "UpdateRoutingTable",
     "is_high",
@@ -456,6 +460,19 @@ class CompleteLoadBalance(PeerMessage, frozen=True):
     reason: str = ""  # why it was aborted, for the receiver's log
 
 
+class DeliveryHandover(PeerMessage, frozen=True):
+    """A moved channel's sender → its receiver, at <3> (``node.groups`` rule
+    10): the deliveries of channel ``ch_id`` it still tracked, now the
+    receiver's, and the group choices as they stand (taken since the
+    SubscriptionMove, or not).  One or more per channel, each at most half
+    a frame (events carry payloads)."""
+
+    session: int
+    ch_id: ChannelId
+    deliveries: tuple[TrackedDelivery, ...]
+    choices: tuple[GroupChoice, ...] = ()
+
+
 class ReforwardItem(msgspec.Struct, frozen=True, array_like=True):
     sign: ReforwardSign
     message: Subscription | UnSubscription | Event
@@ -550,6 +567,34 @@ class GroupChoice(msgspec.Struct, frozen=True, array_like=True):
     taken: bool = False
 
 
+class CopyInFlight(msgspec.Struct, frozen=True, array_like=True):
+    """A tracked notification not answered yet (``DeliveryHandover``): the
+    subscription, its access node, and its group ("": a plain subscriber of a
+    keyed event)."""
+
+    sub_id: Ident
+    access_node: NodeId
+    group: Ident = ""
+
+
+class GroupTries(msgspec.Struct, frozen=True, array_like=True):
+    """One group of a handed-over delivery: the instances tried so far, and the
+    matching instances it may still go to."""
+
+    group: Ident
+    tried: tuple[Ident, ...]
+    candidates: tuple[Ident, ...]
+
+
+class TrackedDelivery(msgspec.Struct, frozen=True, array_like=True):
+    """An event whose tracked notifications a moving channel's sender had not
+    seen answered (``node.groups`` rule 10)."""
+
+    event: Event
+    waiting: tuple[CopyInFlight, ...]
+    groups: tuple[GroupTries, ...] = ()
+
+
 class KeyCopy(msgspec.Struct, frozen=True, array_like=True):
     """A key's state at its home (``overlay.seq`` rule 8): the sequence rank,
     the last rank assigned, and its events not complete, each with its rank
@@ -639,6 +684,7 @@ PeerUnion = (
     | UpdateRoutingTable
     | ReplyUpdateGlobal
     | CompleteLoadBalance
+    | DeliveryHandover
     | Reforward
     | Heartbeat
     | Rebuild

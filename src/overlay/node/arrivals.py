@@ -178,7 +178,7 @@ class Arrivals:
             ch.add_deferred(subs)
             self._indexing.want()
             self._groups.restore(cs)  # the group dispatch state (node.groups)
-            self._groups.learn_senders(cs.choices, src)  # node.groups rule 10
+            self._groups.choices.learn_senders(cs.choices, src)  # node.groups rule 10
         out.append(ToPeer(src, pm.ReplySubscriptionMove(msg.session)))
 
     def on_reforward(self, src: int, msg: pm.Reforward, now: float, out: list[Action]) -> None:

@@ -200,7 +200,7 @@ class NodeCore:
             damped=self.liveness.damped,
             arriving=lambda: self.arrivals.arriving(),
             group_choices=self.notifier.group_choices,
-            learn_choices=self.groups.learn_choices,
+            learn_choices=self.groups.choices.learn,
         )
         # Tables re-converge (node.table_sync); the local table follows the
         # routing table's changes (node.updates rule 3).

@@ -63,20 +63,26 @@ Rules this module keeps:
    not notified again: the delivery learns its latest home (for the
    completion).  A group rebuilt on a new owner restarts its dispatch
    counters; exactly one instance per event does not depend on them.
-10. **A moved channel's copies in flight stay its sender's.**  The node a
-   live channel left keeps tracking the group copies it sent (its
-   ``_Delivery``), and picks another instance when one fails.  A receiver
-   that learned such a choice not yet taken (``ChannelSubscriptions.choices``)
-   and matches the event again (its access node re-sent it) sends it to the
-   same instance, but when that copy fails it picks no other while the
-   sender lives: the sender does (fault seed 808: both did, and the group
-   got the event twice).  Not covered: the instance already gone from the
-   channel when the event comes again — the receiver picks another at once
-   while the sender may replace its own copy too (fault seeds 1094, 1533: a
-   second instance).  Leaving it to the sender instead lost the event when
-   the sender died next (fault seed 770); a hand-over of the sender's copies
-   in flight with the channel would close both.  Once the sender is down (``peer_down`` after the
-   choice was learned) the receiver picks, as for a dead owner's choices.
+10. **A moved channel's copies in flight go with it.**  Until <3> the node
+   a live channel leaves tracks the copies it sent (its ``Delivery``) and
+   picks another instance when one fails; a receiver that learned such a
+   choice not taken yet (``ChannelSubscriptions.choices``) and matches the
+   event again sends it to the same instance, and when that copy fails it
+   picks no other while the sender lives: the sender does (fault seed 808:
+   both did, and the group got the event twice).  At <3> the sender hands
+   every delivery of the channel it still tracks to the receiver
+   (``DeliveryHandover``, with the choices as they stand now) and forgets
+   them; the receiver sends each copy in flight again, so the access node
+   answers it too (``node.notify`` rule 5: not delivered twice), and
+   decides from then on, alone.  An event matched again while one of its
+   group's copies is in flight here goes to no second instance; a failed
+   copy whose group has another in flight is not replaced.  Before the
+   hand-over a receiver picked another instance when the sender's choice
+   had left the channel, while the sender replaced its own failed copy too
+   (fault seeds 1094, 1533: a second instance); leaving it to the sender
+   lost the event when the sender died next (770).  Once the sender is
+   down (``peer_down`` after the choice was learned) the receiver picks, as
+   for a dead owner's choices.
 """
 
 from __future__ import annotations
@@ -84,8 +90,9 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from types import MappingProxyType
 from typing import Any, Final
+
+import msgspec
 
 from overlay.actions import Action, ToPeer
 from overlay.channels.channel import Channel, ChannelId
@@ -94,8 +101,9 @@ from overlay.channels.groups import MILLI, GroupDispatcher, GroupState
 from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
 from overlay.messages import peer as pm
+from overlay.node.choices import GroupChoices
 from overlay.node.context import NodeContext
-from overlay.node.dedup import Recent
+from overlay.node.deliveries import Delivery
 from overlay.node.notify import PRUNE_SECONDS, UNDELIVERABLE, Notifier
 from overlay.node.ordering import COMPLETE, Ordering
 
@@ -103,31 +111,13 @@ __all__ = ["Groups"]
 
 log = logging.getLogger("overlay.node")
 
-# The group state of a delivery without groups: read-only and shared, so one
-# ordered event allocates three dicts fewer (every allocation counts towards
-# the next collection) and a write to it raises instead of leaking.
-_NO_GROUPS: Final[Any] = MappingProxyType({})
-
 SubscriptionsFailed = Callable[[Channel, pm.Event, Sequence[Any], str], None]
 EventsMatched = Callable[[pm.Event, tuple[int, ...], list[Action]], None]
 
-
-class _Delivery:
-    """Owner side: one event's tracked notifications (rules 2, 4, 6)."""
-
-    __slots__ = ("cands", "ch", "deadline", "ev", "gsub", "tried", "waiting")
-
-    def __init__(self, ev: pm.Event, ch: ChannelId, *, groups: bool = True) -> None:
-        self.deadline = 0.0
-        self.ev = ev
-        self.ch = ch
-        self.waiting: dict[str, int] = {}  # sub id -> its access node, awaiting an ack
-        if groups:
-            self.gsub: dict[str, str] = {}  # chosen instance -> its group
-            self.cands: dict[str, list[Subscription]] = {}  # group -> matching instances
-            self.tried: dict[str, set[str]] = {}  # group -> instances tried
-        else:  # a keyed event that matched no group, the common ordered case
-            self.gsub = self.cands = self.tried = _NO_GROUPS
+# Rule 10: the most a GroupChoice takes encoded (three ids of up to 256 bytes),
+# to cut a DeliveryHandover's choices into frames.
+_CHOICE_BYTES: Final = 800
+_encode = msgspec.msgpack.Encoder().encode
 
 
 class Groups:
@@ -161,7 +151,7 @@ class Groups:
         g = ctx.config.groups
         self._dispatchers: dict[tuple[ChannelId, str], GroupDispatcher] = {}
         self._low_filter = parse_subscription(g.low_priority, ctx.schema) if g.low_priority else None
-        self._deliveries: dict[str, _Delivery] = {}  # event id -> tracked delivery
+        self._deliveries: dict[str, Delivery] = {}  # event id -> tracked delivery
         # Deadlines in the order they come (now + a fixed wait), each with its key in
         # a parallel deque: no (deadline, key) tuple to allocate per event, and
         # every allocation counts towards the cyclic GC's next collection.
@@ -171,19 +161,15 @@ class Groups:
         # access node's own wait for an ack and then for the answer to a Revoke.
         self._owner_wait = 3 * g.ack_timeout
         self._next_prune = 0.0
-        # Rule 9: event id -> {group: the instance it went to}.
-        cl = ctx.config.cluster
-        # event id -> (its channel, {group: (instance, taken)})
-        self.chosen: Recent[tuple[ChannelId, dict[str, tuple[str, bool]]]] = Recent(
-            cl.event_ttl, cl.dedup_max, ctx.stats, name="group_choices"
-        )
-        # Rule 10: "event id\x1fgroup" -> (the live sender that still tracks the copy, when learned).
-        self._senders: Recent[tuple[int, float]] = Recent(cl.event_ttl, cl.dedup_max, ctx.stats, name="group_senders")
-        self._down_at: dict[int, float] = {}  # node -> when it last went down (rule 10)
+        self.choices = GroupChoices(ctx, replaced)  # rules 9 and 10
 
     def dispatcher(self, chid: ChannelId, group: str) -> GroupDispatcher | None:
         """The dispatch state of ``group`` on channel ``chid``, if any (status, tests)."""
         return self._dispatchers.get((chid, group))
+
+    def tracks(self, event_id: str) -> bool:
+        """Whether ``event_id``'s delivery waits for answers here (status, tests)."""
+        return event_id in self._deliveries
 
     def tick(self, now: float, out: list[Action]) -> None:
         """Rule 4: deliveries nobody answered fail; housekeeping."""
@@ -199,7 +185,7 @@ class Groups:
         """Dispatchers of channels no longer here, instances no longer members."""
         if now >= self._next_prune:
             self._next_prune = now + PRUNE_SECONDS
-            self.chosen.expire(now)
+            self.choices.expire(now)
             local = self._ctx.local
             for k in [k for k in self._dispatchers if k[0] not in local]:
                 del self._dispatchers[k]
@@ -250,11 +236,17 @@ class Groups:
         if not keyed and not groups:
             return False
         now = self._ctx.now
-        d = _Delivery(msg, ch.id)
+        d = Delivery(msg, ch.id)
         low: bool | None = None
-        entry = self.chosen.get(msg.event_id) if groups else None
+        entry = self.choices.get(msg.event_id) if groups else None
         sticky = entry[1] if entry is not None else None
+        # Rule 10: a copy of a group still in flight here (a delivery handed over
+        # with the channel, or this node's own) is that group's, whatever left since.
+        tracked = self._deliveries.get(msg.event_id) if groups else None
         for g, subs in groups.items():
+            if tracked is not None and tracked.in_flight(g):
+                self._ctx.stats["group_copy_in_flight"] += 1
+                continue
             disp = self._dispatcher(ch.id, g)
             bad = []
             for s in subs:
@@ -287,7 +279,7 @@ class Groups:
             if chosen is None:
                 self._undeliverable(msg, g, out)
                 continue
-            self._remember(msg.event_id, g, chosen, ch.id)
+            self.choices.remember(msg.event_id, g, chosen, ch.id)
             d.cands[g] = subs
             d.tried[g] = {chosen}
             d.gsub[chosen] = g
@@ -296,18 +288,21 @@ class Groups:
         for s in targets:
             if keyed or s.id in d.gsub:
                 d.waiting[s.id] = s.access_node
-        tracked = bool(d.waiting)
-        if tracked:  # first: this node's access node may answer a copy it had at once (node.notify rule 5)
+        waits = bool(d.waiting)
+        if tracked is not None and waits:  # rule 10: one delivery per event here
+            tracked.merge(d)
+            d = tracked
+        if waits:  # first: this node's access node may answer a copy it had at once (node.notify rule 5)
             self._track(d)
         self._send_notifications(msg, ch.id, targets, out)
         if not keyed:  # rule 8
             me = self._ctx.id
             self._events_matched(msg, tuple(dict.fromkeys(s.access_node for s in targets if s.access_node != me)), out)
-        if not tracked:
+        if not waits and tracked is None:
             self._delivery_done(d, out)
         return True
 
-    def _track(self, d: _Delivery) -> None:
+    def _track(self, d: Delivery) -> None:
         """``d`` waits for its answers, at most ``_owner_wait`` (rule 4)."""
         eid = d.ev.event_id
         self._deliveries[eid] = d
@@ -317,7 +312,7 @@ class Groups:
 
     def _deliver_keyed(self, ch: Channel, msg: pm.Event, matched: Sequence[Subscription], out: list[Action]) -> None:
         """Rules 1, 6 for a keyed event that matched no group: every match is tracked."""
-        d = _Delivery(msg, ch.id, groups=False)
+        d = Delivery(msg, ch.id, groups=False)
         if len(matched) == 1 and matched[0].access_node != self._ctx.id:  # the common case, inline
             s = matched[0]
             node = d.waiting[s.id] = s.access_node
@@ -417,12 +412,15 @@ class Groups:
             if not msg.failed:
                 if disp is not None:
                     disp.update_lf(gid, msg.lf)
-                self._remember(msg.event_id, g, gid, d.ch, taken=True)
+                self.choices.remember(msg.event_id, g, gid, d.ch, taken=True)
                 continue
             self._ctx.stats["group_delivery_failed"] += 1
             if disp is not None:
                 disp.mark_faulty(gid, now)
-            if self._sender_tracks(msg.event_id, g, gid):  # rule 10: the channel's sender picks another
+            if d.in_flight(g):  # rule 10: another copy of the group may still be taken
+                self._ctx.stats["group_retry_superseded"] += 1
+                continue
+            if self.choices.sender_tracks(msg.event_id, g, gid):  # rule 10: the channel's sender picks another
                 self._ctx.stats["group_retry_left_to_sender"] += 1
                 continue
             left = [s for s in d.cands[g] if s.id not in d.tried[g]]
@@ -434,7 +432,7 @@ class Groups:
                 self._undeliverable(d.ev, g, out)
                 continue
             self._ctx.stats["group_redispatched"] += 1
-            self._remember(msg.event_id, g, chosen, d.ch)
+            self.choices.remember(msg.event_id, g, chosen, d.ch)
             d.tried[g].add(chosen)
             d.gsub[chosen] = g
             s = next(s for s in left if s.id == chosen)
@@ -448,7 +446,7 @@ class Groups:
         if not d.waiting:
             self._delivery_done(d, out)
 
-    def _delivery_done(self, d: _Delivery, out: list[Action]) -> None:
+    def _delivery_done(self, d: Delivery, out: list[Action]) -> None:
         ev = d.ev
         self._deliveries.pop(ev.event_id, None)
         if not ev.key:
@@ -461,44 +459,80 @@ class Groups:
 
     def peer_down(self, node: int, now: float, out: list[Action]) -> None:
         """A subscribers' access node went down: what it owed us failed (rule 4)."""
-        self._down_at[node] = now
+        self.choices.peer_down(node, now)
         for eid, d in list(self._deliveries.items()):
             lost = tuple(g for g, n in d.waiting.items() if n == node)
             if lost:
                 self.on_delivery_ack(pm.NotificationAck(eid, lost, failed=True), out)
 
-    def _remember(self, event_id: str, group: str, instance: str, chid: ChannelId, *, taken: bool = False) -> None:
-        """Rule 9: ``event_id`` of channel ``chid`` went to ``instance`` of ``group`` (``taken``: its client took it)."""
-        entry = self.chosen.get(event_id)
-        if entry is None:
-            self.chosen.put(event_id, (chid, {group: (instance, taken)}), self._ctx.now)
+    def hand_over(self, chid: ChannelId, session: int) -> list[pm.DeliveryHandover]:
+        """Rule 10, the sender at <3>: channel ``chid``'s deliveries still
+        tracked here, for its receiver, forgotten here."""
+        chans = self.choices.lineage(chid)
+        gone = [d for d in self._deliveries.values() if d.ch in chans]
+        for d in gone:
+            del self._deliveries[d.ev.event_id]
+        if gone:
+            self._ctx.stats["deliveries_handed_over"] += len(gone)
+        # In frames of at most half the cap (an event's payload may take that much alone).
+        budget, size = self._ctx.config.cluster.max_frame_size // 2, 0
+        msgs: list[pm.DeliveryHandover] = []
+        batch: list[pm.TrackedDelivery] = []
+        for d in gone:
+            rec = d.to_wire()
+            n = len(_encode(rec))
+            if batch and size + n > budget:
+                msgs.append(pm.DeliveryHandover(session, chid, tuple(batch)))
+                batch, size = [], 0
+            batch.append(rec)
+            size += n
+        choices = self.choices.of(chid)
+        step = max(1, budget // _CHOICE_BYTES)
+        for i in range(0, len(choices), step):
+            msgs.append(pm.DeliveryHandover(session, chid, tuple(batch), choices[i : i + step]))
+            batch = []
+        if batch or not msgs:  # at least one: the receiver learns the sender tracks nothing any more
+            msgs.append(pm.DeliveryHandover(session, chid, tuple(batch)))
+        return msgs
+
+    def adopt(self, src: int, msg: pm.DeliveryHandover, out: list[Action]) -> None:
+        """Rule 10, the receiver: ``src`` no longer tracks channel ``ch_id``'s
+        deliveries; they are this node's, each copy in flight sent again so its
+        access node answers here too."""
+        ch = self._ctx.local.get(msg.ch_id)
+        if ch is None:  # moved on, or recovered elsewhere, since: its new owner decides
+            if msg.deliveries:
+                self._ctx.stats["handed_over_deliveries_dropped"] += len(msg.deliveries)
+                log.warning(
+                    "node %d: %d deliveries handed over by node %d for channel %s, which is not here; dropped",
+                    self._ctx.id,
+                    len(msg.deliveries),
+                    src,
+                    msg.ch_id,
+                )
             return
-        choices = entry[1]
-        if taken or choices.get(group, ("", False))[0] != instance:
-            choices[group] = (instance, taken)
-
-    def learn_choices(self, choices: Sequence[pm.GroupChoice], chid: ChannelId) -> None:
-        """Rule 9: what another owner gave (a dead one, told by the instances'
-        access nodes; one that moved the channel here)."""
-        for c in choices:
-            self._remember(c.event_id, c.group, c.sub_id, chid, taken=c.taken)
-        self._ctx.stats["group_choices_learned"] += len(choices)
-
-    def choices_of(self, chid: ChannelId) -> tuple[pm.GroupChoice, ...]:
-        """Rule 9: the choices made lately for events of channel ``chid``, or of
-        the channels it was split or merged from here (a SubscriptionMove's)."""
-        chans, todo = {chid}, [chid]
-        while todo:  # the channels it replaced, and theirs (rule 7's ``replaced``)
-            c = todo.pop()
-            for p in [p for p, heirs in self._replaced.items() if c in heirs and p not in chans]:
-                chans.add(p)
-                todo.append(p)
-        return tuple(
-            pm.GroupChoice(eid, g, inst, taken)
-            for eid, (ch, choices) in self.chosen.items()
-            if ch in chans
-            for g, (inst, taken) in choices.items()
-        )
+        self.choices.learn(msg.choices, ch.id)
+        for c in msg.choices:  # the sender tracks none of them any more
+            self.choices.sender_done(c.event_id, c.group)
+        for rec in msg.deliveries:
+            got = Delivery.from_wire(rec, ch)
+            eid = got.ev.event_id
+            for sid, g in got.gsub.items():
+                self.choices.sender_done(eid, g)
+                self.choices.remember(eid, g, sid, ch.id)
+            d = self._deliveries.get(eid)
+            if d is None:
+                d = got
+            else:
+                d.merge(got)
+            if not d.waiting:
+                self._delivery_done(d, out)
+                continue
+            self._track(d)
+            origin = -1 if d.ev.key else d.ev.access_node  # as _send_notifications
+            for node, ids in got.by_node().items():
+                self._send_to(node, tuple(ids), d.ev, ch.id, origin, out)
+        self._ctx.stats["deliveries_adopted"] += len(msg.deliveries)
 
     def states(self, chid: ChannelId) -> tuple[GroupState, ...]:
         return tuple(d.state() for (c, _), d in self._dispatchers.items() if c == chid)
@@ -510,28 +544,7 @@ class Groups:
             self._dispatchers[(cs.ch_id, st.name)] = d
         if cs.groups:
             self._ctx.stats["group_states_restored"] += len(cs.groups)
-        self.learn_choices(cs.choices, cs.ch_id)
-
-    def learn_senders(self, choices: Sequence[pm.GroupChoice], sender: int) -> None:
-        """Rule 10: ``sender``, alive, moved these choices here with its channel;
-        it still tracks the copies not taken yet."""
-        now = self._ctx.now
-        for c in choices:
-            if not c.taken:
-                self._senders.put(f"{c.event_id}\x1f{c.group}", (sender, now), now)
-
-    def _sender_tracks(self, event_id: str, group: str, instance: str) -> bool:
-        """Rule 10: a failed copy to ``instance`` is the live sender's to replace."""
-        if not len(self._senders):
-            return False
-        entry = self._senders.get(f"{event_id}\x1f{group}")
-        if entry is None:
-            return False
-        sender, learned = entry
-        if sender == self._ctx.id or self._down_at.get(sender, -1.0) >= learned:
-            return False
-        chosen = self.chosen.get(event_id)
-        return chosen is not None and chosen[1].get(group, ("", False))[0] == instance
+        self.choices.learn(cs.choices, cs.ch_id)
 
 
 def _notification(msg: pm.Event, sub_ids: tuple[str, ...], chid: ChannelId, origin: int) -> pm.Notification:

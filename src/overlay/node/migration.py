@@ -183,7 +183,7 @@ class Migration:
                 subs = tuple(self._ctx.local[c])
                 mig.subscriptions_moved += len(subs)
                 # groups: their dispatch states and lately chosen instances (node.groups rules 7, 9)
-                sets.append(pm.ChannelSubscriptions(c, subs, self._groups.states(c), self._groups.choices_of(c)))
+                sets.append(pm.ChannelSubscriptions(c, subs, self._groups.states(c), self._groups.choices.of(c)))
                 self.reforwarding[c] = mig
             move = pm.SubscriptionMove(pm.SubscriptionType.ATOMIC, tuple(sets), mig.session)
             mig.bytes_moved = len(msgspec.msgpack.encode(move))
@@ -199,6 +199,8 @@ class Migration:
                 else:
                     ch = self._ctx.local.remove(c)
                     owners = (mig.receiver,)
+                    # its deliveries in flight are the receiver's from now on (node.groups rule 10)
+                    out.extend(ToPeer(mig.receiver, m) for m in self._groups.hand_over(c, mig.session))
                 assert ch is not None
                 entry = RouteEntry(ch.space, owners)
                 self._ctx.routing.set(c, entry)

@@ -19,9 +19,10 @@ Rules:
    (``Predicate.check``: a known attribute, an operator of its kind, values
    of its type and domain).  A filter no event can match is *not* refused:
    tables and channels handle one.
-3. Events: ``Schema.check_event_values`` (known attributes, values of their
-   kind, finite and in range, every distinguishing attribute), and a
-   finite publish time.  Not a
+3. Events (an Event, or one a Reforward or DeliveryHandover carries):
+   ``Schema.check_event_values`` (known attributes, values of their kind,
+   finite and in range, every distinguishing attribute), and a finite
+   publish time.  Not a
    Notification's: its owner checked the Event, and its values only go on
    to clients, on the hot path of every delivery.
 4. Spaces: one constraint per distinguishing attribute in the schema's
@@ -194,6 +195,11 @@ def _rebuild(msg: pm.Rebuild, schema: Schema) -> None:
     _stored(msg.subscriptions, schema)
 
 
+def _handover(msg: pm.DeliveryHandover, schema: Schema) -> None:
+    for rec in msg.deliveries:
+        _event_message(rec.event, schema)
+
+
 def _reforward(msg: pm.Reforward, schema: Schema) -> None:
     for item in msg.messages:
         _CHECKS[type(item.message)](item.message, schema)
@@ -209,6 +215,7 @@ _CHECKS: Final[dict[type, Callable[..., None]]] = {
     pm.SubscriptionMove: _move,
     pm.Rebuild: _rebuild,
     pm.Reforward: _reforward,
+    pm.DeliveryHandover: _handover,
 }
 
 

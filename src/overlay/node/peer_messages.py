@@ -143,6 +143,8 @@ class PeerMessages:
                 self._arrivals.on_reforward(src, msg, now, out)
             case pm.CompleteLoadBalance():
                 self._arrivals.on_complete(src, msg, now, out)
+            case pm.DeliveryHandover():
+                self._groups.adopt(src, msg, out)  # node.groups rule 10
             case pm.ReplyRequestLoadBalance() | pm.ReplyChannelTransfer() | pm.ReplySubscriptionMove():
                 self._migration.on_reply(src, msg, now, out)
             case pm.EventsMatched():

@@ -226,6 +226,16 @@ def samples(schema: Schema, *, node: int = 0, peer: int = 1) -> tuple[list[cm.Cl
         ),
         pm.Heartbeat(1, (node,), (pm.DeadNode(7, 1),), 1, 1.0, -1.0),
         pm.Rebuild(ch, (stored,), True, 7),
+        pm.DeliveryHandover(
+            1,
+            ch,
+            (
+                pm.TrackedDelivery(
+                    ev, (pm.CopyInFlight(stored.id, peer, "g"),), (pm.GroupTries("g", (stored.id,), ()),)
+                ),
+            ),
+            (pm.GroupChoice(ev.event_id, "g", stored.id),),
+        ),
         pm.EventsMatched((ev.event_id,), ((node,),)),
         pm.EventsDelivered((ev.event_id,)),
         pm.LinkAck(1),

@@ -1,0 +1,121 @@
+"""Which instance of a group each event went to lately, and who still tracks the copy.
+
+The bookkeeping of ``overlay.node.groups`` rules 9 and 10, owned here so the
+dispatch itself stays in one module of its own size.
+
+Rules this module keeps (numbered as in ``overlay.node.groups``):
+
+9. **Choices.**  Per event (at most ``dedup_max``, for ``event_ttl``): the
+   channel it was matched on and, per group, the instance it went to and
+   whether that instance's client took it.  A taken choice is never
+   overwritten by one not taken of the same instance; a replacement instance
+   overwrites.  ``of(chid)`` gives the choices of a channel and of the
+   channels it replaced here (split or merged from), as a SubscriptionMove
+   or a DeliveryHandover carries them.
+10. **Senders.**  A receiver learns, with a moved channel's choices not taken,
+   that the live sender still tracks those copies (``learn_senders``) until
+   the sender's DeliveryHandover says it tracks none any more
+   (``sender_done``), or the sender goes down after the choice was learned.
+   ``sender_tracks`` says whether a failed copy is the sender's to replace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from overlay.channels.channel import ChannelId
+from overlay.messages import peer as pm
+from overlay.node.context import NodeContext
+from overlay.node.dedup import Recent
+
+__all__ = ["GroupChoices"]
+
+# event id -> (its channel, {group: (instance, taken)})
+Choice = tuple[ChannelId, dict[str, tuple[str, bool]]]
+
+
+class GroupChoices:
+    """Rules 9 and 10.  ``replaced`` names the channels that replaced deleted
+    ones here (``node.groups`` rule 7)."""
+
+    def __init__(self, ctx: NodeContext, replaced: Mapping[ChannelId, tuple[ChannelId, ...]]) -> None:
+        self._ctx = ctx
+        self._replaced = replaced
+        cl = ctx.config.cluster
+        self._chosen: Recent[Choice] = Recent(cl.event_ttl, cl.dedup_max, ctx.stats, name="group_choices")
+        # "event id\x1fgroup" -> (the live sender that still tracks the copy, when learned).
+        self._senders: Recent[tuple[int, float]] = Recent(cl.event_ttl, cl.dedup_max, ctx.stats, name="group_senders")
+        self._down_at: dict[int, float] = {}  # node -> when it last went down
+
+    def get(self, event_id: str) -> Choice | None:
+        return self._chosen.get(event_id)
+
+    def expire(self, now: float) -> None:
+        self._chosen.expire(now)
+
+    def remember(self, event_id: str, group: str, instance: str, chid: ChannelId, *, taken: bool = False) -> None:
+        """``event_id`` of channel ``chid`` went to ``instance`` of ``group`` (``taken``: its client took it)."""
+        entry = self._chosen.get(event_id)
+        if entry is None:
+            self._chosen.put(event_id, (chid, {group: (instance, taken)}), self._ctx.now)
+            return
+        choices = entry[1]
+        if taken or choices.get(group, ("", False))[0] != instance:
+            choices[group] = (instance, taken)
+
+    def learn(self, choices: Sequence[pm.GroupChoice], chid: ChannelId) -> None:
+        """What another owner gave (a dead one, told by the instances' access
+        nodes; one that moved the channel here)."""
+        for c in choices:
+            self.remember(c.event_id, c.group, c.sub_id, chid, taken=c.taken)
+        self._ctx.stats["group_choices_learned"] += len(choices)
+
+    def of(self, chid: ChannelId) -> tuple[pm.GroupChoice, ...]:
+        """The choices made lately for events of channel ``chid``, or of the
+        channels it was split or merged from here."""
+        chans = self.lineage(chid)
+        return tuple(
+            pm.GroupChoice(eid, g, inst, taken)
+            for eid, (ch, choices) in self._chosen.items()
+            if ch in chans
+            for g, (inst, taken) in choices.items()
+        )
+
+    def lineage(self, chid: ChannelId) -> set[ChannelId]:
+        """``chid`` and the channels it replaced here, and theirs."""
+        chans, todo = {chid}, [chid]
+        while todo:
+            c = todo.pop()
+            for p in [p for p, heirs in self._replaced.items() if c in heirs and p not in chans]:
+                chans.add(p)
+                todo.append(p)
+        return chans
+
+    def learn_senders(self, choices: Sequence[pm.GroupChoice], sender: int) -> None:
+        """Rule 10: ``sender``, alive, moved these choices here with its channel;
+        it still tracks the copies not taken yet."""
+        now = self._ctx.now
+        for c in choices:
+            if not c.taken:
+                self._senders.put(f"{c.event_id}\x1f{c.group}", (sender, now), now)
+
+    def sender_done(self, event_id: str, group: str) -> None:
+        """Rule 10: the sender handed its copy of ``event_id`` for ``group`` over, or had none."""
+        now = self._ctx.now
+        self._senders.put(f"{event_id}\x1f{group}", (self._ctx.id, now), now)
+
+    def peer_down(self, node: int, now: float) -> None:
+        self._down_at[node] = now
+
+    def sender_tracks(self, event_id: str, group: str, instance: str) -> bool:
+        """Rule 10: a failed copy to ``instance`` is the live sender's to replace."""
+        if not len(self._senders):
+            return False
+        entry = self._senders.get(f"{event_id}\x1f{group}")
+        if entry is None:
+            return False
+        sender, learned = entry
+        if sender == self._ctx.id or self._down_at.get(sender, -1.0) >= learned:
+            return False
+        chosen = self._chosen.get(event_id)
+        return chosen is not None and chosen[1].get(group, ("", False))[0] == instance

@@ -1,0 +1,134 @@
+"""node.groups rule 10: a moving channel's group copies in flight go with it.
+
+Sans-IO node cores (``coreworld``).  Channel 0.0 lives on node 0; the group's
+instances are clients of node 1; the link 0→1 is held so that the copy node 0
+sent is still in flight when the channel moves to node 2.  Fault seeds 1094
+and 1533 of the simulation found what these pin down: the sender and the
+receiver each picked another instance, and the group got the event twice.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from coreworld import EC, World
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+
+pytestmark = pytest.mark.timeout(60)
+
+INSTANCES = ("a", "b", "c")
+EVENT = {"price": 250.0, "sym": "AB", "qty": 10}
+
+
+def _setup() -> tuple[World, dict[str, int], int, str]:
+    w = World(3)
+    admin = w.client(0, "admin")
+    clients = {name: w.client(1, f"inst-{name}") for name in INSTANCES}
+    for name, sid in clients.items():
+        seq = w.seq()
+        w.net.client_send(1, sid, cm.Subscribe(seq, name, "price >= 0", group="g"))
+        w.subs[(1, sid)][name] = "price >= 0"
+        w.net.run()
+        w.assert_replied(1, sid, cm.SubAck, seq)
+    # The copy node 0 sends stays on the link 0→1 (held, with all that follows it).
+    w.net.hold(lambda src, dst, m: src == 0 and dst == 1 and isinstance(m, pm.Notification))
+    pub = w.client(0, "pub")
+    eid = w.publish(0, pub, EVENT)
+    w.net.run()
+    w.net.hold(lambda *_: False)  # nothing more held; 0→1 stays paused
+    assert w.net.paused() == [(0, 1)]
+    assert w.cores[0].groups.tracks(eid)
+    return w, clients, admin, eid
+
+
+def _copies(w: World, clients: dict[str, int], eid: str) -> Counter[str]:
+    """Notifies of ``eid`` per instance."""
+    out: Counter[str] = Counter()
+    for name, sid in clients.items():
+        for m in w.net.received(1, sid, kind=cm.Notify):
+            if m.event_id == eid:
+                out[name] += 1
+    return out
+
+
+class Answers:
+    """The instances' clients: each copy of the event answered once, declined
+    by the instances named in ``decline`` (an overloaded client), else taken."""
+
+    def __init__(self, w: World, clients: dict[str, int], eid: str) -> None:
+        self.w, self.clients, self.eid = w, clients, eid
+        self.decline: set[str] = set()
+        self.taken: Counter[str] = Counter()
+        self._done: set[tuple[int, int]] = set()
+
+    def __call__(self) -> None:
+        for name, sid in self.clients.items():
+            for m in self.w.net.received(1, sid, kind=cm.Notify):
+                if m.event_id == self.eid and (sid, m.tag) not in self._done:
+                    self._done.add((sid, m.tag))
+                    declined = name in self.decline
+                    if not declined:
+                        self.taken[name] += 1
+                    self.w.net.client_send(1, sid, cm.Ack(self.eid, 0.0, m.tag, declined=declined))
+        self.w.net.run()
+
+
+def _move_to_2(w: World, admin: int) -> None:
+    w.net.client_send(0, admin, cm.Admin(w.seq(), "place", {"channel": "0.0", "node": 2}))
+    w.net.run()  # to <3>: the UpdateRoutingTable to node 1 waits behind the held copy
+
+
+def test_the_sender_hands_its_copy_in_flight_to_the_receiver_which_replaces_it_alone():
+    w, clients, admin, eid = _setup()
+    _move_to_2(w, admin)
+    c0, c2 = w.cores[0], w.cores[2]
+    assert not c0.groups.tracks(eid) and c2.groups.tracks(eid)
+    assert c0.stats["deliveries_handed_over"] == 1 and c2.stats["deliveries_adopted"] == 1
+    # The receiver sent the copy again (link 2→1 is open): its instance declines it.
+    first = _copies(w, clients, eid)
+    assert sum(first.values()) == 1
+    (chosen,) = first
+    answer = Answers(w, clients, eid)
+    answer.decline = {chosen}
+    answer()
+    # The receiver picked another instance, which takes it; then the sender's
+    # held copy arrives at the declining instance (a copy not taken comes again).
+    answer()
+    w.net.release()
+    w.net.run()
+    answer()
+    assert set(answer.taken.values()) == {1} and len(answer.taken) == 1, answer.taken  # one instance, once
+    assert chosen not in answer.taken
+    assert c0.stats["group_redispatched"] == 0  # the sender forgot the delivery: its copy's answer is stale
+    assert c2.stats["group_redispatched"] == 1
+    assert not c2.groups.tracks(eid)
+    assert w.net.errors == []
+
+
+def test_an_event_matched_again_after_its_instance_left_reaches_one_other_instance():
+    """Fault seeds 1094/1533: the instance of the copy in flight unsubscribes,
+    and the event comes to the receiver again (its access node re-sent it)."""
+    w, clients, admin, eid = _setup()
+    entry = w.cores[0].groups.choices.get(eid)
+    assert entry is not None
+    (chosen,) = [n for n, sid in clients.items() if w.gid(1, sid, n) == entry[1]["g"][0]]
+    _move_to_2(w, admin)
+    # Another event, dispatched by the receiver: its shares move on from the sender's.
+    other = w.publish(0, w.client(0, "pub2"), {"price": 300.0, "sym": "CD", "qty": 5})
+    w.net.run()
+    Answers(w, clients, other)()
+    w.unsubscribe(1, clients[chosen], chosen)  # gone from the channel (node 2) and its access node
+    again = pm.Event(eid, EVENT, 0, pm.DispatchSign.EVENT_DISPATCHED, EC, 1.0, payload=w.payloads[eid])
+    w.net.send(0, 2, again)  # queued behind nothing: 0→2 is open
+    w.net.run()
+    answer = Answers(w, clients, eid)
+    answer()
+    w.net.release()
+    w.net.run()
+    answer()
+    assert sum(answer.taken.values()) == 1, answer.taken  # one instance of the group, once
+    assert not w.cores[2].groups.tracks(eid) and not w.cores[0].groups.tracks(eid)
+    assert w.net.errors == []
