@@ -13,9 +13,12 @@ from collections import Counter
 
 import pytest
 
-from coreworld import EC, World
+from coreworld import EC, SCHEMA, World
+from overlay.channels.channel import Channel
+from overlay.channels.space import EventSpace
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
+from overlay.node.deliveries import Delivery
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -132,3 +135,17 @@ def test_an_event_matched_again_after_its_instance_left_reaches_one_other_instan
     assert sum(answer.taken.values()) == 1, answer.taken  # one instance of the group, once
     assert not w.cores[2].groups.tracks(eid) and not w.cores[0].groups.tracks(eid)
     assert w.net.errors == []
+
+
+def test_a_delivery_without_groups_merges_one_with_groups():
+    """node.deliveries rule 3: a keyed event's delivery without groups (its
+    group tables shared and read-only) takes a handed-over one's groups."""
+    ev = pm.Event("e1", EVENT, 0, pm.DispatchSign.EVENT_DISPATCHED, EC, 1.0, key="k", rank=1, home=0)
+    mine = Delivery(ev, EC, groups=False)
+    mine.waiting["p1"] = 1
+    rec = pm.TrackedDelivery(ev, (pm.CopyInFlight("p2", 2),), (pm.GroupTries("g", ("i1",), ("i1", "i2")),))
+    theirs = Delivery.from_wire(rec, Channel(EC, EventSpace.whole(SCHEMA), SCHEMA))
+    mine.merge(theirs)
+    assert mine.waiting == {"p1": 1, "p2": 2} and mine.tried == {"g": {"i1"}} and not mine.in_flight("g")
+    other = Delivery(ev, EC, groups=False)
+    assert other.tried == {}  # the shared empty tables were not written to

@@ -89,7 +89,7 @@ class Delivery:
 
     def merge(self, other: Delivery) -> None:
         """Rule 3: ``other``'s copies of the same event join these."""
-        if other.gsub and not self.gsub and self.gsub is _NO_GROUPS:
+        if self.gsub is _NO_GROUPS and (other.gsub or other.cands or other.tried):
             self.gsub, self.cands, self.tried = {}, {}, {}
         for sid, node in other.waiting.items():
             self.waiting.setdefault(sid, node)
