@@ -171,6 +171,10 @@ class Groups:
         """Whether ``event_id``'s delivery waits for answers here (status, tests)."""
         return event_id in self._deliveries
 
+    def pending(self) -> int:
+        """Deliveries waiting for answers here (status, the simulator's drain)."""
+        return len(self._deliveries)
+
     def tick(self, now: float, out: list[Action]) -> None:
         """Rule 4: deliveries nobody answered fail; housekeeping."""
         at, ids = self._delivery_at, self._delivery_ids

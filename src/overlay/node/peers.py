@@ -5,6 +5,8 @@ by the shell); the subscription ids a run makes start with
 ``node.incarnation:`` (``context.sub_prefix``).  A peer's hello carries its
 incarnation: a new one means it restarted, and what its previous run left
 here — the subscriptions of its clients, which died with it — is stale.
+So is what a run declared dead (or that left) made, wherever it comes from
+later: its clients went with it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ class PeerRuns:
     def __init__(self, ctx: NodeContext) -> None:
         self._ctx = ctx
         self._incarnation: dict[int, int] = {}
+        # node -> its run declared dead (or that left): that run's clients are gone too.
+        self._ended: dict[int, int] = {}
 
     def hello(self, node: int, incarnation: int) -> bool:
         """Note ``node``'s incarnation; True when it is a new run of a node
@@ -39,10 +43,19 @@ class PeerRuns:
         """``gid`` was made by a previous run of ``access``: its client is gone."""
         ctx = self._ctx
         inc = ctx.incarnation if access == ctx.id else self._incarnation.get(access)
-        return inc is not None and not gid.startswith(sub_prefix(access, inc))
+        if inc is not None and not gid.startswith(sub_prefix(access, inc)):
+            return True
+        # A run declared dead: a SubscriptionMove snapshot taken by a sender that
+        # had not heard of the death yet still carries its clients' subscriptions
+        # (fault seed 905: they stayed on the receiver for good).
+        ended = self._ended.get(access)
+        return ended is not None and gid.startswith(sub_prefix(access, ended))
 
     def drop_subscriptions_of(self, node: int, whose: str = "") -> None:
         """``node`` was declared dead (or drained and left): its clients are gone."""
+        inc = self._incarnation.get(node)
+        if inc is not None:
+            self._ended[node] = inc
         self._drop(node, lambda gid: True, whose or f"dead node {node}'s clients")
 
     def drop_subscriptions_of_old_run(self, node: int) -> None:

@@ -313,7 +313,7 @@ class Recovery:
             entry = ctx.routing.get(item.ch_id)
             if entry is None and ctx.routing.deleted(item.ch_id):  # split or merged since: a newer change
                 gone.append(item.ch_id)
-                self._send_rebuild(item.ch_id, item.entry, src, out, subs=())  # nothing here for it
+                self._nothing_here(item, src, out)
                 continue
             if entry is None:
                 # A channel this table never heard of: a split or merge whose
@@ -325,7 +325,7 @@ class Recovery:
                 continue
             if entry.owners != (src,):
                 correct.append((item.ch_id, entry))
-                self._send_rebuild(item.ch_id, item.entry, src, out, subs=())  # nothing here for it
+                self._nothing_here(item, src, out)
                 continue
             self._send_rebuild(item.ch_id, entry, src, out)
             self._sessions.rebuilt(item.ch_id, out)
@@ -377,6 +377,17 @@ class Recovery:
         rb = self.rebuilding.pop(chid, None)
         if rb is not None and rb.held:  # unconfirmed: their access nodes send them again
             self._ctx.stats["events_dropped_rebuilding"] += len(rb.held)
+
+    def _nothing_here(self, item: pm.RouteItem, src: int, out: list[Action]) -> None:
+        """Rule 5: this node has nothing for the channel ``src``'s new run names
+        (its table gives it to others, or deleted it), and says so to the owner
+        that run names — unless that is this node: an empty last Rebuild to
+        itself would drop every subscription its own clients hold in a channel
+        it does own, a replica say (fault seed 330: a restarted node named this
+        node sole owner of a channel both had held; this node's clients'
+        subscriptions left its replica, and their events were lost)."""
+        if item.entry.owner != self._ctx.id:
+            self._send_rebuild(item.ch_id, item.entry, src, out, subs=())
 
     def _send_rebuild(
         self,

@@ -45,8 +45,8 @@ Theory of operation:
    (no more events for several slices: channels go cold and merge while
    subscriptions and unsubscriptions continue); *drain* (no client action:
    deliver everything and tick until no message is queued, no session,
-   table update or (un)subscription is pending, and every node's peers'
-   latest heartbeats carry its table digest — ``node.table_sync``).  ``invariants``
+   table update, (un)subscription or tracked delivery is pending, and every
+   node's peers' latest heartbeats carry its table digest — ``node.table_sync``).  ``invariants``
    then checks the outcome.  With node faults the active phase lasts at
    least ``active_seconds`` of simulated time (the client operations spread
    over it), and the drain also waits for the last fault's recovery: every
@@ -347,6 +347,8 @@ class SimCluster:
                 why.append(f"node {i}: waits for the handovers of {sorted(c.ordering.home.awaiting)}")
             if c.receipts.pending:
                 why.append(f"node {i}: receipts not sent yet")
+            if c.groups.pending():  # a group copy whose answer is awaited may still go to another instance
+                why.append(f"node {i}: {c.groups.pending()} tracked deliveries waiting for answers")
         return why
 
     def settled(self) -> bool:
