@@ -12,7 +12,9 @@ from overlay.channels import ChannelId
 from overlay.channels.routing_table import RouteEntry
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
+from overlay.node.context import NodeContext, sub_prefix
 from overlay.node.liveness import LEASE, Liveness
+from overlay.node.peers import PeerRuns
 from overlay.testing.corelink import CoreLink
 
 pytestmark = pytest.mark.timeout(60)
@@ -435,3 +437,37 @@ def test_a_death_told_of_an_earlier_run_after_the_new_run_said_hello_is_not_take
     assert not lv.is_dead(4)
     lv.on_heartbeat(1, beat(dead=((4, 9),)), 1.2)  # a death of run 9 itself is taken
     assert lv.is_dead(4)
+
+
+def test_a_restart_claim_naming_this_node_keeps_its_own_clients_subscriptions() -> None:
+    """Fault seed 330: a restarted node's new run named node 0 sole owner of a
+    channel node 0's table gave to others too.  Node 0's "nothing here for
+    it" answer went to the owner the claim named — itself — as an empty last
+    Rebuild, and dropped its own clients' subscriptions from the channel."""
+    cl = Cluster()
+    net = cl.net
+    s0 = net.open_client(0, "sub-0")
+    net.client_send(0, s0, cm.Subscribe(1, "mine", "price < 100"))
+    net.run()
+    core = net.cores[0]
+    assert [s.id.split(":")[2] for s in core.local[EC]] == ["mine"]
+    entry = core.routing[EC]
+    core.routing.set(EC, RouteEntry(entry.space, (0, 2)))  # a replica on node 2 too, as in the seed
+    claim = pm.UpdateRoutingTable((), (pm.RouteItem(EC, RouteEntry(entry.space, (0,))),), 1, 1, 1)
+    out = core.handle_peer(1, claim, net.now)
+    assert [s.id.split(":")[2] for s in core.local[EC]] == ["mine"]
+    assert not [a for a in out if isinstance(a, ToPeer) and isinstance(a.msg, pm.Rebuild)]
+    assert core.stats["subscriptions_dropped_by_rebuild"] == 0
+
+
+def test_the_subscriptions_of_a_run_declared_dead_are_stale_wherever_they_come_from() -> None:
+    """Fault seed 905: a SubscriptionMove snapshot taken before the sender heard
+    of a death carried the dead run's subscriptions; they stayed for good."""
+    runs = PeerRuns(NodeContext(CONFIG, 1, 5))
+    runs.hello(2, 7)
+    old = sub_prefix(2, 7) + "3:b:1"
+    assert not runs.stale_sub(old, 2)
+    runs.drop_subscriptions_of(2)  # declared dead
+    assert runs.stale_sub(old, 2)
+    assert runs.hello(2, 9)  # its next run
+    assert runs.stale_sub(old, 2) and not runs.stale_sub(sub_prefix(2, 9) + "1:a:1", 2)

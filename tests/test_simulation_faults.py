@@ -38,7 +38,7 @@ pytestmark = pytest.mark.timeout(600)
 
 # Every one of these 200 seeds keeps SPEC §16's promise, and so do all 1,000
 # of ``bench/simulation.py --faults`` (the last to fail — 561, 963, 808, 1094,
-# 1533 — are regression seeds below).
+# 1533, 330, 905 — are regression seeds below).
 
 
 def _run(seed: int) -> SimResult:
@@ -140,6 +140,8 @@ REGRESSION_SEEDS: Final = (
     808,  # a moved channel's group copy failed at its sender and its receiver: each picked another instance
     1094,  # a moved channel's group copy in flight, its instance gone at the receiver: a 2nd instance
     1533,  # the same (tests/test_group_handover.py pins the schedule down)
+    330,  # a restart claim naming this node sole owner of its replica: its own clients' subscriptions dropped
+    905,  # a SubscriptionMove snapshot carried a dead run's subscriptions: kept on the receiver for good
 )
 
 
