@@ -142,7 +142,7 @@ async def test_notifications_dropped_for_a_full_queue_reach_the_error_callback(n
     errors: list[OverlayError] = []
     client = await connected(node, error_cb=errors.append)
     sub = await client.subscribe("price < 10", sub_id="slow", queue_size=2)
-    eids = [node.notify(("slow",)) for _ in range(5)]
+    eids = [node.notify(("slow",), tag=i + 1) for i in range(5)]  # tracked: each is answered
     await wait_until(lambda: sum(getattr(e, "dropped", 0) for e in errors) == 3, 5.0, "3 drops reported")
     assert all(isinstance(e, SlowConsumerError) for e in errors)
     first = errors[0]
@@ -153,6 +153,22 @@ async def test_notifications_dropped_for_a_full_queue_reach_the_error_callback(n
     await wait_until(lambda: len(node.of(cm.Ack)) == 3, 5.0, "3 declines")
     assert {(a.event_id, a.declined) for a in node.of(cm.Ack)} == {(e, True) for e in eids[2:]}  # type: ignore[attr-defined]
     assert [n.event_id for n in [await sub.next(1.0), await sub.next(1.0)]] == eids[:2]
+    await wait_until(lambda: len(node.of(cm.Ack)) == 5, 5.0, "the two taken acked too")
+    await client.close()
+
+
+async def test_an_untagged_notification_is_not_answered(node: FakeNode) -> None:
+    """The node tracks nothing of an untagged Notify: taken or dropped, no Ack goes back."""
+    errors: list[OverlayError] = []
+    client = await connected(node, error_cb=errors.append)
+    sub = await client.subscribe("price < 10", sub_id="plain", queue_size=2)
+    eids = [node.notify(("plain",)) for _ in range(4)]
+    await wait_until(lambda: sum(getattr(e, "dropped", 0) for e in errors) == 2, 5.0, "2 drops reported")
+    assert [n.event_id for n in [await sub.next(1.0), await sub.next(1.0)]] == eids[:2]
+    tagged = node.notify(("plain",), tag=7)  # after the plain ones: its Ack comes last on the link
+    assert (await sub.next(1.0)).event_id == tagged
+    await wait_until(lambda: len(node.of(cm.Ack)) == 1, 5.0, "the tagged one acked")
+    assert node.of(cm.Ack) == [cm.Ack(tagged, 0.0, 7)]  # the lf: this subscription's, 0 when idle
     await client.close()
 
 

@@ -55,10 +55,10 @@ async def test_every_subscription_of_a_client_gets_each_of_its_events_once() -> 
             got = await _drain(sub, len(want))
             assert len(got) == len(set(got)) and set(got) == want, sub.sub_id
             assert sub.queue.empty()
-        # One answer per Notify, not one per subscription (node side counts client acks).
+        # One Notify per event, not one per subscription; untracked, so never answered.
         notifies = cluster.nodes[1].core.stats["notifies_out"]
-        await wait_until(lambda: cluster.nodes[1].core.stats["client_acks"] == notifies)
         assert notifies < sum(len({i for i, e in zip(ids, events) if f.matches(e)}) for f in filters)
+        assert cluster.nodes[1].core.stats["client_acks"] == 0
 
 
 async def test_an_agent_client_gives_each_of_its_subscriptions_its_events_once() -> None:

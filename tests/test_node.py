@@ -524,3 +524,18 @@ async def test_a_connection_writer_s_flush_returns_once_what_was_queued_went_out
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             writer.close()
+
+
+async def test_one_notify_for_several_sessions_is_encoded_once():
+    """net.clients rule 8: the same message object to several sessions in a
+    row goes out as the same frame bytes, encoded once."""
+    node = Node(msgspec.structs.replace(BASE, tls=insecure_tls()), 0)  # not running: frames only queue
+    conns = node.connections
+    for sid in (1, 2, 3):
+        conns.writers[sid] = ConnectionWriter(None, 10, budget=conns.budget, sid=sid)  # type: ignore[arg-type]
+    note = cm.Notify("e1", {"price": 1.0}, ("s1",), payload=b"x" * 100)
+    other = cm.Notify("e1", {"price": 1.0}, ("s2",), payload=b"x" * 100)
+    node.execute([ToClient(1, note), ToClient(2, note), ToClient(3, other)])
+    (f1,), (f2,), (f3,) = (list(conns.writers[sid].queue.normal) for sid in (1, 2, 3))
+    assert f1 is f2 and f1 == encode_frame(note)
+    assert f3 == encode_frame(other)

@@ -351,3 +351,22 @@ def test_event_bouncing_between_stale_tables_is_dropped_after_max_hops():
     w.net.send(2, 0, pm.Event("loop", {"price": 1.0, "sym": "A"}, 2, pm.DispatchSign.EVENT_DISPATCHED, EC))
     assert w.net.run() < 10
     assert w.cores[0].stats["events_unroutable"] + w.cores[1].stats["events_unroutable"] == 1
+
+
+def test_sessions_with_the_same_local_ids_share_one_notify_object():
+    """node.notify: one Notify object for the sessions whose matching
+    subscriptions carry the same local ids — the shell encodes it once
+    (net.clients rule 8); a session with other ids gets its own."""
+    w = World()
+    sids = [w.client(1, f"sub{i}") for i in range(3)]
+    for sid in sids[:2]:
+        w.subscribe(1, sid, "s1", "price >= 0")
+    w.subscribe(1, sids[2], "other", "price >= 0")
+    pub = w.client(0, "pub")
+    mark = len(w.net.to_clients)
+    w.publish(0, pub, {"price": 5.0, "sym": "AB", "qty": 1})
+    w.net.run()
+    got = {s: m for n, s, m in w.net.to_clients[mark:] if n == 1 and isinstance(m, cm.Notify)}
+    assert set(got) == set(sids)
+    assert got[sids[0]] is got[sids[1]] and got[sids[0]].sub_ids == ("s1",)
+    assert got[sids[2]].sub_ids == ("other",)

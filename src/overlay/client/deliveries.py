@@ -3,10 +3,13 @@
 Rules (the node's side is ``overlay.node.acks``):
 
 1. A Notify lists every subscription of this client that matched; each of
-   them gets the notification once.  The answer goes back once, when every
+   them gets the notification once.  A tagged Notify (one the node tracks:
+   a keyed event's, a group instance's copy) is answered once, when every
    listed subscription took it: one ``Ack`` carrying the Notify's tag and
    the highest load factor among them — ``declined`` when some copy was not
-   handed to the application (its queue was full, or it closed).
+   handed to the application (its queue was full, or it closed).  An
+   untagged one is not answered: the node waits for nothing of it, and an
+   Ack per delivery was a frame each way for a counter (issue 19).
 2. A group instance's copy (a tagged Notify listing a group subscription)
    is *fenced*: it is handed to the application only if the node has not
    asked for it back.  A ``Revoke`` for a copy not handed over yet marks it
@@ -80,7 +83,10 @@ class Deliveries:
         return len(self._held)
 
     def arrived(self, note: Notification, takers: int, *, group: bool, conn: int, now: float) -> cm.Ack | None:
-        """A Notify for ``takers`` open subscriptions (none: answer at once)."""
+        """A Notify for ``takers`` open subscriptions (none: answer at once);
+        an untagged one is neither held nor answered (rule 1)."""
+        if not note.tag:
+            return None
         if takers == 0:
             return cm.Ack(note.event_id, 0.0, note.tag, declined=True)
         self._held[(note.event_id, note.tag)] = _Held(takers, group, conn, now)

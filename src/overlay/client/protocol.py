@@ -30,8 +30,8 @@ queued for the application.  Rules (SPEC §4, §12; Client rules 1–5):
 4. A re-subscription the node refuses, or does not answer in
    ``REQUEST_TIMEOUT``, ends that subscription: ``SubscriptionLost``.
 5. A Notify is ``Delivered`` to the subscriptions it lists that the client
-   holds; its answer (one Ack) is the deliveries component's
-   (``overlay.client.deliveries``).  Frames are only queued while OPEN and a
+   holds; its answer (one Ack, for a tagged Notify only) is the deliveries
+   component's (``overlay.client.deliveries``).  Frames are only queued while OPEN and a
    lost connection discards those not taken yet: its session is gone, and
    what must go again is sent again by rules 2 and 3.
 6. Chokes answering a retrying request or a pipelined publish count in
@@ -51,7 +51,7 @@ queued for the application.  Rules (SPEC §4, §12; Client rules 1–5):
    its last ``RECENT_EVENTS`` events, which of its plain subscriptions each
    was handed to; a copy for one of them again — the same event re-sent or
    released again after its access node died and the client subscribed
-   anew elsewhere — is acked as taken, not delivered twice
+   anew elsewhere — is acked as taken when tagged, not delivered twice
    (``duplicates``); an event one of them could not take (``dropped``) is
    forgotten, so a copy again is never taken for delivered.  Group copies are the node's to de-duplicate (a revoked
    copy may come back to the same instance).
@@ -428,7 +428,8 @@ class ClientProtocol:
                 if len(fresh) < len(takers):
                     self.duplicates += len(takers) - len(fresh)
                     if not fresh:
-                        self._ack(cm.Ack(msg.event_id, 0.0, msg.tag))
+                        if msg.tag:  # an untagged Notify is not answered (deliveries rule 1)
+                            self._ack(cm.Ack(msg.event_id, 0.0, msg.tag))
                         return []
                     takers = fresh
                 recent[msg.event_id] = had + takers

@@ -50,6 +50,9 @@ Rules:
       dropped and counted alike;
    d. counted (``slow_consumer_disconnects``, and ``…_stalled`` or
       ``…_budget``) and logged once, at WARNING, with the reason.
+8. One message sent to several sessions in a row (the core gives sessions
+   with the same subscription ids one Notify object) is encoded once: the
+   same frame bytes go into each queue.
 """
 
 from __future__ import annotations
@@ -150,6 +153,10 @@ class ClientConnections:
         self._cut: set[int] = set()  # sessions disconnected as slow consumers, until their read loop ends
         self.linger = LINGER  # rule 7b: how long a cut connection's last words may take to be read
         self._full_logged = False  # rule 6: a run of max_clients refusals is logged once
+        # Rule 8: the last message encoded and its frame (held, so `is` cannot
+        # meet a new object at a freed one's address).
+        self._last_msg: cm.ClientMessage | None = None
+        self._last_frame = b""
 
     # -- writing (rule 3) ----------------------------------------------------------------
 
@@ -159,7 +166,11 @@ class ClientConnections:
             if sid in self._cut and type(msg) is cm.Notify:  # rule 7c
                 self._discard(sid, msg)
             return
-        frame = encode_frame(msg, self._max_frame)
+        if msg is self._last_msg:  # rule 8
+            frame = self._last_frame
+        else:
+            frame = encode_frame(msg, self._max_frame)
+            self._last_msg, self._last_frame = msg, frame
         if type(msg) is not cm.Notify:
             w.queue.put_force(frame, False)
         elif w.queue.put_nowait(frame, False):

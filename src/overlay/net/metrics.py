@@ -42,7 +42,7 @@ _COUNTERS: Final = (
     ),
     ("overlay_subscriptions_in", "Subscriptions received from clients.", "subscriptions_in"),
     ("overlay_subscriptions_rerouted", "Dispatched (un)subscriptions re-routed (SPEC §4).", "subscriptions_rerouted"),
-    ("overlay_client_acks", "Acks of notifications from clients.", "client_acks"),
+    ("overlay_client_acks", "Acks of tracked notifications (ordered, group copies) from clients.", "client_acks"),
     ("overlay_liems_in", "LIEMs received (SPEC §6).", "liems_in"),
     ("overlay_migrations", "Channel migrations this node completed as the sender (SPEC §8).", "migrations"),
     ("overlay_replications", "Channel replications this node completed as the sender (SPEC §8.3).", "replications"),

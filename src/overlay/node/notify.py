@@ -185,8 +185,15 @@ class Notifier:
             local_ids = by_session.setdefault(owner[0], [])
             if owner[1] not in local_ids:  # rule 6: conjuncts of one subscription
                 local_ids.append(owner[1])
+        # Sessions whose subscriptions carry the same local ids get the same
+        # Notify object, which the shell encodes once (net.clients rule 8).
+        shared: dict[tuple[str, ...], cm.Notify] = {}
         for sid, local_ids in by_session.items():
-            out.append(ToClient(sid, cm.Notify(event_id, event, tuple(local_ids), publish_time, payload=payload)))
+            ids = tuple(local_ids)
+            note = shared.get(ids)
+            if note is None:
+                note = shared[ids] = cm.Notify(event_id, event, ids, publish_time, payload=payload)
+            out.append(ToClient(sid, note))
         self._ctx.stats["notifies_out"] += len(by_session)
 
     def _bases(self, sub_ids: Sequence[str]) -> Sequence[str]:
