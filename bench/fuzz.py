@@ -423,6 +423,7 @@ def _silent_ok(data: bytes) -> bool:
                         cm.Ack,
                         cm.Welcome,
                         cm.PubAck,
+                        cm.PubAcks,
                         cm.SubAck,
                         cm.UnsubAck,
                         cm.Notify,

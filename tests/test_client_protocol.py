@@ -79,7 +79,7 @@ def test_the_hello_and_welcome_open_the_session_even_byte_by_byte() -> None:
     p = ClientProtocol("c1", token="t0k")
     out = p.connect()
     assert out.startswith(CLIENT_MAGIC)
-    assert client_reader().feed(out[len(CLIENT_MAGIC) :]) == [cm.Hello("c1", 1, "t0k")]
+    assert client_reader().feed(out[len(CLIENT_MAGIC) :]) == [cm.Hello("c1", cm.PROTOCOL_VERSION, "t0k")]
     assert p.state is ConnState.HANDSHAKE
     data = CLIENT_MAGIC + encode_frame(welcome(node=5, ack_timeout=1.5)) + encode_frame(cm.Revoke(1, "e"))
     msgs: list[cm.ClientMessage] = []
@@ -275,6 +275,29 @@ def test_pipelined_publishes_are_kept_until_their_puback() -> None:
     assert [m.seq for m in sent(p)] == seqs and len(p.window) == 3
     assert not p.window.room(3) and p.window.room(4)
     assert feed(p, cm.PubAck(seqs[1], "0-2")) == [] and len(p.window) == 2
+
+
+def test_one_pubacks_frame_answers_pipelined_and_one_shot_publishes_in_order() -> None:
+    p = opened()
+    seqs = [p.publish_windowed({"price": float(i), "sym": "A"}, wall=WALL) for i in range(3)]
+    rid = p.request(cm.Publish(0, EVENT), now=0.0, timeout=5.0, retry=True)
+    one_shot = sent(p)[-1].seq  # type: ignore[attr-defined]
+    acks = cm.PubAcks((seqs[0], one_shot, seqs[2], 999), ("0-1", "0-4", "0-3", "0-9"))  # 999: given up on
+    assert feed(p, acks) == [Replied(rid, cm.PubAck(one_shot, "0-4"))]
+    assert [len(p.window), seqs[1] in p.window, len(p.requests)] == [1, True, 0]
+
+
+def test_a_pubacks_frame_whose_lists_differ_in_length_is_a_protocol_error() -> None:
+    p = opened()
+    p.publish_windowed(EVENT, wall=WALL)
+    with pytest.raises(RemoteProtocolError, match="2 seqs but 1 event ids"):
+        feed(p, cm.PubAcks((1, 2), ("0-1",)))
+
+
+def test_the_hello_says_the_client_takes_pubacks() -> None:
+    out = ClientProtocol("c1").connect()
+    (hello,) = client_reader().feed(out[len(CLIENT_MAGIC) :])
+    assert isinstance(hello, cm.Hello) and hello.version == cm.PROTOCOL_VERSION >= cm.BATCHED_ACKS
 
 
 def test_a_choked_pipelined_publish_goes_again_after_the_delay_and_pauses_new_ones() -> None:

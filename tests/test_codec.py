@@ -172,6 +172,8 @@ CLIENT_MESSAGES: list[cm.ClientMessage] = [
     cm.Publish(3, {"price": 12.5, "sym": "AB"}, 3.5, "k", 2, "e-7", PAYLOAD),
     cm.Welcome(0, 4, True, "local", 2.0, 65536),
     cm.PubAck(1, "0-1"),
+    cm.PubAcks((1, 2, 5), ("0-1", "0-2", "pub/e-5")),
+    cm.Hello("client-b", cm.PROTOCOL_VERSION),
     cm.Subscribe(3, "s1", 'price < 10 and sym = "AB"'),
     cm.SubAck(3, "s1", 2),
     cm.Unsubscribe(4, "s1"),

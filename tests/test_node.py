@@ -539,3 +539,22 @@ async def test_one_notify_for_several_sessions_is_encoded_once():
     (f1,), (f2,), (f3,) = (list(conns.writers[sid].queue.normal) for sid in (1, 2, 3))
     assert f1 is f2 and f1 == encode_frame(note)
     assert f3 == encode_frame(other)
+
+
+async def test_a_client_that_takes_pubacks_gets_a_burst_s_pubacks_in_few_frames(cluster):
+    """net.clients rule 9: a Hello of version BATCHED_ACKS gets PubAcks frames,
+    each publish answered once, in order; an older client a PubAck each."""
+    sub = await cluster.raw(1, version=cm.BATCHED_ACKS)  # its subscription lives across the nodes
+    await sub.subscribe('sym = "PA"')
+    new = await cluster.raw(0, version=cm.BATCHED_ACKS)
+    old = await cluster.raw(0)
+    for client, n in ((new, 300), (old, 50)):
+        futs = [client.publish_nowait({"price": float(i), "sym": "PA"}) for i in range(n)]
+        acks = await asyncio.wait_for(asyncio.gather(*futs), WAIT)
+        assert all(isinstance(a, cm.PubAck) for a in acks)
+        assert len({a.event_id for a in acks}) == n  # type: ignore[attr-defined]
+    assert 1 <= new.pubacks_frames < 300
+    assert old.pubacks_frames == 0
+    await wait_until(lambda: len(sub.notes) == 350)
+    for c in (sub, new, old):
+        await c.close()

@@ -180,7 +180,7 @@ class ClientProtocol:
 
     def connect(self) -> bytes:
         """A connection is open: the bytes to send first (preamble and Hello)."""
-        hello = encode_frame(cm.Hello(self.client_id, 1, self.token), self.max_frame)
+        hello = encode_frame(cm.Hello(self.client_id, cm.PROTOCOL_VERSION, self.token), self.max_frame)
         self._transition(Call.CONNECT)
         self._frames = client_reader(self.max_frame)
         self._preamble = b""
@@ -395,6 +395,8 @@ class ClientProtocol:
                 return self._notify(msg, now, wall)
             case cm.Revoke():
                 self._ack(self.deliveries.revoke(msg.tag, msg.event_id))
+            case cm.PubAcks():
+                return self._pub_acks(msg, now)
             case cm.PubAck() | cm.Choke() | cm.Error() if msg.seq in self.window:
                 if isinstance(msg, cm.Choke):
                     self.chokes += 1
@@ -412,6 +414,20 @@ class ClientProtocol:
             case cm.Welcome() | cm.Hello() | cm.Publish() | cm.Subscribe() | cm.Unsubscribe() | cm.Ack() | cm.Admin():
                 raise RemoteProtocolError(f"{type(msg).__name__} in state {self.state.name}")
         return []
+
+    def _pub_acks(self, msg: cm.PubAcks, now: float) -> list[Event]:
+        """Several PubAcks in one frame: each as if it came alone, in order."""
+        if len(msg.seqs) != len(msg.event_ids):
+            raise RemoteProtocolError(f"PubAcks lists {len(msg.seqs)} seqs but {len(msg.event_ids)} event ids")
+        window, requests = self.window, self.requests
+        events: list[Event] = []
+        for seq, event_id in zip(msg.seqs, msg.event_ids):
+            if seq in window:
+                window.acked(seq)
+            elif seq in requests:
+                events.extend(self._answered(cm.PubAck(seq, event_id), now))
+            # else a late answer to a request given up on
+        return events
 
     def _notify(self, msg: cm.Notify, now: float, wall: float) -> list[Event]:
         note = Notification(

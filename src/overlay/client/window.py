@@ -83,6 +83,10 @@ class PublishWindow:
                     self._error = RequestError(msg.code, msg.message, msg.position)
                 self._done(seq)
 
+    def acked(self, seq: int) -> None:
+        """``answer`` for a PubAck of a kept publish, without the message (one of a ``PubAcks``)."""
+        self._done(seq)
+
     def _done(self, seq: int) -> None:
         self.bytes -= len(self._kept.pop(seq).payload)
         self._resend.pop(seq, None)

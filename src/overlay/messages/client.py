@@ -2,9 +2,14 @@
 
 Client → node: ``Hello``, ``Publish``, ``Subscribe``, ``Unsubscribe``, ``Ack``,
 and the operator's ``Admin`` commands.  Node → client: ``Welcome``,
-``PubAck``, ``SubAck``, ``UnsubAck``, ``Notify``, ``Revoke``, ``Choke``,
+``PubAck``, ``PubAcks``, ``SubAck``, ``UnsubAck``, ``Notify``, ``Revoke``, ``Choke``,
 ``Error``, ``AdminReply``.  ``seq`` is the client's correlation number for a request;
 the answer carries it back.
+
+Versions: a client says which messages it understands in ``Hello.version``.
+From ``BATCHED_ACKS`` (2) on, the node may answer several publishes in one
+``PubAcks`` instead of a ``PubAck`` each; an older client (1) gets each its
+own.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import msgspec
 from overlay.channels.schema import Value
 
 __all__ = [
+    "BATCHED_ACKS",
     "MAX_RANK",
+    "PROTOCOL_VERSION",
     "Ack",
     "Admin",
     "AdminReply",
@@ -28,6 +35,7 @@ __all__ = [
     "Hello",
     "Notify",
     "PubAck",
+    "PubAcks",
     "Publish",
     "Revoke",
     "SubAck",
@@ -41,6 +49,10 @@ Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
 # The largest explicit rank of an ordered publish (SPEC §10): ranks stay exact
 # as JSON numbers (the capture, the admin page).  Larger is refused bad_rank.
 MAX_RANK: Final = 2**53
+# Hello.version (module docstring): the first version that takes PubAcks, and
+# the one this library speaks.
+BATCHED_ACKS: Final = 2
+PROTOCOL_VERSION: Final = 2
 Seq = Annotated[int, msgspec.Meta(ge=0)]
 # An expression's text.  Its length is bounded by the frame and then by the
 # parser (``MAX_EXPRESSION_LENGTH``), whose error names the position: a bound
@@ -134,6 +146,15 @@ class Publish(ClientMessage, frozen=True):
 class PubAck(ClientMessage, frozen=True):
     seq: Seq
     event_id: str
+
+
+class PubAcks(ClientMessage, frozen=True):
+    """Several ``PubAck``s in one frame, in the order they were given:
+    ``event_ids[i]`` answers publish ``seqs[i]`` (the lists are as long as
+    each other).  Sent only to a client whose Hello said ``BATCHED_ACKS``."""
+
+    seqs: tuple[Seq, ...]
+    event_ids: tuple[str, ...]
 
 
 class Subscribe(ClientMessage, frozen=True):

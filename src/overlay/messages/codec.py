@@ -49,6 +49,7 @@ ClientUnion = (
     | _c.Welcome
     | _c.Publish
     | _c.PubAck
+    | _c.PubAcks
     | _c.Subscribe
     | _c.SubAck
     | _c.Unsubscribe

@@ -53,6 +53,15 @@ Rules:
 8. One message sent to several sessions in a row (the core gives sessions
    with the same subscription ids one Notify object) is encoded once: the
    same frame bytes go into each queue.
+9. **Batched PubAcks.**  A session whose Hello said ``cm.BATCHED_ACKS``
+   gets its PubAcks gathered into ``PubAcks`` frames (at most
+   ``PUBACKS_BATCH`` each): they wait in ``_acks`` until the loop's next
+   turn (``flush_acks``, scheduled by the first one), so the PubAcks of a
+   batch of publishes cost one encode and one queued frame instead of one
+   each.  Nothing overtakes: any other frame for that session sends its
+   waiting PubAcks first, as does closing it; like every control reply they
+   are never dropped.  A session that is cut or gone loses them with its
+   connection.
 """
 
 from __future__ import annotations
@@ -90,6 +99,9 @@ CHOKE_DELAY: Final = 0.01
 # Rule 7: how often stalled sessions are looked for (at most; a quarter of
 # the grace when that is shorter), so a stall is cut within 1.25 × grace.
 SWEEP_SECONDS: Final = 1.0
+# Rule 9: PubAcks per PubAcks frame — each entry is at most ~270 bytes (a seq
+# and the longest event id), so a frame stays far under the 1 MiB frame cap.
+PUBACKS_BATCH: Final = 1024
 
 # Rule 7a: a queued frame is a Notify when its body (after the length
 # prefix and a one-byte array header: every client message has under 16
@@ -157,6 +169,9 @@ class ClientConnections:
         # meet a new object at a freed one's address).
         self._last_msg: cm.ClientMessage | None = None
         self._last_frame = b""
+        # Rule 9: the sessions that take PubAcks, and the PubAcks waiting per session.
+        self._batched: set[int] = set()
+        self._acks: dict[int, tuple[list[int], list[str]]] = {}
 
     # -- writing (rule 3) ----------------------------------------------------------------
 
@@ -166,6 +181,17 @@ class ClientConnections:
             if sid in self._cut and type(msg) is cm.Notify:  # rule 7c
                 self._discard(sid, msg)
             return
+        if type(msg) is cm.PubAck and sid in self._batched:  # rule 9
+            acks = self._acks.get(sid)
+            if acks is None:
+                if not self._acks:
+                    self._schedule_flush()
+                acks = self._acks[sid] = ([], [])
+            acks[0].append(msg.seq)
+            acks[1].append(msg.event_id)
+            return
+        if self._acks and sid in self._acks:  # rule 9: nothing overtakes them
+            self._queue_acks(w, *self._acks.pop(sid))
         if msg is self._last_msg:  # rule 8
             frame = self._last_frame
         else:
@@ -180,6 +206,30 @@ class ClientConnections:
             return
         if self.budget.add(w.account, len(frame)):  # rule 7: past the budget
             self._over_budget()
+
+    def _schedule_flush(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a node driven by hand): at once, nothing to batch with
+            self.flush_acks()
+            return
+        loop.call_soon(self.flush_acks)
+
+    def flush_acks(self) -> None:
+        """Rule 9: every session's waiting PubAcks into its queue."""
+        acks, self._acks = self._acks, {}
+        for sid, (seqs, ids) in acks.items():
+            w = self.writers.get(sid)
+            if w is not None:
+                self._queue_acks(w, seqs, ids)
+
+    def _queue_acks(self, w: ConnectionWriter, seqs: list[int], ids: list[str]) -> None:
+        for i in range(0, len(seqs), PUBACKS_BATCH):
+            j = i + PUBACKS_BATCH
+            frame = encode_frame(cm.PubAcks(tuple(seqs[i:j]), tuple(ids[i:j])), self._max_frame)
+            w.queue.put_force(frame, False)  # a control reply: never dropped
+            if self.budget.add(w.account, len(frame)):  # rule 7: past the budget
+                self._over_budget()
 
     def _drop(self, sid: int, w: ConnectionWriter, msg: cm.Notify) -> None:
         self._stats["slow_consumer_drops"] += 1
@@ -242,6 +292,7 @@ class ClientConnections:
         w = self.writers.pop(sid, None)
         if w is None:
             return
+        self._acks.pop(sid, None)  # rule 9: lost with the connection
         self.budget.close(sid)
         self._cut.add(sid)
         self._slow.discard(sid)
@@ -280,6 +331,8 @@ class ClientConnections:
         w = self.writers.get(sid)
         if w is not None:
             log.info("node %d: closing client session %d: %s", self.node_id, sid, reason)
+            if sid in self._acks:  # rule 9: they go out before it closes
+                self._queue_acks(w, *self._acks.pop(sid))
             w.close()
 
     # -- reading (rules 1, 2, 4, 6) ------------------------------------------------------
@@ -320,6 +373,9 @@ class ClientConnections:
         try:
             write_frames(writer, [CLIENT_MAGIC])
             msgs = await self._first_frames(reader, frames, sid)  # rule 6: the Hello in time
+            first = msgs[0] if msgs else None
+            if type(first) is cm.Hello and first.version >= cm.BATCHED_ACKS:  # rule 9
+                self._batched.add(sid)
             while msgs:
                 for msg in msgs:
                     if type(msg) is cm.Ack and client_ack(sid, msg):
@@ -352,6 +408,8 @@ class ClientConnections:
         finally:
             wtask.cancel()
             self.writers.pop(sid, None)
+            self._batched.discard(sid)
+            self._acks.pop(sid, None)
             self._slow.discard(sid)
             self._cut.discard(sid)
             self.budget.close(sid)

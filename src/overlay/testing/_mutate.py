@@ -176,6 +176,7 @@ def samples(schema: Schema, *, node: int = 0, peer: int = 1) -> tuple[list[cm.Cl
         cm.Publish(3, values, 1.0, "k", 1, "e1"),
         cm.Publish(4, values, 1.0, event_id="e2", payload=b"\x00fuzz\xff" * 8),
         cm.PubAck(1, "e"),
+        cm.PubAcks((1, 2), ("e", "f")),
         cm.Subscribe(4, "s", text),
         cm.Subscribe(5, "g", text, "workers", 2.0),
         cm.SubAck(4, "s", 1),

@@ -46,8 +46,11 @@ class RawClient:
         delay: float = 0.0,
         answer_revokes: bool = True,
         ssl: SSLContext | None = None,
+        version: int = 1,
     ) -> None:
         self.addr = addr
+        self.version = version  # Hello.version: 1 gets a PubAck each, BATCHED_ACKS PubAcks frames
+        self.pubacks_frames = 0  # PubAcks frames received
         self.ssl = ssl  # TLS with this context (its CA), or plain TCP
         self.auto_ack = auto_ack
         self.answer_revokes = answer_revokes
@@ -67,7 +70,7 @@ class RawClient:
     async def connect(self, timeout: float = WAIT) -> RawClient:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.addr, ssl=self.ssl), timeout)
         self._writer = writer
-        writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(f"raw-{id(self)}")))
+        writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(f"raw-{id(self)}", self.version)))
         assert await asyncio.wait_for(reader.readexactly(4), timeout) == CLIENT_MAGIC
         welcome: asyncio.Future[cm.ClientMessage] = asyncio.get_running_loop().create_future()
         self._tasks.append(asyncio.create_task(self._read(reader, welcome), name=f"raw-read-{id(self)}"))
@@ -105,6 +108,12 @@ class RawClient:
                         self._waiting.pop(msg.seq).set_result(msg)
                     case cm.Error():
                         self.errors.append(msg)
+                    case cm.PubAcks():
+                        self.pubacks_frames += 1
+                        for seq, event_id in zip(msg.seqs, msg.event_ids):
+                            fut = self._waiting.pop(seq, None)
+                            if fut is not None and not fut.done():
+                                fut.set_result(cm.PubAck(seq, event_id))
                     case cm.PubAck() | cm.SubAck() | cm.UnsubAck() | cm.AdminReply() | cm.Choke():
                         fut = self._waiting.pop(msg.seq, None)
                         if fut is not None and not fut.done():
