@@ -11,11 +11,14 @@ from hypothesis import strategies as st
 
 from overlay.channels import (
     Attribute,
+    ChannelId,
     EventSpace,
     ExceptConstraint,
     Interval,
     Kind,
     RangeConstraint,
+    RouteEntry,
+    RoutingTable,
     Schema,
     SetConstraint,
 )
@@ -416,3 +419,22 @@ def test_whole_space_covers_a_satisfiable_filter(schema):
     wes = EventSpace.whole(schema)
     f = sub('sym prefix "A" and qty in [1, 2] and note contains "x"', schema)
     assert wes.covers(f, schema) and wes.overlaps(f, schema)
+
+
+@PROPS
+@given(st.data())
+def test_meets_is_overlaps_for_a_satisfiable_filter_and_the_table_routes_by_it(data):
+    # The routing table checks a filter's satisfiability once and each
+    # candidate space with ``meets``: the same channels as ``overlaps`` space
+    # by space, and none for a filter no event matches.
+    spaces = partition(data, SMALL)
+    f = data.draw(filters(SMALL), label="filter")
+    table = RoutingTable(SMALL)
+    for k, sp in enumerate(spaces):
+        table.set(ChannelId(0, k + 1), RouteEntry(sp, (0,)))
+    expected = sorted(ChannelId(0, k + 1) for k, sp in enumerate(spaces) if sp.overlaps(f, SMALL))
+    assert table.lookup_subscription(f) == expected
+    if f.satisfiable(SMALL):
+        assert [sp.meets(f, SMALL) for sp in spaces] == [sp.overlaps(f, SMALL) for sp in spaces]
+    else:
+        assert expected == []

@@ -605,8 +605,14 @@ def conjunction(preds: Iterable[Predicate], attr: Attribute) -> ValueSet:
     preds = list(preds)
     if attr.kind is Kind.STRING:
         return StringConj(preds)
-    out = IntervalSet.whole(_domain(attr), attr.kind.discrete)
-    for p in preds:
+    if not preds:
+        return IntervalSet.whole(_domain(attr), attr.kind.discrete)
+    # Every L(f) is already clipped to the domain (intervals rule 1): the
+    # first needs no intersection with the whole domain.  Most attributes of
+    # a subscription carry one predicate, and a subscription's routing and
+    # checks call this for each of them.
+    out = _interval_values(preds[0], attr)
+    for p in preds[1:]:
         out = out.intersection(_interval_values(p, attr))
     return out
 

@@ -388,8 +388,11 @@ class RoutingTable:
         """Every channel the subscription belongs to (covers or overlaps), sorted."""
         entries = self._entries
         schema = self.schema
+        if not f.satisfiable(schema):  # no event matches it: it belongs nowhere
+            return []
         cands = self._idx().overlapping(f)
-        return sorted(c for c in cands if entries[c].space.overlaps(f, schema))
+        # Satisfiable: each candidate compares only the attributes it constrains.
+        return sorted(c for c in cands if entries[c].space.meets(f, schema))
 
 
 class _Index:

@@ -188,6 +188,14 @@ class EventSpace(msgspec.Struct, frozen=True, array_like=True):
         rest = [p for p in f.predicates if p.attr not in da]
         if rest and not satisfiable(rest, schema):
             return False
+        return self.meets(f, schema)
+
+    def meets(self, f: Filter, schema: Schema) -> bool:
+        """``overlaps`` for a filter known to be satisfiable (``Filter.satisfiable``):
+        only its values on the constrained attributes are compared.  Attributes
+        are independent, so a satisfiable filter's other attributes hold a value
+        whatever the space; a routing table deciding one filter against many
+        spaces checks that once, not once per space."""
         for c in self.constraints:
             attr = schema.attributes[c.attr]
             if not c.overlaps_conj(conjunction(f.on(c.attr), attr), attr):
