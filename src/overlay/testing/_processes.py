@@ -100,12 +100,14 @@ def write_cluster_config(
     admin_ports: Sequence[int] | None = None,
     tls: TlsSettings | None = None,
     tables: Mapping[str, Mapping[str, object]] | None = None,
+    schema: str = SCHEMA,
 ) -> Path:
     """A config of ``len(addresses)`` nodes (ids 0…, node 0 the initializer;
     admin ports ephemeral unless given), with ``[cluster]`` ``settings``,
     ``tls`` (default: plain TCP and the test secret, ``insecure_tls``;
     ``dev_tls(ids, host)`` for TLS), the other ``tables`` (``{"auth": {...},
-    "groups": {...}}``) and ``SCHEMA``."""
+    "groups": {...}}``) and ``schema`` (a ``[schema]`` table; ``SCHEMA`` unless
+    a bench needs attributes of its own)."""
     settings = dict(settings or {})
     lines = ["[cluster]", f"name = {_toml(settings.pop('name', name))}", "initializer = 0"]
     lines += [f"{k} = {_toml(v)}" for k, v in settings.items()]
@@ -117,7 +119,7 @@ def write_cluster_config(
     for table, keys in (tables or {}).items():
         lines += ["", f"[{table}]", *(f"{k} = {_toml(v)}" for k, v in keys.items())]
     lines += ["", tls_toml(tls or insecure_tls())]
-    path.write_text("\n".join(lines) + "\n" + SCHEMA)
+    path.write_text("\n".join(lines) + "\n" + schema)
     return path
 
 

@@ -1,0 +1,639 @@
+"""A million subscriptions on five nodes (issue 18 item 4): load, memory, SubAck latency.
+
+Run as ``flock /tmp/bench.lock .venv/bin/python bench/subscriptions.py
+[--subs N] [--probes P] [--rate R] [--window W] [--logs DIR] [--json F]``
+(the lock: never two benchmarks at once on the machine).
+
+What it does:
+
+1. **Cluster.**  Five ``overlay node`` processes (``overlay.testing.NodeProcesses``)
+   of a config of this bench's own (``bench_config``): the schema below,
+   balancing off (the placement of rule 2 is the balance measured; a
+   balancing session moving 200,000 subscriptions would be a different
+   bench), ``[limits] max_subscriptions = 0`` (one loader holds a fifth of
+   the load on one node, far past the default 10,000 per client id), and
+   ``suspect_timeout`` 10 s (a node indexing a burst of subscriptions on a
+   shared 2-core machine must not be taken for dead).
+2. **Channels.**  The whole space is split on ``price`` into five bands of
+   200 (admin ``split``) and band ``b`` is placed on node ``b`` (admin
+   ``place``): every node owns one fifth of the event space.
+3. **Load.**  One loader process per access node (``--loader``, rule 5)
+   subscribes ``N/5`` subscriptions over a raw client connection, ``W`` in
+   flight at once (pipelined: each Subscribe goes out without waiting for
+   the SubAck of the one before).  Subscription ``k`` of every loader lies
+   in band ``k mod 5``: the owners hold ``N/5`` each, and four in five
+   Subscriptions travel from the access node to a peer and back
+   (SubscriptionApplied, then the SubAck).  Each has 2 to 20 predicates
+   (uniform): a ``price`` range inside its band, a ``sym`` equality or
+   small set over 10,000 symbols, and up to 18 more over ``x01``…``x14``
+   (ranges, bounds, equality) and ``t1``…``t4`` (equality, prefix, sets,
+   inequality) — research-like filters, selective enough that an event
+   notifies a handful of the million, not thousands.
+4. **Measures.**  *Load rate*: SubAcks per second over the whole load.
+   *Held per node*: the subscriptions in each node's channels (``status``).
+   *Memory per subscription per node*: each node's RSS growth over the
+   load divided by the subscriptions its channels hold (it is also the
+   access node of ``N/5`` of them: the session's bookkeeping is in the
+   same figure).  *CPU per subscription per node*: the node's user+system
+   CPU over the load, per subscription it holds.  *Live latency*, with
+   the ``N`` held and a background publisher at ``--rate`` events/s over
+   every node: ``P`` probe subscriptions, one at a time, each through the
+   next access node in turn (``overlay.client.Client``), timed from
+   ``subscribe`` to its SubAck; then an event that matches it (its ``id``
+   is the probe's own: no other probe's event does; loaded subscriptions
+   may match it too, as any event) is published through another node and
+   must be delivered to the probe (the SubAck's promise) —
+   a probe whose event does not arrive within ``DELIVERY_TIMEOUT`` counts
+   as *not live*.  The probe is unsubscribed before the next.
+5. **Loaders** are processes of their own (``--loader``): the bench's
+   memory stays bounded (a subscription is generated, sent and forgotten;
+   nothing per subscription is kept on the client side but its SubAck
+   count), and a loader's CPU is not the nodes'.  Each keeps its
+   connection — its subscriptions — open until its standard input closes,
+   acking every notification it gets.
+
+Targets (issue 18 item 4): 1,000,000 subscriptions of up to 20 predicates
+held by 5 nodes, balanced; SubAck p99 ≤ 1 s under that load.  For the
+report: Amazon SNS allows 200 filter policies per topic and takes up to
+15 min to apply one; Amazon EventBridge 300 rules per event bus.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from overlay.client import Client
+from overlay.errors import OverlayError
+from overlay.messages import client as cm
+from overlay.messages.codec import client_reader, encode_frame
+from overlay.net.clients import CLIENT_MAGIC
+from overlay.testing import NodeProcesses, free_ports, write_cluster_config
+
+NODES: Final = 5
+BAND: Final = 200.0  # price band of one channel: [0, 1000] cut in five
+SYMBOLS: Final = 10_000  # sym values: an equality on sym keeps an event's matches to a handful
+NUMERIC: Final = tuple(f"x{i:02d}" for i in range(1, 15))
+STRINGS: Final = ("t1", "t2", "t3", "t4")
+WORDS: Final = tuple(
+    a + b for a in ("al", "be", "ga", "de", "ep", "ze", "et", "th") for b in ("pha", "ta", "mma", "lta", "sil", "ro")
+)
+MAX_PREDICATES: Final = 20
+PROBE_ID: Final = 500_000_000  # probe events' ids from here up; background events' below
+SCHEMA: Final = (
+    """[schema]
+# Twenty attributes a subscription may constrain (price, sym and eighteen
+# more), and id, which only the probes use: a probe's event matches the
+# probe and none of the loaded subscriptions.
+distinguishing = ["price", "sym"]
+attributes = [
+  { name = "price", type = "float", min = 0, max = 1000 },
+  { name = "sym", type = "string", min = 1, max = 8 },
+  { name = "id", type = "int", min = 0, max = 1000000000 },
+"""
+    + "".join(f'  {{ name = "{x}", type = "float", min = 0, max = 1000 }},\n' for x in NUMERIC)
+    + "".join(f'  {{ name = "{t}", type = "string", min = 0, max = 16 }},\n' for t in STRINGS)
+    + "]\n"
+)
+TARGET_SUBS: Final = 1_000_000
+TARGET_LIVE_P99: Final = 1.0
+SUBACK_TIMEOUT: Final = 10.0
+DELIVERY_TIMEOUT: Final = 5.0
+PROGRESS_EVERY: Final = 5.0  # s between two progress lines of the load
+LOADER_REPORT: Final = 1.0  # s between two reports of a loader
+PUBLISH_WINDOW: Final = 64
+
+
+# -- the workload (rule 3) -----------------------------------------------------------------
+
+
+def _num(rng: random.Random) -> float:
+    return round(rng.uniform(0.0, 1000.0), 2)
+
+
+def _sym(rng: random.Random) -> str:
+    return f"S{rng.randrange(SYMBOLS):04d}"
+
+
+def _numeric_predicate(rng: random.Random, attr: str) -> str:
+    kind = rng.randrange(4)
+    if kind == 0:
+        lo = _num(rng)
+        return f"{attr} in [{lo}, {min(1000.0, round(lo + rng.uniform(50, 600), 2))}]"
+    if kind == 1:
+        return f"{attr} >= {_num(rng)}"
+    if kind == 2:  # never below 1: "x < 0" can never match, and the node refuses it
+        return f"{attr} < {max(1.0, _num(rng))}"
+    return f"{attr} = {float(rng.randrange(1000))}"
+
+
+def _string_predicate(rng: random.Random, attr: str) -> str:
+    kind = rng.randrange(4)
+    if kind == 0:
+        return f'{attr} = "{rng.choice(WORDS)}"'
+    if kind == 1:
+        return f'{attr} prefix "{rng.choice(WORDS)[:2]}"'
+    if kind == 2:
+        return f"{attr} in {{{', '.join(json.dumps(w) for w in rng.sample(WORDS, 3))}}}"
+    return f'{attr} != "{rng.choice(WORDS)}"'
+
+
+def price_range(rng: random.Random, band: int) -> tuple[float, float]:
+    lo = round(band * BAND + 1.0 + rng.uniform(0.0, BAND - 102.0), 2)
+    return lo, round(lo + rng.uniform(5.0, 100.0), 2)
+
+
+def subscription(rng: random.Random, band: int) -> str:
+    """A loaded subscription of ``band`` (rule 3): 2 to 20 predicates."""
+    lo, hi = price_range(rng, band)
+    preds = [f"price in [{lo}, {hi}]"]
+    if rng.random() < 0.8:
+        preds.append(f'sym = "{_sym(rng)}"')
+    else:
+        preds.append(f"sym in {{{', '.join(json.dumps(_sym(rng)) for _ in range(3))}}}")
+    for attr in rng.sample(NUMERIC + STRINGS, rng.randint(2, MAX_PREDICATES) - 2):
+        preds.append(_numeric_predicate(rng, attr) if attr in NUMERIC else _string_predicate(rng, attr))
+    return " and ".join(preds)
+
+
+def event(rng: random.Random, ident: int, band: int | None = None) -> dict[str, Any]:
+    """An event carrying every attribute; ``band`` picks its price band."""
+    b = rng.randrange(NODES) if band is None else band
+    ev: dict[str, Any] = {"price": round(b * BAND + rng.uniform(1.0, BAND - 1.0), 2), "sym": _sym(rng), "id": ident}
+    ev.update({x: _num(rng) for x in NUMERIC})
+    ev.update({t: rng.choice(WORDS) for t in STRINGS})
+    return ev
+
+
+def probe_subscription(rng: random.Random, ev: dict[str, Any]) -> str:
+    """A subscription ``ev`` matches, of 3 to 20 predicates, one of them
+    ``id = ev["id"]`` (so no other probe's event matches it)."""
+    p = ev["price"]
+    preds = [f"price in [{max(0.0, round(p - 5, 2))}, {min(1000.0, round(p + 5, 2))}]", f"id = {ev['id']}"]
+    preds.append(f'sym = "{ev["sym"]}"')
+    for attr in rng.sample(NUMERIC + STRINGS, rng.randint(0, MAX_PREDICATES - 3)):
+        v = ev[attr]
+        if attr in NUMERIC:
+            preds.append(
+                rng.choice([f"{attr} >= {math.floor(v)}", f"{attr} < {math.floor(v) + 1}", f"{attr} in [{v}, {v}]"])
+            )
+        else:
+            preds.append(rng.choice([f'{attr} = "{v}"', f'{attr} prefix "{v[:2]}"', f'{attr} != "{v}x"']))
+    return " and ".join(preds)
+
+
+# -- a loader process (rule 5) --------------------------------------------------------------
+
+
+async def loader(args: argparse.Namespace) -> None:
+    """Subscribe ``--count`` subscriptions on ``--addr``, ``--window`` in flight;
+    report JSON lines on stdout; hold them until stdin closes."""
+    host, _, port = args.addr.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(f"loader-{args.node}")))
+    assert await reader.readexactly(4) == CLIENT_MAGIC
+    frames = client_reader()
+    welcome = asyncio.Event()
+    room = asyncio.Semaphore(args.window)
+    acked = errors = notified = 0
+    first_error = ""
+    done = asyncio.Event()
+
+    async def read() -> None:
+        nonlocal acked, errors, notified, first_error
+        while data := await reader.read(1 << 16):
+            for msg in frames.feed(data):
+                match msg:
+                    case cm.Welcome():
+                        welcome.set()
+                    case cm.SubAck():
+                        acked += 1
+                        room.release()
+                    case cm.Error() if msg.seq:
+                        errors += 1
+                        first_error = first_error or f"{msg.code}: {msg.message}"
+                        room.release()
+                    case cm.Notify():
+                        notified += 1
+                        writer.write(encode_frame(cm.Ack(msg.event_id, 0.0, msg.tag)))
+                    case _:
+                        pass  # Revoke (never: every copy is acked at once), node notices
+            if acked + errors >= args.count:
+                done.set()
+        done.set()
+
+    def report(**extra: Any) -> None:
+        line = {"acked": acked, "errors": errors, "notified": notified, "first_error": first_error, **extra}
+        print(json.dumps(line), flush=True)
+
+    reading = asyncio.create_task(read())
+    await asyncio.wait_for(welcome.wait(), SUBACK_TIMEOUT)
+    rng = random.Random(args.seed * 1000 + args.node)
+    started = last = time.monotonic()
+    for k in range(args.count):
+        await room.acquire()
+        expr = subscription(rng, k % NODES)
+        writer.write(encode_frame(cm.Subscribe(k + 1, f"L{args.node}-{k}", expr)))
+        if k % 64 == 63:
+            await writer.drain()
+        if time.monotonic() - last > LOADER_REPORT:
+            last = time.monotonic()
+            report()
+    await writer.drain()
+    if args.count:
+        await done.wait()
+    report(seconds=time.monotonic() - started, finished=True)
+    # Hold the subscriptions until the bench is done with them.
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    report(closing=True)
+    reading.cancel()
+    with contextlib.suppress(BaseException):
+        await reading
+    writer.close()
+
+
+# -- the bench -------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    subs: int = 0
+    acked: int = 0
+    refused: int = 0
+    first_error: str = ""
+    load_seconds: float = 0.0
+    load_wall: float = 0.0  # with the loaders' start-up
+    load_rate: float = 0.0
+    held: list[int] = field(default_factory=list)  # per node, in its channels
+    rss_before: list[int] = field(default_factory=list)  # bytes
+    rss_after: list[int] = field(default_factory=list)
+    cpu_load: list[float] = field(default_factory=list)  # s of CPU during the load
+    loader_rss: list[int] = field(default_factory=list)
+    probes: int = 0
+    suback: list[float] = field(default_factory=list)  # s, Subscribe → SubAck
+    delivery: list[float] = field(default_factory=list)  # s, publish → notification
+    not_live: int = 0
+    probe_errors: list[str] = field(default_factory=list)
+    published: int = 0
+    notified_loaded: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def bench_config(path: Path, addresses: list[tuple[str, int]], admin_ports: list[int]) -> Path:
+    """Rule 1."""
+    return write_cluster_config(
+        path,
+        addresses,
+        name="subscriptions",
+        settings={"balancing": False, "slice_seconds": 2.0, "suspect_timeout": 10.0, "peer_timeout": 30.0},
+        admin_ports=admin_ports,
+        tables={"limits": {"max_subscriptions": 0}},
+        schema=SCHEMA,
+    )
+
+
+def rss(pid: int) -> int:
+    """Resident bytes of process ``pid`` (``/proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(xs: list[float], p: float) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1)]
+
+
+async def place_bands(admin: Client) -> None:
+    """Rule 2: channels [0, 200], (200, 400], … and band b on node b."""
+    chan = "0.0"
+    for b in range(1, NODES):
+        reply = await admin.admin("split", channel=chan, attr="price", at=b * BAND, timeout=30.0)
+        low, high = _split_ids(reply, b * BAND)
+        await _place(admin, low, b - 1)
+        chan = high
+    await _place(admin, chan, NODES - 1)
+
+
+def _split_ids(reply: Any, at: float) -> tuple[str, str]:
+    """The two channels a split made: (price ≤ at, price > at)."""
+    kids = reply.get("children", []) if isinstance(reply, dict) else []
+    low = [k["id"] for k in kids if f", {at}]" in k["space"]]
+    high = [k["id"] for k in kids if f"({at}, " in k["space"]]
+    if len(kids) != 2 or len(low) != 1 or len(high) != 1:
+        raise RuntimeError(f"unexpected split reply: {reply!r}")
+    return str(low[0]), str(high[0])
+
+
+async def _place(admin: Client, chan: str, node: int) -> None:
+    if node != 0:  # node 0, the initializer, made them all
+        await admin.admin("place", channel=chan, node=node, timeout=60.0)
+
+
+async def held(procs: NodeProcesses) -> list[int]:
+    out = []
+    for n in range(NODES):
+        status = await procs.status(n, timeout=30.0)
+        channels = status["channels"]
+        assert isinstance(channels, list)
+        out.append(sum(int(c["subscriptions"]) for c in channels))
+    return out
+
+
+async def load(args: argparse.Namespace, procs: NodeProcesses, res: Result) -> list[asyncio.subprocess.Process]:
+    """Rule 3: one loader per access node; returns them still holding."""
+    per = [args.subs // NODES + (1 if n < args.subs % NODES else 0) for n in range(NODES)]
+    loaders = []
+    for n in range(NODES):
+        host, port = procs.addr(n)
+        loaders.append(
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                __file__,
+                "--loader",
+                "--addr",
+                f"{host}:{port}",
+                "--node",
+                str(n),
+                "--count",
+                str(per[n]),
+                "--window",
+                str(args.window),
+                "--seed",
+                str(args.seed),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            )
+        )
+    last: list[dict[str, Any]] = [{} for _ in range(NODES)]
+
+    async def follow(n: int) -> None:
+        stdout = loaders[n].stdout
+        assert stdout is not None
+        while line := await stdout.readline():
+            last[n] = json.loads(line)
+            if last[n].get("finished"):
+                return
+        raise RuntimeError(f"loader {n} ended before its subscriptions were acknowledged: {last[n]}")
+
+    cpu0 = [cpu(procs.procs[n].pid) for n in range(NODES)]
+    started = time.monotonic()
+    following = asyncio.gather(*(follow(n) for n in range(NODES)))
+    deadline = started + args.load_timeout
+    try:
+        while not following.done():
+            await asyncio.wait([following], timeout=PROGRESS_EVERY)
+            acked = sum(x.get("acked", 0) for x in last)
+            t = time.monotonic() - started
+            print(
+                f"  {t:6.0f}s  {acked:>9,} acknowledged  ({acked / t:,.0f}/s)  node RSS MB "
+                + " ".join(f"{rss(procs.procs[n].pid) / 2**20:.0f}" for n in range(NODES)),
+                flush=True,
+            )
+            for n in range(NODES):
+                assert procs.alive(n), f"node {n} died during the load\n{procs.tail(n)}"
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"load not done after {args.load_timeout:.0f}s: {acked:,} of {args.subs:,}")
+        following.result()
+    finally:
+        if not following.done():
+            following.cancel()
+            with contextlib.suppress(BaseException):
+                await following
+    # From each loader's first Subscribe (its process started and connected)
+    # to its last SubAck: the slowest loader's is the load's.
+    res.load_wall = time.monotonic() - started
+    res.load_seconds = max(float(x.get("seconds", 0.0)) for x in last) or res.load_wall
+    res.cpu_load = [cpu(procs.procs[n].pid) - cpu0[n] for n in range(NODES)]
+    res.acked = sum(x["acked"] for x in last)
+    res.refused = sum(x["errors"] for x in last)
+    res.first_error = next((x["first_error"] for x in last if x["first_error"]), "")
+    res.load_rate = res.acked / res.load_seconds if res.load_seconds else 0.0
+    res.loader_rss = [rss(p.pid) for p in loaders]
+    return loaders
+
+
+async def background(clients: list[Client], rate: float, stop: asyncio.Event, res: Result) -> None:
+    """Events at ``rate``/s over every node, each tested against the loaded subscriptions."""
+    rng = random.Random(7)
+    started = time.monotonic()
+    for i in itertools.count():
+        if stop.is_set():
+            break
+        ahead = started + i / rate - time.monotonic()
+        if ahead > 0:
+            await asyncio.sleep(ahead)
+        await clients[i % len(clients)].publish_windowed(event(rng, rng.randrange(PROBE_ID)), window=PUBLISH_WINDOW)
+        res.published += 1
+
+
+async def probe(args: argparse.Namespace, procs: NodeProcesses, res: Result) -> None:
+    """Rule 4's live latency, under the background publisher."""
+    subs = [await Client([procs.addr(n)], client_id=f"probe-{n}").connect() for n in range(NODES)]
+    pubs = [await Client([procs.addr(n)], client_id=f"probe-pub-{n}").connect() for n in range(NODES)]
+    bg = [await Client([procs.addr(n)], client_id=f"background-{n}").connect() for n in range(NODES)]
+    stop = asyncio.Event()
+    publishing = asyncio.create_task(background(bg, args.rate, stop, res)) if args.rate > 0 else None
+    rng = random.Random(args.seed + 99)
+    try:
+        for i in range(args.probes):
+            if publishing is not None and publishing.done():
+                publishing.result()  # its error, now
+            ev = event(rng, PROBE_ID + i)
+            expr = probe_subscription(rng, ev)
+            client = subs[i % NODES]
+            t0 = time.perf_counter()
+            try:
+                sub = await client.subscribe(expr, sub_id=f"probe{i}", timeout=SUBACK_TIMEOUT)
+            except (TimeoutError, OverlayError) as exc:  # counted: a SubAck that never came is the worst case
+                res.probe_errors.append(f"probe {i}: {type(exc).__name__}: {exc}")
+                res.not_live += 1
+                continue
+            res.suback.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            await pubs[(i + 2) % NODES].publish(ev, timeout=SUBACK_TIMEOUT)
+            try:
+                note = await sub.next(DELIVERY_TIMEOUT)
+                if note.event.get("id") != ev["id"]:
+                    res.probe_errors.append(f"probe {i}: got event {note.event} instead of id {ev['id']}")
+                    res.not_live += 1
+                else:
+                    res.delivery.append(time.perf_counter() - t1)
+            except TimeoutError:
+                res.not_live += 1
+                res.probe_errors.append(f"probe {i}: its event not delivered in {DELIVERY_TIMEOUT}s: {expr}")
+            await client.unsubscribe(f"probe{i}", timeout=SUBACK_TIMEOUT)
+            res.probes += 1
+            await asyncio.sleep(args.probe_gap)
+    finally:
+        stop.set()
+        if publishing is not None:
+            with contextlib.suppress(BaseException):
+                await publishing
+        for c in subs + pubs + bg:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(c.close(), 5)
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> Result:
+    res = Result(subs=args.subs)
+    ports = free_ports(2 * NODES)
+    addresses = [("127.0.0.1", p) for p in ports[:NODES]]
+    config = bench_config(workdir / "subscriptions.toml", addresses, ports[NODES:])
+    procs = NodeProcesses(config, addresses, workdir)
+    loaders: list[asyncio.subprocess.Process] = []
+    try:
+        procs.start_all()
+        await procs.all_ready()
+        async with Client([procs.addr(0)], client_id="admin") as admin:
+            await place_bands(admin)
+        res.rss_before = [rss(procs.procs[n].pid) for n in range(NODES)]
+        print(f"load: {args.subs:,} subscriptions, {args.window} in flight per loader …", flush=True)
+        loaders = await load(args, procs, res)
+        res.held = await held(procs)
+        res.rss_after = [rss(procs.procs[n].pid) for n in range(NODES)]
+        print(f"probes: {args.probes} new subscriptions, background {args.rate:.0f} events/s …", flush=True)
+        await probe(args, procs, res)
+        res.notes += [f"node {n} logged a traceback (see --logs)" for n in range(NODES) if "Traceback" in procs.log(n)]
+        return res
+    finally:
+        for p in loaders:
+            if p.stdin is not None:
+                with contextlib.suppress(Exception):
+                    p.stdin.close()
+        for p in loaders:
+            try:
+                out, _ = await asyncio.wait_for(p.communicate(), 10)
+                lines = [json.loads(x) for x in out.decode().splitlines() if x.strip()]
+                if lines:
+                    res.notified_loaded += int(lines[-1].get("notified", 0))
+            except (TimeoutError, ValueError):
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+                await p.wait()
+        procs.stop()
+
+
+def _ms(x: float | None) -> str:
+    return "—" if x is None else f"{x * 1000:.1f} ms"
+
+
+def report(res: Result) -> str:
+    lines = [f"subscriptions on {NODES} nodes (issue 18 item 4)", ""]
+    total = sum(res.held)
+    lines.append(
+        f"load         {res.acked:,} acknowledged of {res.subs:,} ({res.refused:,} refused) in "
+        f"{res.load_seconds:.1f} s: {res.load_rate:,.0f} subscriptions/s ({res.load_wall:.1f} s with the loaders' start)"
+    )
+    if res.first_error:
+        lines.append(f"             first refusal: {res.first_error}")
+    lines.append(f"held         {total:,} in all; per node " + ", ".join(f"{h:,}" for h in res.held))
+    mean = total / NODES if total else 0.0
+    if mean:
+        lines.append(f"balance      max/mean {max(res.held) / mean:.3f}")
+    growth = [a - b for a, b in zip(res.rss_after, res.rss_before, strict=True)]
+    per_sub = [g / h if h else math.nan for g, h in zip(growth, res.held, strict=True)]
+    lines.append(
+        "RSS          per node before/after (MB): "
+        + ", ".join(f"{b / 2**20:.0f}/{a / 2**20:.0f}" for b, a in zip(res.rss_before, res.rss_after, strict=True))
+    )
+    lines.append("memory/sub   per node: " + ", ".join(f"{x / 1024:.2f} KB" for x in per_sub))
+    cpu_sub = [c / h * 1e6 if h else math.nan for c, h in zip(res.cpu_load, res.held, strict=True)]
+    lines.append("CPU/sub      per node: " + ", ".join(f"{x:.0f} µs" for x in cpu_sub) + " (access + owner side)")
+    if res.loader_rss:
+        lines.append(f"loaders      RSS {max(res.loader_rss) / 2**20:.0f} MB at most (bench side, bounded)")
+    lines.append(
+        f"live         {res.probes} probes: SubAck p50 {_ms(pct(res.suback, 50))}, p99 {_ms(pct(res.suback, 99))}, "
+        f"max {_ms(max(res.suback) if res.suback else None)}; not live {res.not_live}"
+    )
+    lines.append(
+        f"             then their event: publish → delivered p50 {_ms(pct(res.delivery, 50))}, "
+        f"p99 {_ms(pct(res.delivery, 99))}; background {res.published:,} events, "
+        f"{res.notified_loaded:,} notifications to loaded subscriptions"
+    )
+    lines.append("")
+    p99 = pct(res.suback, 99)
+    ok_subs = total >= TARGET_SUBS
+    ok_live = p99 is not None and p99 <= TARGET_LIVE_P99 and res.not_live == 0
+    lines.append(f"{'':14}{'target':>22}{'measured':>22}   SNS / EventBridge")
+    lines.append(
+        f"{'held':14}{TARGET_SUBS:>22,}{total:>22,}   200 policies per topic / 300 rules per bus"
+        + ("" if ok_subs else "   (a smaller run)")
+    )
+    lines.append(
+        f"{'SubAck p99':14}{'≤ 1000 ms':>22}{_ms(p99):>22}   up to 15 min to apply" + ("" if ok_live else "   MISSED")
+    )
+    if not ok_subs and total and res.load_rate:
+        mem = sum(growth) / total
+        cpu_all = sum(res.cpu_load) / total
+        lines.append("")
+        lines.append(
+            f"at 1,000,000 (linear from this run): load {TARGET_SUBS / res.load_rate / 60:.1f} min, "
+            f"{TARGET_SUBS / NODES * mem / 2**30:.2f} GB RSS growth per node, "
+            f"{TARGET_SUBS * cpu_all / 60:.1f} CPU-min over the nodes"
+        )
+    for e in res.probe_errors[:5]:
+        lines.append(f"  {e[:300]}")
+    lines += [f"note: {n}" for n in res.notes]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--subs", type=int, default=100_000, help="subscriptions to load (issue: 1,000,000)")
+    ap.add_argument("--probes", type=int, default=200, help="new subscriptions timed under load")
+    ap.add_argument("--probe-gap", type=float, default=0.05, help="s between two probes")
+    ap.add_argument("--rate", type=float, default=200.0, help="background events/s during the probes")
+    ap.add_argument("--window", type=int, default=256, help="subscribes in flight per loader")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--load-timeout", type=float, default=3600.0, help="s the load may take")
+    ap.add_argument("--logs", type=Path, help="keep the nodes' logs here")
+    ap.add_argument("--json", type=Path, help="also write the figures here")
+    # A loader process (rule 5): started by the bench itself.
+    ap.add_argument("--loader", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--addr", help=argparse.SUPPRESS)
+    ap.add_argument("--node", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.loader:
+        asyncio.run(loader(args))
+        return
+    if args.subs < 0 or args.probes < 0 or args.window < 1 or not 0 <= args.rate < 1e6:
+        ap.error("--subs and --probes must be ≥ 0, --window ≥ 1, --rate in [0, 1e6)")
+    workdir = args.logs or Path(tempfile.mkdtemp(prefix="overlay-subs-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    try:
+        res = asyncio.run(run(args, workdir))
+    finally:
+        if args.logs is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(report(res))
+    if args.json:
+        args.json.write_text(json.dumps(asdict(res)))
+
+
+if __name__ == "__main__":
+    main()
