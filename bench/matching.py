@@ -39,6 +39,18 @@ What it does, for each size:
    older ``prefix``/``suffix``/``contains`` alone are wildcards of the
    index, as they always were — ``overlay.channels.matcher`` rule 7 keeps
    old subscriptions' costs — so they are not anchors here.)
+6. A third, the *research* workload (``--workload research``) of the REIN,
+   TAMA and OpIndex papers (issue 19 item 3): 20 integer attributes over
+   ``[0, RESEARCH_DOMAIN)``, every subscription 10 of them each ranging over
+   half the domain, events uniform on all 20.  At each size it times a
+   *bulk build* (``add_many`` of every subscription into an empty index: what
+   a migration, a split or a recovery does), ``RESEARCH_CHURN`` single
+   *inserts* into the built index and their *removals* (each call timed
+   alone, a match now and then in between so pending work cannot hide),
+   and matching; the same checks as above hold, after the churn too.  It
+   prints each figure beside its target and the C++ figures measured on
+   this machine (``CPP_REFERENCE``); at ``TARGET_SIZE`` the targets are
+   judged, on CPU time (this process's), which a busy machine disturbs less.
 """
 
 from __future__ import annotations
@@ -101,6 +113,29 @@ SCHEMA: Final = Schema(
     ],
     ["price", "sym"],
 )
+# The research workload (rule 6): 20 integer attributes, 10 ranges of half
+# the domain per subscription, uniform events.
+RESEARCH_ATTRS: Final = 20
+RESEARCH_PREDICATES: Final = 10
+RESEARCH_DOMAIN: Final = 1_000_000
+RESEARCH_SCHEMA: Final = Schema(
+    [Attribute(f"a{i}", Kind.INT, 0, RESEARCH_DOMAIN - 1) for i in range(RESEARCH_ATTRS)],
+    ["a0"],
+)
+# Single inserts (then removals) timed per size, into the built index.
+RESEARCH_CHURN: Final = 2_000
+# A match after every this many inserts or removals (untimed).
+RESEARCH_MATCH_EVERY: Final = 50
+# Issue 19 item 3, at TARGET_SIZE: µs per insert and per removal, s for
+# the bulk build, ms per event matched.
+RESEARCH_TARGETS: Final = {"insert": 20.0, "remove": 20.0, "bulk": 2.0, "match": 0.5}
+# C++ on this machine at 100k (issue 19): the papers' own implementations.
+CPP_REFERENCE: Final = {
+    "insert": "REIN 2.3 µs, OpIndex 0.9 µs",
+    "remove": "",
+    "bulk": "",
+    "match": "REIN 5.0 ms, TAMA 0.94 ms",
+}
 # Mixed workload: the share of events without each non-distinguishing attribute.
 ABSENT_SHARE: Final = {"qty": 0.2, "venue": 0.3}
 VENUES: Final = ("XNYS", "XNAS", "BATS", "ARCX", "IEXG", "EDGX", "XCHI", "MEMX")
@@ -217,6 +252,33 @@ class Workload:
                     del values[name]
             out.append(SCHEMA.check_event_values(values))
         return out
+
+
+class ResearchWorkload:
+    """Rule 6's subscriptions and events, reproducible from a seed."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.names = list(RESEARCH_SCHEMA.attributes)
+
+    def subscriptions(self, n: int, prefix: str = "r") -> list[Subscription]:
+        rng = self.rng
+        half = RESEARCH_DOMAIN // 2
+        subs = []
+        for i in range(n):
+            preds = []
+            for name in rng.sample(self.names, RESEARCH_PREDICATES):
+                lo = rng.randrange(RESEARCH_DOMAIN - half + 1)
+                preds.append(Predicate(name, Op.IN_RANGE, (lo, lo + half - 1)))
+            subs.append(Subscription(f"{prefix}{i}", Filter(tuple(preds)).check(RESEARCH_SCHEMA)))
+        return subs
+
+    def events(self, n: int) -> list[dict[str, Value]]:
+        rng = self.rng
+        return [
+            RESEARCH_SCHEMA.check_event_values({name: rng.randrange(RESEARCH_DOMAIN) for name in self.names})
+            for _ in range(n)
+        ]
 
 
 # -- measuring -----------------------------------------------------------------
@@ -383,6 +445,126 @@ def bench_size(size: int, n_events: int, seed: int, workload: str = "selective")
     return ix, lin, n_linear
 
 
+class Research:
+    """Rule 6's figures at one size: CPU and wall time per operation."""
+
+    def __init__(self) -> None:
+        self.bulk_s = 0.0
+        self.bulk_cpu_s = 0.0
+        self.insert_ns: list[int] = []
+        self.insert_cpu_ns: list[int] = []
+        self.remove_ns: list[int] = []
+        self.remove_cpu_ns: list[int] = []
+        self.bytes_per_sub = 0.0
+
+
+def _churn(call: Callable[[], object], wall: list[int], cpu: list[int]) -> None:
+    c0 = time.thread_time_ns()
+    t0 = time.perf_counter_ns()
+    call()
+    t1 = time.perf_counter_ns()
+    c1 = time.thread_time_ns()
+    wall.append(t1 - t0)
+    cpu.append(c1 - c0)
+
+
+def bench_research(size: int, n_events: int, seed: int) -> tuple[Research, Side, Side, int]:
+    """Rule 6 at one size."""
+    w = ResearchWorkload(seed + size)
+    subs = w.subscriptions(size)
+    extra = w.subscriptions(RESEARCH_CHURN, prefix="x")
+    events = w.events(n_events)
+    n_linear = min(n_events, max(MIN_LINEAR_EVENTS, LINEAR_TEST_BUDGET // size))
+    r = Research()
+    ix, lin = Side("index"), Side("linear")
+
+    gc.collect()
+    index = SubscriptionIndex(RESEARCH_SCHEMA)
+    c0 = time.process_time()
+    t0 = time.perf_counter()
+    added = index.add_many(subs)
+    r.bulk_s = time.perf_counter() - t0
+    r.bulk_cpu_s = time.process_time() - c0
+    if added != size:
+        fail(f"bulk build of {size} added {added}")
+    ix.build_s = r.bulk_s
+    linear = timed_build(lambda: LinearMatcher(RESEARCH_SCHEMA), subs, lin)
+    measure_memory(lambda: _bulk_index(subs), subs, events[0], ix)
+
+    # Churn: inserts into the built index, then their removals, one call at a
+    # time; matches in between fold in whatever an implementation defers.
+    gc.collect()
+    gc.disable()
+    try:
+        for k, sub in enumerate(extra):
+            _churn(lambda sub=sub: index.add(sub), r.insert_ns, r.insert_cpu_ns)
+            if k % RESEARCH_MATCH_EVERY == 0:
+                index.match(events[k % len(events)])
+        for k, sub in enumerate(extra):
+            _churn(lambda sub=sub: index.remove(sub.id), r.remove_ns, r.remove_cpu_ns)
+            if k % RESEARCH_MATCH_EVERY == 0:
+                index.match(events[k % len(events)])
+    finally:
+        gc.enable()
+    if len(index) != size:
+        fail(f"{size} subscriptions: {len(index)} left after inserting and removing {len(extra)}")
+
+    got_ix, got_lin = run_events(index, linear, events, n_linear, ix, lin)
+    check(size, events, got_ix, got_lin, subs)
+    return r, ix, lin, n_linear
+
+
+def _bulk_index(subs: Sequence[Subscription]) -> Matcher:
+    index = SubscriptionIndex(RESEARCH_SCHEMA)
+    index.add_many(subs)
+    return index
+
+
+def research_report(sizes: Sequence[int], n_events: int, seed: int) -> None:
+    print(
+        f"research workload (REIN/TAMA/OpIndex): {RESEARCH_ATTRS} int attributes over [0, {RESEARCH_DOMAIN:,}), "
+        f"{RESEARCH_PREDICATES} ranges of half the domain\nper subscription, uniform events; bulk: add_many into an "
+        f"empty index; insert/remove: {RESEARCH_CHURN:,} single calls\ninto the built index (median, mean), CPU time "
+        "of this thread (wall in brackets):"
+    )
+    header = (
+        f"{'subs':>8}  {'bulk s':>13}  {'insert µs med/mean':>22}  {'remove µs med/mean':>22}  "
+        f"{'match ms':>13}  {'tested':>7}  {'matches':>7}  {'B/sub':>6}  {'linear ms':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    last: tuple[int, Research, Side] | None = None
+    for size in sizes:
+        r, ix, lin, _n_linear = bench_research(size, n_events, seed)
+        ins = statistics.median(r.insert_cpu_ns) / 1000, statistics.fmean(r.insert_cpu_ns) / 1000
+        rem = statistics.median(r.remove_cpu_ns) / 1000, statistics.fmean(r.remove_cpu_ns) / 1000
+        print(
+            f"{size:>8,}  {r.bulk_cpu_s:>5.2f} ({r.bulk_s:>5.2f})  "
+            f"{ins[0]:>6.1f} / {ins[1]:>5.1f} ({statistics.median(r.insert_ns) / 1000:>5.1f})  "
+            f"{rem[0]:>6.1f} / {rem[1]:>5.1f} ({statistics.median(r.remove_ns) / 1000:>5.1f})  "
+            f"{ix.median_cpu_us / 1000:>5.3f} ({ix.median_us / 1000:>5.3f})  {ix.median_tested:>7.0f}  "
+            f"{ix.mean_matches:>7.1f}  {ix.bytes_per_sub:>6.0f}  {lin.median_cpu_us / 1000:>9.1f}"
+        )
+        sys.stdout.flush()
+        last = (size, r, ix)
+    print("-" * len(header))
+    if last is None or last[0] != TARGET_SIZE:
+        return
+    _, r, ix = last
+    got = {
+        "insert": statistics.fmean(r.insert_cpu_ns) / 1000,
+        "remove": statistics.fmean(r.remove_cpu_ns) / 1000,
+        "bulk": r.bulk_cpu_s,
+        "match": ix.median_cpu_us / 1000,
+    }
+    units = {"insert": "µs (mean)", "remove": "µs (mean)", "bulk": "s", "match": "ms/event (median)"}
+    print(f"targets at {TARGET_SIZE:,} (CPU time), with the C++ figures for reference:")
+    for key, target in RESEARCH_TARGETS.items():
+        verdict = "met" if got[key] <= target else "NOT met"
+        ref = f"   C++: {CPP_REFERENCE[key]}" if CPP_REFERENCE[key] else ""
+        print(f"  {key:<7} {got[key]:>8.3f} {units[key]:<18} target <= {target:g}: {verdict}{ref}")
+
+
 # -- report ----------------------------------------------------------------------
 
 _HEADER: Final = (
@@ -431,9 +613,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument(
         "--workload",
-        choices=("selective", "mixed", "both"),
-        default="both",
-        help="the selective workload (with the target), the extended language's mixed one, or both (default)",
+        choices=("selective", "mixed", "research", "both", "all"),
+        default="all",
+        help="the selective workload (with the target), the extended language's mixed one, the research one "
+        "(insert, remove, bulk build and match), both of the first two, or all three (default)",
     )
     args = ap.parse_args(argv)
     sizes: tuple[int, ...] = args.sizes
@@ -457,8 +640,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print("medians and avg matches are over the events each side matched; speed-up: linear / index")
     speedups: dict[int, tuple[float, float]] = {}
-    workloads = ("selective", "mixed") if args.workload == "both" else (args.workload,)
+    workloads = {
+        "both": ("selective", "mixed"),
+        "all": ("selective", "mixed", "research"),
+    }.get(args.workload, (args.workload,))
     for workload in workloads:
+        if workload == "research":
+            continue
         print()
         if workload == "selective":
             print("selective workload (the target's):")
@@ -479,6 +667,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(row(None, lin, n_linear, None))
             sys.stdout.flush()
         print("-" * len(_HEADER))
+    if "research" in workloads:
+        print()
+        research_report(sizes, args.events, args.seed)
     print(
         f"index and linear scan agreed on every event both matched; every id the index "
         f"returned matches.  Total {time.perf_counter() - started:.1f} s."

@@ -1,13 +1,19 @@
-"""Private parts of the subscription index: bitmaps, per-attribute buckets, and
-the compact bounds of simple filters (see ``overlay.channels.matcher``)."""
+"""Private parts of the subscription index: per-attribute buckets and their
+tree, and the compact bounds of simple filters (see ``overlay.channels.matcher``;
+the bitmaps themselves are rows of ``overlay.channels._rows``)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final, TypeGuard
 
+import numpy as np
+import numpy.typing as npt
+
+from overlay.channels._rows import Rows
 from overlay.channels.intervals import IntervalSet
 from overlay.channels.predicates import Filter, Op, Predicate, StringConj, compile_filter, conjunction
 from overlay.channels.schema import Attribute, Kind, Value, as_number, as_string
@@ -86,30 +92,81 @@ _NEVER: Final = _Never()
 _ABSENT: Final = object()
 
 
-class _Bitmap:
-    """A set of slots as an integer plus pending flips (rule 6)."""
+# The bucket tree (matcher rule 1): each node of level l covers FANOUT**(L-l)
+# adjacent buckets, the leaves (level L) one each.  A range of buckets is
+# the few nodes of its canonical cover — ~10 for half of 256 buckets where a
+# flat layout took 128 — and an event ORs the L nodes on its bucket's path.
+# 4 balances the two: 2 halves the ORs' share of a cover but doubles the path,
+# 16 halves the path but doubles the cover (bench/matching.py, research).
+FANOUT: Final = 4
+# Distinct (levels, first, last) covers remembered: all of them for 256
+# buckets (32,896), and a bound for odd bucket counts.
+_COVER_CACHE: Final = 1 << 16
+# Covers as absolute rows, (tree, levels, first, last): one look-up per
+# placed range instead of a cover and a shift; ~300 bytes an entry at most.
+_ROWS_CACHE: Final = 1 << 15
 
-    __slots__ = ("_flips", "_int")
 
-    def __init__(self) -> None:
-        self._int = 0
-        self._flips: bytearray | None = None
+def tree_levels(nbuckets: int) -> int:
+    """L: the levels below the root, FANOUT**L >= nbuckets (padded leaves hold no value)."""
+    levels = 1
+    while FANOUT**levels < nbuckets:
+        levels += 1
+    return levels
 
-    def flip(self, slot: int) -> None:
-        i = slot >> 3
-        f = self._flips
-        if f is None:
-            f = self._flips = bytearray(i + 1)
-        elif i >= len(f):
-            f.extend(bytes(i + 1 - len(f)))
-        f[i] ^= 1 << (slot & 7)
 
-    def value(self) -> int:
-        f = self._flips
-        if f is not None:
-            self._int ^= int.from_bytes(f, "little")
-            self._flips = None
-        return self._int
+def _level_base(levels: int, level: int) -> int:
+    """Row of the first node of ``level`` (1..L) within the tree's block."""
+    return sum(FANOUT**k for k in range(1, level))
+
+
+def tree_rows(levels: int) -> int:
+    return _level_base(levels, levels + 1)
+
+
+@functools.lru_cache(maxsize=_COVER_CACHE)
+def _cover(levels: int, first: int, last: int) -> tuple[int, ...]:
+    """The canonical cover of leaves ``first..last``: the fewest tree nodes
+    (rows within the block) whose leaves are exactly those — whole parents
+    replace their children, level by level from the leaves up."""
+    out: list[int] = []
+    lo, hi = first, last + 1  # half-open, at the current level
+    for level in range(levels, 0, -1):
+        base = _level_base(levels, level)
+        up_lo, up_hi = -(-lo // FANOUT), hi // FANOUT
+        if level == 1 or up_lo >= up_hi:
+            out += range(base + lo, base + hi)
+            break
+        out += range(base + lo, base + up_lo * FANOUT)
+        out += range(base + up_hi * FANOUT, base + hi)
+        lo, hi = up_lo, up_hi
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=_ROWS_CACHE)
+def _cover_rows(tree: int, levels: int, first: int, last: int) -> tuple[int, ...]:
+    """``_cover`` shifted to a tree's block of rows starting at ``tree``."""
+    return tuple(tree + r for r in _cover(levels, first, last))
+
+
+def _path(levels: int, leaf: int) -> tuple[int, ...]:
+    """The nodes (rows within the block) above and at ``leaf``, root excluded."""
+    return tuple(_level_base(levels, lv) + leaf // FANOUT ** (levels - lv) for lv in range(1, levels + 1))
+
+
+_Paths = tuple[list[tuple[int, ...]], list[tuple[int, ...]], list[npt.NDArray[np.intp]]]
+
+
+@functools.lru_cache(maxsize=64)
+def _paths(levels: int, nbuckets: int, tree: int) -> _Paths:
+    """Every bucket's path: as nodes of the block, as rows, and as a numpy
+    index of those rows led by the wildcards' (``tree - 3``) — one
+    gather-and-OR per attribute and event in a large table.  Shared by every
+    index of one layout (read only), so a new channel does not build them."""
+    rel = [_path(levels, b) for b in range(nbuckets)]
+    absolute = [tuple(tree + r for r in p) for p in rel]
+    wild = tree - 3
+    return rel, absolute, [np.array((wild, *p), np.intp) for p in absolute]
 
 
 def _scan(entries: Iterable[_Entry], v: object, append: Callable[[Subscription], None]) -> None:
@@ -126,48 +183,64 @@ def _scan(entries: Iterable[_Entry], v: object, append: Callable[[Subscription],
 class _AttrIndex:
     """Rules 1 and 5 for one attribute, the ``pos``-th of the schema.
 
-    Invariant: every single-attribute slot on this attribute is in ``singles``
-    and, unless its bound is unsatisfiable, either in ``single_eq`` under its
-    value (a closed ``lo == hi``) or in the dicts of the buckets its bound
-    spans (``single_wild`` when that is every bucket).  No ``single_eq`` or
-    ``single_buckets`` dict is kept empty.
+    Invariant: rows ``wild``, ``present``, ``absent_ok`` and the tree's block
+    from ``tree`` (``tree_rows(levels)`` rows) of ``rows`` are this
+    attribute's; ``n_present``/``n_absent_ok`` count the slots in the two
+    pseudo-bucket rows.  Every single-attribute slot on this attribute is in
+    ``singles`` and, unless its bound is unsatisfiable, either in
+    ``single_eq`` under its value (a closed ``lo == hi``) or in the dicts of
+    the tree nodes covering the buckets its bound spans (``single_wild`` when
+    that is every bucket).  No ``single_eq`` or ``single_nodes`` dict is kept
+    empty.
     """
 
     __slots__ = (
         "_bucket_of",
         "absent_ok",
         "attr",
-        "buckets",
         "constrained",
         "discrete",
         "hi",
         "key_lens",
         "keyed",
+        "levels",
         "lo",
+        "n_absent_ok",
+        "n_present",
         "name",
         "nbuckets",
+        "np_paths",
         "ordered",
+        "paths",
         "pos",
         "present",
-        "single_buckets",
+        "rel_paths",
+        "rows",
         "single_eq",
+        "single_nodes",
         "single_wild",
         "singles",
+        "tree",
         "wild",
     )
 
-    def __init__(self, attr: Attribute, pos: int, nbuckets: int) -> None:
+    def __init__(self, attr: Attribute, pos: int, nbuckets: int, rows: Rows, base: int) -> None:
         self.attr = attr
         self.name = attr.name
         self.pos = pos
         self.nbuckets = nbuckets
-        self.wild = _Bitmap()
-        self.present = _Bitmap()
-        self.absent_ok = _Bitmap()
-        # Rule 8: kind -> key -> slots, and kind -> key length -> keys of it.
-        self.keyed: dict[str, dict[str, _Bitmap]] = {}
+        self.rows = rows
+        self.wild = base
+        self.present = base + 1
+        self.absent_ok = base + 2
+        self.tree = base + 3
+        self.n_present = 0
+        self.n_absent_ok = 0
+        self.levels = tree_levels(nbuckets)
+        self.rel_paths, self.paths, self.np_paths = _paths(self.levels, nbuckets, self.tree)
+        # Rule 8: kind -> key -> [row, slots in it], and kind -> key length -> keys of it.
+        self.keyed: dict[str, dict[str, list[int]]] = {}
         self.key_lens: dict[str, dict[int, int]] = {}
-        self.buckets: list[_Bitmap | None] = [None] * nbuckets
         self.constrained = 0  # bitmapped slots whose filter names this attribute
         self.ordered = attr.kind.ordered
         self.discrete = attr.kind.discrete
@@ -176,18 +249,72 @@ class _AttrIndex:
         self.singles: dict[int, _Entry] = {}
         self.single_eq: dict[Value, dict[int, _Entry]] = {}
         self.single_wild: dict[int, _Entry] = {}
-        self.single_buckets: list[dict[int, _Entry] | None] = [None] * nbuckets
+        self.single_nodes: list[dict[int, _Entry] | None] = [None] * tree_rows(self.levels)
         self._bucket_of = _bucket_function(attr, nbuckets)
+
+    @staticmethod
+    def rows_needed(nbuckets: int) -> int:
+        """Rows of the table one attribute takes: three pseudo-buckets and the tree."""
+        return 3 + tree_rows(tree_levels(nbuckets))
 
     # -- bitmaps (rules 1, 2) ------------------------------------------------------
 
-    def bitmap(self, b: int) -> _Bitmap:
-        if b < 0:
-            return self.wild if b == _WILD else self.present if b == _PRESENT else self.absent_ok
-        bm = self.buckets[b]
-        if bm is None:
-            bm = self.buckets[b] = _Bitmap()
-        return bm
+    def run_rows(self, first: int, last: int, delta: int) -> list[int]:
+        """The rows of a run of buckets (a pseudo-bucket's own row); ``delta``
+        (+1 placing, -1 removing) keeps the pseudo-bucket counts."""
+        if first < 0:
+            if first == _WILD:
+                return [self.wild]
+            if first == _PRESENT:
+                self.n_present += delta
+                return [self.present]
+            self.n_absent_ok += delta
+            return [self.absent_ok]
+        return list(_cover_rows(self.tree, self.levels, first, last))
+
+    def place_plain(self, lo: Value, hi: Value, rows: list[int]) -> None:
+        """The rows of ``plain_run`` of a plain bound, appended to ``rows``
+        (none when no value of the domain is in it).  The path of every
+        range subscription, so it is ``plain_run`` and ``run_rows`` inline."""
+        if self.ordered:
+            # An ordered attribute's bounds are numbers (_plain_bounds made
+            # them): compared and bucketed as they are.
+            if lo < self.lo:  # type: ignore[operator]  # numbers (see above)
+                lo = self.lo
+            if hi > self.hi:  # type: ignore[operator]  # numbers (see above)
+                hi = self.hi
+            if lo > hi:  # type: ignore[operator]  # numbers (see above)
+                return
+        elif lo != hi:
+            return
+        bucket_of = self._bucket_of
+        first, last = bucket_of(lo), bucket_of(hi)
+        if first == 0 and last == self.nbuckets - 1:
+            rows.append(self.wild)
+            return
+        rows += _cover_rows(self.tree, self.levels, first, last)
+
+    def mask_rows(self, value: Value) -> tuple[list[int], int]:
+        """The rows whose union holds the slots ``value`` can satisfy here
+        (rule 2, an event carrying it), and the row of the slots it excludes
+        (rule 8; -1 for none)."""
+        rows = [self.wild, *self.paths[self._bucket_of(value)]]
+        if self.n_present:
+            rows.append(self.present)
+        if self.keyed:
+            return self._keyed_rows(value, rows)
+        return rows, -1
+
+    def mask_index(self, value: Value) -> npt.NDArray[np.intp] | None:
+        """``mask_rows`` as a numpy index when it is the bucket's path alone
+        (nothing present-only or keyed here); None otherwise."""
+        if self.n_present or self.keyed:
+            return None
+        return self.np_paths[self._bucket_of(value)]
+
+    def absent_rows(self) -> list[int]:
+        """The rows of the slots an event lacking this attribute can still match."""
+        return [self.wild, self.absent_ok] if self.n_absent_ok else [self.wild]
 
     def placement(self, conj: IntervalSet | StringConj | None) -> list[tuple[int, int]]:
         """The runs of buckets a slot goes in (``[(_WILD, _WILD)]`` for a wildcard)."""
@@ -215,19 +342,29 @@ class _AttrIndex:
         """Buckets of a plain bound (rule 4) without building ``L``: every value
         of the domain in ``[lo, hi]`` falls in them (strictness is ignored: a
         superset is enough, the exact test decides)."""
+        run = self.plain_run(lo, hi)
+        return [] if run is None else [run]
+
+    def plain_run(self, lo: Value, hi: Value) -> tuple[int, int] | None:
+        """``plain_placement`` as its one run, or None when it has none."""
         if not self.ordered:
             if lo != hi:
-                return []
+                return None
             b = self._bucket_of(lo)
-            return [(b, b)]
-        lo = max(as_number(lo), self.lo)  # an ordered attribute's bounds are numbers
-        hi = min(as_number(hi), self.hi)
+            return (b, b)
+        # An ordered attribute's bounds are numbers (_plain_bounds made them).
+        lo = as_number(lo)
+        hi = as_number(hi)
+        if lo < self.lo:
+            lo = self.lo
+        if hi > self.hi:
+            hi = self.hi
         if lo > hi:
-            return []
+            return None
         first, last = self._bucket_of(lo), self._bucket_of(hi)
         if first == 0 and last == self.nbuckets - 1:
-            return [(_WILD, _WILD)]
-        return [(first, last)]
+            return (_WILD, _WILD)
+        return (first, last)
 
     def bucketed(self, value: object) -> TypeGuard[Value]:
         """Whether ``value`` has a bucket holding every slot it can satisfy
@@ -237,18 +374,6 @@ class _AttrIndex:
         if type(value) is int or (type(value) is float and not self.discrete):
             return self.lo <= value <= self.hi
         return False
-
-    def mask(self, value: Value) -> int:
-        b = self.buckets[self._bucket_of(value)]
-        w = self.wild.value() | self.present.value()
-        m = w if b is None else w | b.value()
-        if self.keyed:
-            m = self._keyed_mask(value, m)
-        return m
-
-    def absent_mask(self) -> int:
-        """The slots an event lacking this attribute can still match."""
-        return self.wild.value() | self.absent_ok.value()
 
     # -- keyed tables of a string attribute (rule 8) -----------------------------
 
@@ -282,13 +407,15 @@ class _AttrIndex:
     def flip_key(self, kind: str, key: str, slot: int, *, removing: bool) -> None:
         table = self.keyed.setdefault(kind, {})
         lens = self.key_lens.setdefault(kind, {})
-        bm = table.get(key)
-        if bm is None:
-            bm = table[key] = _Bitmap()
+        entry = table.get(key)
+        if entry is None:
+            entry = table[key] = [self.rows.alloc(), 0]
             lens[len(key)] = lens.get(len(key), 0) + 1
-        bm.flip(slot)
-        # Only a removal can empty a table (folding the flips costs N/8 bytes: not on every add).
-        if removing and not bm.value():
+        self.rows.flip([entry[0]], slot)
+        entry[1] += -1 if removing else 1
+        if not entry[1]:
+            # Every slot flipped out: the row is zero again, and goes back.
+            self.rows.release(entry[0])
             del table[key]
             n = lens[len(key)] - 1
             if n:
@@ -299,17 +426,18 @@ class _AttrIndex:
                 del self.keyed[kind]
                 del self.key_lens[kind]
 
-    def _keyed_mask(self, value: Value, m: int) -> int:
-        """Rule 8: add the slots whose anchor the value has, drop those that
-        exclude it.  A value's type was checked by ``bucketed``: a str."""
+    def _keyed_rows(self, value: Value, rows: list[int]) -> tuple[list[int], int]:
+        """Rule 8: add the rows of the slots whose anchor the value has, and
+        name the row of those that exclude it.  A value's type was checked by
+        ``bucketed``: a str."""
         v: str = value  # type: ignore[assignment]  # a str (bucketed)
         folded: str | None = None
-        excl = 0
+        excl = -1
         for kind, table in self.keyed.items():
             if kind == _EXCL:
-                bm = table.get(v)
-                if bm is not None:
-                    excl = bm.value()
+                entry = table.get(v)
+                if entry is not None:
+                    excl = entry[0]
                 continue
             if kind[0] == "i":
                 if folded is None:
@@ -318,18 +446,18 @@ class _AttrIndex:
             else:
                 s = v
             if kind == "ieq":
-                bm = table.get(s)
-                if bm is not None:
-                    m |= bm.value()
+                entry = table.get(s)
+                if entry is not None:
+                    rows.append(entry[0])
                 continue
             n = len(s)
             prefix = kind in _PREFIX_KINDS
             for k in self.key_lens[kind]:
                 if k <= n:
-                    bm = table.get(s[:k] if prefix else s[n - k :])
-                    if bm is not None:
-                        m |= bm.value()
-        return m & ~excl if excl else m
+                    entry = table.get(s[:k] if prefix else s[n - k :])
+                    if entry is not None:
+                        rows.append(entry[0])
+        return rows, excl
 
     # -- single-attribute entries (rule 5) ---------------------------------------
 
@@ -354,10 +482,11 @@ class _AttrIndex:
             if first == _WILD:
                 self.single_wild[slot] = entry
                 continue
-            for b in range(first, last + 1):
-                d = self.single_buckets[b]
+            nodes = self.single_nodes
+            for n in _cover(self.levels, first, last):
+                d = nodes[n]
                 if d is None:
-                    d = self.single_buckets[b] = {}
+                    d = nodes[n] = {}
                 d[slot] = entry
 
     def remove_single(self, slot: int) -> None:
@@ -374,13 +503,14 @@ class _AttrIndex:
             if first == _WILD:
                 del self.single_wild[slot]
                 continue
-            for b in range(first, last + 1):
-                bucket = self.single_buckets[b]
-                assert bucket is not None
-                del bucket[slot]
-                if not bucket:
+            nodes = self.single_nodes
+            for n in _cover(self.levels, first, last):
+                node = nodes[n]
+                assert node is not None
+                del node[slot]
+                if not node:
                     # An emptied dict keeps its table; drop it.
-                    self.single_buckets[b] = None
+                    nodes[n] = None
 
     def match_singles(self, v: object, values: Mapping[str, Value], append: Callable[[Subscription], None]) -> int:
         """Rule 5 for an event whose value here is ``v``; returns the number tested."""
@@ -392,10 +522,12 @@ class _AttrIndex:
                 _scan(eq.values(), v, append)
             if not self.ordered:
                 return tested  # a plain string bound is an = (or unsatisfiable)
-            d = self.single_buckets[self._bucket_of(v)]
-            if d:
-                tested += len(d)
-                _scan(d.values(), v, append)
+            nodes = self.single_nodes
+            for n in self.rel_paths[self._bucket_of(v)]:
+                d = nodes[n]
+                if d:
+                    tested += len(d)
+                    _scan(d.values(), v, append)
             if self.single_wild:
                 tested += len(self.single_wild)
                 _scan(self.single_wild.values(), v, append)
@@ -476,54 +608,78 @@ def _bucket_function(attr: Attribute, n: int) -> Callable[[Value], int]:
     return float_bucket
 
 
+# Rule 4's operators, bound to module names: compared by identity in the
+# loop below (an Op is a str enum; hashing one runs Python code).
+_EQ: Final = Op.EQ
+_IN_SET: Final = Op.IN_SET
+_IN_RANGE: Final = Op.IN_RANGE
+_GE: Final = Op.GE
+_GT: Final = Op.GT
+_LE: Final = Op.LE
+_LT: Final = Op.LT
+
+
 def _plain_bounds(f: Filter, attrs: Mapping[str, _AttrIndex]) -> dict[str, _Bound] | None:
     """Rule 4: ``{attr: (lo, hi, strict)}`` equivalent to ``f`` for every value
     of a type in ``_NUMBER_TYPES`` (ordered) or str (strings), or None when
-    some predicate has no such form."""
+    some predicate has no such form.  (Written for speed: every indexed
+    subscription comes through here.)"""
     bounds: dict[str, _Bound] = {}
     for p in f.predicates:
-        ai = attrs.get(p.attr)
+        name = p.attr
+        ai = attrs.get(name)
         if ai is None:
             return None
         args = p.args
+        op = p.op
         if not ai.ordered:
-            if not (p.op is Op.EQ or (p.op is Op.IN_SET and len(args) == 1)):
+            if not (op is _EQ or (op is _IN_SET and len(args) == 1)):
                 return None
             x = args[0]
             if type(x) is not str:
                 return None
-            prev = bounds.get(p.attr)
+            prev = bounds.get(name)
             # x <= v <= x is v == x for strings; two different = leave lo > hi,
             # which no string satisfies, as none satisfies the filter.
-            bounds[p.attr] = (x, x, 0) if prev is None else (max(prev[0], x), min(prev[1], x), 0)
+            bounds[name] = (x, x, 0) if prev is None else (max(prev[0], x), min(prev[1], x), 0)
             continue
-        # Numbers of the attribute's own kind only: a float bound on an int
-        # attribute, a bool or a NaN is left to compile_filter.
-        if not all(type(a) is int or (type(a) is float and not ai.discrete) for a in args):
-            return None
-        if any(a != a for a in args):
-            return None
-        lowers: tuple[tuple[int | float, int], ...]
-        uppers: tuple[tuple[int | float, int], ...]
-        if p.op is Op.EQ or p.op is Op.IN_RANGE:
-            lowers, uppers = ((as_number(args[0]), 0),), ((as_number(args[-1]), 0),)
-        elif p.op in _LOWER_OPS:
-            lowers, uppers = ((as_number(args[0]), _LOWER_OPS[p.op]),), ()
-        elif p.op in _UPPER_OPS:
-            lowers, uppers = (), ((as_number(args[0]), _UPPER_OPS[p.op]),)
+        # Which ends the operator bounds, and how strictly.
+        if op is _IN_RANGE or op is _EQ:
+            lower = upper = True
+            s = 0
+        elif op is _GE or op is _GT:
+            lower, upper = True, False
+            s = 0 if op is _GE else _LO_STRICT
+        elif op is _LE or op is _LT:
+            lower, upper = False, True
+            s = 0 if op is _LE else _HI_STRICT
         else:
             return None
-        lo, hi, strict = bounds.get(p.attr, (_NEG_INF, _POS_INF, 0))
-        lo, hi = as_number(lo), as_number(hi)  # this attribute's bounds so far: numbers
-        for x, s in lowers:  # the tightest lower bound; strict wins a tie
-            if x > lo:
-                lo, strict = x, (strict & _HI_STRICT) | s
+        # Numbers of the attribute's own kind only: a float bound on an int
+        # attribute, a bool or a NaN is left to compile_filter.
+        discrete = ai.discrete
+        for a in args:
+            t = type(a)
+            if not (t is int or (t is float and not discrete and a == a)):
+                return None
+        # From here on every value is a number (checked just above, or a bound
+        # this loop made of them): compared as they are, for speed.
+        prev = bounds.get(name)
+        if prev is None:
+            lo, hi, strict = _NEG_INF, _POS_INF, 0
+        else:
+            lo, hi, strict = prev  # type: ignore[assignment]  # numbers (see above)
+        if lower:  # the tightest lower bound; strict wins a tie
+            x = args[0]
+            if x > lo:  # type: ignore[operator]  # numbers (see above)
+                lo, strict = x, (strict & _HI_STRICT) | s  # type: ignore[assignment]  # numbers (see above)
             elif x == lo:
                 strict |= s
-        for x, s in uppers:
-            if x < hi:
-                hi, strict = x, (strict & _LO_STRICT) | s
+        if upper:
+            x = args[-1]
+            if x < hi:  # type: ignore[operator]  # numbers (see above)
+                hi, strict = x, (strict & _LO_STRICT) | s  # type: ignore[assignment]  # numbers (see above)
             elif x == hi:
                 strict |= s
-        bounds[p.attr] = (lo, hi, strict)
+        bounds[name] = (lo, hi, strict)
     return bounds

@@ -5,13 +5,19 @@ with whole-word operations instead of per-predicate counters, plus
 per-bucket dicts for the subscriptions that constrain a single attribute:
 
 1. Each subscription holds a *slot*.  For each attribute the index keeps one
-   bitmap of the slots that do not constrain it (*wildcards*) and, for each
-   bucket of the attribute's domain, a bitmap of the slots whose predicates on
-   it can be satisfied by some value in that bucket.  Ordered attributes cut
+   bitmap of the slots that do not constrain it (*wildcards*) and, over the
+   buckets of the attribute's domain, the bitmaps of a tree: each node of
+   level ``l`` spans ``FANOUT ** (L - l)`` adjacent buckets, a leaf one.  A
+   slot whose predicates on the attribute can be satisfied by some value of
+   a run of buckets is in the nodes of the run's canonical cover (whole
+   parents replace their children): ~10 nodes for half of 256 buckets,
+   where one bitmap per bucket took 128 flips.  Ordered attributes cut
    ``[min, max]`` into equal-width buckets; strings hash into buckets, with
    patterns (prefix, suffix, contains, !=) counted as wildcards.
-2. For an event, ``candidates = ⋀_attr (wildcards | bucket(value))`` — a few
-   big-integer ANDs, a C loop over machine words.  Attributes no bitmapped
+2. For an event, ``candidates = ⋀_attr (wildcards | ⋁ path(bucket(value)))``
+   — the OR of the L nodes above the value's bucket (covers are disjoint, so
+   a slot is in exactly one of them when its run holds the bucket, in none
+   otherwise), a few whole-bitmap operations per attribute in C.  Attributes no bitmapped
    subscription constrains are skipped, and so is an attribute whose value has
    no bucket (wrong type, outside the domain, NaN): every slot stays a
    candidate there and the exact test decides.  A subscription whose
@@ -33,15 +39,17 @@ per-bucket dicts for the subscriptions that constrain a single attribute:
    ``compile_filter``, so results never differ from ``LinearMatcher``'s.
 5. A plain subscription on a single attribute gains nothing from the AND of
    rule 2 (it is a wildcard everywhere else), so it is kept out of the bitmaps:
-   its ``(lo, hi, strict, sub)`` entry sits in a dict per bucket it spans
-   (an ``=`` in a dict per value instead: exact), and an event scans the dicts
-   of its value's bucket directly — no bit to extract, no slot to look up.
+   its ``(lo, hi, strict, sub)`` entry sits in a dict per tree node of its
+   run's cover (rule 1; an ``=`` in a dict per value instead: exact), and an
+   event scans the dicts on its value's bucket's path directly — no bit to
+   extract, no slot to look up.
    Each entry scanned is a candidate of rule 3, tested and counted.
-6. A bitmap is a Python integer plus a ``bytearray`` of pending bit flips:
-   adding or removing a subscription flips a few bits in O(1); the next match
-   folds the flips in with one XOR and drops the buffer, so a bitmap costs
-   ``N/8`` bytes at rest.  Flips are exact because a slot's bit is only set
-   when it is clear and cleared when it is set (the invariant below).
+6. The bitmaps are rows of one table per index (``overlay.channels._rows``):
+   adding or removing a subscription flips its slot's bit in its rows in
+   place, one numpy scatter; an event's rows are combined by numpy ufuncs,
+   or as cached Python ints while the table is small.  Flips are exact
+   because a slot's bit is only set when it is clear and cleared when it is
+   set (the invariant below).
 7. Rules 7 and 8 place a conjunction on one attribute that uses an operator
    of the extended language (``not in``, ``ieq``, ``iprefix``, ``isuffix``,
    ``like``, ``exists``, ``not exists``, the negated patterns); one that uses
@@ -67,6 +75,12 @@ per-bucket dicts for the subscriptions that constrain a single attribute:
    the mask (their exact test would fail).  Every placement is a superset
    of the values the slot accepts, so the exact test of rule 3 still decides.
 
+9. ``add_many`` (a bulk build: a split, a merge, a migration or a recovery
+   indexing what it moved) files every subscription, then sets all their
+   bits in a few numpy scatters, a chunk of ``BULK_CHUNK`` slots at a time.
+   A plain subscription's rows are not stored: ``remove`` works them out
+   again from its exact test (rule 4), as ``add`` did.
+
 The order of the matched subscriptions is unspecified.  ``LinearMatcher``
 tests every subscription; it is the reference the index is checked against
 and the baseline of ``bench/matching.py``.
@@ -76,13 +90,16 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Final
+
+import numpy as np
 
 from overlay.channels.predicates import compile_filter
 from overlay.channels.schema import Schema, Value
 from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
 
-__all__ = ["DEFAULT_BUCKETS", "LinearMatcher", "MatchResult", "SubscriptionIndex"]
+__all__ = ["BULK_MIN", "DEFAULT_BUCKETS", "LinearMatcher", "MatchResult", "SubscriptionIndex"]
 
 from overlay.channels._buckets import (
     _ABSENT,
@@ -98,22 +115,78 @@ from overlay.channels._buckets import (
     DEFAULT_BUCKETS,
     MatchResult,
     _AttrIndex,
-    _Bitmap,
+    _Bound,
     _Compiled,
     _Plain,
     _plain_bounds,
 )
+from overlay.channels._rows import WORD, Rows
+
+# Rule 9: ``add_many`` of fewer subscriptions adds them one by one (the
+# batch's numpy set-up costs about as much as a few single flips).
+BULK_MIN: Final = 16
+# Slots whose bits ``add_many`` sets at once: their bytes of every row
+# (rows × BULK_CHUNK / 8) fit a core's cache, so the scatter hits it.
+BULK_CHUNK: Final = 1024
+# Row 0 of the table: the slots of bitmapped subscriptions (rule 1).
+_ALIVE: Final = 0
+# ``_placed`` of a plain subscription (rule 4): its rows are read from its test.
+_PLAIN: Final = b""
+
+
+class _Single:
+    """A single-attribute subscription ready to file (rule 5)."""
+
+    __slots__ = ("ai", "bound", "runs")
+
+    def __init__(self, ai: _AttrIndex, bound: _Bound, runs: list[tuple[int, int]] | None) -> None:
+        self.ai = ai
+        self.bound = bound
+        self.runs = runs
+
+
+class _Bitmapped:
+    """A bitmapped subscription ready to file: its runs (``_PLAIN``: read
+    from its plain test), its exact test, its keyed-table entries, its rows
+    (None: read them from ``placed``) and the attributes it constrains."""
+
+    __slots__ = ("keys", "names", "placed", "rows", "test")
+
+    def __init__(
+        self,
+        placed: bytes,
+        test: _Plain | _Compiled,
+        keys: tuple[tuple[int, str, str], ...],
+        rows: list[int] | None,
+        names: Iterable[str],
+    ) -> None:
+        self.placed = placed
+        self.test = test
+        self.keys = keys
+        self.rows = rows
+        self.names = names
+
+
+def _set_bits(table: Rows, rows: array[int], slots: array[int], counts: array[int]) -> None:
+    """``Rows.set_bits`` of each slot ``slots[k]`` in its ``counts[k]`` rows,
+    listed one slot after the other in ``rows``."""
+    if slots:
+        table.set_bits(
+            np.frombuffer(rows, np.int64).astype(np.intp),
+            np.repeat(np.frombuffer(slots, np.int64), np.frombuffer(counts, np.int64)).astype(np.intp),
+        )
 
 
 class SubscriptionIndex:
     """The indexed matcher of one channel.
 
     Invariant: ``_subs[slot]`` is set exactly for the slots in use.  A slot in
-    use is either *bitmapped* — in ``_alive`` and in exactly the bitmaps named
-    by the runs ``_placed[slot]`` — or *single* (rule 5: ``_placed[slot]`` is
-    None, its entry is in ``_order[pos]``'s dicts where ``pos`` is
-    ``_tests[slot][0]``).  ``_tests[slot]`` is its exact test (rule 4).  Free
-    slots are in no bitmap and no dict.
+    use is either *bitmapped* — in row ``_ALIVE`` and in exactly the rows
+    named by the runs ``_placed[slot]`` (their tree covers, rule 1) — or
+    *single* (rule 5: ``_placed[slot]`` is None, its entry is in
+    ``_order[pos]``'s dicts where ``pos`` is ``_tests[slot][0]``).
+    ``_tests[slot]`` is its exact test (rule 4).  Free slots are in no row and
+    no dict.
     """
 
     def __init__(self, schema: Schema, nbuckets: int = DEFAULT_BUCKETS) -> None:
@@ -121,11 +194,16 @@ class SubscriptionIndex:
             raise LocalProtocolError(f"an index needs at least one bucket, got {nbuckets}")
         self.schema = schema
         self._stride = nbuckets + _CODE_OFFSET
+        per_attr = _AttrIndex.rows_needed(nbuckets)
+        self._rows = Rows(1 + per_attr * len(schema.attributes))
         self._attrs = {
-            name: _AttrIndex(attr, pos, nbuckets) for pos, (name, attr) in enumerate(schema.attributes.items())
+            name: _AttrIndex(attr, pos, nbuckets, self._rows, 1 + pos * per_attr)
+            for pos, (name, attr) in enumerate(schema.attributes.items())
         }
         self._order = tuple(self._attrs.values())
-        self._alive = _Bitmap()
+        # Per attribute: its name and its wildcards' row.
+        self._wilds = tuple((ai.name, ai.wild) for ai in self._order)
+        self._bitmapped = 0
         self._slot_of: dict[str, int] = {}
         self._subs: list[Subscription | None] = []
         self._tests: list[_Plain | _Compiled | None] = []
@@ -162,24 +240,78 @@ class SubscriptionIndex:
         self._subs.append(None)
         self._tests.append(None)
         self._placed.append(None)
-        return len(self._subs) - 1
+        slot = len(self._subs) - 1
+        self._rows.ensure(slot)
+        return slot
 
-    def _flip(self, slot: int, placed: bytes) -> None:
-        """Flip ``slot`` in every bitmap of the runs ``placed`` (rule 6)."""
+    def _plain_rows(self, test: _Plain) -> list[int]:
+        """The rows of a plain subscription, from its exact test (rule 4): the
+        same ``place_plain`` worked out when it was added."""
+        order = self._order
+        rows = [_ALIVE]
+        for j in range(0, len(test), 4):
+            order[test[j]].place_plain(test[j + 1], test[j + 2], rows)  # type: ignore[call-overload]  # (pos, lo, hi, strict)
+        constrained = test[0::4]
+        for ai in order:
+            if ai.pos not in constrained:
+                rows.append(ai.wild)
+        return rows
+
+    def _rows_of(self, placed: bytes, delta: int) -> list[int]:
+        """The rows of the runs ``placed`` (their tree covers), ``_ALIVE`` first."""
         codes = array(_CODE_TYPE)
         codes.frombytes(placed)
         stride = self._stride
         order = self._order
+        rows = [_ALIVE]
         for k in range(0, len(codes), 2):
             pos, first = divmod(codes[k], stride)
-            ai = order[pos]
-            for b in range(first - _CODE_OFFSET, codes[k + 1] - pos * stride - _CODE_OFFSET + 1):
-                ai.bitmap(b).flip(slot)
+            rows += order[pos].run_rows(first - _CODE_OFFSET, codes[k + 1] - pos * stride - _CODE_OFFSET, delta)
+        return rows
 
     def _flip_keys(self, slot: int, keys: tuple[tuple[int, str, str], ...], *, removing: bool = False) -> None:
         order = self._order
         for pos, kind, key in keys:
             order[pos].flip_key(kind, key, slot, removing=removing)
+
+    def _prepare(self, sub: Subscription) -> _Single | _Bitmapped:
+        """Everything ``add`` needs to file ``sub``, worked out before any change
+        (so a raising add leaves the index as it was)."""
+        f = sub.filter
+        plain = _plain_bounds(f, self._attrs)
+        if plain is not None and len(plain) == 1:
+            ((name, bound),) = plain.items()
+            ai = self._attrs[name]
+            return _Single(ai, bound, ai.single_runs(bound))
+        test: _Plain | _Compiled
+        stride = self._stride
+        codes: list[int] = []
+        if plain is not None:
+            # The common case, kept lean (every subscription of a range
+            # workload comes here): the rows are worked out with the codes.
+            flat: list[object] = []
+            rows = [_ALIVE]
+            attrs = self._attrs
+            for name, bound in plain.items():
+                ai = attrs[name]
+                flat += (ai.pos, *bound)
+                ai.place_plain(bound[0], bound[1], rows)
+            for name, wild in self._wilds:
+                if name not in plain:
+                    rows.append(wild)
+            return _Bitmapped(_PLAIN, tuple(flat), (), rows, plain)
+        keys: list[tuple[int, str, str]] = []
+        names = f.attrs()
+        for ai in self._order:
+            if ai.name in names:
+                runs, ai_keys = ai.bitmapped_placement(f.on(ai.name))
+                keys += [(ai.pos, kind, key) for kind, key in ai_keys]
+            else:
+                runs = [(_WILD, _WILD)]
+            for first, last in runs:
+                codes += (ai.pos * stride + first + _CODE_OFFSET, ai.pos * stride + last + _CODE_OFFSET)
+        test = compile_filter(f)
+        return _Bitmapped(array(_CODE_TYPE, codes).tobytes(), test, tuple(keys), None, names)
 
     def add(self, sub: Subscription) -> bool:
         """Index ``sub``; False (and no change) if its id is already here.
@@ -189,64 +321,77 @@ class SubscriptionIndex:
         """
         if sub.id in self._slot_of:
             return False
-        f = sub.filter
-        plain = _plain_bounds(f, self._attrs)
-        if plain is not None and len(plain) == 1:
-            ((name, bound),) = plain.items()
-            ai = self._attrs[name]
-            runs = ai.single_runs(bound)
-            slot = self._new_slot()
-            ai.add_single(slot, bound, runs, sub)
+        prepared = self._prepare(sub)
+        slot = self._new_slot()
+        self._file(slot, sub, prepared)
+        if type(prepared) is _Bitmapped:
+            self._rows.flip(self._placed_rows(prepared), slot)
+        return True
+
+    def _placed_rows(self, prepared: _Bitmapped) -> list[int]:
+        """The rows a prepared bitmapped subscription goes in."""
+        rows = prepared.rows
+        return self._rows_of(prepared.placed, +1) if rows is None else rows
+
+    def _file(self, slot: int, sub: Subscription, prepared: _Single | _Bitmapped) -> None:
+        """Record a prepared subscription in ``slot``, all but its bits."""
+        if type(prepared) is _Single:
+            ai, bound = prepared.ai, prepared.bound
+            ai.add_single(slot, bound, prepared.runs, sub)
             self._tests[slot] = (ai.pos, *bound)
         else:
-            test: _Plain | _Compiled
-            keys: list[tuple[int, str, str]] = []
-            codes = array(_CODE_TYPE)
-            stride = self._stride
-            names = f.attrs()
-            if plain is not None:
-                flat: list[object] = []
-                for ai in self._order:
-                    on_ai = plain.get(ai.name)
-                    if on_ai is None:
-                        runs = [(_WILD, _WILD)]
-                    else:
-                        flat += (ai.pos, *on_ai)
-                        runs = ai.plain_placement(on_ai[0], on_ai[1])
-                    for first, last in runs:
-                        codes.append(ai.pos * stride + first + _CODE_OFFSET)
-                        codes.append(ai.pos * stride + last + _CODE_OFFSET)
-                test = tuple(flat)
-            else:
-                for ai in self._order:
-                    if ai.name in names:
-                        runs, ai_keys = ai.bitmapped_placement(f.on(ai.name))
-                        keys += [(ai.pos, kind, key) for kind, key in ai_keys]
-                    else:
-                        runs = [(_WILD, _WILD)]
-                    for first, last in runs:
-                        codes.append(ai.pos * stride + first + _CODE_OFFSET)
-                        codes.append(ai.pos * stride + last + _CODE_OFFSET)
-                test = compile_filter(f)
-            placed = codes.tobytes()
-            slot = self._new_slot()
-            self._flip(slot, placed)
+            assert type(prepared) is _Bitmapped
+            keys = prepared.keys
             if keys:
-                self._flip_keys(slot, tuple(keys))
-                self._keys[slot] = tuple(keys)
-            for name in names:
+                self._flip_keys(slot, keys)
+                self._keys[slot] = keys
+            for name in prepared.names:
                 named = self._attrs.get(name)
                 if named is not None:
                     named.constrained += 1
-            self._placed[slot] = placed
-            self._tests[slot] = test
-            self._alive.flip(slot)
+            self._placed[slot] = prepared.placed
+            self._tests[slot] = prepared.test
+            self._bitmapped += 1
         self._subs[slot] = sub
         self._slot_of[sub.id] = slot
-        return True
 
     def add_many(self, subs: Iterable[Subscription]) -> int:
-        return sum(self.add(s) for s in subs)
+        """Index every new subscription of ``subs`` (rule 9); how many were new.
+        A subscription that cannot be placed raises, the ones before it
+        indexed and the rest not."""
+        batch = subs if isinstance(subs, list | tuple) else list(subs)
+        if len(batch) < BULK_MIN:
+            return sum(self.add(s) for s in batch)
+        # Every (row, slot) pair to set, as machine ints (a list of millions
+        # of Python ints takes longer to convert than to build), set a chunk
+        # of slots at a time: the chunk's bytes of every row stay in cache.
+        rows = array("q")
+        slots = array("q")
+        counts = array("q")
+        table = self._rows
+        table.ensure(len(self._subs) + len(batch) - 1)  # one growth, not one per doubling
+        added = 0
+        try:
+            for sub in batch:
+                if sub.id in self._slot_of:
+                    continue
+                prepared = self._prepare(sub)
+                slot = self._new_slot()
+                self._file(slot, sub, prepared)
+                added += 1
+                if type(prepared) is _Bitmapped:
+                    placed_rows = self._placed_rows(prepared)
+                    rows.extend(placed_rows)
+                    slots.append(slot)
+                    counts.append(len(placed_rows))
+                    if len(slots) == BULK_CHUNK:
+                        _set_bits(table, rows, slots, counts)
+                        rows, slots, counts = array("q"), array("q"), array("q")
+        finally:
+            # Whatever was filed gets its bits, so the invariant holds even
+            # when a later subscription raised.
+            _set_bits(table, rows, slots, counts)
+        return added
 
     def remove(self, sub_id: str) -> Subscription | None:
         """Drop a subscription; returns it, or None if it was not here."""
@@ -260,8 +405,16 @@ class SubscriptionIndex:
             # A single's filter constrains one attribute, whose index holds its entry.
             (name,) = sub.filter.attrs()
             self._attrs[name].remove_single(slot)
+        elif placed is _PLAIN:
+            test = self._tests[slot]
+            assert type(test) is tuple
+            self._rows.flip(self._plain_rows(test), slot)
+            order = self._order
+            for j in range(0, len(test), 4):
+                order[test[j]].constrained -= 1  # type: ignore[call-overload]  # test[j]: a position
+            self._bitmapped -= 1
         else:
-            self._flip(slot, placed)
+            self._rows.flip(self._rows_of(placed, -1), slot)
             keys = self._keys.pop(slot, None)
             if keys:
                 self._flip_keys(slot, keys, removing=True)
@@ -269,12 +422,70 @@ class SubscriptionIndex:
                 ai = self._attrs.get(name)
                 if ai is not None:
                     ai.constrained -= 1
-            self._alive.flip(slot)
+            self._bitmapped -= 1
         self._subs[slot] = None
         self._tests[slot] = None
         self._placed[slot] = None
         self._free.append(slot)
         return sub
+
+    def _candidates(self, values: Mapping[str, Value], get: Callable[[str, object], object]) -> bytes:
+        """Rules 2 and 7: the bitmapped candidates' bits, as the bytes of a row."""
+        table = self._rows
+        if table.ints is not None:
+            int_of = table.int_of
+            cand = int_of(_ALIVE)
+            for ai in self._order:
+                if not cand:
+                    break
+                if not ai.constrained:
+                    continue
+                v = get(ai.name, _ABSENT)
+                if v is _ABSENT:
+                    rows = ai.absent_rows()
+                    excl = -1
+                elif ai.bucketed(v):
+                    rows, excl = ai.mask_rows(v)
+                else:
+                    continue
+                m = 0
+                for r in rows:
+                    m |= int_of(r)
+                if excl >= 0:
+                    m &= ~int_of(excl)
+                cand &= m
+            return cand.to_bytes((cand.bit_length() + 7) >> 3, "little")
+        arr = table.arr
+        cand_row = arr[_ALIVE].copy()
+        acc = np.empty(table.words, WORD)
+        or_, and_ = np.bitwise_or, np.bitwise_and
+        for ai in self._order:
+            if not ai.constrained:
+                continue
+            v = get(ai.name, _ABSENT)
+            if v is _ABSENT:
+                rows = ai.absent_rows()
+                excl = -1
+            elif ai.bucketed(v):
+                index = ai.mask_index(v)
+                if index is not None:
+                    or_.reduce(arr[index], axis=0, out=acc)
+                    and_(cand_row, acc, out=cand_row)
+                    continue
+                rows, excl = ai.mask_rows(v)
+            else:
+                continue
+            if len(rows) == 1 and excl < 0:
+                and_(cand_row, arr[rows[0]], out=cand_row)
+                continue
+            or_(arr[rows[0]], arr[rows[1]], out=acc) if len(rows) > 1 else np.copyto(acc, arr[rows[0]])
+            for r in rows[2:]:
+                or_(acc, arr[r], out=acc)
+            if excl >= 0:
+                and_(acc, np.invert(arr[excl]), out=acc)
+            and_(cand_row, acc, out=cand_row)
+        raw: bytes = cand_row.tobytes()
+        return raw
 
     def match(self, values: Mapping[str, Value]) -> MatchResult:
         """The subscriptions ``values`` matches (in no particular order), and how
@@ -282,7 +493,6 @@ class SubscriptionIndex:
         matched: list[Subscription] = []
         append = matched.append
         tested = 0
-        cand = self._alive.value()
         get = values.get
         # The event's values by attribute position, for the plain tests.
         vals: list[object] = [_NEVER] * len(self._order)
@@ -290,9 +500,6 @@ class SubscriptionIndex:
         for ai in self._order:
             v = get(ai.name, _ABSENT)
             if v is _ABSENT:
-                # No predicate on a missing attribute holds: its singles are out.
-                if cand and ai.constrained:
-                    cand &= ai.absent_mask()
                 continue
             if (type(v) in _NUMBER_TYPES) if ai.ordered else (type(v) is str):
                 vals[ai.pos] = v
@@ -300,24 +507,22 @@ class SubscriptionIndex:
                 inline = False
             if ai.singles:
                 tested += ai.match_singles(v, values, append)
-            if cand and ai.constrained and ai.bucketed(v):
-                cand &= ai.mask(v)
-        if not cand:
+        if not self._bitmapped:
             return matched, tested
+        raw = self._candidates(values, get)
         # Every bitmapped candidate goes through exactly one exact test below.
         # A candidate's slot is in use (the class invariant): its subscription
         # is set and its test is a closure or a plain tuple (rule 4).  The
         # loops index by slot without re-checking that, for speed; the ignores
         # below say "in use" for it.
-        tested += cand.bit_count()
         subs = self._subs
         tests = self._tests
-        raw = cand.to_bytes((cand.bit_length() + 7) >> 3, "little")
         find = raw.translate(_NONZERO_TO_ONE).find
         i = find(1)
         if not inline:
             while i >= 0:
                 for bit in _BITS[raw[i]]:
+                    tested += 1
                     slot = i << 3 | bit
                     test = tests[slot]
                     if type(test) is tuple:
@@ -328,6 +533,7 @@ class SubscriptionIndex:
             return matched, tested
         while i >= 0:
             for bit in _BITS[raw[i]]:
+                tested += 1
                 slot = i << 3 | bit
                 test = tests[slot]
                 if type(test) is not tuple:
