@@ -21,7 +21,8 @@ Rules this module keeps (SPEC §2.3, §5, §8.3):
    it with it.  ``add_deferred`` stores subscriptions at once as *pending*:
    they are members (counted, iterated, moved, matched) and every event tests
    each of them exactly, linearly (counted in the cost like any candidate)
-   until ``index_step`` has moved them into the index a few at a time.  A
+   until ``index_step`` has moved them into the index a batch at a time
+   (a bulk build: ``SubscriptionIndex.add_many``).  A
    child that adopts its parent's index marks the subscriptions it does not
    keep *stale*: no longer members, dropped from the index by ``index_step``;
    until then they may be candidates (and counted) but are never returned — a
@@ -397,12 +398,20 @@ class Channel:
         pending = self._pending
         # Pending first: each one indexed makes every later event cheaper; a
         # stale one is rarely even a candidate (it lies outside the space).
-        for _ in range(limit):
-            if pending:
-                _sid, (sub, _test) = pending.popitem()  # LIFO: O(1), unlike taking the oldest
-                index.add(sub)
-                self._remember_bounds(sub)
-            elif stale and drop_stale:
+        # The pending ones in one bulk build (SubscriptionIndex rule 9).
+        batch = [pending.popitem()[1][0] for _ in range(min(limit, len(pending)))]  # LIFO: O(1)
+        try:
+            index.add_many(batch)
+        except BaseException:
+            # Whatever the index did not take stays pending: still a member.
+            for sub in batch:
+                if sub.id not in index:
+                    pending[sub.id] = (sub, None)
+            raise
+        for sub in batch:
+            self._remember_bounds(sub)
+        for _ in range(limit - len(batch)):
+            if stale and drop_stale:
                 index.remove(stale.popitem()[0])
             else:
                 break
