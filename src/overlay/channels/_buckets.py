@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 import zlib
+from array import array
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final, TypeGuard
 
@@ -149,6 +150,44 @@ def _cover_rows(tree: int, levels: int, first: int, last: int) -> tuple[int, ...
     return tuple(tree + r for r in _cover(levels, first, last))
 
 
+# Rows a _CoverStore keeps before it starts again (8 MiB of int64).
+_STORE_MAX: Final = 1 << 20
+
+
+class _CoverStore:
+    """The covers of one tree layout (levels, buckets) as spans of one array,
+    for ``place_many``: a run's cover is looked up once per bulk, not
+    expanded in Python per subscription.  Bounded by ``_STORE_MAX`` rows."""
+
+    def __init__(self, levels: int, nbuckets: int) -> None:
+        self.levels = levels
+        self.nbuckets = nbuckets
+        self.where: dict[int, tuple[int, int]] = {}
+        self.data = array("q")
+
+    def spans(self, keys: list[int]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+        """(starts, lengths) in ``data`` of the covers of runs ``first * nbuckets + last``."""
+        if len(self.data) + len(keys) * 2 * FANOUT * self.levels > _STORE_MAX:
+            self.where, self.data = {}, array("q")
+        where, data, n, levels = self.where, self.data, self.nbuckets, self.levels
+        starts: list[int] = []
+        lens: list[int] = []
+        for k in keys:
+            w = where.get(k)
+            if w is None:
+                c = _cover(levels, k // n, k % n)
+                w = where[k] = (len(data), len(c))
+                data.extend(c)
+            starts.append(w[0])
+            lens.append(w[1])
+        return np.array(starts, np.intp), np.array(lens, np.intp)
+
+
+@functools.lru_cache(maxsize=16)
+def _cover_store(levels: int, nbuckets: int) -> _CoverStore:
+    return _CoverStore(levels, nbuckets)
+
+
 def _path(levels: int, leaf: int) -> tuple[int, ...]:
     """The nodes (rows within the block) above and at ``leaf``, root excluded."""
     return tuple(_level_base(levels, lv) + leaf // FANOUT ** (levels - lv) for lv in range(1, levels + 1))
@@ -221,6 +260,7 @@ class _AttrIndex:
         "single_wild",
         "singles",
         "tree",
+        "vector",
         "wild",
     )
 
@@ -251,6 +291,17 @@ class _AttrIndex:
         self.single_wild: dict[int, _Entry] = {}
         self.single_nodes: list[dict[int, _Entry] | None] = [None] * tree_rows(self.levels)
         self._bucket_of = _bucket_function(attr, nbuckets)
+        # Whether place_many computes this attribute's buckets exactly as
+        # _bucket_of does (rule 9 of the matcher): an ordered domain of
+        # float64-exact numbers, and for integers no overflow of int64 in
+        # ``(v - lo) * nbuckets``.
+        self.vector = self.ordered and (
+            not self.discrete
+            or (
+                max(abs(int(attr.min)), abs(int(attr.max))) < 1 << 53
+                and (int(attr.max) - int(attr.min) + 1) * nbuckets < 1 << 62
+            )
+        )
 
     @staticmethod
     def rows_needed(nbuckets: int) -> int:
@@ -293,6 +344,45 @@ class _AttrIndex:
             rows.append(self.wild)
             return
         rows += _cover_rows(self.tree, self.levels, first, last)
+
+    def place_many(
+        self, lo: npt.NDArray[np.float64], hi: npt.NDArray[np.float64], slots: npt.NDArray[np.intp]
+    ) -> tuple[list[npt.NDArray[np.intp]], list[npt.NDArray[np.intp]]]:
+        """``place_plain`` of many bounds at once (an attribute with
+        ``vector``): the (rows, slots) pairs of all, as arrays."""
+        n = self.nbuckets
+        lo = np.maximum(lo, float(self.lo))
+        hi = np.minimum(hi, float(self.hi))
+        ok = lo <= hi
+        if self.discrete:
+            base, span = int(self.lo), int(self.hi) - int(self.lo) + 1
+            first = (lo.astype(np.int64) - base) * n // span
+            last = (hi.astype(np.int64) - base) * n // span
+        else:
+            width = (float(self.hi) - float(self.lo)) / n or 1.0
+            first = ((lo - float(self.lo)) / width).astype(np.int64)
+            last = ((hi - float(self.lo)) / width).astype(np.int64)
+        first = np.clip(first, 0, n - 1)
+        last = np.clip(last, 0, n - 1)
+        whole = ok & (first == 0) & (last == n - 1)
+        part = ok & ~whole
+        rows = [np.full(int(whole.sum()), self.wild, np.intp)]
+        out = [slots[whole]]
+        keys = first[part] * n + last[part]
+        if len(keys):
+            distinct, which = np.unique(keys, return_inverse=True)
+            store = _cover_store(self.levels, n)
+            starts, lens = store.spans(distinct.tolist())
+            each = lens[which]
+            total = int(each.sum())
+            # Entry j of the output: the row, within its cover, of the bound it expands.
+            begin = np.cumsum(each) - each
+            at = np.arange(total, dtype=np.intp) - np.repeat(begin, each) + np.repeat(starts[which], each)
+            data = np.frombuffer(store.data, np.int64)
+            rows.append(data[at] + self.tree)
+            del data  # an array with a view on it cannot grow
+            out.append(np.repeat(slots[part], each))
+        return rows, out
 
     def mask_rows(self, value: Value) -> tuple[list[int], int]:
         """The rows whose union holds the slots ``value`` can satisfy here
