@@ -228,8 +228,8 @@ class _AttrIndex:
     pseudo-bucket rows.  Every single-attribute slot on this attribute is in
     ``singles`` and, unless its bound is unsatisfiable, either in
     ``single_eq`` under its value (a closed ``lo == hi``) or in the dicts of
-    the tree nodes covering the buckets its bound spans (``single_wild`` when
-    that is every bucket).  No ``single_eq`` or ``single_nodes`` dict is kept
+    the buckets its bound spans (``single_wild`` when
+    that is every bucket).  No ``single_eq`` or ``single_buckets`` dict is kept
     empty.
     """
 
@@ -255,8 +255,8 @@ class _AttrIndex:
         "present",
         "rel_paths",
         "rows",
+        "single_buckets",
         "single_eq",
-        "single_nodes",
         "single_wild",
         "singles",
         "tree",
@@ -289,7 +289,7 @@ class _AttrIndex:
         self.singles: dict[int, _Entry] = {}
         self.single_eq: dict[Value, dict[int, _Entry]] = {}
         self.single_wild: dict[int, _Entry] = {}
-        self.single_nodes: list[dict[int, _Entry] | None] = [None] * tree_rows(self.levels)
+        self.single_buckets: list[dict[int, _Entry] | None] = [None] * nbuckets
         self._bucket_of = _bucket_function(attr, nbuckets)
         # Whether place_many computes this attribute's buckets exactly as
         # _bucket_of does (rule 9 of the matcher): an ordered domain of
@@ -572,11 +572,15 @@ class _AttrIndex:
             if first == _WILD:
                 self.single_wild[slot] = entry
                 continue
-            nodes = self.single_nodes
-            for n in _cover(self.levels, first, last):
-                d = nodes[n]
+            # One dict per bucket, not per tree node: an event scans one dict,
+            # in the order its entries came (what a node's notifications, and
+            # so the simulation's golden traces, follow); a dict entry is cheap
+            # to add, unlike the bit of a whole bitmap was.
+            buckets = self.single_buckets
+            for b in range(first, last + 1):
+                d = buckets[b]
                 if d is None:
-                    d = nodes[n] = {}
+                    d = buckets[b] = {}
                 d[slot] = entry
 
     def remove_single(self, slot: int) -> None:
@@ -593,14 +597,14 @@ class _AttrIndex:
             if first == _WILD:
                 del self.single_wild[slot]
                 continue
-            nodes = self.single_nodes
-            for n in _cover(self.levels, first, last):
-                node = nodes[n]
-                assert node is not None
-                del node[slot]
-                if not node:
+            buckets = self.single_buckets
+            for b in range(first, last + 1):
+                bucket = buckets[b]
+                assert bucket is not None
+                del bucket[slot]
+                if not bucket:
                     # An emptied dict keeps its table; drop it.
-                    nodes[n] = None
+                    buckets[b] = None
 
     def match_singles(self, v: object, values: Mapping[str, Value], append: Callable[[Subscription], None]) -> int:
         """Rule 5 for an event whose value here is ``v``; returns the number tested."""
@@ -612,12 +616,10 @@ class _AttrIndex:
                 _scan(eq.values(), v, append)
             if not self.ordered:
                 return tested  # a plain string bound is an = (or unsatisfiable)
-            nodes = self.single_nodes
-            for n in self.rel_paths[self._bucket_of(v)]:
-                d = nodes[n]
-                if d:
-                    tested += len(d)
-                    _scan(d.values(), v, append)
+            d = self.single_buckets[self._bucket_of(v)]
+            if d:
+                tested += len(d)
+                _scan(d.values(), v, append)
             if self.single_wild:
                 tested += len(self.single_wild)
                 _scan(self.single_wild.values(), v, append)

@@ -39,10 +39,9 @@ per-bucket dicts for the subscriptions that constrain a single attribute:
    ``compile_filter``, so results never differ from ``LinearMatcher``'s.
 5. A plain subscription on a single attribute gains nothing from the AND of
    rule 2 (it is a wildcard everywhere else), so it is kept out of the bitmaps:
-   its ``(lo, hi, strict, sub)`` entry sits in a dict per tree node of its
-   run's cover (rule 1; an ``=`` in a dict per value instead: exact), and an
-   event scans the dicts on its value's bucket's path directly — no bit to
-   extract, no slot to look up.
+   its ``(lo, hi, strict, sub)`` entry sits in a dict per bucket it spans
+   (an ``=`` in a dict per value instead: exact), and an event scans the dicts
+   of its value's bucket directly — no bit to extract, no slot to look up.
    Each entry scanned is a candidate of rule 3, tested and counted.
 6. The bitmaps are rows of one table per index (``overlay.channels._rows``):
    adding or removing a subscription flips its slot's bit in its rows in

@@ -46,12 +46,11 @@ log = logging.getLogger("overlay.net")
 DISPATCH_BATCH: Final = 64
 # Longest run of dispatching before a loop turn lets the writers send (rule 1).
 DISPATCH_SLICE: Final = 0.001
-# Subscriptions indexed per background step (Channel rule 5), one bulk build
-# (SubscriptionIndex rule 9): ≈ 15-25 µs each for ten ranges over 20
-# attributes (bench/matching.py, research), so a step holds the loop for
-# about 0.3 ms — an event arriving meanwhile waits no longer than that — and
-# the pause keeps indexing to about a quarter of the loop's time.
-INDEX_STEP: Final = 16
+# Subscriptions indexed per background step (Channel rule 5): ≈ 50 µs each for
+# a range over many buckets (measured), so a step holds the loop for about
+# 0.2 ms — an event arriving meanwhile waits no longer than that — and the
+# pause keeps indexing to a sixth of the loop's time.
+INDEX_STEP: Final = 4
 INDEX_PAUSE: Final = 0.001
 
 
