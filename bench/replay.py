@@ -7,8 +7,9 @@ Generates the capture with ``spark/gen_capture.py`` (kept in ``--dir`` and
 reused while its size matches ``--events``), then runs ``overlay replay`` on
 it as a user does — a fresh process, JVM start included — and prints the
 wall time beside the target, each step's time as the replay reported it,
-and the load average before and after (the machine is shared: a figure
-taken under load is not the code's).  Every validation must pass; a failed
+the load average before and after (the machine is shared: a figure
+taken under load is not the code's) and the CPU seconds the replay and its
+JVM used, over the cores (the wall time a quiet machine would approach).  Every validation must pass; a failed
 one fails the bench.
 
 ``--cluster`` runs it again on a Spark standalone cluster on loopback
@@ -24,6 +25,7 @@ import importlib.util
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -64,8 +66,13 @@ def _replay(run: Path, out: Path, master: str, conf: list[str]) -> dict[str, Any
     env = dict(os.environ, SPARK_LOCAL_IP="127.0.0.1")
     load0 = os.getloadavg()[0]
     t = time.monotonic()
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT, check=False)
     wall = time.monotonic() - t
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU of the replay and its JVM: on a shared machine the wall time is
+    # not the code's alone, CPU seconds over the cores bound what it needs.
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     steps: list[tuple[str, float]] = []
     current = None
     for line in proc.stderr.splitlines():
@@ -78,6 +85,7 @@ def _replay(run: Path, out: Path, master: str, conf: list[str]) -> dict[str, Any
         print(proc.stderr[-4000:], file=sys.stderr)
     return {
         "wall": wall,
+        "cpu": cpu,
         "rc": proc.returncode,
         "steps": steps,
         "load": (load0, os.getloadavg()[0]),
@@ -91,6 +99,8 @@ def _print(label: str, res: dict[str, Any]) -> None:
         f"\n{label}: {res['wall']:.1f} s wall (target ≤ {TARGET_S:.0f} s: {verdict}), exit code {res['rc']}, "
         f"load average {res['load'][0]:.1f} → {res['load'][1]:.1f} on {os.cpu_count()} cores"
     )
+    cores = os.cpu_count() or 1
+    print(f"  CPU {res['cpu']:.0f} s (replay and JVM) = {res['cpu'] / cores:.1f} s per core on {cores} cores")
     for what, secs in res["steps"]:
         print(f"  {secs:7.1f} s  {what}")
 

@@ -17,11 +17,14 @@ captured subscriptions, in Spark, compared with what the owners reported.
 3. Candidates: each event carries one key per key family some subscription
    uses (``filters`` rule 4: a bucket of an ordered attribute at one level,
    a string value, or ``*``); each subscription its keys; a broadcast hash
-   join pairs them.  No subscription is crossed with every event unless it
-   constrains no attribute by equality or range (key ``*``).  Each pair is
-   then decided exactly: every predicate, in one column expression over the
-   predicate's attribute, operator and typed arguments (``satisfied`` — the
-   one place that knows the filter language's operators).
+   join pairs them (``Matcher.candidates``).  Keys travel as 64-bit hashes
+   of family and bucket or value (a collision only adds a candidate).  No
+   subscription is crossed with every event unless it constrains no
+   attribute by equality or range (key ``*``).  Each pair is then decided
+   exactly: every predicate, in one column expression over the predicate's
+   attribute, operator and typed arguments (``satisfied`` — the one place
+   that knows the filter language's operators), with attribute and
+   operator as integer codes.
 4. Whether a pair *must* have matched depends on time (SPEC §4 rule 4 of the
    node core: an event published after the SubAck is matched against the
    subscription).  A pair is ``active`` when the subscription was
@@ -43,6 +46,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 from pyspark import StorageLevel
@@ -54,15 +58,23 @@ from overlay_spark.records import Capture, value_type
 from overlay_spark.session import ship_code
 
 __all__ = [
+    "ACTIVE",
     "BROADCAST_KEYS",
+    "CANDIDATE_COLUMNS",
+    "EMPTY_SUMMARY",
+    "INACTIVE",
+    "OPEN",
+    "OP_CODES",
+    "Matcher",
+    "base_id",
     "base_ids",
     "events_frame",
     "histogram",
-    "rematch_pairs",
-    "reported_pairs",
+    "prepare",
     "satisfied",
     "schema_json",
     "status",
+    "status_code",
     "subscriptions_frame",
 ]
 
@@ -118,6 +130,11 @@ def _attrs(cap: Capture) -> list[dict[str, Any]]:
 
 # A conjunct's id: its subscription's id (ending in ``:<n>``), then ``/<j>``.
 _CONJUNCT_ID: Final = r"^(.*:[0-9]+)/[0-9]+$"
+
+
+def base_id(sid: Column) -> Column:
+    """Rule 2: one subscription id, a conjunct's id read as its subscription's."""
+    return F.regexp_replace(sid, _CONJUNCT_ID, "$1")
 
 
 def base_ids(ids: Column) -> Column:
@@ -253,13 +270,19 @@ def _form(t: str) -> str:
 
 
 def _typed_preds(attrs: list[dict[str, Any]]) -> Column:
-    """Each predicate with its arguments cast once to every value type of the schema."""
+    """Each predicate with its attribute as its index in the schema, its
+    operator as its code in ``OP_CODES`` (integer comparisons in the match
+    test, not string ones), and its arguments cast once to every value type
+    of the schema."""
 
     def caster(t: str) -> Callable[[Column], Column]:
         return lambda x: x.cast(t)
 
+    by_name = F.create_map(*[x for a in attrs for x in (F.lit(a["name"]), F.lit(a["i"]))])
+    by_op = F.create_map(*[x for op, c in OP_CODES.items() for x in (F.lit(op), F.lit(c))])
+
     def typed(p: Column) -> Column:
-        fields = [p["attr"].alias("attr"), p["op"].alias("op")]
+        fields = [by_name[p["attr"]].alias("a"), by_op[p["op"]].alias("o")]
         for t in _forms(attrs):
             f = _form(t)
             fields += [
@@ -272,42 +295,84 @@ def _typed_preds(attrs: list[dict[str, Any]]) -> Column:
     return F.transform(F.col("parsed.preds"), typed)
 
 
+# The operators the match test knows, each with the code ``_typed_preds``
+# gives it (an operator not listed gets no code and matches nothing, which
+# the parse check would show as extra pairs, never as silence).
+OP_CODES: Final = {
+    op: i
+    for i, op in enumerate(
+        (
+            "exists",
+            "not exists",
+            "=",
+            "!=",
+            "<",
+            "<=",
+            ">",
+            ">=",
+            "in[]",
+            "not in[]",
+            "in{}",
+            "not in{}",
+            "prefix",
+            "suffix",
+            "contains",
+            "not prefix",
+            "not suffix",
+            "not contains",
+            "ieq",
+            "not ieq",
+            "iprefix",
+            "not iprefix",
+            "isuffix",
+            "not isuffix",
+            "like",
+            "not like",
+        )
+    )
+}
+
+
+def _op(op: Column, name: str) -> Column:
+    return op == F.lit(OP_CODES[name])
+
+
 def _ordered(op: Column, v: Column, lo: Column, hi: Column, arr: Column) -> Column:
     return (
-        F.when(op == "=", v == lo)
-        .when(op == "!=", v != lo)
-        .when(op == "<", v < lo)
-        .when(op == "<=", v <= lo)
-        .when(op == ">", v > lo)
-        .when(op == ">=", v >= lo)
-        .when(op == "in[]", (v >= lo) & (v <= hi))
-        .when(op == "not in[]", (v < lo) | (v > hi))
-        .when(op == "in{}", F.array_contains(arr, v))
+        F.when(_op(op, "="), v == lo)
+        .when(_op(op, "!="), v != lo)
+        .when(_op(op, "<"), v < lo)
+        .when(_op(op, "<="), v <= lo)
+        .when(_op(op, ">"), v > lo)
+        .when(_op(op, ">="), v >= lo)
+        .when(_op(op, "in[]"), (v >= lo) & (v <= hi))
+        .when(_op(op, "not in[]"), (v < lo) | (v > hi))
+        .when(_op(op, "in{}"), F.array_contains(arr, v))
     )
 
 
 def _string(op: Column, v: Column, s0: Column, arr: Column) -> Column:
     return (
-        F.when(op == "=", v == s0)
-        .when(op == "!=", v != s0)
-        .when(op == "prefix", v.startswith(s0))
-        .when(op == "suffix", v.endswith(s0))
-        .when(op == "contains", v.contains(s0))
-        .when(op == "in{}", F.array_contains(arr, v))
-        .when(op == "not in{}", ~F.array_contains(arr, v))
-        .when(op == "not prefix", ~v.startswith(s0))
-        .when(op == "not suffix", ~v.endswith(s0))
-        .when(op == "not contains", ~v.contains(s0))
+        F.when(_op(op, "="), v == s0)
+        .when(_op(op, "!="), v != s0)
+        .when(_op(op, "prefix"), v.startswith(s0))
+        .when(_op(op, "suffix"), v.endswith(s0))
+        .when(_op(op, "contains"), v.contains(s0))
+        .when(_op(op, "in{}"), F.array_contains(arr, v))
+        .when(_op(op, "not in{}"), ~F.array_contains(arr, v))
+        .when(_op(op, "not prefix"), ~v.startswith(s0))
+        .when(_op(op, "not suffix"), ~v.endswith(s0))
+        .when(_op(op, "not contains"), ~v.contains(s0))
         # A case-insensitive operator's pattern comes lowercased (filters._args).
-        .when(op == "ieq", F.lower(v) == s0)
-        .when(op == "not ieq", F.lower(v) != s0)
-        .when(op == "iprefix", F.lower(v).startswith(s0))
-        .when(op == "not iprefix", ~F.lower(v).startswith(s0))
-        .when(op == "isuffix", F.lower(v).endswith(s0))
-        .when(op == "not isuffix", ~F.lower(v).endswith(s0))
+        .when(_op(op, "ieq"), F.lower(v) == s0)
+        .when(_op(op, "not ieq"), F.lower(v) != s0)
+        .when(_op(op, "iprefix"), F.lower(v).startswith(s0))
+        .when(_op(op, "not iprefix"), ~F.lower(v).startswith(s0))
+        .when(_op(op, "isuffix"), F.lower(v).endswith(s0))
+        .when(_op(op, "not isuffix"), ~F.lower(v).endswith(s0))
         # A like pattern's second argument is its Java regular expression.
-        .when(op == "like", F.regexp_like(v, arr[1]))
-        .when(op == "not like", ~F.regexp_like(v, arr[1]))
+        .when(_op(op, "like"), F.regexp_like(v, arr[1]))
+        .when(_op(op, "not like"), ~F.regexp_like(v, arr[1]))
     )
 
 
@@ -321,38 +386,67 @@ def satisfied(p: Column, attrs: list[dict[str, Any]]) -> Column:
     expr = None
     for a in attrs:
         v = F.col(f"v_{a['i']}")
-        presence = F.when(p["op"] == "exists", v.isNotNull()).when(p["op"] == "not exists", v.isNull())
+        op = p["o"]
+        presence = F.when(_op(op, "exists"), v.isNotNull()).when(_op(op, "not exists"), v.isNull())
         f = _form(a["type"])
         if a["kind"] == "string":
-            test = _string(p["op"], v, p[f"{f}0"], p[f"{f}arr"])
+            test = _string(op, v, p[f"{f}0"], p[f"{f}arr"])
         else:
-            test = _ordered(p["op"], v, p[f"{f}0"], p[f"{f}1"], p[f"{f}arr"])
+            test = _ordered(op, v, p[f"{f}0"], p[f"{f}1"], p[f"{f}arr"])
         test = F.coalesce(presence, test)
-        cond = p["attr"] == a["name"]
+        cond = p["a"] == F.lit(a["i"])
         expr = F.when(cond, test) if expr is None else expr.when(cond, test)
     return F.coalesce(expr, F.lit(False)) if expr is not None else F.lit(False)
 
 
 def status(t_pub: Column, t_match: Column, t_sub: Column, t_ack: Column, t_unsub: Column, t_unack: Column) -> Column:
     """Rule 4: ``active``, ``inactive`` or ``open`` for one (event, subscription) pair."""
+    return _status(t_pub, t_match, t_sub, t_ack, t_unsub, t_unack, F.lit("active"), F.lit("inactive"), F.lit("open"))
+
+
+# Rule 4's statuses as the integers ``status_code`` gives (0: not re-matched).
+OPEN: Final = 1
+INACTIVE: Final = 2
+ACTIVE: Final = 3
+
+
+def status_code(
+    t_pub: Column, t_match: Column, t_sub: Column, t_ack: Column, t_unsub: Column, t_unack: Column
+) -> Column:
+    """``status`` as ``ACTIVE``, ``INACTIVE`` or ``OPEN`` (an integer: cheaper per pair than text)."""
+    return _status(t_pub, t_match, t_sub, t_ack, t_unsub, t_unack, F.lit(ACTIVE), F.lit(INACTIVE), F.lit(OPEN))
+
+
+def _status(
+    t_pub: Column,
+    t_match: Column,
+    t_sub: Column,
+    t_ack: Column,
+    t_unsub: Column,
+    t_unack: Column,
+    active: Column,
+    inactive: Column,
+    open_: Column,
+) -> Column:
     t_done = F.coalesce(t_match, t_pub)
     return (
-        F.when(t_ack.isNotNull() & (t_ack <= t_pub) & (t_unsub.isNull() | (t_unsub >= t_done)), F.lit("active"))
-        .when((t_done < t_sub) | (t_unack.isNotNull() & (t_pub > t_unack)), F.lit("inactive"))
-        .otherwise(F.lit("open"))
+        F.when(t_ack.isNotNull() & (t_ack <= t_pub) & (t_unsub.isNull() | (t_unsub >= t_done)), active)
+        .when((t_done < t_sub) | (t_unack.isNotNull() & (t_pub > t_unack)), inactive)
+        .otherwise(open_)
     )
 
 
 def _event_keys(attrs: list[dict[str, Any]], groups: list[str]) -> Column:
-    """Rule 3: an event's key of every family in ``groups`` (``filters`` rule 4)."""
+    """Rule 3: an event's key of every family in ``groups`` (``filters`` rule 4),
+    each as ``_key_hash`` of its family and bucket or value."""
     by_i = {a["i"]: a for a in attrs}
     keys = []
     for g in sorted(groups):
         if g == filters.WIDE:
-            keys.append(F.lit(filters.WIDE))
+            keys.append(F.xxhash64(F.lit(filters.WIDE)))
         elif g.endswith("="):
             v = F.col(f"v_{int(g[:-1])}")
-            keys.append(F.when(v.isNotNull(), F.concat(F.lit(g), v)))
+            keys.append(F.when(v.isNotNull(), F.xxhash64(F.lit(g), v.cast("string"))))
         else:
             i, level = (int(x) for x in g.split("@"))
             a = by_i[i]
@@ -361,16 +455,80 @@ def _event_keys(attrs: list[dict[str, Any]], groups: list[str]) -> Column:
             v = F.col(f"v_{i}")
             shift = 3 * (len(filters.LEVELS) - 1 - level)
             b = F.shiftright(_bucket(v, *a["range"]), shift)
-            keys.append(F.when(v.isNotNull(), F.concat(F.lit(f"{g}:"), b.cast("string"))))
-    return F.array(*keys) if keys else F.array().cast("array<string>")
+            keys.append(F.when(v.isNotNull(), F.xxhash64(F.lit(g), b)))
+    return F.array(*keys) if keys else F.array().cast("array<long>")
 
 
-def rematch_pairs(
-    spark: SparkSession, cap: Capture, events: DataFrame, subs: DataFrame
-) -> tuple[DataFrame, dict[str, Any]]:
-    """Rule 3: every (event, subscription) pair whose filter the event
-    satisfies, with the subscription's lifetime (rule 4 is ``status``).  Also
-    returns the subscription summary (counts by key kind, parse errors, keys)."""
+def _key_hash(key: Column, group: Column) -> Column:
+    """A subscription's key (``filters`` rule 4) as the long an event carries
+    for it (``_event_keys``): the hash of its family and its bucket (a long)
+    or value (text).  Two keys whose hashes collide only add a candidate;
+    the match test decides every pair."""
+    value = F.expr("substring(key, length(key_group) + 2)")  # after "<group>:"
+    point = F.expr("substring(key, length(key_group) + 1)")  # after "<i>="
+    return (
+        F.when(group == F.lit(filters.WIDE), F.xxhash64(F.lit(filters.WIDE)))
+        .when(group.endswith("="), F.xxhash64(group, point))
+        .otherwise(F.xxhash64(group, value.cast("long")))
+    )
+
+
+# The summary of a capture without subscriptions or events (nothing re-matched).
+EMPTY_SUMMARY: Final[dict[str, Any]] = {
+    "subscriptions": 0,
+    "by_key": {},
+    "unparsed": 0,
+    "unparsed_examples": [],
+    "max_predicates": 0,
+}
+
+
+# The columns a candidate row gains (``Matcher.candidates``): the conjunct's
+# subscription and its lifetime (rule 4), null on the event's own row.
+CANDIDATE_COLUMNS: Final = ("c_sub", "c_t_sub", "c_t_ack", "c_t_unsub", "c_t_unack")
+
+
+@dataclass
+class Matcher:
+    """The parsed subscriptions, one row per (conjunct, key), ready to be
+    joined with events (rule 3), and their summary (counts by key kind,
+    parse errors, keys)."""
+
+    attrs: list[dict[str, Any]]
+    keyed: DataFrame
+    k: int
+    groups: list[str]
+    broadcast: bool
+    summary: dict[str, Any]
+
+    def candidates(self, rows: DataFrame, is_event: Column) -> DataFrame:
+        """``rows`` (any columns, with the event's ``v_<i>`` on the rows where
+        ``is_event``), each kept once with null ``CANDIDATE_COLUMNS``, plus one
+        row per conjunct the event satisfies (rule 3), its subscription and
+        lifetime in ``CANDIDATE_COLUMNS``.  A subscription matched by several
+        conjuncts comes once per conjunct (the caller counts pairs).  With a
+        broadcast table the rows keep their partitioning."""
+        own = F.array(F.lit(None).cast("long"))
+        keys = F.when(is_event, F.concat(_event_keys(self.attrs, self.groups), own)).otherwise(own)
+        ex = rows.select("*", F.explode(keys).alias("_key"))
+        keyed = F.broadcast(self.keyed) if self.broadcast else self.keyed
+        test = F.lit(True)
+        for i in range(self.k):
+            p = F.col(f"_p_{i}")
+            test = test & (p.isNull() | satisfied(p, self.attrs))
+        out = ex.join(keyed, ex["_key"] == keyed["_ckey"], "left")
+        return out.filter(F.col("c_sub").isNull() | test).select(*rows.columns, *CANDIDATE_COLUMNS)
+
+
+def prepare(spark: SparkSession, cap: Capture) -> Matcher:
+    """Rules 1–3: the events' histogram, every subscription parsed and keyed."""
+    events = events_frame(cap)
+    stats = histogram(cap, events)
+    subs = subscriptions_frame(spark, cap, stats)
+    return _matcher(cap, subs)
+
+
+def _matcher(cap: Capture, subs: DataFrame) -> Matcher:
     attrs = _attrs(cap)
     sp = subs.select(
         "sub",
@@ -415,28 +573,10 @@ def rematch_pairs(
     }
     # Pad the predicate list to k columns: the match test is then one flat,
     # code-generated expression instead of a lambda over an array per pair.
-    life = ["sub", "t_sub", "t_ack", "t_unsub", "t_unack"]
-    pred_cols = [F.get(F.col("preds"), i).alias(f"p_{i}") for i in range(k)]
-    keyed = sp.filter(F.col("ok")).select(*life, *pred_cols, F.explode("keys").alias("key"))
-    if n_keys <= BROADCAST_KEYS:
-        keyed = F.broadcast(keyed)
-    ev_cols = ["event"] + [f"v_{a['i']}" for a in attrs]
-    ev_keys = events.select(*ev_cols, F.explode(_event_keys(attrs, groups)).alias("key")).filter(
-        F.col("key").isNotNull()
+    pred_cols = [F.get(F.col("preds"), i).alias(f"_p_{i}") for i in range(k)]
+    life = [F.col(c).alias(f"c_{c}") for c in ("sub", "t_sub", "t_ack", "t_unsub", "t_unack")]
+    keyed = sp.filter(F.col("ok")).select(*life, *pred_cols, "key_group", F.explode("keys").alias("key"))
+    keyed = keyed.select(
+        *CANDIDATE_COLUMNS, *[f"_p_{i}" for i in range(k)], _key_hash(F.col("key"), F.col("key_group")).alias("_ckey")
     )
-    test = F.lit(True)
-    for i in range(k):
-        p = F.col(f"p_{i}")
-        test = test & (p.isNull() | satisfied(p, attrs))
-    # Several conjuncts of one subscription may match one event: one pair.
-    pairs = ev_keys.join(keyed, "key").filter(test).select("event", *life).dropDuplicates(["event", "sub"])
-    return pairs, summary
-
-
-def reported_pairs(cap: Capture) -> DataFrame:
-    """(event, sub, owner) for every subscription an owner reported matched."""
-    return (
-        cap.df("event")
-        .select("event", F.explode(base_ids(F.col("matched"))).alias("sub"), F.col("node").alias("owner"))
-        .dropDuplicates()
-    )
+    return Matcher(attrs, keyed, k, groups, n_keys <= BROADCAST_KEYS, summary)

@@ -98,20 +98,12 @@ def run_replay(
         else:
             slice_costs, costs = [], []
 
-        prog.step("re-matching events against subscriptions (parse on executors, candidate join)")
-        if cap.has("subscribe") and cap.has("publish"):
-            events = rematch.events_frame(cap)
-            stats = rematch.histogram(cap, events)
-            subs = rematch.subscriptions_frame(spark, cap, stats)
-            pairs, summary = rematch.rematch_pairs(spark, cap, events, subs)
-        else:
-            pairs = spark.createDataFrame(
-                [], "event STRING, sub STRING, t_sub DOUBLE, t_ack DOUBLE, t_unsub DOUBLE, t_unack DOUBLE"
-            )
-            summary = {"subscriptions": 0, "by_key": {}, "unparsed": 0, "unparsed_examples": [], "max_predicates": 0}
+        prog.step("re-matching: subscriptions parsed on executors and keyed by the events' histogram")
+        matcher = rematch.prepare(spark, cap) if cap.has("subscribe") and cap.has("publish") else None
+        summary = matcher.summary if matcher is not None else rematch.EMPTY_SUMMARY
 
-        prog.step("audit: exactly-once delivery, losses, rank order")
-        aud = audit_mod.audit(cap, tail_from, pairs)
+        prog.step("audit and re-matching: exactly-once delivery, losses, rank order (one shuffle by event)")
+        aud = audit_mod.audit(cap, tail_from, matcher, partitions=partitions)
 
         prog.step("checks and headline figures")
         pc, ec = aud["pairs"], aud["events"]
