@@ -9,6 +9,7 @@ import json
 import random
 from typing import Any
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -160,3 +161,14 @@ def test_every_event_that_matches_carries_one_of_the_filters_keys(preds: list[st
         if f.matches(e):
             assert kind != "never", (text, e)
             assert _event_keys(e, stats) & set(keys), (text, e, keys[:5])
+
+
+def test_the_match_test_has_a_code_for_every_operator_of_the_language() -> None:
+    """``rematch.satisfied`` compares integer operator codes: an operator of the
+    filter language without one would match nothing (extra pairs in every replay)."""
+    pytest.importorskip("pyspark")
+    from overlay.channels.predicates import Op
+    from overlay_spark.rematch import OP_CODES
+
+    assert set(OP_CODES) == {op.value for op in Op}
+    assert sorted(OP_CODES.values()) == list(range(len(OP_CODES)))
