@@ -3,19 +3,19 @@ its own schema (``spark/SCHEMA.md``, schema version 1).
 
 Rules:
 
-1. The files are read once.  Each line's ``kind`` is taken from its first
-   key (with a JSON-path fallback).  Every line is parsed with one flat
-   schema (``bulk_schema``): the fields of the bulk kinds (``BULK_KINDS``:
+1. Every line is parsed once, by Spark's JSON reader, with one flat schema
+   (``bulk_schema``): the fields of the bulk kinds (``BULK_KINDS``:
    publish, event, deliver, drop — nearly every line of a big capture) as
    typed columns, an event's ``values`` as a struct of the header's
    attributes with their types (``value_type``: float → double, int →
-   long, rfid → decimal(20,0)), and ``node``/``n``/``time`` of every line.
-   Lines of the other kinds keep their text (``raw``) and are parsed with
-   their own schema when a job asks for them (few lines).
+   long, rfid → decimal(20,0)), and ``kind``/``node``/``n``/``time`` of
+   every line.  Lines of the other kinds (found by their first key, with a
+   JSON-path fallback) keep their text (``raw``) and are parsed with their
+   own schema when a job asks for them (few lines).
 2. The flat rows are persisted (memory, spilling to disk): one narrow frame
    every job after this reads instead of JSON.  The lines of the other
-   kinds are persisted again apart (``small``), so reading one of them does
-   not scan the events.
+   kinds are persisted apart, in one partition (``small``), so reading one
+   of them does not scan the events.
 3. Only the headers and ends (one per node), and per-kind counts, last
    times and value ranges reach the driver.  Which kinds are parsed, which
    are skipped on purpose and what happens to unknown ones is
@@ -202,19 +202,13 @@ def _range_aggs(schema: dict[str, Any]) -> list[Column]:
 
 
 def load_capture(spark: SparkSession, run_dir: str) -> Capture:
-    raw = spark.read.text(capture_pattern(run_dir))
-    schema = _first_header(raw, run_dir)["schema"]
-    kind = F.coalesce(
-        F.nullif(F.regexp_extract("value", r'^\{"kind":"([a-z_]+)"', 1), F.lit("")),
-        F.get_json_object("value", "$.kind"),
-    )
-    raw = raw.select(kind.alias("kind"), "value")
-    bulk = F.from_json("value", bulk_schema(schema))
-    parsed = (
-        raw.select("kind", bulk.alias("b"), F.when(~F.col("kind").isin(*BULK_KINDS), F.col("value")).alias("raw"))
-        .select("kind", "b.*", "raw")
-        .persist(StorageLevel.MEMORY_AND_DISK)
-    )
+    pattern = capture_pattern(run_dir)
+    text = spark.read.text(pattern)
+    schema = _first_header(text, run_dir)["schema"]
+    # Spark's JSON reader parses straight into the flat columns (rule 1): no
+    # intermediate text column, and ``kind`` wherever it is in the line.
+    flat = T.StructType([T.StructField("kind", T.StringType()), *bulk_schema(schema).fields])
+    parsed = spark.read.schema(flat).json(pattern).persist(StorageLevel.MEMORY_AND_DISK)
     per_kind = parsed.groupBy("kind").agg(
         F.count("*").alias("count"), F.max("time").alias("last"), *_range_aggs(schema)
     )
@@ -228,7 +222,27 @@ def load_capture(spark: SparkSession, run_dir: str) -> Capture:
                 lo, hi = (r[f"lo:{a['name']}"], r[f"hi:{a['name']}"]) if a["type"] != "string" else (None, None)
                 if lo is not None and hi is not None:
                     ranges[a["name"]] = (float(lo), float(hi))
-    small = parsed.filter(F.col("raw").isNotNull()).select("kind", "raw").persist(StorageLevel.MEMORY_AND_DISK)
+    # The other kinds' lines keep their text (rule 1), found by their first
+    # key (a bulk kind's line whose kind comes later is dropped by the kind).
+    # One partition: a few thousand lines, read by many small jobs, each then
+    # one task instead of one per split of the capture (a shuffle, so that
+    # the filter still runs on every split in parallel).
+    kind = F.coalesce(
+        F.nullif(F.regexp_extract("value", r'^\{"kind":"([a-z_]+)"', 1), F.lit("")),
+        F.get_json_object("value", "$.kind"),
+    )
+    bulk_line = None
+    for k in BULK_KINDS:
+        starts = F.col("value").startswith(f'{{"kind":"{k}"')
+        bulk_line = starts if bulk_line is None else bulk_line | starts
+    assert bulk_line is not None
+    small = (
+        text.filter(~bulk_line)
+        .select(kind.alias("kind"), F.col("value").alias("raw"))
+        .filter(F.col("kind").isNotNull() & ~F.col("kind").isin(*BULK_KINDS))
+        .repartition(1)
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
     meta = (
         small.filter(F.col("kind").isin("header", "end"))
         .select(
