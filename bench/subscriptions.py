@@ -363,10 +363,12 @@ async def held(procs: NodeProcesses) -> list[int]:
     return out
 
 
-async def load(args: argparse.Namespace, procs: NodeProcesses, res: Result) -> list[asyncio.subprocess.Process]:
-    """Rule 3: one loader per access node; returns them still holding."""
+async def load(
+    args: argparse.Namespace, procs: NodeProcesses, res: Result, loaders: list[asyncio.subprocess.Process]
+) -> None:
+    """Rule 3: one loader per access node, each in ``loaders`` as soon as it
+    starts (the caller ends them, whatever happens here); they stay holding."""
     per = [args.subs // NODES + (1 if n < args.subs % NODES else 0) for n in range(NODES)]
-    loaders = []
     for n in range(NODES):
         host, port = procs.addr(n)
         loaders.append(
@@ -434,7 +436,6 @@ async def load(args: argparse.Namespace, procs: NodeProcesses, res: Result) -> l
     res.first_error = next((x["first_error"] for x in last if x["first_error"]), "")
     res.load_rate = res.acked / res.load_seconds if res.load_seconds else 0.0
     res.loader_rss = [rss(p.pid) for p in loaders]
-    return loaders
 
 
 async def background(clients: list[Client], rate: float, stop: asyncio.Event, res: Result) -> None:
@@ -513,7 +514,7 @@ async def run(args: argparse.Namespace, workdir: Path) -> Result:
             await place_bands(admin)
         res.rss_before = [rss(procs.procs[n].pid) for n in range(NODES)]
         print(f"load: {args.subs:,} subscriptions, {args.window} in flight per loader …", flush=True)
-        loaders = await load(args, procs, res)
+        await load(args, procs, res, loaders)
         res.held = await held(procs)
         res.rss_after = [rss(procs.procs[n].pid) for n in range(NODES)]
         print(f"probes: {args.probes} new subscriptions, background {args.rate:.0f} events/s …", flush=True)
