@@ -7,8 +7,8 @@ the figures) — each with its publisher and subscriber process mains
 
 Why a raw client: paho spends ~7 µs of Python per message published and
 ~13 µs per message received, so on a 2-core machine paho, not the broker,
-set the pace and held Mosquitto near half a core — the deliveries/s ratio
-against it flattered the overlay (issue 19 item 2).  The raw client encodes
+set the pace and held Mosquitto to 20–30 % of a core — the deliveries/s
+ratio against it flattered the overlay (issue 19 item 2).  The raw client encodes
 the PUBLISH header once, writes a batch of packets per system call and
 decodes with ``mqtt_codec``'s inline PUBLISH path: well under a microsecond
 a message published, about one received.
