@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import multiprocessing as mp
 import os
 import socket
@@ -31,6 +32,19 @@ CTX: Final = mp.get_context("fork")
 
 
 # == environment ====================================================================
+
+
+def freeze_heap() -> None:
+    """Take what a client process holds once connected out of the cyclic GC.
+
+    A forked client inherits the bench's whole heap; its first full collection
+    while the run is on walked all of it and stalled the subscriber 15–20 ms
+    (measured with a ``gc.callbacks`` probe), which was the overlay's max
+    latency at 5,000/s.  The node processes freeze their start-up state the
+    same way (``net.node``); every client — overlay, raw MQTT, paho — does
+    this at the same point, so the comparison stays even."""
+    gc.collect()
+    gc.freeze()
 
 
 def set_priority(nice: int) -> str:

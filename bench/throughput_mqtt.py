@@ -58,6 +58,7 @@ from throughput_common import (
     Target,
     _paced,
     free_port,
+    freeze_heap,
     wait_port,
 )
 
@@ -315,6 +316,7 @@ def _raw_pub_main(
 
     async def main() -> PubResult:
         c = await raw_connect(port, f"pub-{os.getpid()}")
+        freeze_heap()
         ready.set()
         await asyncio.get_running_loop().run_in_executor(None, go.wait)
         prefix = publish_prefix(TOPIC, PAYLOAD_BYTES)
@@ -382,6 +384,7 @@ def _raw_sub_main(port: int, k: int, warmup: int, ready: Any, stop: Any, progres
         clients = [await raw_connect(port, f"sub-{os.getpid()}-{j}", on_payload) for j in range(k)]
         for c in clients:
             await c.subscribe(TOPIC)
+        freeze_heap()
         ready.set()
         while not stop.is_set():
             progress.value = received
@@ -523,6 +526,7 @@ def _paho_pub_main(
 ) -> None:
     c = _mqtt_client(f"pub-{os.getpid()}")
     _mqtt_connect(c, port)
+    freeze_heap()
     ready.set()
     go.wait()
     pace = _paced(rate)
@@ -582,6 +586,7 @@ def _paho_sub_main(port: int, k: int, warmup: int, ready: Any, stop: Any, progre
     deadline = time.monotonic() + STARTUP_TIMEOUT
     while state["subacks"] < k and time.monotonic() < deadline:
         _mqtt_pump(clients, 0.01)
+    freeze_heap()
     ready.set()
     sel = selectors.DefaultSelector()
     for c in clients:

@@ -36,6 +36,7 @@ from throughput_common import (
     SubResult,
     Target,
     _paced,
+    freeze_heap,
 )
 
 # Every overlay event carries an opaque payload of PAYLOAD_BYTES, as every
@@ -207,6 +208,7 @@ def _overlay_pub_main(
 
     async def main() -> PubResult:
         client = await Client([addr], **client_options(security, "pub")).connect()
+        freeze_heap()
         ready.set()
         await asyncio.get_running_loop().run_in_executor(None, go.wait)
         pace = _paced(rate)
@@ -250,6 +252,7 @@ def _overlay_sub_main(
         subs = [await c.subscribe(OVERLAY_FILTER, queue_size=SUB_QUEUE) for c in clients]
         lat = array.array("d")
         state = {"n": 0, "first": 0.0, "last": 0.0, "bad_payload": 0}
+        freeze_heap()
         ready.set()
 
         async def consume(sub: Any) -> None:
