@@ -6,6 +6,12 @@ Run as ``flock /tmp/bench.lock .venv/bin/python bench/fuzz.py [--seconds S]
 the machine).  Default: 240 s, at most 200,000 inputs; exit status 0 when
 no check failed.
 
+This file holds the command line, the fuzzing connections, the checks while
+it runs and the report; next to it, ``fuzz_inputs.py`` holds the inputs (the
+``Fuzzer``), ``fuzz_target.py`` the node under fuzz (its config, tokens,
+process, status, RSS, coverage arcs and log), and ``fuzz_node.py`` the
+wrapper that runs it under coverage.
+
 What it does:
 
 1. **The node.**  One ``overlay node`` process (``overlay.testing.NodeProcesses``,
@@ -74,7 +80,6 @@ import argparse
 import asyncio
 import collections
 import contextlib
-import itertools
 import random
 import re
 import sys
@@ -84,17 +89,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import msgspec
-
-from overlay.auth import generate_keys, issue, load_signing_key
+from fuzz_inputs import Fuzzer
+from fuzz_target import arcs_of, ready, rss_of, start, status, token_for, tracebacks, write_config
 from overlay.client import Client
-from overlay.config import ClusterConfig, load_config
+from overlay.config import load_config
 from overlay.errors import OverlayError, RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.messages.codec import HEADER, client_reader, encode, peer_reader
-from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC
-from overlay.testing import Mutator, NodeProcesses, dial_peer, free_ports, samples, write_cluster_config
+from overlay.messages.codec import client_reader, peer_reader
+from overlay.net.node import CLIENT_MAGIC
+from overlay.testing import NodeProcesses, dial_peer, free_ports
 
 # An answer or a close within this many seconds of a connection's last input.
 ANSWER_SECONDS: Final = 3.0
@@ -107,36 +111,12 @@ QUIET_SECONDS: Final = 0.15
 # The control client publishes this often and must get each event within the timeout.
 CONTROL_EVERY: Final = 0.5
 CONTROL_TIMEOUT: Final = 5.0
-# Inputs one connection carries (a few: the first bad frame usually ends it).
-PER_CONNECTION: Final = 6
-# The corpus of inputs with a new behaviour, mutated again: bounded, in number and size.
-CORPUS_MAX: Final = 4_000
-CORPUS_INPUT_MAX: Final = 16 * 1024
 # The phases and their share of the run.
 PHASES: Final = (("client", 0.35), ("stranger", 0.15), ("peer-stranger", 0.15), ("peer-member", 0.35))
 JUDGED: Final = frozenset({"client", "stranger", "peer-stranger"})
-# Node ids no config has; the member's hello carries no address, so it is not a join.
-# A pool, used in turn: a node refuses a second live link of one id (duplicate_id).
-STRANGER_ID: Final = 4242
-MEMBER_IDS: Final = 64
 WARMUP_SECONDS: Final = 3.0
 BASELINE_SECONDS: Final = 5.0
 _DIGITS: Final = re.compile(r"\d+(\.\d+)?")
-
-
-# -- the node under coverage -------------------------------------------------------------------
-
-
-def arcs_of(data_file: Path) -> set[tuple[str, int, int]]:
-    import coverage
-
-    data = coverage.CoverageData(basename=str(data_file))
-    data.read()
-    out: set[tuple[str, int, int]] = set()
-    for f in data.measured_files():
-        name = f[f.rindex("/overlay/") + 1 :] if "/overlay/" in f else f
-        out.update((name, a, b) for a, b in data.arcs(f) or ())
-    return out
 
 
 # -- the run's records ------------------------------------------------------------------------------
@@ -158,152 +138,6 @@ class Stats:
     gen_max: tuple[float, str] = (0.0, "")  # the slowest input generation (the fuzzer's own time)
     lag_max: float = 0.0  # the fuzzer's event loop, late by this much at most
     growth: list[tuple[float, int]] = field(default_factory=list)  # (s, behaviours)
-
-
-@dataclass
-class Input:
-    kind: str
-    data: bytes  # what is written, the preamble included
-    tree: Any = None  # the mutated message, when one is to be kept
-    needs_answer: bool = True
-
-
-class Fuzzer:
-    """The inputs (rule 2 of the module docstring) over one node's schema."""
-
-    def __init__(self, rng: random.Random, config: ClusterConfig, token: str) -> None:
-        self.rng = rng
-        self.config = config
-        self.m = Mutator(rng, max_size=config.cluster.max_frame_size)
-        self.client, self.peer = samples(config.schema, node=0, peer=STRANGER_ID)
-        self.cluster = config.cluster.name
-        self.token = token
-        self.corpus: dict[str, list[bytes]] = {"client": [], "peer": []}
-        self.incarnations = itertools.count(1)
-        self.member_ids = itertools.cycle(range(STRANGER_ID, STRANGER_ID + MEMBER_IDS))
-        self.member_id = STRANGER_ID  # the id of the member connection made last
-
-    # -- bodies -------------------------------------------------------------------------------------
-
-    def _frame(self, body: bytes) -> bytes:
-        return HEADER.pack(len(body)) + body
-
-    def _mutated(self, side: str) -> tuple[bytes, Any, str]:
-        """A mutated message body of one side, from a sample or the corpus."""
-        donors = self.client if side == "client" else self.peer
-        corpus = self.corpus[side]
-        if corpus and self.rng.random() < 0.4:
-            tree = msgspec.msgpack.decode(self.rng.choice(corpus))  # kept packed: few objects for the GC
-            for _ in range(self.rng.choice((1, 1, 2))):
-                tree = self.m.mutate(tree, donors)
-            kind = "corpus"
-        else:
-            tree = self.m.tree(self.rng.choice(donors), donors)
-            kind = "mutated"
-        body = self.m.encode(tree)
-        if len(body) > self.m.max_size:  # cut to one frame: the oversize prefix has inputs of its own
-            return body[: self.m.max_size], None, kind
-        # Only small inputs are kept to mutate again: copying a large one (a grown
-        # list of a million items) held the fuzzer's loop for seconds.
-        return body, tree if len(body) <= CORPUS_INPUT_MAX else None, kind
-
-    def _valid(self, side: str) -> bytes:
-        return encode(self.rng.choice(self.client if side == "client" else self.peer))
-
-    def frames(self, side: str, n: int) -> list[Input]:
-        """``n`` inputs of one side: mutated messages (60 %), valid ones in
-        whatever order they come — out of order on purpose (20 %), and
-        byte-level mutations of valid frames (20 %)."""
-        out = []
-        for _ in range(n):
-            r = self.rng.random()
-            if r < 0.6:
-                body, tree, kind = self._mutated(side)
-                out.append(Input(kind, self._frame(body), tree))
-            elif r < 0.8:
-                out.append(Input("valid-out-of-order", self._frame(self._valid(side)), needs_answer=False))
-            else:
-                bodies = [self._valid(side) for _ in range(self.rng.randrange(1, 3))]
-                # A frame cut short waits for its end: no answer is due, and
-                # what followed would be read as its rest — the connection's last input.
-                out.append(Input("bytes", self.m.frames(bodies), needs_answer=False))
-                break
-        return out
-
-    # -- connections ---------------------------------------------------------------------------------
-
-    def hello(self, token: str) -> bytes:
-        # A token names its client: the Hello must name the same one.
-        client_id = "fuzz" if token == self.token and token else f"fuzz-{self.rng.randrange(1 << 30)}"
-        return self._frame(encode(cm.Hello(client_id, 1, token)))
-
-    def peer_hello(self) -> bytes:
-        hello = pm.PeerHello(self.member_id, self.cluster, False, incarnation=next(self.incarnations))
-        return self._frame(encode(hello))
-
-    def connection(self, phase: str) -> tuple[str, str, list[Input]]:
-        """One connection: its kind, its side (the protocol its answers
-        speak) and its inputs, the first with the preamble."""
-        r = self.rng
-        if phase == "client":
-            token = self.token if r.random() < 0.8 else ""
-            first = Input("hello", CLIENT_MAGIC + self.hello(token), needs_answer=True)
-            kind = "client-token" if token else "client-anonymous"
-            return kind, "client", [first, *self.frames("client", PER_CONNECTION)]
-        if phase == "stranger":
-            k = r.randrange(4)
-            if k == 0:  # no Hello: the first frame is anything
-                inputs = self.frames("client", PER_CONNECTION)
-                inputs[0].data = CLIENT_MAGIC + inputs[0].data
-                return "client-no-hello", "client", inputs
-            if k == 1:  # a tampered token
-                token = list(self.token or "x.y.z")
-                for _ in range(r.choice((1, 3))):
-                    token[r.randrange(len(token))] = r.choice("AZaz09-_.")
-                first = Input("tampered-token", CLIENT_MAGIC + self.hello("".join(token)))
-                return "client-bad-token", "client", [first, *self.frames("client", 2)]
-            if k == 2:  # a random token
-                first = Input("random-token", CLIENT_MAGIC + self.hello(r.randbytes(r.randrange(200)).hex()))
-                return "client-bad-token", "client", [first, *self.frames("client", 2)]
-            preamble = r.choice([r.randbytes(4), CLIENT_MAGIC, PEER_MAGIC, b"OVC2", b"\x00\x00\x00\x00"])
-            side = "peer" if preamble == PEER_MAGIC else "client"
-            data = preamble + r.randbytes(r.choice((0, 1, 7, 100, 4096)))
-            known = preamble in (CLIENT_MAGIC, PEER_MAGIC)  # then the bytes may be a frame cut short
-            return "raw-bytes", side, [Input("random-bytes", data, needs_answer=not known)]
-        if phase == "peer-stranger":  # no proof of the cluster secret: refused, whatever it says
-            k = r.randrange(3)
-            if k == 0:  # a proper hello, as a node that never proved anything
-                claim = r.choice([STRANGER_ID, 0, 1])
-                hello = pm.PeerHello(claim, self.cluster, True, incarnation=next(self.incarnations))
-                first = Input("hello-unproven", PEER_MAGIC + self._frame(encode(hello)))
-                return "peer-stranger", "peer", [first, *self.frames("peer", 2)]
-            if k == 1:  # the challenge opened, then a proof that is not one
-                auth = pm.PeerAuth(r.choice([STRANGER_ID, 0]), self.cluster, r.randbytes(16))
-                proof = pm.PeerProof(r.randbytes(32))
-                data = PEER_MAGIC + self._frame(encode(auth)) + self._frame(encode(proof))
-                return "peer-stranger", "peer", [Input("bad-proof", data), *self.frames("peer", 2)]
-            inputs = self.frames("peer", PER_CONNECTION)
-            inputs[0].data = PEER_MAGIC + inputs[0].data
-            return "peer-stranger", "peer", inputs
-        # A member: the link opened and proved (dial_peer), then a hello and anything.
-        self.member_id = next(self.member_ids)
-        if r.random() < 0.8:
-            first = Input("peer-hello", self.peer_hello())
-        else:
-            body, tree, _ = self._mutated("peer")
-            first = Input("mutated-hello", self._frame(body), tree)
-        inputs = self.frames("peer", PER_CONNECTION)
-        for inp in inputs:
-            inp.needs_answer = False  # peers are not answered message by message
-        return "peer-member", "peer", [first, *inputs]
-
-    def keep(self, side: str, tree: Any) -> None:
-        corpus = self.corpus[side]
-        packed = self.m.encode(tree)
-        if len(corpus) < CORPUS_MAX:
-            corpus.append(packed)
-        else:
-            corpus[self.rng.randrange(CORPUS_MAX)] = packed
 
 
 # -- one connection --------------------------------------------------------------------------------
@@ -474,14 +308,6 @@ async def control(addr: tuple[str, int], token: str, st: Stats, phase: list[str]
             await c.close()
 
 
-def rss_of(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 async def watch(procs: NodeProcesses, st: Stats, stop: asyncio.Event, t0: float) -> None:
     pid = procs.procs[0].pid
     while not stop.is_set():
@@ -499,65 +325,6 @@ async def watch(procs: NodeProcesses, st: Stats, stop: asyncio.Event, t0: float)
 
 
 # -- the run -------------------------------------------------------------------------------------------
-
-
-def write_config(workdir: Path, port: int, auth: bool) -> Path:
-    path = write_cluster_config(workdir / "fuzz.toml", [("127.0.0.1", port)], name="fuzz")
-    if auth:
-        private, public = generate_keys(workdir / "keys")
-        with path.open("a") as fh:
-            fh.write(f'\n[auth]\npublic_keys = ["{public}"]\nsigning_key = "{private}"\n')
-    return path
-
-
-def token_for(path: Path, subject: str) -> str:
-    config = load_config(path)
-    if not config.auth.enabled:
-        return ""
-    key = load_signing_key(config.auth.signing_key)
-    return issue(
-        key,
-        subject=subject,
-        roles=["publish", "subscribe", "admin"],
-        audience=config.cluster.name,
-        ttl=3600,
-        now=time.time(),
-        schema=config.schema,
-    )
-
-
-def start(workdir: Path, config: Path, port: int, cov_file: Path | None, name: str) -> NodeProcesses:
-    wrapper = Path(__file__).resolve().parent / "fuzz_node.py"
-    prefix = {0: [sys.executable, str(wrapper), str(cov_file)]} if cov_file else {}
-    logs = workdir / name
-    logs.mkdir()
-    procs = NodeProcesses(config, [("127.0.0.1", port)], logs, prefix=prefix)
-    procs.start_all()
-    return procs
-
-
-async def ready(procs: NodeProcesses, token: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert procs.alive(0), procs.tail(0)
-        with contextlib.suppress(OSError, OverlayError, TimeoutError):
-            c = await Client([procs.addr(0)], client_id=None, token=token, reconnect=False).connect(timeout=2)
-            try:
-                if (await c.admin("status", timeout=2))["ready"]:
-                    return
-            finally:
-                await c.close()
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"the node is not ready\n{procs.tail(0)}")
-
-
-async def status(procs: NodeProcesses, token: str) -> dict[str, Any]:
-    c = await Client([procs.addr(0)], client_id=None, token=token, reconnect=False).connect(timeout=5)
-    try:
-        result: dict[str, Any] = await c.admin("status", timeout=5)
-        return result
-    finally:
-        await c.close()
 
 
 async def baseline(workdir: Path, config: Path, port: int, token: str) -> set[tuple[str, int, int]]:
@@ -636,18 +403,6 @@ async def run(args: argparse.Namespace, workdir: Path) -> tuple[Stats, dict[str,
 
 
 # -- the report --------------------------------------------------------------------------------------
-
-
-def tracebacks(log: str) -> list[str]:
-    """Each Traceback with the log line that introduced it (rule 4)."""
-    lines = log.splitlines()
-    out = []
-    for i, line in enumerate(lines):
-        if line.startswith("Traceback"):
-            intro = lines[i - 1] if i else ""
-            last = next((x for x in lines[i + 1 :] if x and not x.startswith((" ", "Traceback"))), "")
-            out.append(f"{intro.strip()}\n      → {last.strip()}")
-    return out
 
 
 def report(st: Stats, info: dict[str, Any], final: dict[str, Any], args: argparse.Namespace) -> bool:
