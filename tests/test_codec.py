@@ -160,6 +160,17 @@ PEER_MESSAGES: list[pm.PeerMessage] = [
     pm.TableRequest(3, 1712345678901, 12345, (pm.ChannelVersion(CH0, 1 << 32), pm.ChannelVersion(CH1, 9))),
     pm.TableReply(3, 1712345678901, (pm.RouteItem(CH1, RouteEntry(MIXED, (2,)), 5 << 32),), (), last=False),
     pm.TableReply(3, 1712345678901, (), (pm.ChannelVersion(CH0, 6 << 32),)),
+    pm.Batch(
+        (
+            EVP,
+            pm.Notification("1-42", EVENT, ("1:1:a:1",), CH0, 1.5, origin=1, confirm=(2,), payload=PAYLOAD),
+            pm.NotificationAck("1-42", ("1:1:a:1",)),
+            pm.SubscriptionApplied("1:1:a:1", CH0, True),
+            pm.EventsMatched(("0-1",), ((1, 2),)),
+            pm.EventsDelivered(("0-1",)),
+            EV,
+        )
+    ),
 ]
 
 CLIENT_MESSAGES: list[cm.ClientMessage] = [
@@ -204,6 +215,27 @@ def _id(m: object) -> str:
 
 def test_samples_cover_every_peer_message_type():
     assert {type(m) for m in PEER_MESSAGES} == set(typing.get_args(pm.PeerUnion))
+
+
+def test_a_batch_holds_only_the_hot_paths_normal_messages():
+    # net.peer_link rule 7: never a high one (it would wait behind normal
+    # ones), never a Batch in a Batch, never one of the large rare ones.
+    assert not pm.BATCHED & pm.HIGH
+    assert set(typing.get_args(pm.Batched)) == pm.BATCHED
+    for msg in (pm.Heartbeat(), pm.Batch(()), pm.Rebuild(CH0, ())):
+        body = msgspec.msgpack.encode(["Batch", [msgspec.msgpack.decode(encode(msg))]])
+        with pytest.raises(RemoteProtocolError):
+            peer_reader().feed(frame(body))
+
+
+def test_a_batch_over_its_item_bound_is_refused():
+    item = msgspec.msgpack.decode(encode(pm.NotificationAck("e", ())))
+    body = msgspec.msgpack.encode(["Batch", [item] * (pm.MAX_BATCH_ITEMS + 1)])
+    with pytest.raises(RemoteProtocolError):
+        peer_reader().feed(frame(body))
+    body = msgspec.msgpack.encode(["Batch", [item] * pm.MAX_BATCH_ITEMS])
+    (ok,) = peer_reader().feed(frame(body))
+    assert len(ok.messages) == pm.MAX_BATCH_ITEMS
 
 
 def test_samples_cover_every_client_message_type():

@@ -11,8 +11,10 @@ import pytest
 
 from conftest import LOCAL
 from overlay.actions import ToPeer
+from overlay.channels.channel import ChannelId
 from overlay.messages import peer as pm
-from overlay.messages.codec import encode_frame
+from overlay.messages.codec import HEADER, encode_frame, peer_reader
+from overlay.net.peer_link import BATCH_ITEMS, PeerLink
 from overlay.testing import WAIT, LoopbackCluster, accept_peer, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(30)]
@@ -121,3 +123,82 @@ async def test_frames_a_broken_connection_lost_are_sent_again_once_and_in_order(
         await wait_until(lambda: len(got) >= len(sent), WAIT, "every event at node 1")
         assert got == sent
         assert link.resent > 0  # something was in flight when the connection broke
+
+
+# -- rule 7: the hot path's messages share frames ---------------------------------------------
+
+
+def _unbatched(msgs: list[pm.PeerMessage]) -> list[pm.PeerMessage]:
+    return [inner for m in msgs for inner in (m.messages if type(m) is pm.Batch else (m,))]
+
+
+async def test_events_sent_in_one_turn_go_as_batch_frames_in_order_around_other_messages() -> None:
+    cl = LoopbackCluster(LOCAL, 2, placeholders=[1], balancing=False)
+    await cl.start(ready=False)
+    frames_got: list[pm.PeerMessage] = []
+    try:
+        node = cl.nodes[0]
+        link = node.links[1]
+
+        async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            frames, _first = await accept_peer(reader, writer, cl.config, 1)
+            writer.write(encode_frame(pm.PeerHello(1, cl.config.cluster.name, incarnation=1)))
+            while data := await reader.read(65536):
+                frames_got.extend(m for m in frames.feed(data) if type(m) not in (pm.Heartbeat, pm.KeyAsk))
+
+        async with await _accepting(cl, 1, peer):
+            await wait_until(link.connected.is_set, WAIT, "the link up")
+            ec = ChannelId(0, 0)
+
+            def ev(i: int) -> pm.Event:
+                return pm.Event(f"b{i}", {"price": 1.0, "sym": "A"}, 0, pm.DispatchSign.EVENT_DISPATCHED, ec)
+
+            rebuild = pm.Rebuild(ec, ())  # normal, never batched: the batch before it goes first
+            sent: list[pm.PeerMessage] = [ev(i) for i in range(300)]
+            sent[200:200] = [rebuild]
+            node.execute([ToPeer(1, m) for m in sent])
+            assert len(link.queue.normal) < len(sent)  # batched, not a frame each
+            await wait_until(
+                lambda: [m for m in _unbatched(frames_got) if type(m) is not pm.PeerHello] == sent,
+                WAIT,
+                "every message at the peer, in order",
+            )
+        batches = [m for m in frames_got if type(m) is pm.Batch]
+        assert batches and all(len(b.messages) <= BATCH_ITEMS for b in batches)
+        assert len(frames_got) < len(sent) // 10
+    finally:
+        await cl.stop()
+
+
+async def test_a_batch_too_large_for_one_frame_is_split_until_each_part_fits() -> None:
+    max_frame = 64 * 1024
+    link = PeerLink(
+        0,
+        LOCAL.node(1),
+        queue_size=100,
+        max_frame=max_frame,
+        hello_timeout=1.0,
+        hello=lambda: pm.PeerHello(0, "local"),
+        answered=lambda node, inc: None,
+        changed=lambda node, up: None,
+        connect=None,  # type: ignore[arg-type]  # never connects here
+        refused=lambda exc: None,
+    )
+    ec = ChannelId(0, 0)
+    msgs: list[pm.PeerMessage] = [
+        pm.Event(f"e{i}", {"price": 1.0, "sym": "A"}, 0, pm.DispatchSign.EVENT_DISPATCHED, ec, payload=bytes(9000))
+        for i in range(40)
+    ]
+    frames = link._frames_of(msgs)
+    assert 1 < len(frames) < 40
+    assert all(len(f) - HEADER.size <= max_frame for f in frames)
+    assert _unbatched([m for f in frames for m in peer_reader(max_frame).feed(f)]) == msgs
+    # One message over the cap is dropped, counted, and the others still go.
+    msgs.insert(3, pm.Event("big", {}, 0, pm.DispatchSign.EVENT_DISPATCHED, ec, payload=bytes(max_frame)))
+    frames = link._frames_of(msgs)
+    assert link.oversize == 1
+    assert [m.event_id for f in frames for m in _unbatched(peer_reader(max_frame).feed(f))] == [  # type: ignore[attr-defined]
+        m.event_id  # type: ignore[attr-defined]
+        for m in msgs
+        if m.event_id != "big"  # type: ignore[attr-defined]
+    ]

@@ -4,6 +4,9 @@ Every message is a frozen, tagged, array-like ``msgspec.Struct``; new fields
 go at the end with defaults so older peers still decode.  ``HIGH`` names the
 types that travel on the high-priority queues (SPEC §1.1): RoutingTableInit
 and its reply, LIEM, and every load-balancing/migration message (types 7–16).
+``BATCHED`` names the normal-queue types a link may carry several of in one
+``Batch`` frame (``net.peer_link`` rule 7); a Batch holds nothing else, and
+never another Batch.
 """
 
 from __future__ import annotations
@@ -23,9 +26,13 @@ from overlay.channels.subscriptions import Subscription as StoredSubscription
 from overlay.messages.client import MAX_RANK
 
 __all__ = [
+    "BATCHED",
     "HIGH",
     "LIEM",
+    "MAX_BATCH_ITEMS",
     "AckCode",
+    "Batch",
+    "Batched",
     "ChannelSpec",
     "ChannelSubscriptions",
     "ChannelTransfer",
@@ -663,6 +670,36 @@ class EventsDelivered(PeerMessage, frozen=True):
     event_ids: tuple[Ident, ...]
 
 
+# -- framing: many hot-path messages in one frame (net.peer_link rule 7) --------------------
+
+# Messages one Batch may hold on the wire: far more than a sender puts in one
+# (``net.peer_link.BATCH_ITEMS``); the frame cap binds first for all but tiny ones.
+MAX_BATCH_ITEMS: Final = 4096
+
+
+Batched = (
+    Event
+    | Notification
+    | NotificationAck
+    | Subscription
+    | UnSubscription
+    | SubscriptionApplied
+    | EventsMatched
+    | EventsDelivered
+)
+
+
+class Batch(PeerMessage, frozen=True):
+    """Several normal-queue messages of one link in one frame, in the order
+    they were sent (``net.peer_link`` rule 7): one frame, one encode and one
+    decode for a burst of events or notifications instead of one each.  Not
+    a message of the protocol's own: the receiving shell hands its messages
+    to the node one by one, exactly as if each had come in a frame of its
+    own, and counts the Batch as one frame (rule 6)."""
+
+    messages: Annotated[tuple[Batched, ...], msgspec.Meta(max_length=MAX_BATCH_ITEMS)]
+
+
 PeerUnion = (
     PeerHello
     | PeerError
@@ -699,6 +736,7 @@ PeerUnion = (
     | KeyAsk
     | TableRequest
     | TableReply
+    | Batch
 )
 
 HIGH: Final[frozenset[type]] = frozenset(
@@ -726,6 +764,23 @@ HIGH: Final[frozenset[type]] = frozenset(
         KeyAsk,
         TableRequest,
         TableReply,
+    }
+)
+
+
+# The types a link may put in a Batch: the hot path's normal-queue messages,
+# each small (an event's payload is at most half a frame, a receipt message
+# too).  Rebuild and DeliveryHandover stay frames of their own: large and rare.
+BATCHED: Final[frozenset[type]] = frozenset(
+    {
+        Event,
+        Notification,
+        NotificationAck,
+        Subscription,
+        UnSubscription,
+        SubscriptionApplied,
+        EventsMatched,
+        EventsDelivered,
     }
 )
 

@@ -17,7 +17,8 @@ that carries each out when it is not this one:
    (``net.inbox``); the single dispatcher (``net.dispatch``) takes
    high-priority ones first and hands each to the core, in batches, with a
    loop turn at least every ``DISPATCH_SLICE`` so replies go out during a
-   burst.  Read loops block
+   burst.  A peer's ``Batch`` frame goes in as its messages, one item
+   each, in order (``net.peer_link`` rule 7).  Read loops block
    when it is full (TCP backpressure).  A publish that finds the normal level
    past ``choke_threshold`` is answered with Choke instead (SPEC §12).  A
    client's Ack of a notification only counts it: the read loop hands it to
@@ -390,7 +391,7 @@ class Node:
         while time.monotonic() < deadline:
             if (
                 not len(self.inbox)
-                and all(not len(link.queue) for link in self.links.values() if link.connected.is_set())
+                and all(not link.backlog for link in self.links.values() if link.connected.is_set())
                 and all(not len(w.queue) for w in self.clients.values())
             ):
                 return
@@ -558,8 +559,14 @@ class Node:
                     link.last_seen = time.monotonic()
                 for msg in frames.feed(data):
                     if src >= 0:  # a handshake message now is the core's protocol error (node.peer_messages)
-                        await inbox.put(FromPeer(src, msg), pm.is_high(msg))
-                        count += 1
+                        count += 1  # frames, a Batch one (net.peer_link rule 6)
+                        if type(msg) is pm.Batch:  # its messages one by one, in order (net.peer_link rule 7)
+                            for inner in msg.messages:
+                                item = FromPeer(src, inner)
+                                if not inbox.put_nowait(item, False):
+                                    await inbox.put(item, False)
+                        else:
+                            await inbox.put(FromPeer(src, msg), pm.is_high(msg))
                         continue
                     if auth is not None and proven is None:  # rule 15 without TLS: the challenge first
                         reply = auth.receive(msg)

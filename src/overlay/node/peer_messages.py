@@ -168,6 +168,14 @@ class PeerMessages:
                 self._tables.on_request(src, msg, out)
             case pm.TableReply():
                 self._tables.on_reply(src, msg, out)
+            case pm.Batch():
+                # The shell unpacks a Batch (net.peer_link rule 7); a driver that
+                # hands one over whole gets the same: its messages in order,
+                # after every one of them passed its checks (one refused, none applied).
+                for inner in msg.messages:
+                    check_peer_message(inner, self._ctx.schema)
+                for inner in msg.messages:
+                    self.handle(src, inner, now, out)
             case pm.PeerHello():
                 out.extend(self._peer_hello(src, msg, now))
             case pm.PeerError():

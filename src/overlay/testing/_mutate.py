@@ -249,6 +249,8 @@ def samples(schema: Schema, *, node: int = 0, peer: int = 1) -> tuple[list[cm.Cl
         pm.KeyAsk(1),
         pm.KeySynced(1),
     ]
+    # net.peer_link rule 7: one of every type a Batch may carry, in one frame.
+    peer_msgs.append(pm.Batch(tuple(m for m in peer_msgs if isinstance(m, pm.Batched))))
     return client, peer_msgs
 
 
