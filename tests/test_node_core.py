@@ -370,3 +370,33 @@ def test_sessions_with_the_same_local_ids_share_one_notify_object():
     assert set(got) == set(sids)
     assert got[sids[0]] is got[sids[1]] and got[sids[0]].sub_ids == ("s1",)
     assert got[sids[2]].sub_ids == ("other",)
+
+
+def test_a_batch_handed_whole_to_a_core_is_its_messages_one_by_one_in_order():
+    """node.peer_messages: a Batch (net.peer_link rule 7) the shell did not
+    unpack is handled as its messages in order; one refused refuses it whole,
+    before any of it is applied."""
+    outcomes = []
+    for batched in (False, True):
+        w = World()
+        sid = w.client(2, "sub")
+        w.subscribe(2, sid, "s", "price < 100")
+        evs = [
+            pm.Event(f"x-{i}", {"price": float(i), "sym": "A"}, 1, pm.DispatchSign.EVENT_DISPATCHED, EC)
+            for i in range(3)
+        ]
+        core = w.cores[0]
+        if batched:
+            acts = core.handle_peer(1, pm.Batch(tuple(evs)), w.net.now)
+        else:
+            acts = [a for ev in evs for a in core.handle_peer(1, ev, w.net.now)]
+        outcomes.append(acts)
+        assert core.stats["events_matched"] == 3
+    assert outcomes[0] == outcomes[1]
+    assert [a.msg.event_id for a in outcomes[1] if isinstance(a.msg, pm.Notification)] == ["x-0", "x-1", "x-2"]
+    w = World()
+    bad = pm.Event("bad", {"price": float("nan"), "sym": "A"}, 1, pm.DispatchSign.EVENT_DISPATCHED, EC)
+    good = pm.Event("good", {"price": 1.0, "sym": "A"}, 1, pm.DispatchSign.EVENT_DISPATCHED, EC)
+    with pytest.raises(RemoteProtocolError):
+        w.cores[0].handle_peer(1, pm.Batch((good, bad)), w.net.now)
+    assert w.cores[0].stats["events_matched"] == 0
