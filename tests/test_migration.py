@@ -72,6 +72,7 @@ SAMPLES: dict[type, pm.PeerMessage] = {
     pm.KeyAsk: pm.KeyAsk(1),
     pm.TableRequest: pm.TableRequest(1, 0, 0),
     pm.TableReply: pm.TableReply(1, 0),
+    pm.Batch: pm.Batch((pm.NotificationAck("e", ("s",)),)),
 }
 
 
