@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,12 +11,14 @@ from hypothesis import strategies as st
 from overlay.channels import Filter, Interval, IntervalSet, Op, Predicate, StringConj, compile_filter
 from overlay.channels.predicates import (
     MAX_SET_SIZE,
+    SMALL_SET,
     conjunction,
     covers,
     overlaps,
     predicate_values,
 )
 from overlay.channels.schema import RFID_MAX
+from overlay.channels.subscriptions import Subscription
 from overlay.errors import SchemaError
 from strategies import (
     ENUM,
@@ -451,3 +455,66 @@ def test_includes_is_exact_over_an_enumerable_schema(scope, f):
         return
     inside = all(brute_matches(scope, e) for e in ENUM_EVENTS if brute_matches(f, e))
     assert scope.includes(f, ENUM) == inside
+
+
+# -- rule 8: exact tests the cyclic GC never traverses -------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, SMALL_SET, SMALL_SET + 1, 40])
+@pytest.mark.parametrize("op", ["in{}", "not in{}"])
+def test_set_tests_agree_on_both_sides_of_the_small_set_bound(op, n):
+    # Up to SMALL_SET values a tuple, past it a frozenset: the same answers,
+    # and the same TypeError for a value no set could hold.
+    vals = tuple(f"v{i}" for i in range(n))
+    f = Filter((P("sym", op, *vals),))
+    test = compile_filter(f)
+    for v in (*vals, "other", ""):
+        assert test({"sym": v}) == f.matches({"sym": v}) == ((v in vals) == (op == "in{}"))
+    with pytest.raises(TypeError):
+        test({"sym": ["unhashable"]})
+    with pytest.raises(TypeError):
+        f.matches({"sym": ["unhashable"]})
+
+
+WRONG_KIND = [
+    (P("price", "<", 5), "a"),
+    (P("price", "in[]", 1, 5), "a"),
+    (P("price", "not in[]", 1, 5), "a"),
+    (P("price", ">=", 5), None),
+    (P("sym", "prefix", "a"), 5),
+    (P("sym", "suffix", "a"), 5),
+    (P("sym", "contains", "a"), 5),
+    (P("sym", "not prefix", "a"), 5),
+    (P("sym", "ieq", "a"), 5),
+    (P("sym", "not iprefix", "a"), 5),
+    (P("sym", "like", "a*"), 5),
+]
+
+
+@pytest.mark.parametrize("pred, value", WRONG_KIND, ids=lambda x: repr(x))
+def test_a_value_of_the_wrong_kind_raises_as_python_does(pred, value):
+    # LinearMatcher and the index rely on it: a raising test is that
+    # subscription's fault, never a silent "no".
+    with pytest.raises((TypeError, AttributeError)) as single:
+        pred.satisfied_by(value)
+    with pytest.raises(single.type):
+        compile_filter(Filter((pred,)))({pred.attr: value})
+
+
+def test_stored_filters_and_their_tests_are_not_tracked_by_the_cyclic_gc():
+    f = Filter(
+        (
+            P("price", "in[]", 1.5, 9.5),
+            P("sym", "in{}", "a", "b"),
+            P("sym", "not in{}", *(f"x{i}" for i in range(SMALL_SET + 1))),
+            P("sym", "like", "a*"),
+            P("sym", "iprefix", "A"),
+        )
+    )
+    sub = Subscription("s", f, "client", 1)
+    test = compile_filter(f)
+    gc.collect()  # a tuple holding only untracked objects is untracked by a pass
+    assert not any(gc.is_tracked(x) for x in (sub, f, f.predicates, *f.predicates, test))
+    # Only the big set's frozenset (and its row, and the rows) stays tracked.
+    assert [gc.is_tracked(r) for r in test.rows] == [False, False, True, False, False]
+    assert test({"price": 2.0, "sym": "a"}) and not test({"price": 2.0, "sym": "b"})

@@ -12,12 +12,17 @@ from overlay.channels.schema import Schema, Value
 __all__ = ["Event", "Subscription"]
 
 
-class Subscription(msgspec.Struct, frozen=True):
+class Subscription(msgspec.Struct, frozen=True, gc=False):
     """A filter held on behalf of one subscriber.
 
     Invariant: ``id`` is unique in the cluster (the access node makes it from
     its node id and a counter), so a channel stores a subscription once however
     many times it is re-sent.
+
+    ``gc=False``: strings, numbers and a ``Filter`` (itself ``gc=False``) lead
+    back to nothing, so no cycle runs through a subscription, and a node's
+    hundreds of thousands of them cost the cyclic GC nothing
+    (``overlay.channels.predicates`` rule 8).
     """
 
     id: str
