@@ -71,7 +71,9 @@ async def _node_main(cfg: ClusterConfig, nid: int, security: NodeSecurity) -> in
             # Declared dead while paused or cut off (net.node rule 14): a new,
             # empty run on the same ports fetches the table and joins again.
             log.warning("node %d: starting a new run to rejoin the cluster", nid)
-            node = Node(cfg, nid, freeze_gc=False, security=security)  # gc was frozen once already in this process
+            # The run that ended unfroze what it had frozen (net.gc_freeze rule 4):
+            # the new one collects it and freezes afresh.
+            node = Node(cfg, nid, freeze_gc=True, security=security)
             await node.run()
     except asyncio.CancelledError:
         if signals < 2:

@@ -83,6 +83,11 @@ that carries each out when it is not this one:
     before anything of it reaches the inbox; every refusal is counted
     (``overlay.security.refusals``), logged at WARNING with the remote
     address, answered with a PeerError and closed, and changes nothing.
+16. A node in a process of its own (``freeze_gc``) keeps the cyclic GC's
+    full passes short (``net.gc_freeze``): it freezes what exists once it
+    has started, and again what survived a full pass that held the loop
+    ``FREEZE_AFTER`` or longer; a run that ends unfreezes.  Nodes sharing a
+    process (tests) do none of this.
 """
 
 from __future__ import annotations
@@ -111,6 +116,7 @@ from overlay.net.admission import Admission
 from overlay.net.capture_writer import CaptureWriter
 from overlay.net.clients import CLIENT_MAGIC, ClientConnections
 from overlay.net.dispatch import INDEX_PAUSE, INDEX_STEP, Dispatcher, SlowLog
+from overlay.net.gc_freeze import FreezePolicy
 from overlay.net.inbox import READ_CHUNK, FromPeer, Inbox, PeerHelloIn
 from overlay.net.listener import TLS_HANDSHAKE_RECORD, Listener
 from overlay.net.peer_link import ACK_EVERY, ACK_SECONDS, PEER_MAGIC, PeerLink, Sent
@@ -179,6 +185,8 @@ class Node:
         # Frames received from each peer run, over its connections (net.peer_link rule 6).
         self._received: dict[tuple[int, int], int] = {}
         self._freeze_gc = freeze_gc
+        self.gc_policy = FreezePolicy()  # rule 16, with freeze_gc
+        self._stats["gc_freezes"] += 0  # exported at 0 until it happens
         self.capture: CaptureWriter | None = None  # SPEC §13: on when the config names a capture_dir
         if config.cluster.capture_dir:
             self.capture = CaptureWriter(config, node_id, config.cluster.capture_dir)
@@ -334,11 +342,12 @@ class Node:
                     tg.create_task(self.capture.run(), name=f"capture-{self.id}")
                 self.execute(self.core.boot(time.time()))
                 if self._freeze_gc:
-                    # A node process: what exists now (modules, classes, config,
-                    # tables) lives as long as it does.  Keep it out of the cyclic
-                    # GC, whose full passes over it took 25–40 ms each (measured),
-                    # stalling every event behind; collect first so no garbage is
-                    # frozen with it.  Not for nodes sharing a process (tests).
+                    # A node process (rule 16, net.gc_freeze rule 1): what exists
+                    # now (modules, classes, config, tables) lives as long as it
+                    # does.  Keep it out of the cyclic GC, whose full passes over it
+                    # took 25–40 ms each (measured), stalling every event behind;
+                    # collect first so no garbage is frozen with it.  Not for nodes
+                    # sharing a process (tests).
                     gc.collect()
                     gc.freeze()
                     gc.callbacks.append(self._gc_timer)
@@ -353,6 +362,8 @@ class Node:
         finally:
             with contextlib.suppress(ValueError):
                 gc.callbacks.remove(self._gc_timer)
+            if self._freeze_gc:
+                gc.unfreeze()  # net.gc_freeze rule 4: what this run leaves is collectable
             sock.close()
             for w in self.clients.values():
                 w.writer.close()
@@ -444,11 +455,27 @@ class Node:
             self.slow_log.check("tick", f"node {self.id}", now, t0)
 
     def _gc_timer(self, phase: str, info: dict[str, Any]) -> None:
-        """A collection holds the loop like a handler does (rule 8)."""
+        """A collection holds the loop like a handler does (rule 8); after a
+        long full pass, what survived it is frozen (rule 16)."""
         if phase == "start":
             self._gc_t0 = time.perf_counter()
-        else:
-            self.slow_log.check(f"gc gen {info['generation']}", f"node {self.id}", time.time(), self._gc_t0)
+            return
+        generation = info["generation"]
+        pause = time.perf_counter() - self._gc_t0
+        self.slow_log.check(f"gc gen {generation}", f"node {self.id}", time.time(), self._gc_t0)
+        # Never for nodes sharing a process (rule 16).
+        if generation == 2 and self._freeze_gc and self.gc_policy.after_full_pass(pause):
+            # Now, in the pass's own callback: it has just found everything
+            # unreachable, so nothing frozen here is garbage (net.gc_freeze rule 2).
+            gc.freeze()
+            self._stats["gc_freezes"] += 1
+            log.info(
+                "node %d: a full GC pass held the loop %.0f ms; what survived it is frozen (%d of %d freezes this run)",
+                self.id,
+                pause * 1000,
+                self.gc_policy.freezes,
+                self.gc_policy.limit,
+            )
 
     # -- carrying out actions (rules 5, 10, 12) --------------------------------------------------
 
