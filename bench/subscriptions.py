@@ -1,7 +1,7 @@
 """A million subscriptions on five nodes (issue 18 item 4): load, memory, SubAck latency.
 
 Run as ``flock /tmp/bench.lock .venv/bin/python bench/subscriptions.py
-[--subs N] [--probes P] [--rate R] [--window W] [--logs DIR] [--json F]``
+[--subs N] [--probes P] [--rate R] [--window W] [--churn R] [--logs DIR] [--json F]``
 (the lock: never two benchmarks at once on the machine).
 
 What it does:
@@ -51,6 +51,11 @@ What it does:
    count), and a loader's CPU is not the nodes'.  Each keeps its
    connection — its subscriptions — open until its standard input closes,
    acking every tagged notification it gets (as the client library does).
+6. **Churn** (``--churn R``, after the probes): ``R`` rounds in which every
+   loader unsubscribes all its subscriptions and subscribes as many new
+   ones (same ids, new filters), waiting for every answer; each node's RSS
+   after each round shows whether memory stays bounded under churn (it
+   must: nothing of a dropped subscription may stay behind).
 
 Targets (issue 18 item 4): 1,000,000 subscriptions of up to 20 predicates
 held by 5 nodes, balanced; SubAck p99 ≤ 1 s under that load.  For the
@@ -72,6 +77,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -208,12 +214,12 @@ async def loader(args: argparse.Namespace) -> None:
     frames = client_reader()
     welcome = asyncio.Event()
     room = asyncio.Semaphore(args.window)
-    acked = errors = notified = 0
+    acked = errors = notified = unacked = 0
     first_error = ""
     done = asyncio.Event()
 
     async def read() -> None:
-        nonlocal acked, errors, notified, first_error
+        nonlocal acked, errors, notified, unacked, first_error
         while data := await reader.read(1 << 16):
             for msg in frames.feed(data):
                 match msg:
@@ -221,6 +227,9 @@ async def loader(args: argparse.Namespace) -> None:
                         welcome.set()
                     case cm.SubAck():
                         acked += 1
+                        room.release()
+                    case cm.UnsubAck():
+                        unacked += 1
                         room.release()
                     case cm.Error() if msg.seq:
                         errors += 1
@@ -232,7 +241,7 @@ async def loader(args: argparse.Namespace) -> None:
                             writer.write(encode_frame(cm.Ack(msg.event_id, 0.0, msg.tag)))
                     case _:
                         pass  # Revoke (never: every copy is acked at once), node notices
-            if acked + errors >= args.count:
+            if acked + unacked + errors >= target:
                 done.set()
         done.set()
 
@@ -240,25 +249,47 @@ async def loader(args: argparse.Namespace) -> None:
         line = {"acked": acked, "errors": errors, "notified": notified, "first_error": first_error, **extra}
         print(json.dumps(line), flush=True)
 
+    async def send_all(make: Callable[[int], cm.ClientMessage]) -> None:
+        for k in range(args.count):
+            await room.acquire()
+            writer.write(encode_frame(make(k)))
+            if k % 64 == 63:
+                await writer.drain()
+        await writer.drain()
+
+    target = args.count
+
     reading = asyncio.create_task(read())
     await asyncio.wait_for(welcome.wait(), SUBACK_TIMEOUT)
     rng = random.Random(args.seed * 1000 + args.node)
     started = last = time.monotonic()
-    for k in range(args.count):
-        await room.acquire()
-        expr = subscription(rng, k % NODES)
-        writer.write(encode_frame(cm.Subscribe(k + 1, f"L{args.node}-{k}", expr)))
-        if k % 64 == 63:
-            await writer.drain()
+    seq = itertools.count(1)
+
+    def subscribe(k: int) -> cm.Subscribe:
+        nonlocal last
         if time.monotonic() - last > LOADER_REPORT:
             last = time.monotonic()
             report()
-    await writer.drain()
+        return cm.Subscribe(next(seq), f"L{args.node}-{k}", subscription(rng, k % NODES))
+
+    await send_all(subscribe)
     if args.count:
         await done.wait()
     report(seconds=time.monotonic() - started, finished=True)
-    # Hold the subscriptions until the bench is done with them.
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    # Hold the subscriptions until the bench is done with them; a line
+    # "churn" on stdin first drops them all and subscribes them again (rule 6).
+    run = asyncio.get_running_loop().run_in_executor
+    rounds = 0
+    while (await run(None, sys.stdin.readline)).strip() == "churn":
+        rounds += 1
+        t0 = time.monotonic()
+        for make in (lambda k: cm.Unsubscribe(next(seq), f"L{args.node}-{k}"), subscribe):
+            done.clear()
+            target = acked + unacked + errors + args.count  # every message answered
+            await send_all(make)
+            if args.count:
+                await done.wait()
+        report(round=rounds, seconds=time.monotonic() - t0, unacked=unacked)
     report(closing=True)
     reading.cancel()
     with contextlib.suppress(BaseException):
@@ -290,6 +321,9 @@ class Result:
     probe_errors: list[str] = field(default_factory=list)
     published: int = 0
     notified_loaded: int = 0
+    churn_rss: list[list[int]] = field(default_factory=list)  # per round, per node (bytes)
+    churn_held: list[list[int]] = field(default_factory=list)
+    churn_seconds: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
@@ -500,6 +534,34 @@ async def probe(args: argparse.Namespace, procs: NodeProcesses, res: Result) -> 
                 await asyncio.wait_for(c.close(), 5)
 
 
+async def churn(
+    args: argparse.Namespace, procs: NodeProcesses, res: Result, loaders: list[asyncio.subprocess.Process]
+) -> None:
+    """Rule 6: ``--churn`` rounds of unsubscribing and subscribing everything again."""
+    for r in range(1, args.churn + 1):
+        print(f"churn: round {r} of {args.churn} …", flush=True)
+        for p in loaders:
+            assert p.stdin is not None
+            p.stdin.write(b"churn\n")
+            await p.stdin.drain()
+        seconds = 0.0
+        for n, p in enumerate(loaders):
+            assert p.stdout is not None
+            while True:
+                line = await asyncio.wait_for(p.stdout.readline(), args.load_timeout)
+                if not line:
+                    raise RuntimeError(f"loader {n} ended during churn round {r}")
+                got = json.loads(line)
+                if got.get("round") == r:
+                    seconds = max(seconds, float(got["seconds"]))
+                    break
+        res.churn_seconds.append(seconds)
+        res.churn_rss.append([rss(procs.procs[n].pid) for n in range(NODES)])
+        res.churn_held.append(await held(procs))
+        for n in range(NODES):
+            assert procs.alive(n), f"node {n} died during churn\n{procs.tail(n)}"
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> Result:
     res = Result(subs=args.subs)
     ports = free_ports(2 * NODES)
@@ -519,6 +581,8 @@ async def run(args: argparse.Namespace, workdir: Path) -> Result:
         res.rss_after = [rss(procs.procs[n].pid) for n in range(NODES)]
         print(f"probes: {args.probes} new subscriptions, background {args.rate:.0f} events/s …", flush=True)
         await probe(args, procs, res)
+        if args.churn:
+            await churn(args, procs, res, loaders)
         res.notes += [f"node {n} logged a traceback (see --logs)" for n in range(NODES) if "Traceback" in procs.log(n)]
         return res
     finally:
@@ -576,6 +640,11 @@ def report(res: Result) -> str:
         f"p99 {_ms(pct(res.delivery, 99))}; background {res.published:,} events, "
         f"{res.notified_loaded:,} notifications to loaded subscriptions"
     )
+    for r, (sizes, kept, secs) in enumerate(zip(res.churn_rss, res.churn_held, res.churn_seconds, strict=True), 1):
+        lines.append(
+            f"churn {r:<7}{sum(kept):,} held after dropping and re-subscribing all in {secs:.0f} s; RSS per node (MB) "
+            + ", ".join(f"{x / 2**20:.0f}" for x in sizes)
+        )
     lines.append("")
     p99 = pct(res.suback, 99)
     ok_subs = total >= TARGET_SUBS
@@ -610,6 +679,9 @@ def main() -> None:
     ap.add_argument("--probe-gap", type=float, default=0.05, help="s between two probes")
     ap.add_argument("--rate", type=float, default=200.0, help="background events/s during the probes")
     ap.add_argument("--window", type=int, default=256, help="subscribes in flight per loader")
+    ap.add_argument(
+        "--churn", type=int, default=0, help="rounds of unsubscribing and re-subscribing everything (rule 6)"
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--load-timeout", type=float, default=3600.0, help="s the load may take")
     ap.add_argument("--logs", type=Path, help="keep the nodes' logs here")
@@ -623,8 +695,8 @@ def main() -> None:
     if args.loader:
         asyncio.run(loader(args))
         return
-    if args.subs < 0 or args.probes < 0 or args.window < 1 or not 0 <= args.rate < 1e6:
-        ap.error("--subs and --probes must be ≥ 0, --window ≥ 1, --rate in [0, 1e6)")
+    if args.subs < 0 or args.probes < 0 or args.churn < 0 or args.window < 1 or not 0 <= args.rate < 1e6:
+        ap.error("--subs, --probes and --churn must be ≥ 0, --window ≥ 1, --rate in [0, 1e6)")
     workdir = args.logs or Path(tempfile.mkdtemp(prefix="overlay-subs-"))
     workdir.mkdir(parents=True, exist_ok=True)
     try:

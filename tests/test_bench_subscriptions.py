@@ -72,9 +72,10 @@ def test_a_probe_subscription_matches_its_own_event_and_no_other_probes(tmp_path
 
 
 @pytest.mark.timeout(300)
-def test_a_small_run_loads_balances_and_every_probe_is_live(tmp_path: Path) -> None:
+def test_a_small_run_loads_balances_probes_and_churns(tmp_path: Path) -> None:
     out = tmp_path / "figures.json"
-    cmd = [sys.executable, str(BENCH), "--subs", "1500", "--probes", "10", "--rate", "50", "--json", str(out)]
+    cmd = [sys.executable, str(BENCH), "--subs", "1500", "--probes", "10", "--rate", "50", "--churn", "2"]
+    cmd += ["--json", str(out)]
     cmd += ["--logs", str(tmp_path / "logs"), "--load-timeout", "200"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), *sys.path])}
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=280, env=env, cwd=ROOT)
@@ -86,5 +87,7 @@ def test_a_small_run_loads_balances_and_every_probe_is_live(tmp_path: Path) -> N
     assert len(res["delivery"]) == 10
     assert all(r > 0 for r in res["rss_after"]) and len(res["cpu_load"]) == sb.NODES
     assert not res["notes"], res["notes"]
-    for text in ("subscriptions/s", "memory/sub", "SubAck p99", "≤ 1000 ms", "200 policies per topic"):
+    # Rule 6: everything dropped and subscribed again, twice; the same held after each round.
+    assert res["churn_held"] == [[300] * sb.NODES] * 2 and len(res["churn_rss"]) == 2
+    for text in ("subscriptions/s", "memory/sub", "SubAck p99", "≤ 1000 ms", "200 policies per topic", "churn 2"):
         assert text in run.stdout, run.stdout
