@@ -19,6 +19,7 @@ from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node import NodeCore
+from overlay.node.sessions import CLOSE_AT_ONCE
 
 # -- initialisation (SPEC §3) -------------------------------------------------------------------
 
@@ -236,6 +237,45 @@ def test_client_close_removes_its_subscriptions_everywhere():
     w.net.run()
     assert [s for n, s, m in w.net.to_clients[mark:] if isinstance(m, cm.Notify)] == [stay]
     assert w.cores[1].stats["notifications_orphaned"] == 0  # gone at the owners, not only here
+
+
+def test_a_big_session_is_unsubscribed_a_few_at_a_time_after_its_close():
+    # node.sessions rule 4: a client holding 40,000 subscriptions held its
+    # access node's loop 12.7 s when it left; now the first CLOSE_AT_ONCE go
+    # at once and the rest with the shell's background steps.
+    w = World()
+    admin = w.client(0, "ops")
+    spread(w, admin)
+    sid = w.client(1, "big")
+    n = CLOSE_AT_ONCE + 40
+    for k in range(n):
+        w.subscribe(
+            1, sid, f"s{k}", f"price in [{k}, {k + 600}]" if k % 2 else f'price >= {k} and sym = "AB"', settle=False
+        )
+    w.net.run()
+    core = w.cores[1]
+    held = lambda: sum(len(ch) for c in w.cores.values() for ch in c.local)  # noqa: E731
+    while core.background_step(1000, w.net.now)[0]:  # everything indexed first
+        pass
+    assert held() >= n and not core.index_wanted
+    mark = len(w.net.trace)
+    w.net.close_client(1, sid)
+    w.net.run()
+    unsubs = [m for src, _, m in w.net.trace[mark:] if src == 1 and isinstance(m, pm.UnSubscription)]
+    assert core.sessions.closing == n - CLOSE_AT_ONCE and core.index_wanted
+    assert len({m.sub_id for m in unsubs}) <= CLOSE_AT_ONCE  # some go to two channels
+    steps = 0
+    while True:
+        more, acts = core.background_step(4, w.net.now)
+        w.net.execute(1, acts)
+        steps += 1
+        if not more:
+            break
+    w.net.run()
+    assert steps >= (n - CLOSE_AT_ONCE) // 4 and core.background_last.startswith("unsubscribing closed sessions")
+    assert core.sessions.closing == 0 and not core.index_wanted
+    assert held() == 0  # gone at every owner
+    assert core.sessions.pending() == 0
 
 
 # -- events and notifications (SPEC §4) --------------------------------------------------------------

@@ -384,11 +384,13 @@ class RoutingTable:
                 return chid
         return None
 
-    def lookup_subscription(self, f: Filter) -> list[ChannelId]:
-        """Every channel the subscription belongs to (covers or overlaps), sorted."""
+    def lookup_subscription(self, f: Filter, *, satisfiable: bool = False) -> list[ChannelId]:
+        """Every channel the subscription belongs to (covers or overlaps),
+        sorted.  ``satisfiable``: the caller knows some event matches ``f``
+        (a conjunct the parser let in), so it is not decided again."""
         entries = self._entries
         schema = self.schema
-        if not f.satisfiable(schema):  # no event matches it: it belongs nowhere
+        if not satisfiable and not f.satisfiable(schema):  # no event matches it: it belongs nowhere
             return []
         cands = self._idx().overlapping(f)
         # Satisfiable: each candidate compares only the attributes it constrains.

@@ -182,7 +182,8 @@ class NodeCore:
         )
         self.monitor: Monitor = self.balancing.monitor  # SPEC §6
         self.rng: random.Random = self.balancing.rng  # the core's one random source: the simulator reseeds it
-        self.background_step = self.balancing.background_step  # the shell's background work
+        self._close_turn = False  # background_step: whose turn it is when both have work
+        self._background_last = ""
         # The two sides of a session and balancing need each other.
         self.migration.planner = self.arrivals.planner = self.balancing
         ctx.journal.slice_no = lambda: self.balancing.monitor.slice_no
@@ -356,13 +357,33 @@ class NodeCore:
 
     @property
     def index_wanted(self) -> bool:
-        """Subscriptions wait to be indexed: the shell runs ``background_step``."""
-        return self.indexing.wanted
+        """Subscriptions wait to be indexed, or closed sessions' to be
+        unsubscribed (``node.sessions`` rule 4): the shell runs ``background_step``."""
+        return self.indexing.wanted or self.sessions.closing > 0
 
     @property
     def background_last(self) -> str:
         """What the last background step did (the shell's slow log)."""
-        return self.balancing.background_last
+        return self._background_last
+
+    def background_step(self, limit: int, now: float) -> tuple[bool, list[Action]]:
+        """The shell's background work, one bounded step: the balancer's (a
+        split a session waits on, indexing: ``node.balancing``) and the
+        unsubscriptions of closed sessions (``limit`` of them:
+        ``node.sessions`` rule 4), taking turns when both have work.
+        Whether work is left, and what to send."""
+        sessions = self.sessions
+        balancing = self.balancing
+        if sessions.closing and (self._close_turn or not (self.indexing.wanted or balancing.splitting() is not None)):
+            self._close_turn = False
+            out: list[Action] = []
+            left = sessions.close_step(max(limit, 1), out)
+            self._background_last = f"unsubscribing closed sessions ({left} left)"
+            return bool(left) or self.indexing.wanted or balancing.splitting() is not None, out
+        self._close_turn = True
+        more, out = balancing.background_step(limit, now)
+        self._background_last = balancing.background_last
+        return more or sessions.closing > 0, out
 
     def status(self) -> dict[str, Any]:
         return node_status(
