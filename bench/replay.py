@@ -1,7 +1,7 @@
 """``overlay replay`` of the 1M-event synthetic capture, timed (issue 19 item 4: target ≤ 60 s on local[2]).
 
     flock /tmp/bench.lock .venv/bin/python bench/replay.py [--events 1000000] [--dir /tmp/overlay-replay-bench]
-        [--master 'local[2]'] [--conf spark.k=v …] [--cluster]
+        [--master 'local[2]'] [--conf spark.k=v …] [--cluster] [--stages]
 
 Generates the capture with ``spark/gen_capture.py`` (kept in ``--dir`` and
 reused while its size matches ``--events``), then runs ``overlay replay`` on
@@ -11,6 +11,10 @@ the load average before and after (the machine is shared: a figure
 taken under load is not the code's) and the CPU seconds the replay and its
 JVM used, over the cores (the wall time a quiet machine would approach).  Every validation must pass; a failed
 one fails the bench.
+
+``--stages`` also writes Spark's event log and prints, per step of the
+replay, the executors' CPU, run and GC seconds of its stages, then the
+stages that used the most CPU (where a change would pay off).
 
 ``--cluster`` runs it again on a Spark standalone cluster on loopback
 (``overlay_spark.standalone``: one master, one worker with 2 cores,
@@ -34,8 +38,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_S = 60.0
-_STEP = re.compile(r"^\[(\d+)/(\d+)\] (.*?) \(t\+\d+s\)$")
-_DONE = re.compile(r"^\s+done in ([\d.]+)s")
+_STEP = re.compile(r"^\[(\d+)/(\d+)\] (.*?) \(t\+\d+s(, in the background)?\)$")
+_DONE = re.compile(r"^\s+(?:\[(\d+)/\d+\] )?done in ([\d.]+)s")
 
 
 def _capture(path: Path, events: int) -> dict[str, Any]:
@@ -58,7 +62,7 @@ def _capture(path: Path, events: int) -> dict[str, Any]:
     return info
 
 
-def _replay(run: Path, out: Path, master: str, conf: list[str]) -> dict[str, Any]:
+def _replay(run: Path, out: Path, master: str, conf: list[str], threads: bool = False) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "overlay", "replay", str(run), "--master", master, "--out", str(out)]
     for c in conf:
         cmd += ["--conf", c]
@@ -74,25 +78,41 @@ def _replay(run: Path, out: Path, master: str, conf: list[str]) -> dict[str, Any
         # the process tree is sampled instead, each process's last figure kept
         # (what one used after the last sample, at most 0.2 s ago, is missed).
         seen: dict[int, float] = {}
+        per_thread: dict[tuple[int, int], tuple[str, float]] = {}
         while proc.poll() is None:
             for pid in _tree(proc.pid):
                 seen[pid] = max(seen.get(pid, 0.0), _cpu(pid))
+                if threads:
+                    per_thread.update(_threads(pid))
             time.sleep(0.2)
         wall = time.monotonic() - t
         err.seek(0)
         stderr = err.read()
     cpu = sum(seen.values())
-    steps: list[tuple[str, float]] = []
+    # Steps by number: one runs in the background (its "[n/N] done in" line
+    # comes after the steps in front of it) while the others run in turn.
+    names: dict[int, str] = {}
+    times: dict[int, float] = {}
     current = None
     for line in stderr.splitlines():
         if m := _STEP.match(line):
-            current = m.group(3)
-        elif (m := _DONE.match(line)) and current is not None:
-            steps.append((current, float(m.group(1))))
-            current = None
+            names[int(m.group(1))] = m.group(3) + (" (in the background)" if m.group(4) else "")
+            current = None if m.group(4) else int(m.group(1))
+        elif m := _DONE.match(line):
+            n = int(m.group(1)) if m.group(1) else current
+            if n is not None:
+                times[n] = float(m.group(2))
+            if not m.group(1):
+                current = None
+    steps = [(names[n], times[n]) for n in sorted(names) if n in times]
     if proc.returncode != 0:
         print(stderr[-4000:], file=sys.stderr)
+    by_kind: dict[str, float] = {}
+    for name, secs in per_thread.values():
+        kind = re.sub(r"[-#\s]*\d+$", "", name) or name
+        by_kind[kind] = by_kind.get(kind, 0.0) + secs
     return {
+        "threads": sorted(by_kind.items(), key=lambda kv: -kv[1]),
         "wall": wall,
         "cpu": cpu,
         "rc": proc.returncode,
@@ -100,6 +120,69 @@ def _replay(run: Path, out: Path, master: str, conf: list[str]) -> dict[str, Any
         "load": (load0, os.getloadavg()[0]),
         "tail": stderr.splitlines()[-20:],
     }
+
+
+def _stage_table(log_dir: Path) -> tuple[list[tuple[str, dict[str, float]]], list[dict[str, Any]]]:
+    """Per job description (the replay's step) and per stage: the executors'
+    CPU, run and GC seconds, from the event log Spark wrote in ``log_dir``."""
+    desc: dict[int, str] = {}
+    stages: list[dict[str, Any]] = []
+    for f in sorted(p for p in log_dir.rglob("*") if p.is_file()):
+        with open(f) as fh:
+            for line in fh:
+                try:
+                    ev = json.loads(line)
+                except ValueError:  # a line cut short when the application stopped
+                    continue
+                kind = ev.get("Event")
+                if kind == "SparkListenerJobStart":
+                    what = (ev.get("Properties") or {}).get("spark.job.description") or "(no step)"
+                    for sid in ev.get("Stage IDs", []):
+                        desc[sid] = what
+                elif kind == "SparkListenerStageCompleted":
+                    info = ev["Stage Info"]
+                    acc = {a["Name"]: a.get("Value") for a in info.get("Accumulables", [])}
+
+                    def metric(name: str, acc: dict[str, Any] = acc) -> float:
+                        return float(acc.get(name) or 0)
+
+                    stages.append(
+                        {
+                            "id": info["Stage ID"],
+                            "name": info["Stage Name"],
+                            "tasks": info["Number of Tasks"],
+                            "cpu": metric("internal.metrics.executorCpuTime") / 1e9,
+                            "run": metric("internal.metrics.executorRunTime") / 1e3,
+                            "gc": metric("internal.metrics.jvmGCTime") / 1e3,
+                            "wall": (info.get("Completion Time", 0) - info.get("Submission Time", 0)) / 1e3,
+                        }
+                    )
+    per: dict[str, dict[str, float]] = {}
+    for st in stages:
+        st["step"] = desc.get(st["id"], "(no step)")
+        agg = per.setdefault(st["step"], {"stages": 0, "tasks": 0, "cpu": 0.0, "run": 0.0, "gc": 0.0})
+        agg["stages"] += 1
+        agg["tasks"] += st["tasks"]
+        for k in ("cpu", "run", "gc"):
+            agg[k] += st[k]
+    return list(per.items()), stages
+
+
+def _print_stages(log_dir: Path, top: int = 10) -> None:
+    per, stages = _stage_table(log_dir)
+    total = sum(a["cpu"] for _, a in per)
+    print(f"  executors: {total:.1f} s CPU in {len(stages)} stages (from the event log)")
+    for what, a in per:
+        print(
+            f"  {a['cpu']:7.1f} s CPU {a['run']:7.1f} s run {a['gc']:5.1f} s GC "
+            f"{int(a['stages']):4d} stages {int(a['tasks']):5d} tasks  {what[:70]}"
+        )
+    print(f"  the {top} stages that used the most CPU:")
+    for st in sorted(stages, key=lambda s: -s["cpu"])[:top]:
+        print(
+            f"  {st['cpu']:7.1f} s CPU {st['run']:7.1f} s run {st['gc']:5.1f} s GC {st['wall']:6.1f} s wall "
+            f"{st['tasks']:4d} tasks  stage {st['id']}: {st['name'][:60]}"
+        )
 
 
 def _tree(root: int) -> list[int]:
@@ -118,6 +201,26 @@ def _tree(root: int) -> list[int]:
         kids = [c for c, pp in parent.items() if pp == p]
         out += kids
         todo += kids
+    return out
+
+
+def _threads(pid: int) -> dict[tuple[int, int], tuple[str, float]]:
+    """Each thread of ``pid``: its name (15 characters at most, the kernel's)
+    and its user + system seconds so far."""
+    out: dict[tuple[int, int], tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                text = fh.read()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        f = text.rsplit(")", 1)[1].split()
+        out[(pid, int(tid))] = (name, (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK"))
     return out
 
 
@@ -151,13 +254,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--master", default="local[2]")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--cluster", action="store_true", help="also on a standalone cluster on loopback")
+    p.add_argument("--stages", action="store_true", help="per step and stage: the executors' CPU (event log)")
     a = p.parse_args(argv)
     base = Path(a.dir)
     run = base / "run"
     run.mkdir(parents=True, exist_ok=True)
     _capture(run, a.events)
-    res = _replay(run, base / "report-local", a.master, a.conf)
+    conf = list(a.conf)
+    log_dir = None
+    if a.stages:
+        log_dir = Path(tempfile.mkdtemp(prefix="replay-events-"))
+        conf += ["spark.eventLog.enabled=true", f"spark.eventLog.dir={log_dir}", "spark.eventLog.compress=false"]
+    res = _replay(run, base / "report-local", a.master, conf, threads=a.stages)
     _print(f"overlay replay, {a.events:,} events, {a.master}", res)
+    if log_dir is not None:
+        _print_stages(log_dir)
+        print("  CPU by thread (JVM and Python; names as the kernel keeps them, numbers dropped):")
+        for name, secs in res["threads"][:12]:
+            print(f"  {secs:7.1f} s  {name}")
     ok = res["rc"] == 0
     if a.cluster:
         from overlay_spark.standalone import StandaloneCluster
