@@ -74,6 +74,19 @@ def run_replay(
         t_end = min(end_times) if len(end_times) == len({h["node"] for h in cap.headers}) else (last or cap.t0)
         tail_from = t_end - guard
 
+        # The audit is the long step (two shuffles over every record): it
+        # runs in the background while the loads steps — many small jobs
+        # whose time is mostly the driver's — run in front (session.Progress).
+        prog.step("re-matching: subscriptions parsed on executors and keyed by the events' histogram")
+        matcher = rematch.prepare(spark, cap) if cap.has("subscribe") and cap.has("publish") else None
+        summary = matcher.summary if matcher is not None else rematch.EMPTY_SUMMARY
+
+        audit_job = prog.background(
+            "audit and re-matching: exactly-once delivery, losses, rank order (one shuffle by event)",
+            lambda: audit_mod.audit(cap, tail_from, matcher, partitions=partitions),
+            pool="audit",
+        )
+
         prog.step("per-slice loads and spread as the nodes reported them")
         slices_df = loads.slice_table(spark, cap)
         slices = loads.rows(slices_df) if cap.has("slice") else []
@@ -98,12 +111,7 @@ def run_replay(
         else:
             slice_costs, costs = [], []
 
-        prog.step("re-matching: subscriptions parsed on executors and keyed by the events' histogram")
-        matcher = rematch.prepare(spark, cap) if cap.has("subscribe") and cap.has("publish") else None
-        summary = matcher.summary if matcher is not None else rematch.EMPTY_SUMMARY
-
-        prog.step("audit and re-matching: exactly-once delivery, losses, rank order (one shuffle by event)")
-        aud = audit_mod.audit(cap, tail_from, matcher, partitions=partitions)
+        aud = prog.wait(audit_job)
 
         prog.step("checks and headline figures")
         pc, ec = aud["pairs"], aud["events"]

@@ -9,18 +9,22 @@ import tempfile
 import threading
 import time
 import zipfile
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Final, TextIO
+from typing import Any, Final, Generic, TextIO, TypeVar
 
 from pyspark.sql import SparkSession
 
-__all__ = ["Progress", "make_session", "ship_code"]
+__all__ = ["Background", "Progress", "make_session", "ship_code"]
 
 # Shuffle partitions: AQE coalesces small ones, so this is an upper bound that
 # keeps both cores busy on a laptop and scales on a cluster (--partitions).
 DEFAULT_PARTITIONS: Final = 8
 # Seconds between two progress lines while a stage runs.
 PROGRESS_EVERY: Final = 2.0
+
+_T = TypeVar("_T")
 
 
 def make_session(
@@ -67,6 +71,9 @@ def make_session(
         .config("spark.sql.files.maxPartitionBytes", str(32 << 20))
         # No pandas/pyarrow here: plain pickled UDF rows, and no warning about it.
         .config("spark.sql.execution.pythonUDF.arrow.enabled", "false")
+        # A step run in the background (``Progress.background``) shares the
+        # cores with the steps in front of it instead of queueing them.
+        .config("spark.scheduler.mode", "FAIR")
     )
     if quick_jvm:
         b = b.config("spark.driver.extraJavaOptions", "-XX:TieredStopAtLevel=1")
@@ -111,9 +118,27 @@ def ship_code(spark: SparkSession) -> None:
     sc._overlay_shipped = True  # type: ignore[attr-defined]
 
 
+class Background(Generic[_T]):
+    """A step running in its own thread (``Progress.background``): its number,
+    start, and once done its time and result."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.group = f"replay-step-{step}"
+        self.t0 = time.monotonic()
+        self.elapsed = 0.0
+        self.future: Future[_T] = Future()
+
+
 class Progress:
     """Step lines (``[3/9] re-matching …``) and, while a step runs, the stages
-    Spark is working on with their task counts, every ``PROGRESS_EVERY`` s."""
+    Spark is working on with their task counts, every ``PROGRESS_EVERY`` s.
+
+    A step is either run in front (``step``: it lasts until the next one
+    starts) or in the background (``background``: its own thread, its
+    jobs in a scheduler pool of their own, so that the driver's planning
+    of the steps in front — many small jobs, one core — overlaps its
+    executors' work); ``wait`` gives its result and its time."""
 
     def __init__(self, spark: SparkSession, steps: int, *, out: TextIO | None = sys.stderr) -> None:
         self.sc = spark.sparkContext
@@ -124,19 +149,63 @@ class Progress:
         self._step_t = self.t0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._open = False
+        self._background: list[Background[Any]] = []
 
     def _print(self, text: str) -> None:
         if self.out is not None:
             print(text, file=self.out, flush=True)
 
+    def _close(self) -> None:
+        if self._open:
+            self._print(f"      done in {time.monotonic() - self._step_t:.1f}s")
+            self._open = False
+
     def step(self, what: str) -> None:
+        self._close()
         now = time.monotonic()
-        if self.n:
-            self._print(f"      done in {now - self._step_t:.1f}s")
         self.n += 1
         self._step_t = now
+        self._open = True
         self.sc.setJobDescription(what)
         self._print(f"[{self.n}/{self.steps}] {what} (t+{now - self.t0:.0f}s)")
+
+    def background(self, what: str, fn: Callable[[], _T], *, pool: str = "background") -> Background[_T]:
+        """Step ``what`` as ``fn()`` in a thread of its own, its Spark jobs in
+        scheduler pool ``pool``; the steps after it run meanwhile."""
+        self._close()
+        self.n += 1
+        job = Background[_T](self.n)
+        self._print(f"[{job.step}/{self.steps}] {what} (t+{job.t0 - self.t0:.0f}s, in the background)")
+        sc = self.sc
+
+        def run() -> None:
+            # Local properties are the calling thread's (PySpark pins each
+            # Python thread to a JVM thread): the description and the pool
+            # of the jobs this thread starts.
+            sc.setJobGroup(job.group, what)
+            sc.setLocalProperty("spark.scheduler.pool", pool)
+            try:
+                res = fn()
+            except BaseException as exc:  # noqa: BLE001 — handed to wait(), which raises it
+                job.elapsed = time.monotonic() - job.t0
+                job.future.set_exception(exc)
+            else:
+                job.elapsed = time.monotonic() - job.t0
+                job.future.set_result(res)
+
+        threading.Thread(target=run, name=job.group, daemon=True).start()
+        self._background.append(job)
+        return job
+
+    def wait(self, job: Background[_T]) -> _T:
+        """The result of a ``background`` step (its exception, raised here),
+        once the step in front is done."""
+        self._close()
+        try:
+            return job.future.result()
+        finally:
+            self._print(f"      [{job.step}/{self.steps}] done in {job.elapsed:.1f}s")
 
     def __enter__(self) -> Progress:
         if self.out is not None:
@@ -145,10 +214,13 @@ class Progress:
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        for job in self._background:  # a step in front failed: its background steps' jobs are not wanted
+            if not job.future.done():
+                self.sc.cancelJobGroup(job.group)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        if self.n:
+        if self._open:
             self._print(
                 f"      done in {time.monotonic() - self._step_t:.1f}s; total {time.monotonic() - self.t0:.1f}s"
             )
