@@ -13,25 +13,34 @@ for losses: they may have been in flight when the cluster shut down.
 
 How it is computed (a 1M-event capture in a minute on two cores):
 
-1. **One shuffle by event.**  The publish, event, deliver and drop records
-   (narrow columns of the persisted capture) are partitioned by event id;
-   a window over each event's records gives every row its event's figures
-   (publish and match times, owner records, tested count, key and rank,
-   payload size).  The re-matching joins the candidates there
-   (``rematch.Matcher.candidates``: a broadcast table keeps the
-   partitioning), so its pairs are never shuffled.
-2. **Counts, not sets.**  Each row's subscription ids are exploded into
-   (event, subscription) rows, aggregated (within the partition) into
-   per-pair counts — reported, delivered, orphaned, dropped, re-matched and
-   the pair's status — plus one row per event (subscription null) with the
-   event's own figures.  Every finding is then a sum over those rows in one
-   global aggregation: set differences of the old per-event arrays become
-   per-pair conditions (``lost``: expected and neither delivered, orphaned
-   nor dropped; ``duplicates``: delivered or orphaned c > 1 times counts
-   c − 1; …).  No per-event list of ids is built unless a finding needs
-   examples, which are computed again for the report only then.
-3. **Rank order** is the same job: the keyed deliveries, repartitioned by
-   (subscription, key) and ordered by the access node's record order.
+1. **One shuffle by event, of narrow rows.**  Before the shuffle each
+   record becomes small rows: its *own* row (a publish's, an owner's or a
+   delivery's figures: time, tested count, key, rank, payload size) and
+   one row per subscription id it names (an owner's matched conjuncts read
+   as their subscriptions, a delivery's subscriptions and orphans, a
+   drop's subscriptions); the re-matching's candidate pairs
+   (``rematch.Matcher.pairs``, a broadcast join on the publish records)
+   are rows of the same kind.  No row carries another record's columns,
+   and nothing is sorted by event.
+2. **Counts, not sets.**  After the shuffle the own rows are aggregated
+   into one row per event (``E``: publish and match times, owner records,
+   tested count, key and rank, payload figures; kept for the three uses
+   below) and the id rows into one row per (event, subscription) pair
+   (``P``: reported, delivered, orphaned, dropped and re-matched counts,
+   the subscription's lifetime).  Both are partitioned by event, so ``P``
+   meets its event's row in a hash join without another shuffle; the
+   pair's status (``rematch`` rule 4) needs the event's times.  Every
+   finding is then a sum over those rows in one global aggregation: set
+   differences become per-pair conditions (``lost``: expected and neither
+   delivered, orphaned nor dropped; ``duplicates``: delivered or orphaned
+   c > 1 times counts c − 1; …).  No per-event list of ids is built
+   unless a finding needs examples, which are computed again for the
+   report only then; likewise the exact count of payload mismatches when
+   an event's delivered sizes are not all its published one.
+3. **Rank order** is the same job: the delivery rows (which carry their
+   record's node, number and time) meet their event's key and rank in
+   ``E``, are repartitioned by (subscription, key) and ordered by the
+   access node's record order.
 
 Findings (counts of pairs unless said otherwise):
 
@@ -57,11 +66,12 @@ from __future__ import annotations
 
 from typing import Any, Final
 
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from overlay_spark.records import Capture, aggregate_row
-from overlay_spark.rematch import ACTIVE, CANDIDATE_COLUMNS, INACTIVE, OPEN, Matcher, base_id, status_code
+from overlay_spark.rematch import ACTIVE, INACTIVE, OPEN, Matcher, base_id, status_code
 
 __all__ = ["EXAMPLES", "audit"]
 
@@ -69,150 +79,164 @@ __all__ = ["EXAMPLES", "audit"]
 EXAMPLES: Final = 5
 
 
-_BULK: Final = ("publish", "event", "deliver", "drop")
+# Row codes before the shuffle (rule 1): a record's own row, by kind, and
+# the id rows (reported, delivered, orphaned, dropped, re-matched).
+_OWN_PUB: Final = 1
+_OWN_EV: Final = 2
+_OWN_DL: Final = 3
+_M: Final = 4
+_D: Final = 5
+_O: Final = 6
+_X: Final = 7
+_R: Final = 8
+
+_OWN_TYPE: Final = (
+    "struct<time: double, tested: bigint, nmatched: int, key: string, rank: bigint, size: bigint, n_subs: int>"
+)
+_LIFE_TYPE: Final = "struct<t_sub: double, t_ack: double, t_unsub: double, t_unack: double>"
+_AT_TYPE: Final = "struct<node: int, n: bigint, time: double>"
 
 
-def _rows(cap: Capture, matcher: Matcher | None, partitions: int) -> DataFrame:
-    """Rules 1–2: the records of every event in one partition (one shuffle),
-    each row with its event's figures; the re-matching's candidate rows
-    joined there."""
+def _stream(cap: Capture, matcher: Matcher | None, partitions: int) -> DataFrame:
+    """Rule 1: every record's own row and id rows, and the candidate pairs,
+    partitioned by event: ``event``, ``s`` (a subscription id; null on an
+    own row), ``c`` (the row code), ``o`` (an own row's figures), ``life``
+    (a candidate's subscription lifetime), ``at`` (a delivery row's node,
+    record number and time)."""
     k = F.col("kind")
-    pub, ev, dl, dr = (k == x for x in _BULK)
-    attrs = matcher.attrs if matcher is not None else []
-    values = [F.when(pub, F.col("values").getField(a["name"])).alias(f"v_{a['i']}") for a in attrs]
-    u = (
-        cap.parsed.filter(k.isin(*_BULK))
-        .select(
-            "event",
-            "kind",
-            "node",
-            "n",
-            "time",
-            "key",
-            "rank",
-            F.coalesce(F.col("payload_bytes"), F.lit(0)).alias("size"),
-            F.when(ev, F.col("tested")).alias("tested"),
-            F.when(ev, F.col("matched")).alias("matched"),
-            F.when(dl | dr, F.col("subs")).alias("subs"),
-            F.when(dl, F.col("orphans")).alias("orphans"),
-            *values,
-        )
-        .repartition(partitions, "event")
-    )
-    w = Window.partitionBy("event")
-    u = u.select(
-        *u.columns,
-        F.max(pub).over(w).alias("published"),
-        F.min(F.when(pub, F.col("time"))).over(w).alias("t_pub"),
-        F.min(F.when(ev, F.col("time"))).over(w).alias("t_match"),
-        F.count(F.when(ev, 1)).over(w).alias("records"),
-        F.min_by(F.when(ev, F.col("tested")), F.when(ev, F.col("time"))).over(w).alias("e_tested"),
-        F.min_by(F.when(ev, F.size("matched")), F.when(ev, F.col("time"))).over(w).alias("nmatched"),
-        # The owner's key and rank: the key's home assigns the rank (SPEC §10).
-        F.coalesce(F.max(F.when(ev, F.col("key"))).over(w), F.max(F.when(pub, F.col("key"))).over(w)).alias("ekey"),
-        F.coalesce(F.max(F.when(ev, F.col("rank"))).over(w), F.max(F.when(pub, F.col("rank"))).over(w)).alias("erank"),
-        F.max(F.when(pub, F.col("size"))).over(w).alias("p_size"),
-    )
-    if matcher is None:  # nothing to re-match: no candidate rows
-        return u.select(
-            "*", *[F.lit(None).cast("double" if c != "c_sub" else "string").alias(c) for c in CANDIDATE_COLUMNS]
-        )
-    return matcher.candidates(u, pub)
-
-
-def _pairs(rows: DataFrame, tail_from: float) -> DataFrame:
-    """Rule 2: per (event, subscription) the counts of each kind of record
-    about the pair, and per event (subscription null) the event's figures.
-
-    Each row's subscription ids — an owner's matched conjuncts (read as their
-    subscriptions), a delivery's subscriptions then its orphans, a drop's
-    subscriptions, a candidate's subscription — are exploded with their
-    positions, then one null id for the row itself (which carries the
-    delivery's payload figures); plain column expressions, no lambdas."""
-    k = F.col("kind")
-    cand = F.col("c_sub").isNotNull()
+    ev, dl, dr = (k == x for x in ("event", "deliver", "drop"))
     none = F.array().cast("array<string>")
-    subs, orphans, matched = (F.coalesce(F.col(c), none) for c in ("subs", "orphans", "matched"))
+    subs, orphans = (F.coalesce(F.col(c), none) for c in ("subs", "orphans"))
     ids = (
-        F.when(cand, F.array(F.col("c_sub")))
-        .when(k == "event", matched)
-        .when(k == "deliver", F.concat(subs, orphans))
-        .when(k == "drop", subs)
-        .otherwise(none)
+        F.when(ev, F.coalesce(F.col("matched"), none)).when(dl, F.concat(subs, orphans)).when(dr, subs).otherwise(none)
     )
-    n_ids = F.size(ids)
-    st = status_code(
-        F.col("t_pub"), F.col("t_match"), F.col("c_t_sub"), F.col("c_t_ack"), F.col("c_t_unsub"), F.col("c_t_unack")
-    )
-    bad = (k == "deliver") & F.col("p_size").isNotNull() & (F.col("size") != F.col("p_size"))
-    # The null id (the event's own group, rule 2) comes from every delivery
-    # (its payload figures), the publish's own row, and an owner's or a
-    # drop's row only for an event nobody published: each event gets it
-    # once at least, and the aggregation is fed no more rows than that.
-    published = F.coalesce(F.col("published"), F.lit(False))
-    needs_own = ~cand & ((k == "deliver") | (k == "publish") | ~published)
-    ex = rows.select(
+    # The own row is the slot after the ids (a null id); a drop has none.
+    slots = F.when(dr, ids).otherwise(F.concat(ids, F.array(F.lit(None).cast("string"))))
+    size = F.coalesce(F.col("payload_bytes"), F.lit(0))
+    x = cap.parsed.filter(k.isin("publish", "event", "deliver", "drop")).select(
         "event",
-        "ekey",
-        "published",
-        "t_pub",
-        "records",
-        "e_tested",
-        "nmatched",
-        "p_size",
         k.alias("kind"),
-        cand.alias("cand"),
-        F.when(cand, st).otherwise(0).alias("st"),
+        F.size(ids).alias("n_ids"),
         F.size(subs).alias("n_subs"),
-        F.when(k == "deliver", F.col("size") * F.size(subs)).otherwise(0).alias("bytes"),
-        bad.cast("long").alias("bad"),
-        n_ids.alias("n_ids"),
-        F.posexplode(F.when(needs_own, F.concat(ids, F.array(F.lit(None).cast("string")))).otherwise(ids)).alias(
-            "pos", "id"
-        ),
+        F.struct(
+            F.col("time"),
+            F.col("tested"),
+            F.size("matched").alias("nmatched"),
+            F.col("key"),
+            F.col("rank"),
+            size.alias("size"),
+            F.size(subs).alias("n_subs"),
+        ).alias("_o"),
+        F.struct("node", "n", "time").alias("_at"),
+        F.posexplode(slots).alias("pos", "id"),
     )
-    own = F.col("pos") == F.col("n_ids")
-    kind = F.col("kind")
-    # Conjunct ids read as their subscription's (rule 2 of rematch): matched and orphans.
-    sub = (
-        F.when(own, F.lit(None).cast("string"))
-        .when((kind == "event") | ((kind == "deliver") & (F.col("pos") >= F.col("n_subs"))), base_id(F.col("id")))
-        .otherwise(F.col("id"))
+    kind, pos = F.col("kind"), F.col("pos")
+    own = pos == F.col("n_ids")
+    is_ev, is_dl = kind == "event", kind == "deliver"
+    orphan = is_dl & (pos >= F.col("n_subs"))
+    # Conjunct ids read as their subscription's (rematch rule 2): matched and
+    # orphans; the regular expression only runs on an id that has a "/".
+    sid = F.col("id")
+    sub = F.when((is_ev | orphan) & (F.instr(sid, "/") > 0), base_id(sid)).otherwise(sid)
+    code = (
+        F.when(own & (kind == "publish"), _OWN_PUB)
+        .when(own & is_ev, _OWN_EV)
+        .when(own, _OWN_DL)
+        .when(is_ev, _M)
+        .when(orphan, _O)
+        .when(is_dl, _D)
+        .otherwise(_X)
     )
-    pair = ~own
+    rows = x.select(
+        "event",
+        F.when(own, F.lit(None).cast("string")).otherwise(sub).alias("s"),
+        code.alias("c"),
+        F.when(own, F.col("_o")).alias("o"),
+        F.lit(None).cast(_LIFE_TYPE).alias("life"),
+        F.when(~own & is_dl & ~orphan, F.col("_at")).alias("at"),
+    )
+    if matcher is not None:
+        events = cap.df("publish").select(
+            "event", *[F.col("values").getField(a["name"]).alias(f"v_{a['i']}") for a in matcher.attrs]
+        )
+        cands = matcher.pairs(events).select(
+            "event",
+            F.col("c_sub").alias("s"),
+            F.lit(_R).alias("c"),
+            F.lit(None).cast(_OWN_TYPE).alias("o"),
+            F.struct(
+                F.col("c_t_sub").alias("t_sub"),
+                F.col("c_t_ack").alias("t_ack"),
+                F.col("c_t_unsub").alias("t_unsub"),
+                F.col("c_t_unack").alias("t_unack"),
+            ).alias("life"),
+            F.lit(None).cast(_AT_TYPE).alias("at"),
+        )
+        rows = rows.unionByName(cands)
+    return rows.repartition(partitions, "event")
 
-    def flag(c: Column) -> Column:
-        return (pair & c).cast("int")
 
-    cand_c = F.col("cand")
-    ex = ex.select(
-        "*",
-        sub.alias("sub"),
-        flag(~cand_c & (kind == "event")).alias("m"),
-        flag(~cand_c & (kind == "deliver") & (F.col("pos") < F.col("n_subs"))).alias("d"),
-        flag(~cand_c & (kind == "deliver") & (F.col("pos") >= F.col("n_subs"))).alias("o"),
-        flag(~cand_c & (kind == "drop")).alias("x"),
-        flag(cand_c).alias("r"),
-    )
+def _events(stream: DataFrame, tail_from: float) -> DataFrame:
+    """Rule 2: ``E``, one row per event from its own rows."""
+    c, o = F.col("c"), F.col("o")
+    pub, ev, dl = c == _OWN_PUB, c == _OWN_EV, c == _OWN_DL
     return (
-        ex.groupBy("event", "sub", "ekey")
+        stream.filter(c <= _OWN_DL)
+        .groupBy("event")
         .agg(
-            F.max("m").alias("m"),
-            F.sum("d").alias("d"),
-            F.sum("o").alias("o"),
-            F.sum("x").alias("x"),
-            F.max("r").alias("r"),
-            F.max(F.when(F.col("r") > 0, F.col("st")).otherwise(0)).alias("st"),
-            F.sum(F.when(own, F.col("bytes")).otherwise(0)).alias("size"),
-            F.sum(F.when(own, F.col("bad")).otherwise(0)).alias("bad"),
-            F.max("published").alias("published"),
-            F.max("t_pub").alias("t_pub"),
-            F.max("records").alias("records"),
-            F.max("e_tested").alias("tested"),
-            F.max("nmatched").alias("nmatched"),
-            F.max("p_size").alias("p_size"),
+            F.max(pub).alias("published"),
+            F.min(F.when(pub, o["time"])).alias("t_pub"),
+            F.min(F.when(ev, o["time"])).alias("t_match"),
+            F.count(F.when(ev, 1)).alias("records"),
+            F.min_by(F.when(ev, o["tested"]), F.when(ev, o["time"])).alias("tested"),
+            F.min_by(F.when(ev, o["nmatched"]), F.when(ev, o["time"])).alias("nmatched"),
+            # The owner's key and rank: the key's home assigns the rank (SPEC §10).
+            F.coalesce(F.max(F.when(ev, o["key"])), F.max(F.when(pub, o["key"]))).alias("ekey"),
+            F.coalesce(F.max(F.when(ev, o["rank"])), F.max(F.when(pub, o["rank"]))).alias("erank"),
+            F.max(F.when(pub, o["size"])).alias("p_size"),
+            F.sum(F.when(dl, o["size"] * o["n_subs"]).otherwise(0)).alias("bytes"),
+            F.min(F.when(dl, o["size"])).alias("d_lo"),
+            F.max(F.when(dl, o["size"])).alias("d_hi"),
         )
         .withColumn("tail", F.coalesce(F.col("t_pub") > F.lit(tail_from), F.lit(False)))
+    )
+
+
+def _pairs(stream: DataFrame, events: DataFrame) -> DataFrame:
+    """Rule 2: ``P``, per (event, subscription) the counts of each kind of
+    id row, with its event's figures (a hash join within the partition)."""
+    c = F.col("c")
+
+    def count(code: int) -> Column:
+        return F.sum((c == code).cast("int"))
+
+    per = (
+        stream.filter(c > _OWN_DL)
+        .groupBy("event", "s")
+        .agg(
+            F.max((c == _M).cast("int")).alias("m"),
+            count(_D).alias("d"),
+            count(_O).alias("o"),
+            count(_X).alias("x"),
+            F.max((c == _R).cast("int")).alias("r"),
+            F.max("life").alias("life"),
+        )
+    )
+    ev = events.select("event", "t_pub", "t_match", "records", "tail").hint("shuffle_hash")
+    j = per.join(ev, "event", "left")
+    life = F.col("life")
+    st = status_code(F.col("t_pub"), F.col("t_match"), life["t_sub"], life["t_ack"], life["t_unsub"], life["t_unack"])
+    return j.select(
+        "event",
+        F.col("s").alias("sub"),
+        "m",
+        "d",
+        "o",
+        "x",
+        "r",
+        F.when(F.col("r") > 0, st).otherwise(0).alias("st"),
+        F.coalesce(F.col("records"), F.lit(0)).alias("records"),
+        F.coalesce(F.col("tail"), F.lit(False)).alias("tail"),
     )
 
 
@@ -221,9 +245,11 @@ def audit(cap: Capture, tail_from: float, matcher: Matcher | None, partitions: i
     examples of each failed finding.  ``matcher`` is None when the capture
     has no subscriptions or no events: nothing is re-matched.  ``partitions``:
     the shuffle by event."""
-    rows = _rows(cap, matcher, partitions)
-    per = _pairs(rows, tail_from)
-    pair = F.col("sub").isNotNull()
+    stream = _stream(cap, matcher, partitions)
+    # Read three times (the pairs' join, the event totals, the rank order):
+    # aggregated once.
+    events = _events(stream, tail_from).persist(StorageLevel.MEMORY_AND_DISK)
+    per = _pairs(stream, events)
     judged = ~F.col("tail")
     m, d, o, x, r, st = (F.col(c) for c in ("m", "d", "o", "x", "r", "st"))
     expected = ((m > 0) & (st != INACTIVE)) | (st == ACTIVE)
@@ -246,50 +272,51 @@ def audit(cap: Capture, tail_from: float, matcher: Matcher | None, partitions: i
     published = F.coalesce(F.col("published"), F.lit(False))
     none = F.col("records") == 0
     keyed = F.col("ekey").isNotNull()
+    ev_judged = ~F.col("tail")
     flags = {
-        "unmatched": published & none & judged & ~keyed,
-        "unmatched_keyed": published & none & judged & keyed,
+        "unmatched": published & none & ev_judged & ~keyed,
+        "unmatched_keyed": published & none & ev_judged & keyed,
         "unmatched_tail": published & none & F.col("tail"),
         "matched_twice": F.col("records") > 1,
         "cost": F.coalesce(F.col("tested") < F.col("nmatched"), F.lit(False)),
     }
 
-    def on_pairs(c: Column) -> Column:
-        return F.sum(F.when(pair, c.cast("long")).otherwise(0))
-
-    def on_events(c: Column) -> Column:
-        return F.sum(F.when(~pair, c.cast("long")).otherwise(0))
+    def total(c: Column) -> Column:
+        return F.sum(F.coalesce(c.cast("long"), F.lit(0)))
 
     matched = F.col("records") > 0
     payload_published = F.when(published, F.coalesce("p_size", F.lit(0))).otherwise(0)
-    # One job for the totals and the rank order: both read the one shuffle.
-    order_df = _order_rows(rows)
+    # An event some delivery of which has another size than its publish:
+    # the exact count of such deliveries is computed again only then.
+    suspect = F.col("p_size").isNotNull() & ((F.col("d_lo") != F.col("p_size")) | (F.col("d_hi") != F.col("p_size")))
+    # One job for the totals and the rank order: all read the one shuffle.
+    order_df = _order_rows(stream, events)
     ordered = order_df.agg(
         F.count("*").alias("order_deliveries"), F.sum(F.col("bad").cast("long")).alias("order_violations")
     )
+    event_totals = events.agg(
+        *[total(c).alias(k) for k, c in flags.items()],
+        total(published).alias("published"),
+        total(F.when(matched, F.col("tested"))).alias("tested"),
+        total(F.when(matched, F.col("nmatched"))).alias("nmatched"),
+        total(matched).alias("matched_events"),
+        total(F.col("tail")).alias("tail_events"),
+        total(keyed).alias("keyed"),
+        F.countDistinct("ekey").alias("keys"),
+        total(payload_published).alias("published_bytes"),
+        total(payload_published > 0).alias("with_payload"),
+        total(F.col("bytes")).alias("delivered_bytes"),
+        total(suspect).alias("payload_suspect"),
+    )
     totals = aggregate_row(
-        per.agg(
-            *[on_pairs(c).alias(k) for k, c in sets.items()],
-            *[on_events(c).alias(k) for k, c in flags.items()],
-            on_events(published).alias("published"),
-            on_events(F.when(matched, F.col("tested"))).alias("tested"),
-            on_events(F.when(matched, F.col("nmatched"))).alias("nmatched"),
-            on_events(matched).alias("matched_events"),
-            on_events(F.col("tail")).alias("tail_events"),
-            on_events(keyed).alias("keyed"),
-            F.countDistinct(F.when(~pair, F.col("ekey"))).alias("keys"),
-            on_events(payload_published).alias("published_bytes"),
-            on_events(payload_published > 0).alias("with_payload"),
-            on_events(F.col("size")).alias("delivered_bytes"),
-            on_events(F.col("bad")).alias("payload_mismatched"),
-        ).crossJoin(ordered)
+        per.agg(*[total(c).alias(k) for k, c in sets.items()]).crossJoin(event_totals).crossJoin(ordered)
     ).asDict()
     totals = {k: int(v or 0) for k, v in totals.items()}
     examples: dict[str, list[dict[str, Any]]] = {}
     findings = [k for k in ("lost", "missing", "extra", "unexpected", "duplicates", "inactive_matched") if totals[k]]
     if findings:  # only a failed audit pays for its examples (the pairs computed again)
         for k in findings:
-            bad = per.filter(pair & (sets[k].cast("long") > 0))
+            bad = per.filter(sets[k].cast("long") > 0)
             ex = bad.groupBy("event").agg(
                 F.sum(sets[k].cast("long")).alias(k), F.array_sort(F.collect_list("sub")).alias(f"{k}_ids")
             )
@@ -299,7 +326,7 @@ def audit(cap: Capture, tail_from: float, matcher: Matcher | None, partitions: i
         if totals[k]:
             examples[k] = [
                 r.asDict()
-                for r in per.filter(~pair & flags[k])
+                for r in events.filter(flags[k])
                 .select("event", "records", "tested", "nmatched")
                 .orderBy("event")
                 .limit(EXAMPLES)
@@ -334,19 +361,12 @@ def audit(cap: Capture, tail_from: float, matcher: Matcher | None, partitions: i
         "published_bytes": totals["published_bytes"],
         "with_payload": totals["with_payload"],
         "delivered_bytes": totals["delivered_bytes"],
-        "mismatched": totals["payload_mismatched"],
+        "mismatched": 0,
     }
-    if payloads["mismatched"]:
-        payloads["examples"] = [
-            r.asDict()
-            for r in rows.filter(
-                (F.col("kind") == "deliver") & F.col("p_size").isNotNull() & (F.col("size") != F.col("p_size"))
-            )
-            .select("event", F.col("p_size").alias("published"), F.col("size").alias("delivered"))
-            .orderBy("event")
-            .limit(EXAMPLES)
-            .collect()
-        ]
+    if totals["payload_suspect"]:
+        mism = _mismatched(cap)
+        payloads["mismatched"] = mism.count()
+        payloads["examples"] = [r.asDict() for r in mism.orderBy("event").limit(EXAMPLES).collect()]
     order = None
     if totals["keyed"]:
         order = {
@@ -363,21 +383,36 @@ def audit(cap: Capture, tail_from: float, matcher: Matcher | None, partitions: i
                 .limit(EXAMPLES)
                 .collect()
             ]
+    events.unpersist()
     return {"pairs": pairs, "events": evc, "order": order, "examples": examples, "payloads": payloads}
 
 
-def _order_rows(rows: DataFrame) -> DataFrame:
+def _mismatched(cap: Capture) -> DataFrame:
+    """Every delivery whose payload size differs from its event's publish:
+    ``event``, ``published``, ``delivered`` (payloads, rule 2)."""
+    size = F.coalesce(F.col("payload_bytes"), F.lit(0))
+    published = cap.df("publish").groupBy("event").agg(F.max(size).alias("published"))
+    delivered = cap.df("deliver").select("event", size.alias("delivered"))
+    return delivered.join(published, "event").filter(F.col("delivered") != F.col("published"))
+
+
+def _order_rows(stream: DataFrame, events: DataFrame) -> DataFrame:
     """Rule 3: each delivery of a keyed event to a subscription, with the
     rank of the delivery before it for that (subscription, key) in the access
     node's record order; ``bad`` when its rank is not above that one (SPEC §10)."""
-    d = rows.filter((F.col("kind") == "deliver") & F.col("ekey").isNotNull()).select(
-        "event",
-        F.col("ekey").alias("key"),
-        F.col("erank").alias("rank"),
-        "node",
-        "n",
-        "time",
-        F.explode("subs").alias("sub"),
+    ranks = events.filter(F.col("ekey").isNotNull()).select("event", "ekey", "erank").hint("shuffle_hash")
+    d = (
+        stream.filter(F.col("c") == _D)
+        .join(ranks, "event")
+        .select(
+            "event",
+            F.col("ekey").alias("key"),
+            F.col("erank").alias("rank"),
+            F.col("at.node").alias("node"),
+            F.col("at.n").alias("n"),
+            F.col("at.time").alias("time"),
+            F.col("s").alias("sub"),
+        )
     )
     # (A record's time breaks ties of n: only hand-made captures have them.)
     w = Window.partitionBy("sub", "key").orderBy("node", "n", "time")

@@ -17,7 +17,7 @@ captured subscriptions, in Spark, compared with what the owners reported.
 3. Candidates: each event carries one key per key family some subscription
    uses (``filters`` rule 4: a bucket of an ordered attribute at one level,
    a string value, or ``*``); each subscription its keys; a broadcast hash
-   join pairs them (``Matcher.candidates``).  Keys travel as 64-bit hashes
+   join pairs them (``Matcher.pairs``).  Keys travel as 64-bit hashes
    of family and bucket or value (a collision only adds a candidate).  No
    subscription is crossed with every event unless it constrains no
    attribute by equality or range (key ``*``).  Each pair is then decided
@@ -483,8 +483,8 @@ EMPTY_SUMMARY: Final[dict[str, Any]] = {
 }
 
 
-# The columns a candidate row gains (``Matcher.candidates``): the conjunct's
-# subscription and its lifetime (rule 4), null on the event's own row.
+# The columns of a candidate pair (``Matcher.pairs``): the conjunct's
+# subscription and its lifetime (rule 4).
 CANDIDATE_COLUMNS: Final = ("c_sub", "c_t_sub", "c_t_ack", "c_t_unsub", "c_t_unack")
 
 
@@ -501,23 +501,20 @@ class Matcher:
     broadcast: bool
     summary: dict[str, Any]
 
-    def candidates(self, rows: DataFrame, is_event: Column) -> DataFrame:
-        """``rows`` (any columns, with the event's ``v_<i>`` on the rows where
-        ``is_event``), each kept once with null ``CANDIDATE_COLUMNS``, plus one
-        row per conjunct the event satisfies (rule 3), its subscription and
-        lifetime in ``CANDIDATE_COLUMNS``.  A subscription matched by several
-        conjuncts comes once per conjunct (the caller counts pairs).  With a
-        broadcast table the rows keep their partitioning."""
-        own = F.array(F.lit(None).cast("long"))
-        keys = F.when(is_event, F.concat(_event_keys(self.attrs, self.groups), own)).otherwise(own)
-        ex = rows.select("*", F.explode(keys).alias("_key"))
+    def pairs(self, events: DataFrame) -> DataFrame:
+        """One row per (event, conjunct) the event satisfies (rule 3):
+        ``event`` and ``CANDIDATE_COLUMNS``, from ``events`` (``event`` and
+        the ``v_<i>`` columns).  A subscription matched by several conjuncts
+        comes once per conjunct (the caller counts pairs).  With a broadcast
+        table the rows keep their partitioning."""
+        vs = [f"v_{a['i']}" for a in self.attrs]
+        ex = events.select("event", *vs, F.explode(_event_keys(self.attrs, self.groups)).alias("_key"))
         keyed = F.broadcast(self.keyed) if self.broadcast else self.keyed
         test = F.lit(True)
         for i in range(self.k):
             p = F.col(f"_p_{i}")
             test = test & (p.isNull() | satisfied(p, self.attrs))
-        out = ex.join(keyed, ex["_key"] == keyed["_ckey"], "left")
-        return out.filter(F.col("c_sub").isNull() | test).select(*rows.columns, *CANDIDATE_COLUMNS)
+        return ex.join(keyed, ex["_key"] == keyed["_ckey"]).filter(test).select("event", *CANDIDATE_COLUMNS)
 
 
 def prepare(spark: SparkSession, cap: Capture) -> Matcher:
