@@ -17,7 +17,7 @@ from typing import Any, Final, TextIO
 
 __all__ = ["ReplayResult", "run_replay"]
 
-STEPS: Final = 9
+STEPS: Final = 8
 
 
 @dataclass
@@ -74,16 +74,18 @@ def run_replay(
         t_end = min(end_times) if len(end_times) == len({h["node"] for h in cap.headers}) else (last or cap.t0)
         tail_from = t_end - guard
 
-        # The audit is the long step (two shuffles over every record): it
-        # runs in the background while the loads steps — many small jobs
-        # whose time is mostly the driver's — run in front (session.Progress).
-        prog.step("re-matching: subscriptions parsed on executors and keyed by the events' histogram")
-        matcher = rematch.prepare(spark, cap) if cap.has("subscribe") and cap.has("publish") else None
-        summary = matcher.summary if matcher is not None else rematch.EMPTY_SUMMARY
+        # The re-matching and the audit are the long step (two shuffles over
+        # every record): they run in the background while the loads steps —
+        # many small jobs whose time is mostly the driver's — run in front
+        # (session.Progress).
+        def rematch_and_audit() -> tuple[Any, dict[str, Any]]:
+            matcher = rematch.prepare(spark, cap) if cap.has("subscribe") and cap.has("publish") else None
+            return matcher, audit_mod.audit(cap, tail_from, matcher, partitions=partitions)
 
         audit_job = prog.background(
-            "audit and re-matching: exactly-once delivery, losses, rank order (one shuffle by event)",
-            lambda: audit_mod.audit(cap, tail_from, matcher, partitions=partitions),
+            "re-matching and audit: subscriptions parsed on executors and keyed by the events' histogram; "
+            "exactly-once delivery, losses, rank order (one shuffle by event)",
+            rematch_and_audit,
             pool="audit",
         )
 
@@ -111,7 +113,8 @@ def run_replay(
         else:
             slice_costs, costs = [], []
 
-        aud = prog.wait(audit_job)
+        matcher, aud = prog.wait(audit_job)
+        summary = matcher.summary if matcher is not None else rematch.EMPTY_SUMMARY
 
         prog.step("checks and headline figures")
         pc, ec = aud["pairs"], aud["events"]
