@@ -333,69 +333,77 @@ OP_CODES: Final = {
 }
 
 
-def _op(op: Column, name: str) -> Column:
-    return op == F.lit(OP_CODES[name])
+def _ordered(v: Column, lo: Column, hi: Column, arr: Column) -> dict[str, Column]:
+    """The test of each operator of an ordered attribute (``v`` its value)."""
+    return {
+        "=": v == lo,
+        "!=": v != lo,
+        "<": v < lo,
+        "<=": v <= lo,
+        ">": v > lo,
+        ">=": v >= lo,
+        "in[]": (v >= lo) & (v <= hi),
+        "not in[]": (v < lo) | (v > hi),
+        "in{}": F.array_contains(arr, v),
+    }
 
 
-def _ordered(op: Column, v: Column, lo: Column, hi: Column, arr: Column) -> Column:
-    return (
-        F.when(_op(op, "="), v == lo)
-        .when(_op(op, "!="), v != lo)
-        .when(_op(op, "<"), v < lo)
-        .when(_op(op, "<="), v <= lo)
-        .when(_op(op, ">"), v > lo)
-        .when(_op(op, ">="), v >= lo)
-        .when(_op(op, "in[]"), (v >= lo) & (v <= hi))
-        .when(_op(op, "not in[]"), (v < lo) | (v > hi))
-        .when(_op(op, "in{}"), F.array_contains(arr, v))
-    )
-
-
-def _string(op: Column, v: Column, s0: Column, arr: Column) -> Column:
-    return (
-        F.when(_op(op, "="), v == s0)
-        .when(_op(op, "!="), v != s0)
-        .when(_op(op, "prefix"), v.startswith(s0))
-        .when(_op(op, "suffix"), v.endswith(s0))
-        .when(_op(op, "contains"), v.contains(s0))
-        .when(_op(op, "in{}"), F.array_contains(arr, v))
-        .when(_op(op, "not in{}"), ~F.array_contains(arr, v))
-        .when(_op(op, "not prefix"), ~v.startswith(s0))
-        .when(_op(op, "not suffix"), ~v.endswith(s0))
-        .when(_op(op, "not contains"), ~v.contains(s0))
+def _string(v: Column, s0: Column, arr: Column) -> dict[str, Column]:
+    """The test of each operator of a string attribute (``v`` its value)."""
+    return {
+        "=": v == s0,
+        "!=": v != s0,
+        "prefix": v.startswith(s0),
+        "suffix": v.endswith(s0),
+        "contains": v.contains(s0),
+        "in{}": F.array_contains(arr, v),
+        "not in{}": ~F.array_contains(arr, v),
+        "not prefix": ~v.startswith(s0),
+        "not suffix": ~v.endswith(s0),
+        "not contains": ~v.contains(s0),
         # A case-insensitive operator's pattern comes lowercased (filters._args).
-        .when(_op(op, "ieq"), F.lower(v) == s0)
-        .when(_op(op, "not ieq"), F.lower(v) != s0)
-        .when(_op(op, "iprefix"), F.lower(v).startswith(s0))
-        .when(_op(op, "not iprefix"), ~F.lower(v).startswith(s0))
-        .when(_op(op, "isuffix"), F.lower(v).endswith(s0))
-        .when(_op(op, "not isuffix"), ~F.lower(v).endswith(s0))
+        "ieq": F.lower(v) == s0,
+        "not ieq": F.lower(v) != s0,
+        "iprefix": F.lower(v).startswith(s0),
+        "not iprefix": ~F.lower(v).startswith(s0),
+        "isuffix": F.lower(v).endswith(s0),
+        "not isuffix": ~F.lower(v).endswith(s0),
         # A like pattern's second argument is its Java regular expression.
-        .when(_op(op, "like"), F.regexp_like(v, arr[1]))
-        .when(_op(op, "not like"), ~F.regexp_like(v, arr[1]))
-    )
+        "like": F.regexp_like(v, arr[1]),
+        "not like": ~F.regexp_like(v, arr[1]),
+    }
 
 
-def satisfied(p: Column, attrs: list[dict[str, Any]]) -> Column:
+def satisfied(p: Column, attrs: list[dict[str, Any]], used: frozenset[tuple[int, int]] | None = None) -> Column:
     """``a satisfies f`` (SPEC §2.2) for one predicate ``p`` of ``_typed_preds``
     against the event's ``v_<i>`` columns: same attribute and value in L(f);
     an event without the attribute satisfies nothing on it but ``not
     exists`` (a negated operator needs the attribute too: anything-but).
     The filter language's operators are known here and nowhere else in the
-    replay."""
+    replay.
+
+    ``used``: the (attribute index, operator code) pairs the predicates
+    have (``Matcher``); the test knows only those.  A test of every pair
+    the language allows is a condition of hundreds of branches per
+    predicate: a generated method the JIT compiler leaves interpreted
+    (~3 µs per candidate pair of a 1M-event replay), where the few pairs
+    subscriptions use make a short one."""
     expr = None
     for a in attrs:
         v = F.col(f"v_{a['i']}")
-        op = p["o"]
-        presence = F.when(_op(op, "exists"), v.isNotNull()).when(_op(op, "not exists"), v.isNull())
         f = _form(a["type"])
         if a["kind"] == "string":
-            test = _string(op, v, p[f"{f}0"], p[f"{f}arr"])
+            tests = _string(v, p[f"{f}0"], p[f"{f}arr"])
         else:
-            test = _ordered(op, v, p[f"{f}0"], p[f"{f}1"], p[f"{f}arr"])
-        test = F.coalesce(presence, test)
-        cond = p["a"] == F.lit(a["i"])
-        expr = F.when(cond, test) if expr is None else expr.when(cond, test)
+            tests = _ordered(v, p[f"{f}0"], p[f"{f}1"], p[f"{f}arr"])
+        tests = {"exists": v.isNotNull(), "not exists": v.isNull(), **tests}
+        for op, test in tests.items():
+            code = OP_CODES[op]
+            if used is not None and (a["i"], code) not in used:
+                continue
+            cond = (p["a"] == F.lit(a["i"])) & (p["o"] == F.lit(code))
+            expr = F.when(cond, test) if expr is None else expr.when(cond, test)
+    # An operator the attribute's kind does not have matches nothing.
     return F.coalesce(expr, F.lit(False)) if expr is not None else F.lit(False)
 
 
@@ -500,6 +508,7 @@ class Matcher:
     groups: list[str]
     broadcast: bool
     summary: dict[str, Any]
+    used: frozenset[tuple[int, int]]
 
     def pairs(self, events: DataFrame) -> DataFrame:
         """One row per (event, conjunct) the event satisfies (rule 3):
@@ -513,7 +522,7 @@ class Matcher:
         test = F.lit(True)
         for i in range(self.k):
             p = F.col(f"_p_{i}")
-            test = test & (p.isNull() | satisfied(p, self.attrs))
+            test = test & (p.isNull() | satisfied(p, self.attrs, self.used))
         return ex.join(keyed, ex["_key"] == keyed["_ckey"]).filter(test).select("event", *CANDIDATE_COLUMNS)
 
 
@@ -550,6 +559,10 @@ def _matcher(cap: Capture, subs: DataFrame) -> Matcher:
             F.sum("cost").alias("cost"),
             F.collect_set("key_group").alias("groups"),
             F.slice(F.collect_list(F.when(~F.col("ok"), F.struct("sub", "error"))), 1, 5).alias("bad"),
+            # The (attribute, operator) pairs the predicates use (``satisfied``).
+            F.flatten(
+                F.collect_set(F.transform("preds", lambda p: F.struct(p["a"].alias("a"), p["o"].alias("o"))))
+            ).alias("used"),
         )
         .collect()
     )
@@ -557,6 +570,7 @@ def _matcher(cap: Capture, subs: DataFrame) -> Matcher:
     k = max([r["k"] or 0 for r in summary_rows] + [0])
     n_keys = sum(r["keys"] or 0 for r in summary_rows if r["ok"])
     groups = sorted({g for r in summary_rows if r["ok"] for g in (r["groups"] or [])})
+    used = frozenset((u["a"], u["o"]) for r in summary_rows if r["ok"] for u in (r["used"] or []))
     summary = {
         # Rows are conjuncts (rule 2): subscriptions are counted by id.
         "subscriptions": sp.select("sub").distinct().count(),
@@ -576,4 +590,4 @@ def _matcher(cap: Capture, subs: DataFrame) -> Matcher:
     keyed = keyed.select(
         *CANDIDATE_COLUMNS, *[f"_p_{i}" for i in range(k)], _key_hash(F.col("key"), F.col("key_group")).alias("_ckey")
     )
-    return Matcher(attrs, keyed, k, groups, n_keys <= BROADCAST_KEYS, summary)
+    return Matcher(attrs, keyed, k, groups, n_keys <= BROADCAST_KEYS, summary, used)
