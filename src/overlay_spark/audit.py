@@ -93,16 +93,14 @@ _R: Final = 8
 _OWN_TYPE: Final = (
     "struct<time: double, tested: bigint, nmatched: int, key: string, rank: bigint, size: bigint, n_subs: int>"
 )
-_LIFE_TYPE: Final = "struct<t_sub: double, t_ack: double, t_unsub: double, t_unack: double>"
 _AT_TYPE: Final = "struct<node: int, n: bigint, time: double>"
 
 
 def _stream(cap: Capture, matcher: Matcher | None, partitions: int) -> DataFrame:
     """Rule 1: every record's own row and id rows, and the candidate pairs,
     partitioned by event: ``event``, ``s`` (a subscription id; null on an
-    own row), ``c`` (the row code), ``o`` (an own row's figures), ``life``
-    (a candidate's subscription lifetime), ``at`` (a delivery row's node,
-    record number and time)."""
+    own row), ``c`` (the row code), ``o`` (an own row's figures), ``at`` (a
+    delivery row's node, record number and time)."""
     k = F.col("kind")
     ev, dl, dr = (k == x for x in ("event", "deliver", "drop"))
     none = F.array().cast("array<string>")
@@ -152,7 +150,6 @@ def _stream(cap: Capture, matcher: Matcher | None, partitions: int) -> DataFrame
         F.when(own, F.lit(None).cast("string")).otherwise(sub).alias("s"),
         code.alias("c"),
         F.when(own, F.col("_o")).alias("o"),
-        F.lit(None).cast(_LIFE_TYPE).alias("life"),
         F.when(~own & is_dl & ~orphan, F.col("_at")).alias("at"),
     )
     if matcher is not None:
@@ -164,15 +161,13 @@ def _stream(cap: Capture, matcher: Matcher | None, partitions: int) -> DataFrame
             F.col("c_sub").alias("s"),
             F.lit(_R).alias("c"),
             F.lit(None).cast(_OWN_TYPE).alias("o"),
-            F.struct(
-                F.col("c_t_sub").alias("t_sub"),
-                F.col("c_t_ack").alias("t_ack"),
-                F.col("c_t_unsub").alias("t_unsub"),
-                F.col("c_t_unack").alias("t_unack"),
-            ).alias("life"),
             F.lit(None).cast(_AT_TYPE).alias("at"),
         )
         rows = rows.unionByName(cands)
+    # Each reader (the events' figures, the pairs, the rank order) takes its
+    # own rows: the filter runs before the shuffle, so each is a scan of the
+    # capture and a shuffle of its own rows (keeping the shuffled rows
+    # instead cost more: 16 s of CPU to build the cache of 14M rows).
     return rows.repartition(partitions, "event")
 
 
@@ -202,9 +197,10 @@ def _events(stream: DataFrame, tail_from: float) -> DataFrame:
     )
 
 
-def _pairs(stream: DataFrame, events: DataFrame) -> DataFrame:
+def _pairs(stream: DataFrame, events: DataFrame, matcher: Matcher | None) -> DataFrame:
     """Rule 2: ``P``, per (event, subscription) the counts of each kind of
-    id row, with its event's figures (a hash join within the partition)."""
+    id row, with its event's figures (a hash join within the partition) and
+    the subscription's lifetime."""
     c = F.col("c")
 
     def count(code: int) -> Column:
@@ -219,13 +215,18 @@ def _pairs(stream: DataFrame, events: DataFrame) -> DataFrame:
             count(_O).alias("o"),
             count(_X).alias("x"),
             F.max((c == _R).cast("int")).alias("r"),
-            F.max("life").alias("life"),
         )
     )
+    if matcher is not None:  # (a broadcast table keeps the partitioning by event)
+        life = matcher.lifetimes.withColumnRenamed("sub", "s")
+        per = per.join(F.broadcast(life) if matcher.broadcast else life, "s", "left")
+    else:
+        per = per.select("*", *[F.lit(None).cast("double").alias(c) for c in ("t_sub", "t_ack", "t_unsub", "t_unack")])
     ev = events.select("event", "t_pub", "t_match", "records", "tail").hint("shuffle_hash")
     j = per.join(ev, "event", "left")
-    life = F.col("life")
-    st = status_code(F.col("t_pub"), F.col("t_match"), life["t_sub"], life["t_ack"], life["t_unsub"], life["t_unack"])
+    st = status_code(
+        F.col("t_pub"), F.col("t_match"), F.col("t_sub"), F.col("t_ack"), F.col("t_unsub"), F.col("t_unack")
+    )
     return j.select(
         "event",
         F.col("s").alias("sub"),
@@ -249,7 +250,7 @@ def audit(cap: Capture, tail_from: float, matcher: Matcher | None, partitions: i
     # Read three times (the pairs' join, the event totals, the rank order):
     # aggregated once.
     events = _events(stream, tail_from).persist(StorageLevel.MEMORY_AND_DISK)
-    per = _pairs(stream, events)
+    per = _pairs(stream, events, matcher)
     judged = ~F.col("tail")
     m, d, o, x, r, st = (F.col(c) for c in ("m", "d", "o", "x", "r", "st"))
     expected = ((m > 0) & (st != INACTIVE)) | (st == ACTIVE)
@@ -290,7 +291,7 @@ def audit(cap: Capture, tail_from: float, matcher: Matcher | None, partitions: i
     # the exact count of such deliveries is computed again only then.
     suspect = F.col("p_size").isNotNull() & ((F.col("d_lo") != F.col("p_size")) | (F.col("d_hi") != F.col("p_size")))
     # One job for the totals and the rank order: all read the one shuffle.
-    order_df = _order_rows(stream, events)
+    order_df = _order_rows(stream, events, partitions)
     ordered = order_df.agg(
         F.count("*").alias("order_deliveries"), F.sum(F.col("bad").cast("long")).alias("order_violations")
     )
@@ -396,7 +397,7 @@ def _mismatched(cap: Capture) -> DataFrame:
     return delivered.join(published, "event").filter(F.col("delivered") != F.col("published"))
 
 
-def _order_rows(stream: DataFrame, events: DataFrame) -> DataFrame:
+def _order_rows(stream: DataFrame, events: DataFrame, partitions: int) -> DataFrame:
     """Rule 3: each delivery of a keyed event to a subscription, with the
     rank of the delivery before it for that (subscription, key) in the access
     node's record order; ``bad`` when its rank is not above that one (SPEC §10)."""
@@ -414,6 +415,9 @@ def _order_rows(stream: DataFrame, events: DataFrame) -> DataFrame:
             F.col("s").alias("sub"),
         )
     )
+    # Repartitioned by hand: the adaptive plan would coalesce this shuffle to
+    # a few partitions, an odd number of long tasks on two cores.
+    d = d.repartition(partitions, "sub", "key")
     # (A record's time breaks ties of n: only hand-made captures have them.)
     w = Window.partitionBy("sub", "key").orderBy("node", "n", "time")
     d = d.withColumn("prev", F.lag("rank").over(w)).withColumn("prev_event", F.lag("event").over(w))

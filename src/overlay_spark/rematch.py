@@ -509,6 +509,7 @@ class Matcher:
     broadcast: bool
     summary: dict[str, Any]
     used: frozenset[tuple[int, int]]
+    lifetimes: DataFrame
 
     def pairs(self, events: DataFrame) -> DataFrame:
         """One row per (event, conjunct) the event satisfies (rule 3):
@@ -590,4 +591,6 @@ def _matcher(cap: Capture, subs: DataFrame) -> Matcher:
     keyed = keyed.select(
         *CANDIDATE_COLUMNS, *[f"_p_{i}" for i in range(k)], _key_hash(F.col("key"), F.col("key_group")).alias("_ckey")
     )
-    return Matcher(attrs, keyed, k, groups, n_keys <= BROADCAST_KEYS, summary, used)
+    # Rule 4's times per subscription (one row each), for the pairs found.
+    lifetimes = sp.select("sub", "t_sub", "t_ack", "t_unsub", "t_unack").distinct()
+    return Matcher(attrs, keyed, k, groups, n_keys <= BROADCAST_KEYS, summary, used, lifetimes)
