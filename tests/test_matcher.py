@@ -8,14 +8,17 @@ from hypothesis import strategies as st
 
 from overlay.channels import (
     Attribute,
+    Filter,
     Kind,
     LinearMatcher,
+    Op,
+    Predicate,
     Schema,
     Subscription,
     SubscriptionIndex,
 )
 from overlay.channels.schema import RFID_MAX
-from strategies import SMALL, brute_matches, events, filters, unchecked_filter
+from strategies import SMALL, brute_matches, constants, events, filters, unchecked_filter
 
 PROPS = settings(max_examples=200, deadline=None)
 
@@ -221,13 +224,45 @@ def test_rfid_full_domain_buckets():
 # -- the property: the index is the linear scan, only cheaper --------------------------------------
 
 
+_ORDERED = [a for a in SMALL.attributes.values() if a.kind.ordered]
+# Bounds in and out of every domain, the extremes, and what is not plain
+# (a bool, a NaN; a float on an integer attribute).
+_ODD = st.sampled_from([-(10**400), 10**400, -1e308, 1e308, float("inf"), -float("inf"), True, float("nan")])
+
+
+@st.composite
+def comparisons(draw, odd=True):
+    """Mostly conjunctions of comparisons on distinct ordered attributes (rule
+    10), now and then one on an attribute already named or on a string, and
+    with ``odd`` bounds no checked filter has (out of the domain, a float on
+    an integer attribute, a bool, a NaN)."""
+    chosen = draw(st.lists(st.sampled_from(_ORDERED), min_size=2, max_size=4, unique_by=lambda a: a.name))
+    preds = []
+    for a in chosen:
+        own = st.sampled_from(constants(a))
+        value = (
+            st.one_of(own, own, own, st.integers(-20, 40) if a.kind.discrete else st.floats(-10, 20), _ODD)
+            if odd
+            else own
+        )
+        op = draw(st.sampled_from(["=", "<", "<=", ">", ">=", "in[]"]))
+        args = (draw(value), draw(value)) if op == "in[]" else (draw(value),)
+        preds.append(Predicate(a.name, Op(op), args))
+    extra = draw(st.sampled_from([None, None, None, "repeat", "string"]))
+    if extra == "repeat":
+        preds.append(Predicate(chosen[0].name, Op.LT, (5,)))
+    elif extra == "string":
+        preds.append(Predicate("s", Op.EQ, ("ab",)))
+    return Filter(tuple(draw(st.permutations(preds))))
+
+
 OPS = st.sampled_from(["add", "add", "remove", "match", "match"])
 
 
 @PROPS
 @given(
     data=st.data(),
-    pool=st.lists(filters(SMALL), min_size=1, max_size=12),
+    pool=st.lists(filters(SMALL) | comparisons(odd=False), min_size=1, max_size=12),
     copies=st.sampled_from([1, 1, 8]),
     nbuckets=st.sampled_from([1, 3, 7, 128]),
 )
@@ -292,7 +327,7 @@ def test_index_agrees_with_linear_matcher_on_unchecked_events(pool, evs):
 @PROPS
 @given(
     data=st.data(),
-    pool=st.lists(filters(SMALL), min_size=1, max_size=12),
+    pool=st.lists(filters(SMALL) | comparisons(odd=False), min_size=1, max_size=12),
     copies=st.sampled_from([2, 9]),
     nbuckets=st.sampled_from([1, 5, 16, 256]),
     small=st.booleans(),
@@ -362,3 +397,50 @@ def test_a_bulk_build_equals_one_by_one_at_scale():
         want = sorted(s.id for s in live if s.filter.matches(e))
         assert sorted(s.id for s in got) == want
         assert (sorted(s.id for s in one.match(e)[0]), one.match(e)[1]) == (want, tested)
+
+
+# -- one pass for a conjunction of comparisons (rule 10) ----------------------------------
+
+
+@PROPS
+@given(f=filters(SMALL, max_size=6) | comparisons(), nbuckets=st.sampled_from([1, 5, 16, 256]))
+def test_a_conjunction_of_comparisons_is_filed_as_the_general_path_files_it(f, nbuckets):
+    """``_ranges`` gives the test the general path (``_prepare``) gives and
+    the rows of each bound's ``plain_run`` (its cover, or the wildcards'
+    row), the wildcards of the attributes left out and the alive row — or
+    leaves the filter to the general path."""
+    import numpy as np
+
+    from overlay.channels.matcher import _ALIVE, _Bitmapped
+
+    ix = SubscriptionIndex(SMALL, nbuckets)
+    ranges = ix._ranges(f.predicates)
+    if ranges is None:
+        return
+    prepared = ix._prepare(Subscription("s", f))
+    assert type(prepared) is _Bitmapped
+    test, packed = ranges
+    assert test == prepared.test
+    want = [_ALIVE]
+    order = ix._order
+    for j in range(0, len(test), 4):
+        ai = order[test[j]]
+        run = ai.plain_run(test[j + 1], test[j + 2])
+        if run is not None:
+            want += ai.run_rows(*run, 0)
+    want += [ai.wild for ai in order if ai.pos not in test[0::4]]
+    assert sorted(np.frombuffer(packed, np.int64).tolist()) == sorted(want)
+
+
+def test_ranges_take_comparisons_on_distinct_ordered_attributes_only(schema):
+    ix = SubscriptionIndex(schema)
+
+    def ranges(text):
+        return ix._ranges(unchecked_filter(text, schema).predicates)
+
+    assert ranges("qty < 10 and price >= 2.5") is not None
+    assert ranges("qty in [1, 5] and price = 3.0 and tag > 2") is not None
+    assert ranges("qty < 10") is None  # one attribute: a single (rule 5)
+    assert ranges("qty > 1 and qty < 10") is None  # two on one attribute: merged by _plain_bounds
+    assert ranges('qty < 10 and sym = "AB"') is None  # a string
+    assert ranges("qty < 10 and price != 3.0") is None  # not a comparison

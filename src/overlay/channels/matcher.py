@@ -80,9 +80,19 @@ per-bucket dicts for the subscriptions that constrain a single attribute:
    A plain subscription over attributes whose buckets numpy computes
    exactly (``_AttrIndex.vector``) is placed with its whole chunk: buckets,
    covers (one look-up per distinct run) and wildcards as array operations,
-   the same rows ``place_plain`` gives one by one.
+   the same rows ``plain_packed`` gives one by one.
    A plain subscription's rows are not stored: ``remove`` works them out
    again from its exact test (rule 4), as ``add`` did.
+10. A single ``add`` of a conjunction of comparisons on two or more ordered
+   attributes, one predicate each (most range subscriptions), is worked out
+   in one pass (``_ranges``): its test (rule 4) and its rows *packed* —
+   native ints in bytes (``Rows.flip_packed``), the cover of each run from a
+   cache shared by every index of the layout, the wildcards of the
+   attributes it leaves out looked up eight attributes at a time — then set
+   in one scatter.  Its removal reads the same packed rows back from its
+   test.  Python work per predicate is what an insert costs at 100k
+   subscriptions (``bench/matching.py``, research workload), so nothing is
+   built per row.
 
 The order of the matched subscriptions is unspecified.  ``LinearMatcher``
 tests every subscription; it is the reference the index is checked against
@@ -98,7 +108,7 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
-from overlay.channels.predicates import compile_filter
+from overlay.channels.predicates import Predicate, compile_filter
 from overlay.channels.schema import Schema, Value, as_number
 from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
@@ -110,19 +120,29 @@ from overlay.channels._buckets import (
     _BITS,
     _CODE_OFFSET,
     _CODE_TYPE,
+    _EQ,
+    _GE,
+    _GT,
     _HI_STRICT,
+    _IN_RANGE,
+    _LE,
     _LO_STRICT,
+    _LT,
+    _NEG_INF,
     _NEVER,
     _NONZERO_TO_ONE,
     _NUMBER_TYPES,
+    _POS_INF,
     _WILD,
     DEFAULT_BUCKETS,
     MatchResult,
     _AttrIndex,
     _Bound,
     _Compiled,
+    _pack,
     _Plain,
     _plain_bounds,
+    wild_tables,
 )
 from overlay.channels._rows import WORD, Rows
 
@@ -139,6 +159,7 @@ VECTOR_CHUNK: Final = 1024
 _ALIVE: Final = 0
 # ``_placed`` of a plain subscription (rule 4): its rows are read from its test.
 _PLAIN: Final = b""
+_ALIVE_PACKED: Final = _pack((_ALIVE,))
 
 
 class _Single:
@@ -155,7 +176,8 @@ class _Single:
 class _Bitmapped:
     """A bitmapped subscription ready to file: its runs (``_PLAIN``: read
     from its plain test), its exact test, its keyed-table entries, its rows
-    (None: read them from ``placed``) and the attributes it constrains."""
+    packed (``Rows.flip_packed``; None: read them from ``placed``) and the
+    attributes it constrains."""
 
     __slots__ = ("keys", "names", "placed", "rows", "test")
 
@@ -164,7 +186,7 @@ class _Bitmapped:
         placed: bytes,
         test: _Plain | _Compiled,
         keys: tuple[tuple[int, str, str], ...],
-        rows: list[int] | None,
+        rows: bytes | None,
         names: Iterable[str],
     ) -> None:
         self.placed = placed
@@ -179,7 +201,7 @@ class _Vector:
     once (``add``), and ``flush`` sets the bits of all filed since in a few
     numpy operations per attribute — the buckets of their bounds, the
     canonical covers (one per distinct run), the wildcards of the attributes
-    they leave out — exactly what ``place_plain`` gives one by one."""
+    they leave out — exactly what ``plain_packed`` gives one by one."""
 
     def __init__(self, index: SubscriptionIndex) -> None:
         self._index = index
@@ -287,8 +309,8 @@ class SubscriptionIndex:
             for pos, (name, attr) in enumerate(schema.attributes.items())
         }
         self._order = tuple(self._attrs.values())
-        # Per attribute: its name and its wildcards' row.
-        self._wilds = tuple((ai.name, ai.wild) for ai in self._order)
+        # The packed wildcard rows of the attributes a subscription leaves out.
+        self._wild_tables = wild_tables(tuple(ai.wild for ai in self._order))
         self._bitmapped = 0
         self._slot_of: dict[str, int] = {}
         self._subs: list[Subscription | None] = []
@@ -330,18 +352,23 @@ class SubscriptionIndex:
         self._rows.ensure(slot)
         return slot
 
-    def _plain_rows(self, test: _Plain) -> list[int]:
-        """The rows of a plain subscription, from its exact test (rule 4): the
-        same ``place_plain`` worked out when it was added."""
+    def _plain_rows(self, test: _Plain, delta: int) -> bytes:
+        """The rows of a plain subscription, packed, from its exact test (rule
+        4): the same ``plain_packed`` worked out when it was added.  ``delta``
+        (-1 removing) goes to the counts of the attributes it constrains."""
         order = self._order
-        rows = [_ALIVE]
+        parts = [_ALIVE_PACKED]
+        mask = 0
         for j in range(0, len(test), 4):
-            order[test[j]].place_plain(test[j + 1], test[j + 2], rows)  # type: ignore[call-overload]  # (pos, lo, hi, strict)
-        constrained = test[0::4]
-        for ai in order:
-            if ai.pos not in constrained:
-                rows.append(ai.wild)
-        return rows
+            pos: int = test[j]  # type: ignore[assignment]  # (pos, lo, hi, strict)
+            mask |= 1 << pos
+            ai = order[pos]
+            ai.constrained += delta
+            parts.append(ai.plain_packed(test[j + 1], test[j + 2]))  # type: ignore[arg-type]  # (pos, lo, hi, strict)
+        for table in self._wild_tables:
+            parts.append(table[mask & 255])
+            mask >>= 8
+        return b"".join(parts)
 
     def _rows_of(self, placed: bytes, delta: int) -> list[int]:
         """The rows of the runs ``placed`` (their tree covers), ``_ALIVE`` first."""
@@ -376,16 +403,19 @@ class SubscriptionIndex:
             # The common case, kept lean (every subscription of a range
             # workload comes here): the rows are worked out with the codes.
             flat: list[object] = []
-            rows = [_ALIVE]
+            parts = [_ALIVE_PACKED]
+            mask = 0
             attrs = self._attrs
             for name, bound in plain.items():
                 ai = attrs[name]
-                flat += (ai.pos, *bound)
-                ai.place_plain(bound[0], bound[1], rows)
-            for name, wild in self._wilds:
-                if name not in plain:
-                    rows.append(wild)
-            return _Bitmapped(_PLAIN, tuple(flat), (), rows, plain)
+                pos = ai.pos
+                flat += (pos, *bound)
+                mask |= 1 << pos
+                parts.append(ai.plain_packed(bound[0], bound[1]))
+            for table in self._wild_tables:
+                parts.append(table[mask & 255])
+                mask >>= 8
+            return _Bitmapped(_PLAIN, tuple(flat), (), b"".join(parts), plain)
         keys: list[tuple[int, str, str]] = []
         names = f.attrs()
         for ai in self._order:
@@ -399,6 +429,58 @@ class SubscriptionIndex:
         test = compile_filter(f)
         return _Bitmapped(array(_CODE_TYPE, codes).tobytes(), test, tuple(keys), None, names)
 
+    def _ranges(self, preds: tuple[Predicate, ...]) -> tuple[_Plain, bytes] | None:
+        """Rule 10: the exact test and the packed rows of a conjunction of
+        comparisons (``= < <= > >= in[]``) on two or more ordered attributes,
+        one each; None for anything else (``_prepare`` decides it then).  The
+        same test ``_plain_bounds`` and the same rows ``plain_packed`` give,
+        in one pass: most subscriptions of a range workload come here."""
+        if len(preds) < 2:
+            return None
+        attrs = self._attrs
+        flat: list[object] = []
+        parts = [_ALIVE_PACKED]
+        mask = 0
+        for p in preds:
+            ai = attrs.get(p.attr)
+            if ai is None or not ai.ordered:
+                return None
+            op = p.op
+            args = p.args
+            if op is _IN_RANGE:
+                if len(args) != 2:
+                    return None
+                lo, hi = args
+                s = 0
+            elif len(args) != 1:
+                return None
+            elif op is _EQ:
+                lo = hi = args[0]
+                s = 0
+            elif op is _GE or op is _GT:
+                lo, hi, s = args[0], _POS_INF, (0 if op is _GE else _LO_STRICT)
+            elif op is _LE or op is _LT:
+                lo, hi, s = _NEG_INF, args[0], (0 if op is _LE else _HI_STRICT)
+            else:
+                return None
+            # Numbers of the attribute's own kind only (as _plain_bounds):
+            # a float on an int attribute, a bool or a NaN is not plain.
+            for x in args:
+                t = type(x)
+                if t is not int and (t is not float or ai.discrete or x != x):
+                    return None
+            pos = ai.pos
+            bit = 1 << pos
+            if mask & bit:
+                return None  # two on one attribute: _plain_bounds merges them
+            mask |= bit
+            flat += (pos, lo, hi, s)
+            parts.append(ai.plain_packed(lo, hi))
+        for table in self._wild_tables:
+            parts.append(table[mask & 255])
+            mask >>= 8
+        return tuple(flat), b"".join(parts)
+
     def add(self, sub: Subscription) -> bool:
         """Index ``sub``; False (and no change) if its id is already here.
 
@@ -407,17 +489,31 @@ class SubscriptionIndex:
         """
         if sub.id in self._slot_of:
             return False
+        ranges = self._ranges(sub.filter.predicates)
+        if ranges is not None:
+            test, packed = ranges
+            slot = self._new_slot()
+            order = self._order
+            for j in range(0, len(test), 4):
+                order[test[j]].constrained += 1  # type: ignore[call-overload]  # test[j]: a position
+            self._placed[slot] = _PLAIN
+            self._tests[slot] = test
+            self._bitmapped += 1
+            self._subs[slot] = sub
+            self._slot_of[sub.id] = slot
+            self._rows.flip_packed(packed, slot)
+            return True
         prepared = self._prepare(sub)
         slot = self._new_slot()
         self._file(slot, sub, prepared)
         if type(prepared) is _Bitmapped:
-            self._rows.flip(self._placed_rows(prepared), slot)
+            self._rows.flip_packed(self._placed_rows(prepared), slot)
         return True
 
-    def _placed_rows(self, prepared: _Bitmapped) -> list[int]:
-        """The rows a prepared bitmapped subscription goes in."""
+    def _placed_rows(self, prepared: _Bitmapped) -> bytes:
+        """The rows a prepared bitmapped subscription goes in, packed."""
         rows = prepared.rows
-        return self._rows_of(prepared.placed, +1) if rows is None else rows
+        return _pack(self._rows_of(prepared.placed, +1)) if rows is None else rows
 
     def _file(self, slot: int, sub: Subscription, prepared: _Single | _Bitmapped) -> None:
         """Record a prepared subscription in ``slot``, all but its bits."""
@@ -478,9 +574,9 @@ class SubscriptionIndex:
                     self._file(slot, sub, prepared)
                     if type(prepared) is _Bitmapped:
                         placed_rows = self._placed_rows(prepared)
-                        rows.extend(placed_rows)
+                        rows.frombytes(placed_rows)
                         slots.append(slot)
-                        counts.append(len(placed_rows))
+                        counts.append(len(placed_rows) >> 3)
                 added += 1
                 if len(slots) >= BULK_CHUNK:
                     _set_bits(table, rows, slots, counts)
@@ -509,10 +605,7 @@ class SubscriptionIndex:
         elif placed is _PLAIN:
             test = self._tests[slot]
             assert type(test) is tuple
-            self._rows.flip(self._plain_rows(test), slot)
-            order = self._order
-            for j in range(0, len(test), 4):
-                order[test[j]].constrained -= 1  # type: ignore[call-overload]  # test[j]: a position
+            self._rows.flip_packed(self._plain_rows(test, -1), slot)
             self._bitmapped -= 1
         else:
             self._rows.flip(self._rows_of(placed, -1), slot)
