@@ -444,3 +444,33 @@ def test_ranges_take_comparisons_on_distinct_ordered_attributes_only(schema):
     assert ranges("qty > 1 and qty < 10") is None  # two on one attribute: merged by _plain_bounds
     assert ranges('qty < 10 and sym = "AB"') is None  # a string
     assert ranges("qty < 10 and price != 3.0") is None  # not a comparison
+
+
+def test_a_bulk_build_leaves_the_packed_covers_single_adds_read():
+    """``place_many`` stores the covers it met where ``plain_packed`` looks
+    them up: each equals the cover worked out afresh."""
+    import random
+
+    import numpy as np
+
+    from overlay.channels._buckets import _cover_rows
+
+    schema = Schema([Attribute(f"a{i}", Kind.INT, 0, 999) for i in range(3)], ["a0"])
+    rng = random.Random(5)
+    subs = [
+        S(
+            f"s{i}",
+            " and ".join(f"a{k} in [{lo}, {lo + rng.randrange(400)}]" for k in range(3) for lo in [rng.randrange(600)]),
+            schema,
+        )
+        for i in range(300)
+    ]
+    ix = SubscriptionIndex(schema, 64)
+    for ai in ix._order:
+        ai.packed.clear()  # shared by the layout: start from nothing
+    assert ix.add_many(subs) == 300
+    for ai in ix._order:
+        assert ai.packed
+        for key, packed in ai.packed.items():
+            first, last = divmod(key, ai.nbuckets)
+            assert np.frombuffer(packed, np.int64).tolist() == list(_cover_rows(ai.tree, ai.levels, first, last))

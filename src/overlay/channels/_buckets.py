@@ -74,6 +74,8 @@ _Plain = tuple[object, ...]
 # A single-attribute entry (rule 5): ``(lo, hi, strict, sub)``.
 _Entry = tuple[Value, Value, int, Subscription]
 _Bound = tuple[Value, Value, int]
+# ``_AttrIndex.ranged``: (pos, 1 << pos, discrete, min, max, span, nbuckets, packed covers, the index).
+Ranged = tuple[int, int, bool, Value, Value, int, int, dict[int, bytes], "_AttrIndex"]
 
 
 class _Never:
@@ -285,6 +287,7 @@ class _AttrIndex:
         "paths",
         "pos",
         "present",
+        "ranged",
         "rel_paths",
         "rows",
         "single_buckets",
@@ -329,6 +332,13 @@ class _AttrIndex:
         # (0: ask _bucket_of).
         self.span = (
             attr.max - attr.min + 1 if attr.kind.discrete and type(attr.min) is int and type(attr.max) is int else 0
+        )
+        # What the matcher's one-pass add (its rule 10) reads of an ordered
+        # attribute, in one tuple: unpacking it costs less than the loads.
+        self.ranged: Ranged | None = (
+            (pos, 1 << pos, self.discrete, self.lo, self.hi, self.span, nbuckets, self.packed, self)
+            if self.ordered
+            else None
         )
         # Whether place_many computes this attribute's buckets exactly as
         # _bucket_of does (rule 9 of the matcher): an ordered domain of
@@ -426,13 +436,22 @@ class _AttrIndex:
         if len(keys):
             distinct, which = np.unique(keys, return_inverse=True)
             store = _cover_store(self.levels, n)
-            starts, lens = store.spans(distinct.tolist())
+            keys_list = distinct.tolist()
+            starts, lens = store.spans(keys_list)
             each = lens[which]
             total = int(each.sum())
             # Entry j of the output: the row, within its cover, of the bound it expands.
             begin = np.cumsum(each) - each
             at = np.arange(total, dtype=np.intp) - np.repeat(begin, each) + np.repeat(starts[which], each)
             data = np.frombuffer(store.data, np.int64)
+            # The runs met here, packed for single adds and removals too
+            # (plain_packed): a bulk-built index's next add finds its covers.
+            packed = self.packed
+            if len(packed) + len(keys_list) <= _PACKED_MAX:
+                tree = self.tree
+                for k, start, length in zip(keys_list, starts.tolist(), lens.tolist(), strict=True):
+                    if k not in packed:
+                        packed[k] = (data[start : start + length] + tree).tobytes()
             rows.append(data[at] + self.tree)
             del data  # an array with a view on it cannot grow
             out.append(np.repeat(slots[part], each))

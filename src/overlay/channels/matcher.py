@@ -311,6 +311,9 @@ class SubscriptionIndex:
         self._order = tuple(self._attrs.values())
         # The packed wildcard rows of the attributes a subscription leaves out.
         self._wild_tables = wild_tables(tuple(ai.wild for ai in self._order))
+        # Rule 10: the ordered attributes' ``ranged``, by name and by position.
+        self._ranged = {ai.name: ai.ranged for ai in self._order if ai.ranged is not None}
+        self._ranged_at = tuple(ai.ranged for ai in self._order)
         self._bitmapped = 0
         self._slot_of: dict[str, int] = {}
         self._subs: list[Subscription | None] = []
@@ -357,14 +360,31 @@ class SubscriptionIndex:
         4): the same ``plain_packed`` worked out when it was added.  ``delta``
         (-1 removing) goes to the counts of the attributes it constrains."""
         order = self._order
+        ranged_at = self._ranged_at
         parts = [_ALIVE_PACKED]
         mask = 0
         for j in range(0, len(test), 4):
             pos: int = test[j]  # type: ignore[assignment]  # (pos, lo, hi, strict)
+            lo = test[j + 1]
+            hi = test[j + 2]
             mask |= 1 << pos
-            ai = order[pos]
+            ranged = ranged_at[pos]
+            if ranged is None:  # a string's =
+                ai = order[pos]
+                ai.constrained += delta
+                parts.append(ai.plain_packed(lo, hi))  # type: ignore[arg-type]  # (pos, lo, hi, strict)
+                continue
+            _, _, _, dlo, dhi, span, n, covers, ai = ranged
             ai.constrained += delta
-            parts.append(ai.plain_packed(test[j + 1], test[j + 2]))  # type: ignore[arg-type]  # (pos, lo, hi, strict)
+            # plain_packed inline, as in _ranges.
+            if lo < dlo:  # type: ignore[operator]  # numbers: an ordered attribute's plain bound
+                lo = dlo
+            if hi > dhi:  # type: ignore[operator]  # numbers (see above)
+                hi = dhi
+            if lo > hi:  # type: ignore[operator]  # numbers (see above)
+                continue
+            packed = covers.get((lo - dlo) * n // span * n + (hi - dlo) * n // span) if span else None  # type: ignore[operator, arg-type]  # ints (span)
+            parts.append(ai.plain_packed(lo, hi) if packed is None else packed)  # type: ignore[arg-type]  # numbers (see above)
         for table in self._wild_tables:
             parts.append(table[mask & 255])
             mask >>= 8
@@ -437,20 +457,24 @@ class SubscriptionIndex:
         in one pass: most subscriptions of a range workload come here."""
         if len(preds) < 2:
             return None
-        attrs = self._attrs
+        info = self._ranged
         flat: list[object] = []
         parts = [_ALIVE_PACKED]
         mask = 0
         for p in preds:
-            ai = attrs.get(p.attr)
-            if ai is None or not ai.ordered:
+            ranged = info.get(p.attr)
+            if ranged is None:
                 return None
+            pos, bit, discrete, dlo, dhi, span, n, covers, ai = ranged
             op = p.op
             args = p.args
             if op is _IN_RANGE:
                 if len(args) != 2:
                     return None
                 lo, hi = args
+                t = type(hi)
+                if t is not int and (t is not float or discrete or hi != hi):
+                    return None
                 s = 0
             elif len(args) != 1:
                 return None
@@ -465,17 +489,24 @@ class SubscriptionIndex:
                 return None
             # Numbers of the attribute's own kind only (as _plain_bounds):
             # a float on an int attribute, a bool or a NaN is not plain.
-            for x in args:
-                t = type(x)
-                if t is not int and (t is not float or ai.discrete or x != x):
-                    return None
-            pos = ai.pos
-            bit = 1 << pos
+            x = args[0]
+            t = type(x)
+            if t is not int and (t is not float or discrete or x != x):
+                return None
             if mask & bit:
                 return None  # two on one attribute: _plain_bounds merges them
             mask |= bit
             flat += (pos, lo, hi, s)
-            parts.append(ai.plain_packed(lo, hi))
+            # plain_packed inline (a call and its loads cost as much as the
+            # rest): clipped to the domain, an integer run's cover looked up.
+            if lo < dlo:  # type: ignore[operator]  # numbers (checked above)
+                lo = dlo
+            if hi > dhi:  # type: ignore[operator]  # numbers (checked above)
+                hi = dhi
+            if lo > hi:  # type: ignore[operator]  # numbers (checked above)
+                continue  # no value of the domain: in no row of this attribute
+            packed = covers.get((lo - dlo) * n // span * n + (hi - dlo) * n // span) if span else None  # type: ignore[operator, arg-type]  # ints (span)
+            parts.append(ai.plain_packed(lo, hi) if packed is None else packed)
         for table in self._wild_tables:
             parts.append(table[mask & 255])
             mask >>= 8
