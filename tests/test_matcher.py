@@ -419,7 +419,8 @@ def test_a_conjunction_of_comparisons_is_filed_as_the_general_path_files_it(f, n
         return
     prepared = ix._prepare(Subscription("s", f))
     assert type(prepared) is _Bitmapped
-    test, packed = ranges
+    test, packed, mask = ranges
+    assert mask == sum(1 << pos for pos in test[0::4])
     assert test == prepared.test
     want = [_ALIVE]
     order = ix._order

@@ -205,44 +205,22 @@ class _Vector:
 
     def __init__(self, index: SubscriptionIndex) -> None:
         self._index = index
-        self._vector = {ai.name: ai.vector for ai in index._order}
+        # The positions of the attributes place_many takes (_AttrIndex.vector).
+        self.mask = sum(1 << ai.pos for ai in index._order if ai.vector)
         self._slots = array("q")
-        # Per attribute position: the bounds on it, as machine numbers, and
-        # the place in _slots of each bound's subscription.
-        self._bounds: list[tuple[array[float], array[float], array[int]]] = [
-            (array("d"), array("d"), array("q")) for _ in index._order
-        ]
+        # The tests (rule 4) of the subscriptions filed, one after the other,
+        # and how many bounds each has: made machine numbers at once by flush.
+        self._flat: list[object] = []
+        self._counts = array("q")
 
     def __len__(self) -> int:
         return len(self._slots)
 
-    def takes(self, plain: dict[str, _Bound]) -> bool:
-        vector = self._vector
-        for name in plain:  # noqa: SIM110  # a loop: all() of a generator costs more, per subscription
-            if not vector[name]:
-                return False
-        return True
-
-    def add(self, slot: int, sub: Subscription, plain: dict[str, _Bound]) -> None:
-        index = self._index
-        attrs = index._attrs
-        k = len(self._slots)
-        flat: list[object] = []
-        per = self._bounds
-        for name, bound in plain.items():
-            ai = attrs[name]
-            flat += (ai.pos, *bound)
-            los, his, ks = per[ai.pos]
-            lo, hi = bound[0], bound[1]
-            try:
-                los.append(lo)  # type: ignore[arg-type]  # a number: an ordered attribute's bound
-                his.append(hi)  # type: ignore[arg-type]  # a number: an ordered attribute's bound
-            except OverflowError:  # an int past 1e308 (an unchecked filter): only its side matters
-                del los[len(ks) :], his[len(ks) :]
-                los.append(_clamped(lo))
-                his.append(_clamped(hi))
-            ks.append(k)
-        index._file(slot, sub, _Bitmapped(_PLAIN, tuple(flat), (), None, plain))
+    def add(self, slot: int, sub: Subscription, test: _Plain) -> None:
+        """File a plain subscription whose test names attributes of ``mask`` only."""
+        self._index._file_plain(slot, sub, test)
+        self._flat += test
+        self._counts.append(len(test) >> 2)
         self._slots.append(slot)
 
     def flush(self) -> None:
@@ -251,22 +229,36 @@ class _Vector:
             return
         index = self._index
         slot_of = np.frombuffer(self._slots, np.int64).astype(np.intp)
+        try:
+            flat = np.array(self._flat, np.float64)
+        except OverflowError:  # an int past 1e308 (an unchecked filter): only its side matters
+            flat = np.array([_clamped(x) for x in self._flat], np.float64)  # type: ignore[arg-type]  # numbers
+        flat = flat.reshape(-1, 4)
+        pos = flat[:, 0].astype(np.intp)
+        # Each bound's subscription (0..m-1), and the bounds grouped by attribute.
+        owner = np.repeat(np.arange(m, dtype=np.intp), np.frombuffer(self._counts, np.int64))
+        by_attr = np.argsort(pos, kind="stable")
+        ends = np.cumsum(np.bincount(pos, minlength=len(index._order))).tolist()
         out_rows: list[npt.NDArray[np.intp]] = [np.full(m, _ALIVE, np.intp)]
         out_slots: list[npt.NDArray[np.intp]] = [slot_of]
-        for ai, (los, his, ks) in zip(index._order, self._bounds, strict=True):
+        start = 0
+        for ai, end in zip(index._order, ends, strict=True):
             free = np.ones(m, np.bool_)
-            if ks:
-                at = np.frombuffer(ks, np.int64)
-                free[at] = False
-                rows, slots = ai.place_many(np.frombuffer(los), np.frombuffer(his), slot_of[at])
+            if end > start:
+                at = by_attr[start:end]
+                subs = owner[at]
+                free[subs] = False
+                rows, slots = ai.place_many(flat[at, 1], flat[at, 2], slot_of[subs])
                 out_rows += rows
                 out_slots += slots
+            start = end
             # The subscriptions that leave this attribute out: its wildcards.
             out_rows.append(np.full(int(free.sum()), ai.wild, np.intp))
             out_slots.append(slot_of[free])
         index._rows.set_bits(np.concatenate(out_rows), np.concatenate(out_slots))
         self._slots = array("q")
-        self._bounds = [(array("d"), array("d"), array("q")) for _ in index._order]
+        self._flat = []
+        self._counts = array("q")
 
 
 def _clamped(x: Value) -> float:
@@ -449,8 +441,9 @@ class SubscriptionIndex:
         test = compile_filter(f)
         return _Bitmapped(array(_CODE_TYPE, codes).tobytes(), test, tuple(keys), None, names)
 
-    def _ranges(self, preds: tuple[Predicate, ...]) -> tuple[_Plain, bytes] | None:
-        """Rule 10: the exact test and the packed rows of a conjunction of
+    def _ranges(self, preds: tuple[Predicate, ...], *, pack: bool = True) -> tuple[_Plain, bytes, int] | None:
+        """Rule 10: the exact test, the packed rows (with ``pack``; else
+        ``b""``) and the mask of the attribute positions of a conjunction of
         comparisons (``= < <= > >= in[]``) on two or more ordered attributes,
         one each; None for anything else (``_prepare`` decides it then).  The
         same test ``_plain_bounds`` and the same rows ``plain_packed`` give,
@@ -497,6 +490,8 @@ class SubscriptionIndex:
                 return None  # two on one attribute: _plain_bounds merges them
             mask |= bit
             flat += (pos, lo, hi, s)
+            if not pack:
+                continue
             # plain_packed inline (a call and its loads cost as much as the
             # rest): clipped to the domain, an integer run's cover looked up.
             if lo < dlo:  # type: ignore[operator]  # numbers (checked above)
@@ -507,10 +502,13 @@ class SubscriptionIndex:
                 continue  # no value of the domain: in no row of this attribute
             packed = covers.get((lo - dlo) * n // span * n + (hi - dlo) * n // span) if span else None  # type: ignore[operator, arg-type]  # ints (span)
             parts.append(ai.plain_packed(lo, hi) if packed is None else packed)
+        if not pack:
+            return tuple(flat), b"", mask
+        constrained = mask
         for table in self._wild_tables:
             parts.append(table[mask & 255])
             mask >>= 8
-        return tuple(flat), b"".join(parts)
+        return tuple(flat), b"".join(parts), constrained
 
     def add(self, sub: Subscription) -> bool:
         """Index ``sub``; False (and no change) if its id is already here.
@@ -522,17 +520,9 @@ class SubscriptionIndex:
             return False
         ranges = self._ranges(sub.filter.predicates)
         if ranges is not None:
-            test, packed = ranges
             slot = self._new_slot()
-            order = self._order
-            for j in range(0, len(test), 4):
-                order[test[j]].constrained += 1  # type: ignore[call-overload]  # test[j]: a position
-            self._placed[slot] = _PLAIN
-            self._tests[slot] = test
-            self._bitmapped += 1
-            self._subs[slot] = sub
-            self._slot_of[sub.id] = slot
-            self._rows.flip_packed(packed, slot)
+            self._file_plain(slot, sub, ranges[0])
+            self._rows.flip_packed(ranges[1], slot)
             return True
         prepared = self._prepare(sub)
         slot = self._new_slot()
@@ -540,6 +530,17 @@ class SubscriptionIndex:
         if type(prepared) is _Bitmapped:
             self._rows.flip_packed(self._placed_rows(prepared), slot)
         return True
+
+    def _file_plain(self, slot: int, sub: Subscription, test: _Plain) -> None:
+        """``_file`` of a plain subscription on two or more attributes (rule 10)."""
+        order = self._order
+        for j in range(0, len(test), 4):
+            order[test[j]].constrained += 1  # type: ignore[call-overload]  # test[j]: a position
+        self._placed[slot] = _PLAIN
+        self._tests[slot] = test
+        self._bitmapped += 1
+        self._subs[slot] = sub
+        self._slot_of[sub.id] = slot
 
     def _placed_rows(self, prepared: _Bitmapped) -> bytes:
         """The rows a prepared bitmapped subscription goes in, packed."""
@@ -591,14 +592,25 @@ class SubscriptionIndex:
         need = len(self._subs) + len(batch)
         table.ensure(need + need // 4)
         attrs = self._attrs
+        vector = vec.mask
         added = 0
         try:
             for sub in batch:
                 if sub.id in self._slot_of:
                     continue
-                plain = _plain_bounds(sub.filter, attrs)
-                if plain is not None and len(plain) > 1 and vec.takes(plain):
-                    vec.add(self._new_slot(), sub, plain)
+                ranges = self._ranges(sub.filter.predicates, pack=False)
+                if ranges is None:
+                    # Not rule 10's form, but perhaps plain (two bounds on one
+                    # attribute merged, a string's =): its test, by position.
+                    plain = _plain_bounds(sub.filter, attrs)
+                    if plain is not None and len(plain) > 1:
+                        test: list[object] = []
+                        for name, bound in plain.items():
+                            test += (attrs[name].pos, *bound)
+                        mask = sum(1 << attrs[name].pos for name in plain)
+                        ranges = (tuple(test), b"", mask)
+                if ranges is not None and not ranges[2] & ~vector:
+                    vec.add(self._new_slot(), sub, ranges[0])
                 else:
                     prepared = self._prepare(sub)
                     slot = self._new_slot()
