@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from array import array
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from overlay.channels import _rows
 from overlay.channels._buckets import FANOUT, _cover, _path, tree_levels, tree_rows
-from overlay.channels._rows import Rows
+from overlay.channels._rows import PACKED, Rows
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -22,7 +23,9 @@ def members(table: Rows, r: int) -> set[int]:
 
 
 @pytest.mark.parametrize("small", [True, False])
-def test_flips_set_bits_and_growth_keep_every_row_exact(monkeypatch: pytest.MonkeyPatch, small: bool) -> None:
+def test_flips_packed_or_not_set_bits_and_growth_keep_every_row_exact(
+    monkeypatch: pytest.MonkeyPatch, small: bool
+) -> None:
     if not small:
         monkeypatch.setattr(_rows, "SMALL_WORDS", 0)  # rule 5 off: numpy reads only
     rng = random.Random(7)
@@ -31,7 +34,10 @@ def test_flips_set_bits_and_growth_keep_every_row_exact(monkeypatch: pytest.Monk
     for slot in range(700):  # past 64 slots, and past the doubling
         table.ensure(slot)
         rows = rng.sample(range(5), rng.randint(1, 5))
-        table.flip(rows, slot)
+        if slot % 2:
+            table.flip(rows, slot)
+        else:  # the same rows packed (matcher rule 10)
+            table.flip_packed(array(PACKED, rows).tobytes(), slot)
         for r in rows:
             want[r].symmetric_difference_update({slot})
         if slot % 97 == 0:

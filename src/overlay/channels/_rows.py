@@ -9,6 +9,8 @@
    the number of slots.  (A Python integer per bitmap, the earlier design, is
    immutable: each change copied the whole ``N/8`` bytes of every bitmap it
    touched, ~1,300 of them per range subscription at 256 buckets.)
+   ``flip_packed`` takes the rows as native ints packed in bytes, joined
+   from cached pieces: numpy reads them without converting a list.
 3. A bulk change sets the bits of many new slots at once (``set_bits``): one
    ``bitwise_or.at`` over every (row, slot) pair — what a migration, a split
    or a recovery does when it builds an index.

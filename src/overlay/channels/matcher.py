@@ -78,9 +78,12 @@ per-bucket dicts for the subscriptions that constrain a single attribute:
    indexing what it moved) files every subscription, then sets all their
    bits in a few numpy scatters, a chunk of ``BULK_CHUNK`` slots at a time.
    A plain subscription over attributes whose buckets numpy computes
-   exactly (``_AttrIndex.vector``) is placed with its whole chunk: buckets,
-   covers (one look-up per distinct run) and wildcards as array operations,
-   the same rows ``plain_packed`` gives one by one.
+   exactly (``_AttrIndex.vector``) is placed with its whole chunk: its test
+   (rule 10's one pass when it has that form) is kept as it is, and the
+   chunk's bounds become machine numbers in one conversion; buckets, covers
+   (one look-up per distinct run, left in the layout's cache for rule 10)
+   and wildcards are array operations, the same rows ``plain_packed`` gives
+   one by one.
    A plain subscription's rows are not stored: ``remove`` works them out
    again from its exact test (rule 4), as ``add`` did.
 10. A single ``add`` of a conjunction of comparisons on two or more ordered
@@ -92,7 +95,7 @@ per-bucket dicts for the subscriptions that constrain a single attribute:
    in one scatter.  Its removal reads the same packed rows back from its
    test.  Python work per predicate is what an insert costs at 100k
    subscriptions (``bench/matching.py``, research workload), so nothing is
-   built per row.
+   built per row and nothing is called per predicate.
 
 The order of the matched subscriptions is unspecified.  ``LinearMatcher``
 tests every subscription; it is the reference the index is checked against
@@ -462,9 +465,10 @@ class SubscriptionIndex:
             op = p.op
             args = p.args
             if op is _IN_RANGE:
-                if len(args) != 2:
+                try:
+                    lo, hi = args
+                except ValueError:  # an unchecked filter's odd arity
                     return None
-                lo, hi = args
                 t = type(hi)
                 if t is not int and (t is not float or discrete or hi != hi):
                     return None
