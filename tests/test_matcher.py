@@ -475,3 +475,30 @@ def test_a_bulk_build_leaves_the_packed_covers_single_adds_read():
         for key, packed in ai.packed.items():
             first, last = divmod(key, ai.nbuckets)
             assert np.frombuffer(packed, np.int64).tolist() == list(_cover_rows(ai.tree, ai.levels, first, last))
+
+
+def test_a_bulk_build_of_bounds_past_the_float_range_matches_like_the_reference():
+    """A chunk with an int past 1e308 (an unchecked filter) is converted bound
+    by bound, clamped to its side (rule 9): the same matches as the linear
+    reference, and as single adds."""
+    huge = 10**400
+    shapes = [
+        (Predicate("x", Op.IN_RANGE, (-huge, 3)), Predicate("n", Op.GE, (2,))),
+        (Predicate("x", Op.GE, (huge,)), Predicate("y", Op.LT, (2.5,))),
+        (Predicate("y", Op.IN_RANGE, (-float("inf"), 1.5)), Predicate("r", Op.LE, (huge,))),
+        (Predicate("x", Op.LT, (-huge,)), Predicate("n", Op.EQ, (1,))),
+        (Predicate("x", Op.EQ, (4,)), Predicate("y", Op.GT, (-float("inf"),))),
+    ]
+    subs = [Subscription(f"{k}.{i}", Filter(shape)) for i, shape in enumerate(shapes) for k in range(5)]
+    bulk, one, lin = SubscriptionIndex(SMALL), SubscriptionIndex(SMALL), LinearMatcher(SMALL)
+    assert bulk.add_many(subs) == len(subs)
+    for s in subs:
+        one.add(s)
+        lin.add(s)
+    for x in range(0, 13, 2):
+        for y in (0.0, 1.5, 2.5, 4.0):
+            for n in (1, 2, 5):
+                e = {"x": x, "y": y, "n": n, "r": 3, "s": "a"}
+                want = sorted(s.id for s in lin.match(e)[0])
+                assert sorted(s.id for s in bulk.match(e)[0]) == want
+                assert sorted(s.id for s in one.match(e)[0]) == want
