@@ -418,6 +418,10 @@ class _AttrIndex:
         lo = np.maximum(lo, float(self.lo))
         hi = np.minimum(hi, float(self.hi))
         ok = lo <= hi
+        # A bound wholly past the domain (not ok: dropped below) is brought
+        # inside it, so its bucket arithmetic stays in machine range.
+        lo = np.minimum(lo, float(self.hi))
+        hi = np.maximum(hi, float(self.lo))
         if self.discrete:
             base, span = int(self.lo), int(self.hi) - int(self.lo) + 1
             first = (lo.astype(np.int64) - base) * n // span
