@@ -13,8 +13,9 @@ Rules:
 1. A node process freezes everything once it has started (``gc.collect()``
    then ``gc.freeze()``): modules, classes, its config and tables live as
    long as it does.
-2. After a full pass that held the loop at least ``FREEZE_AFTER``, what
-   survived it is frozen, from the collection's own ``stop`` callback: the
+2. After a full pass that took at least ``FREEZE_AFTER`` of CPU (the
+   thread's: on a busy machine a small pass can wait long for a core, and
+   its wall time says nothing of the heap), what survived it is frozen, from the collection's own ``stop`` callback: the
    pass has just found everything unreachable, so nothing frozen then is
    garbage.  The next full passes visit only what was made since, so a full
    pass costs about what the node gained since the last freeze, not what it
@@ -35,8 +36,8 @@ Rules:
 4. A run that ends unfreezes (``gc.unfreeze``): a new run in the same
    process (a rejoin, ``net.node`` rule 14) collects what the old one left,
    then freezes afresh (rule 1).
-5. ``FreezePolicy`` is the decision alone: the pause comes with the call;
-   the shell measures it and calls ``gc.freeze``.
+5. ``FreezePolicy`` is the decision alone: the pass's CPU time comes with
+   the call; the shell measures it and calls ``gc.freeze``.
 """
 
 from __future__ import annotations
@@ -45,14 +46,15 @@ from typing import Final
 
 __all__ = ["FREEZE_AFTER", "MAX_FREEZES", "FreezePolicy"]
 
-# Rule 2: a full pass this long (s) freezes what survived it.  Well below
-# any sensible ``suspect_timeout`` (1.5 s by default) and the ``slow_ms`` a
-# latency-minded operator sets, above what the passes of a node holding
-# little take (a few ms once rule 1 froze the start-up state).
+# Rule 2: a full pass taking this much CPU (s) freezes what survived it.
+# Well below any sensible ``suspect_timeout`` (1.5 s by default), above what
+# the passes of a node holding little take (a few ms once rule 1 froze the
+# start-up state).
 FREEZE_AFTER: Final = 0.05
 # Rule 3: freezes per run.  Loading a million subscriptions on five nodes
-# freezes a few dozen times per node (each full pass comes when the heap
-# grew by a quarter, CPython's rule).
+# froze 67-71 times per node when the trigger was the pass's wall time on a
+# machine busy with other work (fewer on CPU time); four times that leaves
+# room for a node to keep growing.
 MAX_FREEZES: Final = 256
 
 
@@ -67,9 +69,9 @@ class FreezePolicy:
         self.limit = limit
         self.freezes = 0
 
-    def after_full_pass(self, pause: float) -> bool:
-        """A full pass held the loop ``pause`` seconds: True to freeze what survived it (counted)."""
-        if pause < self.after or self.freezes >= self.limit:
+    def after_full_pass(self, cpu: float) -> bool:
+        """A full pass took ``cpu`` seconds of CPU: True to freeze what survived it (counted)."""
+        if cpu < self.after or self.freezes >= self.limit:
             return False
         self.freezes += 1
         return True
