@@ -74,8 +74,9 @@ _Plain = tuple[object, ...]
 # A single-attribute entry (rule 5): ``(lo, hi, strict, sub)``.
 _Entry = tuple[Value, Value, int, Subscription]
 _Bound = tuple[Value, Value, int]
-# ``_AttrIndex.ranged``: (pos, 1 << pos, discrete, min, max, span, nbuckets, packed covers, the index).
-Ranged = tuple[int, int, bool, Value, Value, int, int, dict[int, bytes], "_AttrIndex"]
+# ``_AttrIndex.ranged``: (pos, 1 << pos, discrete, min, max, span, width,
+# nbuckets, packed covers, the index).
+Ranged = tuple[int, int, bool, Value, Value, int, float, int, dict[int, bytes], "_AttrIndex"]
 
 
 class _Never:
@@ -297,6 +298,7 @@ class _AttrIndex:
         "span",
         "tree",
         "vector",
+        "width",
         "wild",
     )
 
@@ -333,10 +335,12 @@ class _AttrIndex:
         self.span = (
             attr.max - attr.min + 1 if attr.kind.discrete and type(attr.min) is int and type(attr.max) is int else 0
         )
+        # A float domain's bucket width, as float_bucket's (0.0: not a float).
+        self.width = ((attr.max - attr.min) / nbuckets or 1.0) if attr.kind is Kind.FLOAT else 0.0
         # What the matcher's one-pass add (its rule 10) reads of an ordered
         # attribute, in one tuple: unpacking it costs less than the loads.
         self.ranged: Ranged | None = (
-            (pos, 1 << pos, self.discrete, self.lo, self.hi, self.span, nbuckets, self.packed, self)
+            (pos, 1 << pos, self.discrete, self.lo, self.hi, self.span, self.width, nbuckets, self.packed, self)
             if self.ordered
             else None
         )

@@ -369,7 +369,7 @@ class SubscriptionIndex:
                 ai.constrained += delta
                 parts.append(ai.plain_packed(lo, hi))  # type: ignore[arg-type]  # (pos, lo, hi, strict)
                 continue
-            _, _, _, dlo, dhi, span, n, covers, ai = ranged
+            _, _, _, dlo, dhi, span, width, n, covers, ai = ranged
             ai.constrained += delta
             # plain_packed inline, as in _ranges.
             if lo < dlo:  # type: ignore[operator]  # numbers: an ordered attribute's plain bound
@@ -378,7 +378,14 @@ class SubscriptionIndex:
                 hi = dhi
             if lo > hi:  # type: ignore[operator]  # numbers (see above)
                 continue
-            packed = covers.get((lo - dlo) * n // span * n + (hi - dlo) * n // span) if span else None  # type: ignore[operator, arg-type]  # ints (span)
+            if span:
+                packed = covers.get((lo - dlo) * n // span * n + (hi - dlo) * n // span)  # type: ignore[operator, arg-type]  # ints (span)
+            elif width:  # float_bucket inline
+                first = int((lo - dlo) / width)  # type: ignore[operator]  # numbers
+                last = int((hi - dlo) / width)  # type: ignore[operator]  # numbers
+                packed = covers.get((first if first < n else n - 1) * n + (last if last < n else n - 1))
+            else:
+                packed = None
             parts.append(ai.plain_packed(lo, hi) if packed is None else packed)  # type: ignore[arg-type]  # numbers (see above)
         for table in self._wild_tables:
             parts.append(table[mask & 255])
@@ -461,7 +468,7 @@ class SubscriptionIndex:
             ranged = info.get(p.attr)
             if ranged is None:
                 return None
-            pos, bit, discrete, dlo, dhi, span, n, covers, ai = ranged
+            pos, bit, discrete, dlo, dhi, span, width, n, covers, ai = ranged
             op = p.op
             args = p.args
             if op is _IN_RANGE:
@@ -504,7 +511,14 @@ class SubscriptionIndex:
                 hi = dhi
             if lo > hi:  # type: ignore[operator]  # numbers (checked above)
                 continue  # no value of the domain: in no row of this attribute
-            packed = covers.get((lo - dlo) * n // span * n + (hi - dlo) * n // span) if span else None  # type: ignore[operator, arg-type]  # ints (span)
+            if span:
+                packed = covers.get((lo - dlo) * n // span * n + (hi - dlo) * n // span)  # type: ignore[operator, arg-type]  # ints (span)
+            elif width:  # float_bucket inline
+                first = int((lo - dlo) / width)  # type: ignore[operator]  # numbers
+                last = int((hi - dlo) / width)  # type: ignore[operator]  # numbers
+                packed = covers.get((first if first < n else n - 1) * n + (last if last < n else n - 1))
+            else:
+                packed = None
             parts.append(ai.plain_packed(lo, hi) if packed is None else packed)
         if not pack:
             return tuple(flat), b"", mask
