@@ -48,30 +48,37 @@ Rules this module keeps:
    peers took the stalled node for dead).  ``Predicate`` and ``Filter`` are
    ``gc=False`` structs (they hold names, operators and values: no cycle
    can run through them), so the tuples holding them are not tracked
-   either; the exact test of a filter (``compile_filter``) is a
+   either; the exact test of a filter (``compile_filter``,
+   ``overlay.channels.satisfaction``) is a
    ``gc=False`` ``FilterTest`` of rows ``(attr, code, x, y)`` of plain
    values, read by shared code — no closure per predicate or per filter.
 """
 
 from __future__ import annotations
 
-import enum
 import functools
-import re
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final
 
 import msgspec
 
 from overlay.channels.intervals import Interval, IntervalSet
+from overlay.channels.operators import MAX_SET_SIZE, NEGATION, ORDERED_OPS, PATTERN_OPS, STRING_OPS, Op
+from overlay.channels.satisfaction import MISSING, SMALL_SET, FilterTest, compile_filter, holds, row_of
 from overlay.channels.schema import Attribute, Kind, Schema, Value, as_number, as_string
-from overlay.channels.strings import STAR, Auto, fold, glob_auto, is_empty, set_auto
+from overlay.channels.strings import STAR, Auto, glob_auto, is_empty, set_auto
 from overlay.errors import SchemaError
 
 __all__ = [
     "MAX_SET_SIZE",
+    "NEGATION",
+    "ORDERED_OPS",
+    "PATTERN_OPS",
+    "SMALL_SET",
+    "STRING_OPS",
     "Filter",
+    "FilterTest",
     "Op",
     "Predicate",
     "StringConj",
@@ -80,86 +87,6 @@ __all__ = [
     "conjunction",
     "predicate_values",
 ]
-
-# An in{...} set larger than this is refused: the set lives in every channel
-# the subscription belongs to and is scanned when coverage is decided.
-MAX_SET_SIZE: Final = 1024
-
-
-class Op(enum.StrEnum):
-    EQ = "="
-    NE = "!="
-    LT = "<"
-    LE = "<="
-    GT = ">"
-    GE = ">="
-    IN_RANGE = "in[]"
-    PREFIX = "prefix"
-    SUFFIX = "suffix"
-    CONTAINS = "contains"
-    IN_SET = "in{}"
-    # The extended language (rule 6): anything-but, case-insensitive,
-    # wildcard, presence, and the negation of every pattern.
-    NOT_IN_RANGE = "not in[]"
-    NOT_IN_SET = "not in{}"
-    NOT_PREFIX = "not prefix"
-    NOT_SUFFIX = "not suffix"
-    NOT_CONTAINS = "not contains"
-    IEQ = "ieq"
-    NOT_IEQ = "not ieq"
-    IPREFIX = "iprefix"
-    NOT_IPREFIX = "not iprefix"
-    ISUFFIX = "isuffix"
-    NOT_ISUFFIX = "not isuffix"
-    LIKE = "like"
-    NOT_LIKE = "not like"
-    EXISTS = "exists"
-    NOT_EXISTS = "not exists"
-
-
-ORDERED_OPS: Final = frozenset(
-    {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.IN_RANGE, Op.NOT_IN_RANGE, Op.EXISTS, Op.NOT_EXISTS}
-)
-# Operators whose one argument is a pattern: a fragment of a value, a string
-# of any length (the schema's length bound is for values).
-PATTERN_OPS: Final = frozenset(
-    {
-        Op.PREFIX,
-        Op.SUFFIX,
-        Op.CONTAINS,
-        Op.NOT_PREFIX,
-        Op.NOT_SUFFIX,
-        Op.NOT_CONTAINS,
-        Op.IEQ,
-        Op.NOT_IEQ,
-        Op.IPREFIX,
-        Op.NOT_IPREFIX,
-        Op.ISUFFIX,
-        Op.NOT_ISUFFIX,
-        Op.LIKE,
-        Op.NOT_LIKE,
-    }
-)
-# Operators on strings: the patterns, and equality, sets and presence.
-STRING_OPS: Final = PATTERN_OPS | {Op.EQ, Op.NE, Op.IN_SET, Op.NOT_IN_SET, Op.EXISTS, Op.NOT_EXISTS}
-# Rule 6: the negation of each operator among present values (Kleene's NOT:
-# a predicate on an absent attribute is false, and so is its negation).
-NEGATION: Final = {
-    Op.EQ: Op.NE,
-    Op.LT: Op.GE,
-    Op.LE: Op.GT,
-    Op.IN_RANGE: Op.NOT_IN_RANGE,
-    Op.IN_SET: Op.NOT_IN_SET,
-    Op.PREFIX: Op.NOT_PREFIX,
-    Op.SUFFIX: Op.NOT_SUFFIX,
-    Op.CONTAINS: Op.NOT_CONTAINS,
-    Op.IEQ: Op.NOT_IEQ,
-    Op.IPREFIX: Op.NOT_IPREFIX,
-    Op.ISUFFIX: Op.NOT_ISUFFIX,
-    Op.LIKE: Op.NOT_LIKE,
-    Op.EXISTS: Op.NOT_EXISTS,
-}
-NEGATION.update({v: k for k, v in list(NEGATION.items())})
 
 
 class Predicate(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -238,8 +165,8 @@ class Predicate(msgspec.Struct, frozen=True, array_like=True, gc=False):
     def satisfied_by(self, value: Value) -> bool:
         """Whether a present value satisfies the predicate (an absent one
         satisfies only ``not exists``: rule 3)."""
-        _attr, code, x, y = _row(self)
-        return _holds(code, x, y, value)
+        _attr, code, x, y = row_of(self)
+        return holds(code, x, y, value)
 
     def negated(self) -> Predicate:
         """Rule 6: the predicate a present value satisfies iff it fails this one."""
@@ -252,182 +179,6 @@ class Predicate(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 def _plain(v: Value) -> str:
     return repr(v)
-
-
-# -- satisfaction ------------------------------------------------------------
-#
-# The tests below apply Python's own operators to an event's value, whatever
-# its type: an event need not have been checked against the schema (a caller
-# may pass any mapping), and ``LinearMatcher``, the reference the index is
-# held to, is these tests.  A value of the wrong kind makes them raise
-# (``"a" < 5`` a TypeError, ``(5).startswith`` an AttributeError) instead of
-# answering — narrowing the value first would change that answer, and cost a
-# check per predicate on the hottest path.  So each comparison of an event's
-# value carries an ignore saying so.
-#
-# Rule 8: a predicate's test is a row ``(attr, code, x, y)`` of scalars (or
-# of a tuple of scalars), read by one shared function — never a closure of
-# its own, which the cyclic GC would traverse on every full pass, a million
-# stored subscriptions' worth.
-
-# Operator codes of a test row (rule 8).  ``FilterTest`` tests the first
-# seven inline, in this order (the common ones first), the rest by ``_holds``.
-_C_RANGE: Final = 0
-_C_EQ: Final = 1
-_C_GE: Final = 2
-_C_LT: Final = 3
-_C_NE: Final = 4
-_C_PREFIX: Final = 5
-_C_IN: Final = 6  # in{...}: a small set, as a tuple (``SMALL_SET``)
-_C_NOT_EXISTS: Final = 7
-_C_LE: Final = 8
-_C_GT: Final = 9
-_C_NOT_RANGE: Final = 10
-_C_SUFFIX: Final = 11
-_C_CONTAINS: Final = 12
-_C_NOT_PREFIX: Final = 13
-_C_NOT_SUFFIX: Final = 14
-_C_NOT_CONTAINS: Final = 15
-_C_SET: Final = 16  # in{...}: a frozenset
-_C_NOT_SET: Final = 17  # not in{...}: a frozenset
-_C_NOT_IN: Final = 18  # not in{...}: a small set, as a tuple
-_C_IEQ: Final = 19
-_C_NOT_IEQ: Final = 20
-_C_IPREFIX: Final = 21
-_C_NOT_IPREFIX: Final = 22
-_C_ISUFFIX: Final = 23
-_C_NOT_ISUFFIX: Final = 24
-_C_LIKE: Final = 25
-_C_NOT_LIKE: Final = 26
-_C_EXISTS: Final = 27
-
-_CODES: Final = {
-    Op.EQ: _C_EQ,
-    Op.NE: _C_NE,
-    Op.LT: _C_LT,
-    Op.LE: _C_LE,
-    Op.GT: _C_GT,
-    Op.GE: _C_GE,
-    Op.IN_RANGE: _C_RANGE,
-    Op.NOT_IN_RANGE: _C_NOT_RANGE,
-    Op.PREFIX: _C_PREFIX,
-    Op.SUFFIX: _C_SUFFIX,
-    Op.CONTAINS: _C_CONTAINS,
-    Op.NOT_PREFIX: _C_NOT_PREFIX,
-    Op.NOT_SUFFIX: _C_NOT_SUFFIX,
-    Op.NOT_CONTAINS: _C_NOT_CONTAINS,
-    Op.IEQ: _C_IEQ,
-    Op.NOT_IEQ: _C_NOT_IEQ,
-    Op.IPREFIX: _C_IPREFIX,
-    Op.NOT_IPREFIX: _C_NOT_IPREFIX,
-    Op.ISUFFIX: _C_ISUFFIX,
-    Op.NOT_ISUFFIX: _C_NOT_ISUFFIX,
-    Op.LIKE: _C_LIKE,
-    Op.NOT_LIKE: _C_NOT_LIKE,
-    Op.EXISTS: _C_EXISTS,
-    Op.NOT_EXISTS: _C_NOT_EXISTS,
-}
-# An in{...} set up to this size is tested as a tuple: a tuple of scalars is
-# not traversed by the cyclic GC, a frozenset always is (rule 8).  The value
-# is hashed first, so it raises where the frozenset would (an unhashable
-# value), and among hashable values ``in`` agrees with the set's look-up.
-SMALL_SET: Final = 8
-
-# A test row (rule 8): (attr, code, x, y).
-Row = tuple[str, int, Any, Any]
-
-
-def _like_regex(pattern: str) -> re.Pattern[str]:
-    """A ``like`` pattern as a regular expression: ``*`` any run, all else literal."""
-    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
-
-
-@functools.lru_cache(maxsize=4096)
-def _like_full(pattern: str) -> Callable[[str], re.Match[str] | None]:
-    """``fullmatch`` of a ``like`` pattern, compiled once per pattern (bounded)."""
-    return _like_regex(pattern).fullmatch
-
-
-def _row(p: Predicate) -> Row:
-    """Rule 8: ``p`` as a test row.  Raises where the old closure did when
-    it was built: a pattern that is not a string (``as_string``)."""
-    a, op = p.args, p.op
-    if op is Op.IN_SET or op is Op.NOT_IN_SET:
-        if len(a) <= SMALL_SET:
-            return (p.attr, _C_IN if op is Op.IN_SET else _C_NOT_IN, a, None)
-        return (p.attr, _C_SET if op is Op.IN_SET else _C_NOT_SET, frozenset(a), None)
-    x: object = a[0] if a else None
-    y: object = a[1] if len(a) > 1 else None
-    code = _CODES[op]
-    if _C_IEQ <= code <= _C_NOT_ISUFFIX:
-        x = fold(as_string(x))  # type: ignore[arg-type]  # a pattern: a str (rule 1)
-    elif code in (_C_LIKE, _C_NOT_LIKE):
-        x = as_string(x)  # type: ignore[arg-type]  # a pattern: a str (rule 1)
-    return (p.attr, code, x, y)
-
-
-def _holds(code: int, x: Any, y: Any, v: Any) -> bool:
-    """Whether the present value ``v`` passes the test row ``(code, x, y)``
-    (rule 8).  ``Any``: an event's value meets Python's own operators."""
-    if code == _C_RANGE:
-        return bool(x <= v <= y)
-    if code == _C_EQ:
-        return bool(v == x)
-    if code == _C_GE:
-        return bool(v >= x)
-    if code == _C_LT:
-        return bool(v < x)
-    if code == _C_NE:
-        return bool(v != x)
-    if code == _C_PREFIX:
-        return bool(v.startswith(x))
-    if code == _C_IN:
-        hash(v)
-        return v in x
-    if code == _C_NOT_IN:
-        hash(v)
-        return v not in x
-    if code == _C_NOT_EXISTS:
-        return False
-    if code == _C_LE:
-        return bool(v <= x)
-    if code == _C_GT:
-        return bool(v > x)
-    if code == _C_NOT_RANGE:
-        return not x <= v <= y
-    if code == _C_SUFFIX:
-        return bool(v.endswith(x))
-    if code == _C_CONTAINS:
-        return x in v
-    if code == _C_NOT_PREFIX:
-        return not v.startswith(x)
-    if code == _C_NOT_SUFFIX:
-        return not v.endswith(x)
-    if code == _C_NOT_CONTAINS:
-        return x not in v
-    if code == _C_SET:
-        return v in x
-    if code == _C_NOT_SET:
-        return v not in x
-    if code == _C_IEQ:
-        return bool(fold(v) == x)
-    if code == _C_NOT_IEQ:
-        return bool(fold(v) != x)
-    if code == _C_IPREFIX:
-        return fold(v).startswith(x)
-    if code == _C_NOT_IPREFIX:
-        return not fold(v).startswith(x)
-    if code == _C_ISUFFIX:
-        return fold(v).endswith(x)
-    if code == _C_NOT_ISUFFIX:
-        return not fold(v).endswith(x)
-    if code == _C_LIKE:
-        return _like_full(x)(v) is not None
-    if code == _C_NOT_LIKE:
-        return _like_full(x)(v) is None
-    if code == _C_EXISTS:
-        return True
-    raise AssertionError(code)  # pragma: no cover - _CODES is exhaustive
 
 
 @functools.lru_cache(maxsize=65536)
@@ -457,70 +208,6 @@ def _glob_of(p: Predicate) -> Auto:
 _NEGATIVE: Final = frozenset(op for op in Op if op.value.startswith("not ") or op is Op.NE)
 
 
-def compile_filter(f: Filter) -> FilterTest:
-    """``e matches F`` as one callable over the event's ``{attr: value}`` map (rule 8)."""
-    return FilterTest(tuple(_row(p) for p in f.predicates))
-
-
-class FilterTest(msgspec.Struct, frozen=True, gc=False):
-    """The exact test of a filter (rule 8): ``test(values)`` is whether the
-    event matches it, as ``Filter.matches`` decides, raising where it raises.
-
-    ``gc=False``: its rows hold strings, numbers and tuples of them (a
-    frozenset for a set past ``SMALL_SET``), never anything that could lead
-    back to it, so it can be in no reference cycle — and a channel holds one
-    per stored subscription, which the cyclic GC then never traverses.
-    """
-
-    rows: tuple[Row, ...]
-
-    def __call__(self, values: Mapping[str, Value]) -> bool:
-        get = values.get
-        missing = _MISSING
-        # The common operators inline (a call each would cost more than the
-        # comparison); the rest through _holds.
-        for attr, code, x, y in self.rows:
-            v: Any = get(attr, missing)
-            if v is missing:
-                if code != _C_NOT_EXISTS:
-                    return False
-            elif code == _C_RANGE:
-                if not x <= v <= y:
-                    return False
-            elif code == _C_EQ:
-                if not v == x:  # noqa: SIM201  # ``v == x`` itself: any value's own __eq__ decides
-                    return False
-            elif code == _C_GE:
-                if not v >= x:
-                    return False
-            elif code == _C_LT:
-                if not v < x:
-                    return False
-            elif code == _C_NE:
-                if not v != x:  # noqa: SIM202  # ``v != x`` itself: any value's own __ne__ decides
-                    return False
-            elif code == _C_PREFIX:
-                if not v.startswith(x):
-                    return False
-            elif code == _C_IN:
-                hash(v)  # SMALL_SET: raise where a set would
-                if v not in x:
-                    return False
-            elif not _holds(code, x, y, v):
-                return False
-        return True
-
-
-class _Missing(enum.Enum):
-    """The value of an attribute the event lacks (no predicate on it holds
-    but ``not exists``)."""
-
-    MISSING = enum.auto()
-
-
-_MISSING: Final = _Missing.MISSING
-
-
 class Filter(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """``F = f1 ∧ … ∧ fn`` (n ≥ 1). Invariant: predicates in the order written.
 
@@ -532,8 +219,8 @@ class Filter(msgspec.Struct, frozen=True, array_like=True, gc=False):
     def matches(self, values: Mapping[str, Value]) -> bool:
         """Rule 3."""
         for p in self.predicates:
-            v = values.get(p.attr, _MISSING)
-            if v is _MISSING:
+            v = values.get(p.attr, MISSING)
+            if v is MISSING:
                 if p.op is not Op.NOT_EXISTS:
                     return False
             elif not p.satisfied_by(v):
