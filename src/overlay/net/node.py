@@ -10,7 +10,7 @@ that carries each out when it is not this one:
    (``overlay.net.admin``) is one more task of it, on its own port, bound
    before the node reports started.
 2. A connection starts with a 4-byte preamble saying what it is: ``OVP1``
-   for a peer link, ``OVC1`` for a client.  Each peer sends on its own
+   for a peer link, ``OVC1`` for a client (``net.inbound`` serves both).  Each peer sends on its own
    outbound link (one per direction, FIFO; ``net.peer_link``) and only reads
    on inbound ones.
 3. Inbound messages wait in one two-level queue of typed items
@@ -37,7 +37,8 @@ that carries each out when it is not this one:
    (``net.clients`` rule 7; the ticker looks for it).
 6. Read loops sort their exceptions: protocol error → error reply and close;
    ``OSError`` → peer gone; cancellation → re-raise; anything else → log with
-   the traceback and close that connection only.
+   the traceback and close that connection only (``net.inbound``,
+   ``net.clients``).
 7. One more task (``net.dispatch``) does the core's background work
    (``background_step``) with ``INDEX_PAUSE`` between steps: the split a migration session waits on, a
    bounded step at a time, and the subscriptions a split, merge or
@@ -53,7 +54,8 @@ that carries each out when it is not this one:
    restarted and what was queued for its previous run (table updates,
    notifications for its dead clients, session messages) is discarded, not
    replayed into the new run.  The same check runs when the peer's own hello
-   reaches the dispatcher, whichever comes first.
+   reaches the dispatcher, whichever comes first.  The callee's side of the
+   hello is ``net.inbound``'s.
 10. While a link is down its queue keeps its bound: past it, frames are
     dropped and counted (``peer_frames_dropped``), logged once per outage.
     While it is up, a full queue is backpressure: the frame waits past the
@@ -77,8 +79,8 @@ that carries each out when it is not this one:
     then starts a new run on the same ports, which joins empty.
 15. Strangers (SPEC §16): both ports speak TLS unless the config says
     ``[tls] insecure = true`` (logged at WARNING at start, and shown on the
-    admin page).  Connections are accepted and set up by ``net.listener``; a
-    peer link is admitted by ``net.admission`` — a certificate or the secret
+    admin page).  Connections are accepted and set up by ``net.listener``,
+    and served by ``net.inbound``; a peer link is admitted by ``net.admission`` — a certificate or the secret
     naming the id its hello claims, this cluster, one live link per id —
     before anything of it reaches the inbox; every refusal is counted
     (``overlay.security.refusals``), logged at WARNING with the remote
@@ -101,15 +103,11 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, ParamSpec
 
-import msgspec
-
 from overlay.actions import Action, AddPeer, CloseClient, Rejoin, ToClient, ToPeer
 from overlay.auth.keys import verifier_for
 from overlay.config import ClusterConfig, NodeConfig
-from overlay.errors import PeerRefused, RemoteProtocolError
-from overlay.messages import client as cm
+from overlay.errors import PeerRefused
 from overlay.messages import peer as pm
-from overlay.messages.codec import encode_frame, peer_reader
 from overlay.net import membership
 from overlay.net.admin import AdminServer, effective_admin_token
 from overlay.net.admission import Admission
@@ -117,12 +115,13 @@ from overlay.net.capture_writer import CaptureWriter
 from overlay.net.clients import CLIENT_MAGIC, ClientConnections
 from overlay.net.dispatch import INDEX_PAUSE, INDEX_STEP, Dispatcher, SlowLog
 from overlay.net.gc_freeze import FreezePolicy
-from overlay.net.inbox import READ_CHUNK, FromPeer, Inbox, PeerHelloIn
-from overlay.net.listener import TLS_HANDSHAKE_RECORD, Listener
-from overlay.net.peer_link import ACK_EVERY, ACK_SECONDS, PEER_MAGIC, PeerLink, Sent
-from overlay.net.writer import ConnectionWriter, write_frames
+from overlay.net.inbound import Inbound
+from overlay.net.inbox import Inbox
+from overlay.net.listener import Listener
+from overlay.net.peer_link import PEER_MAGIC, PeerLink, Sent
+from overlay.net.writer import ConnectionWriter
 from overlay.node import NodeCore
-from overlay.security import PEER_REFUSALS, TLS_REFUSALS, Identity, NodeSecurity, Refusal, node_security, stats_key
+from overlay.security import PEER_REFUSALS, TLS_REFUSALS, NodeSecurity, Refusal, node_security, stats_key
 
 __all__ = ["CLIENT_MAGIC", "INDEX_PAUSE", "INDEX_STEP", "PEER_MAGIC", "TICK_SECONDS", "Node", "new_incarnation"]
 
@@ -182,8 +181,6 @@ class Node:
         )
         self._stats = self.core.ctx.stats  # the shell's counters sit with the core's (SPEC §14)
         self.peer_runs: dict[int, int] = {}  # the incarnation last seen of each peer (rule 9)
-        # Frames received from each peer run, over its connections (net.peer_link rule 6).
-        self._received: dict[tuple[int, int], int] = {}
         self._freeze_gc = freeze_gc
         self.gc_policy = FreezePolicy()  # rule 16, with freeze_gc
         self._stats["gc_freezes"] += 0  # exported at 0 until it happens
@@ -213,6 +210,19 @@ class Node:
         self.slow_log = SlowLog(self.core, config.cluster.slow_ms)
         self.dispatcher = Dispatcher(self.core, self.inbox, self.slow_log, execute=self.execute, peer_run=self.peer_run)
         self._stop = asyncio.Event()
+        # The connections the listener accepts (rules 2, 6, 9, 15: net.inbound).
+        self.inbound = Inbound(
+            node_id,
+            config,
+            self.security,
+            self.admission,
+            self.inbox,
+            self.connections,
+            self._stats,
+            hello=self.core.hello,
+            refuse=self.refuse,
+            stopping=self._stop,
+        )
         self.rejoin_reason = ""  # rule 14: set when a majority declared this run dead
         self._gc_t0 = 0.0
         self._gc_cpu0 = 0.0
@@ -277,14 +287,6 @@ class Node:
         self._tg.create_task(link.run(), name=link.name)
         log.info("node %d: link to joined node %d at %s:%d", self.id, peer.id, peer.host, peer.port)
 
-    def _received_from(self, key: tuple[int, int]) -> int:
-        """Frames of run ``key`` (node, incarnation) received on earlier
-        connections (net.peer_link rule 6); older runs of that node are forgotten."""
-        node, inc = key
-        for old in [k for k in self._received if k[0] == node and k[1] != inc]:
-            del self._received[old]
-        return self._received.get(key, 0)
-
     def peer_run(self, node: int, incarnation: int) -> None:
         """Rule 9: a new incarnation of ``node``: what was queued for its
         previous run is discarded."""
@@ -323,7 +325,7 @@ class Node:
             sock,
             self.security,
             handshake_timeout=self.config.cluster.peer_timeout,
-            serve=self._serve,
+            serve=self.inbound.serve,
             spawn=self._spawn,
             refuse=self.refuse,
         )
@@ -511,130 +513,3 @@ class Node:
             self._stats["peer_frames_dropped"] += 1
         elif sent is Sent.OVERFLOW:  # backpressure without blocking the dispatcher
             self._stats["peer_queue_overflow"] += 1
-
-    # -- connections (rules 2, 6, 9) ---------------------------------------------------------------
-
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, identity: Identity, address: str
-    ) -> None:
-        if self._stop.is_set():
-            writer.close()
-            return
-        try:
-            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow the
-            # cancel of a stopping node when the read completes at that moment.
-            async with asyncio.timeout(self.config.cluster.peer_timeout):
-                magic = await reader.readexactly(4)
-        except (TimeoutError, asyncio.IncompleteReadError, OSError):
-            writer.close()
-            return
-        if magic == PEER_MAGIC:
-            await self._serve_peer(reader, writer, identity, address)
-        elif magic == CLIENT_MAGIC:
-            if self.security.verify_clients and not identity.certified:
-                self.refuse(Refusal.NO_CLIENT_CERTIFICATE, address, "[tls] verify_clients = true, and it showed none")
-                text = "this node requires a client certificate of the cluster CA ([tls] verify_clients): give the client one"
-                error = cm.Error(-1, cm.ErrorCode.PROTOCOL, text, fatal=True)
-                with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
-                    write_frames(writer, [CLIENT_MAGIC + encode_frame(error)])
-                writer.close()
-                return
-            await self.connections.serve(reader, writer, address)
-        elif self.security.insecure and magic[0] == TLS_HANDSHAKE_RECORD:
-            await self._refuse_tls_client(reader, writer, magic, address)
-        else:
-            log.warning("node %d: connection from %s with unknown preamble %r closed", self.id, address, magic)
-            self._stats["rejected_bad_preamble"] += 1
-            error = cm.Error(-1, cm.ErrorCode.PROTOCOL, "unknown preamble: expected OVC1 or OVP1", fatal=True)
-            with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
-                write_frames(writer, [CLIENT_MAGIC + encode_frame(error)])
-            writer.close()
-
-    async def _refuse_tls_client(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes, address: str
-    ) -> None:
-        """Rule 15: a TLS client on an insecure node's port.  Its ClientHello
-        is read to its end (a close with unread bytes would be a reset, which
-        tells it nothing), then plain bytes where its TLS layer wants a
-        record: it fails at once ("wrong version number"), not after its timeout."""
-        self.refuse(Refusal.TLS_ON_PLAIN_PORT, address, "a TLS client on a plain port ([tls] insecure = true)")
-        with contextlib.suppress(TimeoutError, asyncio.IncompleteReadError, OSError):
-            async with asyncio.timeout(self.config.cluster.peer_timeout):
-                rest = await reader.readexactly(1)
-                length = int.from_bytes(head[3:4] + rest, "big")  # the record's length: bytes 3-4 of its header
-                await reader.readexactly(length)
-            text = "this node speaks plain TCP ([tls] insecure = true): connect without TLS"
-            write_frames(writer, [CLIENT_MAGIC + encode_frame(cm.Error(-1, cm.ErrorCode.PROTOCOL, text, fatal=True))])
-        writer.close()
-
-    async def _serve_peer(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, identity: Identity, address: str
-    ) -> None:
-        """A peer's inbound link: admitted first (rule 15: a certificate, or
-        the challenge on the secret, then its hello), the hello answered at
-        once, with how many of its run's frames arrived before (rule 9,
-        net.peer_link rule 6), then its messages, acknowledged every
-        ``ACK_EVERY`` frames or ``ACK_SECONDS``."""
-        frames = peer_reader(self.max_frame)
-        inbox = self.inbox
-        admission = self.admission
-        src = -1
-        key = (-1, 0)
-        count = acked = 0
-        acked_at = 0.0
-        link = None
-        try:
-            auth = admission.opened(identity)
-            proven = identity.node
-            while data := await reader.read(READ_CHUNK):
-                if link is not None:
-                    link.last_seen = time.monotonic()
-                for msg in frames.feed(data):
-                    if src >= 0:  # a handshake message now is the core's protocol error (node.peer_messages)
-                        count += 1  # frames, a Batch one (net.peer_link rule 6)
-                        if type(msg) is pm.Batch:  # its messages one by one, in order (net.peer_link rule 7)
-                            for inner in msg.messages:
-                                item = FromPeer(src, inner)
-                                if not inbox.put_nowait(item, False):
-                                    await inbox.put(item, False)
-                        else:
-                            await inbox.put(FromPeer(src, msg), pm.is_high(msg))
-                        continue
-                    if auth is not None and proven is None:  # rule 15 without TLS: the challenge first
-                        reply = auth.receive(msg)
-                        if reply is not None:
-                            write_frames(writer, [encode_frame(reply)])
-                        proven = auth.caller
-                        continue
-                    assert proven is not None
-                    link = admission.admit(msg, proven, writer, address, time.monotonic())
-                    assert isinstance(msg, pm.PeerHello)
-                    src = msg.node_id
-                    key = (src, msg.incarnation)
-                    count = acked = self._received_from(key)
-                    answer = msgspec.structs.replace(self.core.hello(), received=count)
-                    write_frames(writer, [encode_frame(answer)])  # rule 9: the answering hello
-                    await inbox.put(PeerHelloIn(src, msg), True)
-                if count > acked:
-                    self._received[key] = count
-                    now = time.monotonic()
-                    if count - acked >= ACK_EVERY or now - acked_at >= ACK_SECONDS:
-                        write_frames(writer, [encode_frame(pm.LinkAck(count))])
-                        acked, acked_at = count, now
-        except PeerRefused as exc:
-            self.refuse(Refusal(exc.reason), address, exc.detail)
-            with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
-                write_frames(writer, [encode_frame(pm.PeerError(exc.reason, exc.detail))])
-        except RemoteProtocolError as exc:
-            log.warning("node %d: peer %d (%s) misbehaved: %s; closing its link", self.id, src, address, exc)
-            self._stats["rejected_peer_protocol"] += 1
-            with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
-                write_frames(writer, [encode_frame(pm.PeerError("protocol_error", str(exc)))])
-        except OSError:
-            pass
-        except Exception:  # rule 6: this link only
-            log.exception("node %d: peer %d link failed", self.id, src)
-        finally:
-            if link is not None:
-                admission.closed(link)
-            writer.close()
