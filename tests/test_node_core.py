@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import msgspec
 import pytest
 
 from coreworld import CONFIG, EC, HIGH, LOW, SCHEMA, SPLIT_500, SUBSCRIPTIONS, World, random_events, spread
@@ -440,3 +441,85 @@ def test_a_batch_handed_whole_to_a_core_is_its_messages_one_by_one_in_order():
     with pytest.raises(RemoteProtocolError):
         w.cores[0].handle_peer(1, pm.Batch((good, bad)), w.net.now)
     assert w.cores[0].stats["events_matched"] == 0
+
+
+# -- a run of publishes in one call (NodeCore.handle_publishes) ------------------------------------
+
+
+def _mixed_run(seq0: int) -> list[cm.Publish]:
+    """Publishes of every kind a session may send in a row: plain, as text,
+    refused (bad values, unknown attribute, NaN, too large), with the
+    publisher's id (and that id again), keyed."""
+    big = CONFIG.cluster.max_payload + 1
+    msgs = [
+        cm.Publish(0, {"price": 10.0, "sym": "A"}, payload=b"p"),
+        cm.Publish(0, '{price: 20, sym: "B"}'),
+        cm.Publish(0, {"price": float("nan"), "sym": "A"}),
+        cm.Publish(0, {"price": 1e308, "sym": "A"}),
+        cm.Publish(0, {"price": 1.0, "sym": "A", "colour": "red"}),
+        cm.Publish(0, {"price": 1.0, "sym": "A"}, payload=b"x" * big),
+        cm.Publish(0, {"price": 30.0, "sym": "C"}, event_id="mine-1"),
+        cm.Publish(0, {"price": 30.0, "sym": "C"}, event_id="mine-1"),
+        cm.Publish(0, {"price": 31.0, "sym": "C"}, event_id="bad id"),
+        cm.Publish(0, {"price": 40.0, "sym": "D"}, key="k1"),
+        cm.Publish(0, {"price": 50.0, "sym": "E"}),
+    ]
+    return [msgspec.structs.replace(m, seq=seq0 + i) for i, m in enumerate(msgs)]
+
+
+@pytest.mark.parametrize("node", [0, 1])  # the channel's owner, and another node
+def test_a_run_of_publishes_in_one_call_does_what_each_would_alone(node):
+    worlds = [World(), World()]
+    sids = []
+    for w in worlds:
+        sub = w.client(2, "sub")
+        w.subscribe(2, sub, "s", "price < 1000")
+        sids.append(w.client(node, "pub"))
+    run = _mixed_run(100)
+    one, many = worlds
+    alone = []
+    for msg in run:
+        alone.extend(one.cores[node].handle_client(sids[0], msg, one.net.now))
+    batched = many.cores[node].handle_publishes(sids[1], run, many.net.now)
+    assert batched == alone
+    assert any(type(a.msg) is cm.Error for a in alone if type(a) is ToClient)
+    for w, acts in ((one, alone), (many, batched)):
+        w.net.execute(node, acts)
+        w.net.execute(node, w.cores[node].end_batch())
+        w.net.run()
+    assert one.net.to_clients == many.net.to_clients
+    assert one.cores[node].stats == many.cores[node].stats
+    acked = {m.seq for m in many.net.received(node, sids[1], kind=cm.PubAck)}
+    assert acked == {100, 101, 106, 107, 109, 110}  # the refused ones got their Error
+
+
+def test_a_run_of_publishes_before_the_cluster_is_ready_is_refused_message_by_message():
+    w = World(start=False)
+    sid = w.net.open_client(1, "early")
+    acts = w.cores[1].handle_publishes(sid, _mixed_run(1)[:3], 0.0)
+    assert [(a.msg.seq, a.msg.code) for a in acts] == [(i, cm.ErrorCode.NOT_READY) for i in (1, 2, 3)]
+    # A session not greeted yet: the first Publish closes it, as alone.
+    raw = w.cores[1].client_opened()
+    acts = w.cores[1].handle_publishes(raw, _mixed_run(1)[:2], 0.0)
+    assert [type(a) for a in acts][:2] == [ToClient, CloseClient]
+
+
+def test_a_publish_that_fails_in_a_run_is_its_own_failure(monkeypatch, caplog):
+    w = World()
+    sid = w.client(0, "pub")
+    core = w.cores[0]
+    send = core.outbox.send
+
+    def failing(ev, sid, seq, out):
+        if ev.event_exp["sym"] == "BAD":
+            out.append(ToClient(sid, cm.PubAck(seq, "never")))
+            raise RuntimeError("a bug")
+        send(ev, sid, seq, out)
+
+    monkeypatch.setattr(core.outbox, "send", failing)
+    run = [cm.Publish(1, {"price": 1.0, "sym": "A"}), cm.Publish(2, {"price": 1.0, "sym": "BAD"})]
+    run.append(cm.Publish(3, {"price": 2.0, "sym": "B"}))
+    acts = core.handle_publishes(sid, run, w.net.now)
+    assert [a.msg.seq for a in acts if type(a) is ToClient] == [1, 3]  # nothing of the failed one
+    assert core.stats["publish_errors"] == 1
+    assert "failed handling Publish 2" in caplog.text

@@ -281,6 +281,50 @@ def test_check_event_values(schema):
         schema.check_event_values({**ok, "price": 2000})
 
 
+_VALUES = st.one_of(
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+    st.text(max_size=40),
+    st.none(),
+)
+
+
+@PROPS
+@given(st.dictionaries(st.sampled_from(["price", "qty", "sym", "tag", "note", "colour"]), _VALUES, max_size=6))
+def test_valid_event_accepts_and_refuses_what_check_event_values_does(values):
+    """Rule 6: the one-pass check is the copying check without the copy."""
+    schema = make_schema()
+    try:
+        expected = schema.check_event_values(values)
+    except SchemaError as exc:
+        with pytest.raises(SchemaError) as info:
+            schema.valid_event(values)
+        assert str(info.value) == str(exc)
+    else:
+        got = schema.valid_event(values)
+        assert got is values and got == expected
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"price": math.nan}, "finite"),
+        ({"price": math.inf}, "finite"),
+        ({"price": 1e308}, "outside"),
+        ({"qty": True}, "is an integer, got bool"),
+        ({"qty": 10**400}, "outside"),
+        ({"sym": "x" * 100_000}, "length 100000"),
+        ({"colour": "red"}, "unknown attribute 'colour'"),
+    ],
+)
+def test_valid_event_refuses_the_absurd_naming_the_attribute(schema, change, why):
+    ok = {"price": 1.5, "qty": 3, "sym": "AB", "tag": 7}
+    assert schema.valid_event(ok) is ok
+    with pytest.raises(SchemaError, match=why):
+        schema.valid_event({**ok, **change})
+
+
 # -- loading the [schema] table of a cluster TOML -----------------------------------------------
 
 FULL_TOML = """

