@@ -523,3 +523,32 @@ def test_a_publish_that_fails_in_a_run_is_its_own_failure(monkeypatch, caplog):
     assert [a.msg.seq for a in acts if type(a) is ToClient] == [1, 3]  # nothing of the failed one
     assert core.stats["publish_errors"] == 1
     assert "failed handling Publish 2" in caplog.text
+
+
+def test_a_run_of_peer_events_in_one_call_does_what_each_would_alone(caplog):
+    worlds = [World(), World()]
+    for w in worlds:
+        sub = w.client(2, "sub")
+        w.subscribe(2, sub, "s", "price < 1000")
+    dispatched = pm.DispatchSign.EVENT_DISPATCHED
+    events = [
+        pm.Event("1-1-1", {"price": 1.0, "sym": "A"}, 1, dispatched, EC, 5.0, payload=b"a"),
+        pm.Event("1-1-2", {"price": float("nan"), "sym": "A"}, 1, dispatched, EC, 5.0),  # refused: PeerError
+        pm.Event("1-1-3", {"price": 2.0, "sym": "B"}, 1, dispatched, EC, 5.0),
+    ]
+    one, many = worlds
+    alone = []
+    for ev in events:
+        try:
+            alone.extend(one.cores[0].handle_peer(1, ev, one.net.now))
+        except RemoteProtocolError as exc:  # what the shell's dispatcher answers
+            alone.append(ToPeer(1, pm.PeerError("protocol_error", str(exc))))
+    batched = many.cores[0].handle_peer_events(1, events, many.net.now)
+    assert batched == alone
+    assert [type(a.msg) for a in batched] == [pm.Notification, pm.PeerError, pm.Notification]
+    assert "protocol error from peer 1" in caplog.text
+    # From a run declared dead: every one dropped and counted.
+    core = many.cores[0]
+    core.liveness.dead[1] = 0  # node 1, its run 0
+    assert core.handle_peer_events(1, events, many.net.now) == []
+    assert core.stats["dropped_from_dead_peer"] == 3

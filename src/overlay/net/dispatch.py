@@ -7,7 +7,8 @@ Rules:
    type (``net.inbox``); what the core returns goes to ``execute``.  A
    session's Publishes in a row in a batch (a pipelining publisher's read)
    go to the core in one call, ``NodeCore.handle_publishes``: the checks of
-   the session made once, one list of actions.  It gives
+   the session made once, one list of actions; so do a peer's Events in a
+   row (``NodeCore.handle_peer_events``).  It gives
    the loop a turn at least every ``DISPATCH_SLICE`` while busy, so the
    writers send replies and notifications during a burst.  After each batch,
    the core's batched notes (``NodeCore.end_batch``) go out — its receipts
@@ -138,7 +139,20 @@ class Dispatcher:
                 t0 = time.perf_counter()
                 try:
                     if type(item) is FromPeer:
-                        acts = core.handle_peer(item.src, item.msg, now)
+                        pmsg = item.msg
+                        if type(pmsg) is pm.Event and i < n and _event_of(items[i], item.src):
+                            # Rule 1: a peer's Events in a row, in one call.
+                            src = item.src
+                            events = [pmsg]
+                            while i < n:
+                                nxt = items[i]
+                                if type(nxt) is not FromPeer or nxt.src != src or type(nxt.msg) is not pm.Event:
+                                    break
+                                events.append(nxt.msg)
+                                i += 1
+                            acts = core.handle_peer_events(src, events, now)
+                        else:
+                            acts = core.handle_peer(item.src, pmsg, now)
                     elif type(item) is FromClient:
                         msg = item.msg
                         if type(msg) is cm.Publish and i < n and _publish_of(items[i], item.sid):
@@ -217,6 +231,11 @@ class Dispatcher:
 def _publish_of(item: InboxItem, sid: int) -> bool:
     """``item`` is a Publish from session ``sid`` (rule 1's runs)."""
     return type(item) is FromClient and item.sid == sid and type(item.msg) is cm.Publish
+
+
+def _event_of(item: InboxItem, src: int) -> bool:
+    """``item`` is an Event from peer ``src`` (rule 1's runs)."""
+    return type(item) is FromPeer and item.src == src and type(item.msg) is pm.Event
 
 
 def described(item: InboxItem) -> tuple[str, str]:

@@ -462,6 +462,19 @@ class NodeCore:
             self.peer_messages.handle(src, msg, now, out)
         return out
 
+    def handle_peer_events(self, src: int, msgs: list[pm.Event], now: float) -> list[Action]:
+        """Events from ``src`` in a row, in order: as ``handle_peer`` with
+        each, in one call (``PeerMessages.events``)."""
+        out: list[Action] = []
+        self._clock(now)
+        failures = self.failures
+        if failures.heard(src, msgs[0], now):
+            self.peer_messages.events(src, msgs, out)
+        else:  # a run declared dead: each dropped and counted (node.failures rule 3)
+            for msg in msgs[1:]:
+                failures.heard(src, msg, now)
+        return out
+
     def peer_link(self, node: int, up: bool, now: float) -> list[Action]:
         """The shell reports a peer link's state.  Links lose nothing while both
         runs live: a key's home and a tracked delivery wait for the link to

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from overlay.actions import Action
+from overlay.actions import Action, ToPeer
 from overlay.errors import RemoteProtocolError
 from overlay.messages import peer as pm
 from overlay.node.arrivals import Arrivals
@@ -80,6 +80,27 @@ class PeerMessages:
         self._groups = groups
         self._tables = tables
         self._peer_hello = peer_hello
+
+    def events(self, src: int, msgs: list[pm.Event], out: list[Action]) -> None:
+        """Events from ``src`` in a row (the shell's batch), each as ``handle``
+        would take it.  One Event's failure is its own, as in the shell's
+        dispatcher: what it had produced is dropped; a protocol error is
+        answered with a ``PeerError``, anything else logged with its
+        traceback; the next one is handled."""
+        schema = self._ctx.schema
+        on_event = self._router.on_event
+        for msg in msgs:
+            mark = len(out)
+            try:
+                check_peer_message(msg, schema)
+                on_event(msg, out)
+            except RemoteProtocolError as exc:
+                del out[mark:]
+                log.warning("node %d: protocol error from peer %d: %s", self._ctx.id, src, exc)
+                out.append(ToPeer(src, pm.PeerError("protocol_error", str(exc))))
+            except Exception:  # one message's failure is its own (net.dispatch rule 2)
+                del out[mark:]
+                log.exception("node %d: failed handling Event %s from peer %d", self._ctx.id, msg.event_id, src)
 
     def handle(self, src: int, msg: pm.PeerMessage, now: float, out: list[Action]) -> None:
         check_peer_message(msg, self._ctx.schema)  # what only the schema can judge (node.peer_checks)
