@@ -429,10 +429,14 @@ class Channel:
         result = self.index.match(values)
         if self._pending or self._stale:
             result = self._match_unindexed(values, result)
-        point = tuple(values[n] for n in self.priority)
+        priority = self.priority
+        # The event's DA point; one attribute's without a generator (per event).
+        point = (values[priority[0]],) if len(priority) == 1 else tuple([values[n] for n in priority])
         self.current.add(point, result[1], access_node)
         for name in self._type2:
-            seen = self.seen.setdefault(name, set())
+            seen = self.seen.get(name)
+            if seen is None:
+                seen = self.seen[name] = set()
             if len(seen) < MAX_SEEN:
                 seen.add(values[name])
         return result

@@ -152,19 +152,23 @@ class Router:
             )
         stats = self._ctx.stats
         stats["events_matched"] += 1
-        tracked = msg.key or (matched and any(s.group for s in matched))
-        if tracked and self._groups.deliver_tracked(ch, msg, matched, out):  # ordered / groups: node.groups
-            return
-        if not matched:  # an unkeyed event (a keyed one is tracked): nothing to wait for
-            self._receipts.matched(msg, (), out)
-            return
+        # The matches per subscribers' access node, and whether a group's is
+        # among them, in one pass (no generator: per event).
         by_node: dict[int, list[str]] = {}
+        grouped = False
         for sub in matched:
+            if sub.group:
+                grouped = True
             ids = by_node.get(sub.access_node)
             if ids is None:
                 by_node[sub.access_node] = [sub.id]
             else:
                 ids.append(sub.id)
+        if (msg.key or grouped) and self._groups.deliver_tracked(ch, msg, matched, out):  # ordered / groups
+            return
+        if not matched:  # an unkeyed event (a keyed one is tracked): nothing to wait for
+            self._receipts.matched(msg, (), out)
+            return
         me = self._ctx.id
         origin = msg.access_node
         if len(by_node) == 1:  # the common case, without a generator
