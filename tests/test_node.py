@@ -224,7 +224,11 @@ async def test_dispatcher_takes_a_high_priority_message_before_queued_normal_one
         handled.append(type(msg).__name__)
         return real_handle(src, msg, now)
 
+    def spy_events(src, msgs, now):  # Events in a row (net.dispatch rule 1)
+        return [a for m in msgs for a in spy(src, m, now)]
+
     node.core.handle_peer = spy  # type: ignore[method-assign]
+    node.core.handle_peer_events = spy_events  # type: ignore[method-assign]
     waiting_at_high: list[int] = []
     real_put_nowait = node.inbox.put_nowait  # put() goes through it too
 

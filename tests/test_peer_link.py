@@ -105,7 +105,11 @@ async def test_frames_a_broken_connection_lost_are_sent_again_once_and_in_order(
                 return []
             return handle(src, msg, now)
 
+        def spy_events(src: int, msgs: list[pm.Event], now: float) -> list:  # type: ignore[type-arg]
+            return [a for m in msgs for a in spy(src, m, now)]  # Events in a row (net.dispatch rule 1)
+
         core.handle_peer = spy  # type: ignore[method-assign]
+        core.handle_peer_events = spy_events  # type: ignore[method-assign]
         link = cl.nodes[0].links[1]
         sent = [f"x{i}" for i in range(6000)]
         ec = cl.nodes[0].core.routing.lookup_event({"price": 1.0, "sym": "A"})
