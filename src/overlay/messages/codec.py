@@ -102,25 +102,30 @@ class FrameReader(Generic[M]):
         n = len(buf)
         size = HEADER.size
         decode = self._decoder.decode
-        while n - pos >= size:
-            (length,) = HEADER.unpack_from(buf, pos)
-            if length > self.max_size:
-                raise RemoteProtocolError(f"frame of {length} bytes is over the limit of {self.max_size}")
-            end = pos + size + length
-            if end > n:
-                break
-            try:
-                out.append(decode(memoryview(buf)[pos + size : end]))
-            except msgspec.ValidationError as exc:
-                raise self._bad(buf, pos + size, end, f"invalid message: {exc}") from exc
-            except msgspec.DecodeError as exc:
-                raise self._bad(buf, pos + size, end, f"undecodable frame: {exc}") from exc
-            except RecursionError as exc:
-                # msgspec's depth limit: a small frame of nested arrays in a free-form field.
-                raise self._bad(buf, pos + size, end, f"frame nested too deeply: {exc}") from exc
-            except UnicodeDecodeError as exc:  # msgspec raises this one itself for a bad str
-                raise self._bad(buf, pos + size, end, f"invalid UTF-8 in a string: {exc}") from exc
-            pos = end
+        unpack = HEADER.unpack_from
+        view = memoryview(buf)  # one view for the whole feed; released before the buffer shrinks
+        try:
+            while n - pos >= size:
+                (length,) = unpack(view, pos)
+                if length > self.max_size:
+                    raise RemoteProtocolError(f"frame of {length} bytes is over the limit of {self.max_size}")
+                end = pos + size + length
+                if end > n:
+                    break
+                try:
+                    out.append(decode(view[pos + size : end]))
+                except msgspec.ValidationError as exc:
+                    raise self._bad(buf, pos + size, end, f"invalid message: {exc}") from exc
+                except msgspec.DecodeError as exc:
+                    raise self._bad(buf, pos + size, end, f"undecodable frame: {exc}") from exc
+                except RecursionError as exc:
+                    # msgspec's depth limit: a small frame of nested arrays in a free-form field.
+                    raise self._bad(buf, pos + size, end, f"frame nested too deeply: {exc}") from exc
+                except UnicodeDecodeError as exc:  # msgspec raises this one itself for a bad str
+                    raise self._bad(buf, pos + size, end, f"invalid UTF-8 in a string: {exc}") from exc
+                pos = end
+        finally:
+            view.release()
         if pos:
             del buf[:pos]
         return out
