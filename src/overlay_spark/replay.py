@@ -17,7 +17,7 @@ from typing import Any, Final, TextIO
 
 __all__ = ["ReplayResult", "run_replay"]
 
-STEPS: Final = 8
+STEPS: Final = 5
 
 
 @dataclass
@@ -74,10 +74,9 @@ def run_replay(
         t_end = min(end_times) if len(end_times) == len({h["node"] for h in cap.headers}) else (last or cap.t0)
         tail_from = t_end - guard
 
-        # The re-matching and the audit are the long step (two shuffles over
-        # every record): they run in the background while the loads steps —
-        # many small jobs whose time is mostly the driver's — run in front
-        # (session.Progress).
+        # The re-matching and the audit are the long step (shuffles over
+        # every record): they run in the background while the loads tables —
+        # two small jobs and Python — are computed in front (session.Progress).
         def rematch_and_audit() -> tuple[Any, dict[str, Any]]:
             matcher = rematch.prepare(spark, cap) if cap.has("subscribe") and cap.has("publish") else None
             return matcher, audit_mod.audit(cap, tail_from, matcher, partitions=partitions)
@@ -89,27 +88,19 @@ def run_replay(
             pool="audit",
         )
 
-        prog.step("per-slice loads and spread as the nodes reported them")
-        slices_df = loads.slice_table(spark, cap)
-        slices = loads.rows(slices_df) if cap.has("slice") else []
-
-        prog.step("recomputed loads per window, with and without migrations")
+        # The loads tables: two small Spark jobs, then plain Python (loads rule 1).
+        prog.step("loads per slice and per window (with and without migrations), migrations, reported slice costs")
+        inputs = loads.gather(cap)
+        slices = loads.slice_table(inputs)
         if cap.has("event"):
-            per_w, per_node_df = loads.window_table(spark, cap)
-            both = loads.rows(per_w)
+            both, per_node = loads.window_table(inputs)
             actual = [r for r in both if r["scenario"] == "actual"]
             counter = [r for r in both if r["scenario"] == "counterfactual"]
-            per_node = loads.rows(per_node_df)
         else:
             actual, per_node, counter = [], [], []
-
-        prog.step("migrations: cost, subscriptions moved, S before and after")
-        migs = loads.rows(loads.migration_table(cap, slices_df)) if cap.has("slice") or cap.has("migration") else []
-
-        prog.step("reported slice costs against the events' tested counts")
+        migs = loads.migration_table(inputs, slices)
         if cap.has("slice") and cap.has("event"):
-            per_slice_df, per_node_cost_df = loads.slice_cost_check(cap)
-            slice_costs, costs = loads.rows(per_slice_df), loads.rows(per_node_cost_df)
+            slice_costs, costs = loads.slice_cost_check(inputs)
         else:
             slice_costs, costs = [], []
 
