@@ -460,18 +460,26 @@ class Node:
     def _gc_timer(self, phase: str, info: dict[str, Any]) -> None:
         """A collection holds the loop like a handler does (rule 8); after a
         long full pass, what survived it is frozen (rule 16)."""
+        # Every young pass calls this twice (one per few dozen events under
+        # load): the thread's CPU clock (a system call, ~0.5 us) is read for
+        # full passes only, and the slow log's strings are made only when it
+        # notes one.
+        generation = info["generation"]
         if phase == "start":
             self._gc_t0 = time.perf_counter()
-            self._gc_cpu0 = time.thread_time()
+            if generation == 2:
+                self._gc_cpu0 = time.thread_time()
             return
-        generation = info["generation"]
+        if time.perf_counter() - self._gc_t0 > self.slow_log.threshold:
+            self.slow_log.note(f"gc gen {generation}", f"node {self.id}", time.time(), self._gc_t0)
+        if generation != 2:
+            return
         # The CPU the pass took, not the wall time the slow log reports: on a
         # busy machine a small pass can wait long for a core, and freezing
         # then would keep nothing a pass needs to skip (net.gc_freeze rule 2).
         cpu = time.thread_time() - self._gc_cpu0
-        self.slow_log.check(f"gc gen {generation}", f"node {self.id}", time.time(), self._gc_t0)
         # Never for nodes sharing a process (rule 16).
-        if generation == 2 and self._freeze_gc and self.gc_policy.after_full_pass(cpu):
+        if self._freeze_gc and self.gc_policy.after_full_pass(cpu):
             # Now, in the pass's own callback: it has just found everything
             # unreachable, so nothing frozen here is garbage (net.gc_freeze rule 2).
             gc.freeze()
