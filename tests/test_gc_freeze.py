@@ -7,16 +7,21 @@ long full pass found alive (``overlay.net.node`` rule 16)."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import random
 
+import msgspec
 import pytest
 
 from conftest import LOCAL
 from coreworld import SPLIT_500, World
+from overlay.config import NodeConfig
 from overlay.messages import client as cm
-from overlay.net.gc_freeze import FREEZE_AFTER, MAX_FREEZES, FreezePolicy
+from overlay.net.gc_freeze import FREEZE_AFTER, MAX_FREEZES, YOUNG_THRESHOLD, FreezePolicy
+from overlay.net.node import Node
 from overlay.testing import LoopbackCluster, wait_until
+from overlay.testing._loopback import HOST, bound_socket, insecure_tls
 
 # -- the policy (rules 2 and 3) -----------------------------------------------------------------
 
@@ -67,6 +72,26 @@ async def test_a_node_process_freezes_what_a_long_full_pass_kept():
         finally:
             gc.unfreeze()
         await wait_until(lambda: node.started.is_set(), 5, "the node serving")
+
+
+@pytest.mark.asyncio
+@pytest.mark.timeout(60)
+async def test_a_node_process_passes_over_its_young_objects_less_often_while_it_runs():
+    """Rule 6: the young generation's threshold, for the run only."""
+    sock, admin = bound_socket(), bound_socket()
+    me = NodeConfig(0, HOST, sock.getsockname()[1], admin.getsockname()[1])
+    before = gc.get_threshold()
+    config = msgspec.structs.replace(LOCAL, tls=insecure_tls()).with_nodes((me,))
+    node = Node(config, 0, sock=sock, admin_sock=admin, freeze_gc=True)
+    task = asyncio.create_task(node.run())
+    try:
+        await asyncio.wait_for(node.started.wait(), 10)
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, *before[1:])
+        assert gc.get_freeze_count() > 0
+    finally:
+        node.stop()
+        await asyncio.wait_for(task, 10)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
 # -- stored subscriptions (predicates rule 8) -----------------------------------------------------

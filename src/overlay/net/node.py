@@ -88,7 +88,9 @@ that carries each out when it is not this one:
 16. A node in a process of its own (``freeze_gc``) keeps the cyclic GC's
     full passes short (``net.gc_freeze``): it freezes what exists once it
     has started, and again what survived a full pass that took
-    ``FREEZE_AFTER`` of CPU or more; a run that ends unfreezes.  Nodes sharing a
+    ``FREEZE_AFTER`` of CPU or more, and passes over its young objects
+    every ``YOUNG_THRESHOLD`` new ones; a run that ends unfreezes and puts
+    the thresholds back.  Nodes sharing a
     process (tests) do none of this.
 """
 
@@ -114,7 +116,7 @@ from overlay.net.admission import Admission
 from overlay.net.capture_writer import CaptureWriter
 from overlay.net.clients import CLIENT_MAGIC, ClientConnections
 from overlay.net.dispatch import INDEX_PAUSE, INDEX_STEP, Dispatcher, SlowLog
-from overlay.net.gc_freeze import FreezePolicy
+from overlay.net.gc_freeze import YOUNG_THRESHOLD, FreezePolicy
 from overlay.net.inbound import Inbound
 from overlay.net.inbox import Inbox
 from overlay.net.listener import Listener
@@ -303,6 +305,7 @@ class Node:
     # -- lifecycle (rule 1) ---------------------------------------------------------------
 
     async def run(self) -> None:
+        gc_thresholds: tuple[int, int, int] | None = None  # rule 16: the process's, while this run set its own
         sock = self._sock
         if sock is None:
             sock = socket.create_server((self.me.host, self.me.port))  # SO_REUSEADDR, as start_server set it
@@ -353,6 +356,8 @@ class Node:
                     # sharing a process (tests).
                     gc.collect()
                     gc.freeze()
+                    gc_thresholds = gc.get_threshold()  # put back when the run ends (net.gc_freeze rule 6)
+                    gc.set_threshold(YOUNG_THRESHOLD, *gc_thresholds[1:])
                     gc.callbacks.append(self._gc_timer)
                 self.started.set()
                 await self._stop.wait()
@@ -367,6 +372,8 @@ class Node:
                 gc.callbacks.remove(self._gc_timer)
             if self._freeze_gc:
                 gc.unfreeze()  # net.gc_freeze rule 4: what this run leaves is collectable
+                if gc_thresholds is not None:
+                    gc.set_threshold(*gc_thresholds)
             sock.close()
             for w in self.clients.values():
                 w.writer.close()
