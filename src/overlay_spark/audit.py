@@ -13,30 +13,36 @@ for losses: they may have been in flight when the cluster shut down.
 
 How it is computed (a 1M-event capture in a minute on two cores):
 
-1. **One shuffle by event, of narrow rows.**  Before the shuffle each
-   record becomes small rows: its *own* row (a publish's, an owner's or a
-   delivery's figures: time, tested count, key, rank, payload size) and
-   one row per subscription id it names (an owner's matched conjuncts read
-   as their subscriptions, a delivery's subscriptions and orphans, a
-   drop's subscriptions); the re-matching's candidate pairs
-   (``rematch.Matcher.pairs``, a broadcast join on the publish records)
-   are rows of the same kind.  No row carries another record's columns,
-   and nothing is sorted by event.
+1. **Narrow rows, shuffled by event.**  Each record becomes small rows:
+   its *own* row (a publish's or an owner's figures: time, tested count,
+   key, rank, payload size) and one row per subscription id it names (an
+   owner's matched conjuncts read as their subscriptions, a delivery's
+   subscriptions and orphans, a drop's subscriptions); the re-matching's
+   candidate pairs (``rematch.Matcher.pairs``, a broadcast join on the
+   publish records) are id rows too.  No row carries another record's
+   columns, and nothing is sorted by event.  A delivery's payload size
+   rides on its id rows (``z``); it has an own row only when it names no
+   subscription at all, so ``E`` aggregates about two rows per event (its
+   publish and its owner's), not one more per access node it reached.
+   The own rows, the id rows and the delivery rows of the rank order are
+   three frames (``_rows``), each read from the cached capture with only
+   the records it needs and shuffled by event on its own.
 2. **Counts, not sets.**  After the shuffle the own rows are aggregated
    into one row per event (``E``: publish and match times, owner records,
    tested count, key and rank, payload figures; kept for the three uses
    below) and the id rows into one row per (event, subscription) pair
    (``P``: reported, delivered, orphaned, dropped and re-matched counts,
-   the subscription's lifetime).  Both are partitioned by event, so ``P``
-   meets its event's row in a hash join without another shuffle; the
-   pair's status (``rematch`` rule 4) needs the event's times.  Every
-   finding is then a sum over those rows in one global aggregation: set
-   differences become per-pair conditions (``lost``: expected and neither
-   delivered, orphaned nor dropped; ``duplicates``: delivered or orphaned
-   c > 1 times counts c − 1; …).  No per-event list of ids is built
-   unless a finding needs examples, which are computed again for the
-   report only then; likewise the exact count of payload mismatches when
-   an event's delivered sizes are not all its published one.
+   the delivered payload sizes, the subscription's lifetime).  Both are
+   partitioned by event, so ``P`` meets its event's row in a hash join
+   without another shuffle; the pair's status (``rematch`` rule 4) needs
+   the event's times.  Every finding is then a sum over those rows in one
+   global aggregation: set differences become per-pair conditions
+   (``lost``: expected and neither delivered, orphaned nor dropped;
+   ``duplicates``: delivered or orphaned c > 1 times counts c − 1; …).
+   No per-event list of ids is built unless a finding needs examples,
+   which are computed again for the report only then; likewise the exact
+   count of payload mismatches when an event's (or a pair's) delivered
+   sizes are not all its published one.
 3. **Rank order** is the same job: the delivery rows (which carry their
    record's node, number and time) meet their event's key and rank in
    ``E``, are repartitioned by (subscription, key) and ordered by the
@@ -64,6 +70,7 @@ payloads existed has no ``payload_bytes``: every size is 0.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Final
 
 from pyspark import StorageLevel
@@ -90,32 +97,40 @@ _O: Final = 6
 _X: Final = 7
 _R: Final = 8
 
-_OWN_TYPE: Final = (
-    "struct<time: double, tested: bigint, nmatched: int, key: string, rank: bigint, size: bigint, n_subs: int>"
-)
-_AT_TYPE: Final = "struct<node: int, n: bigint, time: double>"
+
+@dataclass
+class _Rows:
+    """Rule 1's rows, each frame partitioned by event: ``own`` (``event``,
+    ``c`` its code, ``o`` the record's figures), ``ids`` (``event``, ``s`` a
+    subscription id, ``c``, ``z`` a delivery's payload size) and
+    ``delivered`` (``event``, ``s``, ``at``: the delivery record's node,
+    number and time, for the rank order)."""
+
+    own: DataFrame
+    ids: DataFrame
+    delivered: DataFrame
 
 
-def _stream(cap: Capture, matcher: Matcher | None, partitions: int) -> DataFrame:
-    """Rule 1: every record's own row and id rows, and the candidate pairs,
-    partitioned by event: ``event``, ``s`` (a subscription id; null on an
-    own row), ``c`` (the row code), ``o`` (an own row's figures), ``at`` (a
-    delivery row's node, record number and time)."""
+def _rows(cap: Capture, matcher: Matcher | None, partitions: int) -> _Rows:
+    """Rule 1: every record's own row and id rows, and the candidate pairs.
+
+    Each reader (the events' figures, the pairs, the rank order) has a
+    frame of its own, read from the cached capture and shuffled by event:
+    only the records it needs, and an array exploded only where its ids
+    are wanted (one frame of every row, filtered by the readers, exploded
+    every record's ids three times; keeping its shuffled rows instead cost
+    16 s of CPU to cache 14M rows)."""
     k = F.col("kind")
-    ev, dl, dr = (k == x for x in ("event", "deliver", "drop"))
+    pub, ev, dl, dr = (k == x for x in ("publish", "event", "deliver", "drop"))
     none = F.array().cast("array<string>")
     subs, orphans = (F.coalesce(F.col(c), none) for c in ("subs", "orphans"))
-    ids = (
-        F.when(ev, F.coalesce(F.col("matched"), none)).when(dl, F.concat(subs, orphans)).when(dr, subs).otherwise(none)
-    )
-    # The own row is the slot after the ids (a null id); a drop has none.
-    slots = F.when(dr, ids).otherwise(F.concat(ids, F.array(F.lit(None).cast("string"))))
     size = F.coalesce(F.col("payload_bytes"), F.lit(0))
-    x = cap.parsed.filter(k.isin("publish", "event", "deliver", "drop")).select(
+    parsed = cap.parsed
+    # A delivery has an own row only when it names no subscription: its size
+    # travels on its id rows (``z``), which the pairs aggregate anyway.
+    own = parsed.filter(pub | ev | (dl & (F.size(subs) + F.size(orphans) == 0))).select(
         "event",
-        k.alias("kind"),
-        F.size(ids).alias("n_ids"),
-        F.size(subs).alias("n_subs"),
+        F.when(pub, _OWN_PUB).when(ev, _OWN_EV).otherwise(_OWN_DL).alias("c"),
         F.struct(
             F.col("time"),
             F.col("tested"),
@@ -124,60 +139,47 @@ def _stream(cap: Capture, matcher: Matcher | None, partitions: int) -> DataFrame
             F.col("rank"),
             size.alias("size"),
             F.size(subs).alias("n_subs"),
-        ).alias("_o"),
-        F.struct("node", "n", "time").alias("_at"),
-        F.posexplode(slots).alias("pos", "id"),
+        ).alias("o"),
     )
-    kind, pos = F.col("kind"), F.col("pos")
-    own = pos == F.col("n_ids")
+    ids = F.when(ev, F.coalesce(F.col("matched"), none)).when(dl, F.concat(subs, orphans)).otherwise(subs)
+    x = parsed.filter(ev | dl | dr).select(
+        "event",
+        k.alias("kind"),
+        F.size(subs).alias("n_subs"),
+        size.alias("size"),
+        F.posexplode(ids).alias("pos", "id"),
+    )
+    kind = F.col("kind")
     is_ev, is_dl = kind == "event", kind == "deliver"
-    orphan = is_dl & (pos >= F.col("n_subs"))
+    orphan = is_dl & (F.col("pos") >= F.col("n_subs"))
     # Conjunct ids read as their subscription's (rematch rule 2): matched and
     # orphans; the regular expression only runs on an id that has a "/".
     sid = F.col("id")
     sub = F.when((is_ev | orphan) & (F.instr(sid, "/") > 0), base_id(sid)).otherwise(sid)
-    code = (
-        F.when(own & (kind == "publish"), _OWN_PUB)
-        .when(own & is_ev, _OWN_EV)
-        .when(own, _OWN_DL)
-        .when(is_ev, _M)
-        .when(orphan, _O)
-        .when(is_dl, _D)
-        .otherwise(_X)
-    )
-    rows = x.select(
-        "event",
-        F.when(own, F.lit(None).cast("string")).otherwise(sub).alias("s"),
-        code.alias("c"),
-        F.when(own, F.col("_o")).alias("o"),
-        F.when(~own & is_dl & ~orphan, F.col("_at")).alias("at"),
-    )
+    code = F.when(is_ev, _M).when(orphan, _O).when(is_dl, _D).otherwise(_X)
+    id_rows = x.select("event", sub.alias("s"), code.alias("c"), F.when(is_dl, F.col("size")).alias("z"))
     if matcher is not None:
         events = cap.df("publish").select(
             "event", *[F.col("values").getField(a["name"]).alias(f"v_{a['i']}") for a in matcher.attrs]
         )
         cands = matcher.pairs(events).select(
-            "event",
-            F.col("c_sub").alias("s"),
-            F.lit(_R).alias("c"),
-            F.lit(None).cast(_OWN_TYPE).alias("o"),
-            F.lit(None).cast(_AT_TYPE).alias("at"),
+            "event", F.col("c_sub").alias("s"), F.lit(_R).alias("c"), F.lit(None).cast("bigint").alias("z")
         )
-        rows = rows.unionByName(cands)
-    # Each reader (the events' figures, the pairs, the rank order) takes its
-    # own rows: the filter runs before the shuffle, so each is a scan of the
-    # capture and a shuffle of its own rows (keeping the shuffled rows
-    # instead cost more: 16 s of CPU to build the cache of 14M rows).
-    return rows.repartition(partitions, "event")
+        id_rows = id_rows.unionByName(cands)
+    delivered = parsed.filter(dl).select("event", F.struct("node", "n", "time").alias("at"), F.explode(subs).alias("s"))
+    return _Rows(
+        own.repartition(partitions, "event"),
+        id_rows.repartition(partitions, "event"),
+        delivered.repartition(partitions, "event"),
+    )
 
 
-def _events(stream: DataFrame, tail_from: float) -> DataFrame:
+def _events(own: DataFrame, tail_from: float) -> DataFrame:
     """Rule 2: ``E``, one row per event from its own rows."""
     c, o = F.col("c"), F.col("o")
     pub, ev, dl = c == _OWN_PUB, c == _OWN_EV, c == _OWN_DL
     return (
-        stream.filter(c <= _OWN_DL)
-        .groupBy("event")
+        own.groupBy("event")
         .agg(
             F.max(pub).alias("published"),
             F.min(F.when(pub, o["time"])).alias("t_pub"),
@@ -197,7 +199,7 @@ def _events(stream: DataFrame, tail_from: float) -> DataFrame:
     )
 
 
-def _pairs(stream: DataFrame, events: DataFrame, matcher: Matcher | None) -> DataFrame:
+def _pairs(ids: DataFrame, events: DataFrame, matcher: Matcher | None) -> DataFrame:
     """Rule 2: ``P``, per (event, subscription) the counts of each kind of
     id row, with its event's figures (a hash join within the partition) and
     the subscription's lifetime."""
@@ -206,23 +208,23 @@ def _pairs(stream: DataFrame, events: DataFrame, matcher: Matcher | None) -> Dat
     def count(code: int) -> Column:
         return F.sum((c == code).cast("int"))
 
-    per = (
-        stream.filter(c > _OWN_DL)
-        .groupBy("event", "s")
-        .agg(
-            F.max((c == _M).cast("int")).alias("m"),
-            count(_D).alias("d"),
-            count(_O).alias("o"),
-            count(_X).alias("x"),
-            F.max((c == _R).cast("int")).alias("r"),
-        )
+    per = ids.groupBy("event", "s").agg(
+        F.max((c == _M).cast("int")).alias("m"),
+        count(_D).alias("d"),
+        count(_O).alias("o"),
+        count(_X).alias("x"),
+        F.max((c == _R).cast("int")).alias("r"),
+        # Payloads (rule 2): a delivery's size once per subscription notified, and the sizes seen.
+        F.sum(F.when(c == _D, F.col("z"))).alias("z_bytes"),
+        F.min("z").alias("z_lo"),
+        F.max("z").alias("z_hi"),
     )
     if matcher is not None:  # (a broadcast table keeps the partitioning by event)
         life = matcher.lifetimes.withColumnRenamed("sub", "s")
         per = per.join(F.broadcast(life) if matcher.broadcast else life, "s", "left")
     else:
         per = per.select("*", *[F.lit(None).cast("double").alias(c) for c in ("t_sub", "t_ack", "t_unsub", "t_unack")])
-    ev = events.select("event", "t_pub", "t_match", "records", "tail").hint("shuffle_hash")
+    ev = events.select("event", "t_pub", "t_match", "records", "tail", "p_size").hint("shuffle_hash")
     j = per.join(ev, "event", "left")
     st = status_code(
         F.col("t_pub"), F.col("t_match"), F.col("t_sub"), F.col("t_ack"), F.col("t_unsub"), F.col("t_unack")
@@ -238,7 +240,15 @@ def _pairs(stream: DataFrame, events: DataFrame, matcher: Matcher | None) -> Dat
         F.when(F.col("r") > 0, st).otherwise(0).alias("st"),
         F.coalesce(F.col("records"), F.lit(0)).alias("records"),
         F.coalesce(F.col("tail"), F.lit(False)).alias("tail"),
+        "z_bytes",
+        _suspect(F.col("p_size"), F.col("z_lo"), F.col("z_hi")).alias("z_suspect"),
     )
+
+
+def _suspect(published: Column, lo: Column, hi: Column) -> Column:
+    """Rule 2: some delivery's payload size (between ``lo`` and ``hi``) is not
+    the published one: the exact count is computed again."""
+    return published.isNotNull() & ((lo != published) | (hi != published))
 
 
 def audit(cap: Capture, tail_from: float, matcher: Matcher | None, partitions: int = 8) -> dict[str, Any]:
@@ -246,11 +256,11 @@ def audit(cap: Capture, tail_from: float, matcher: Matcher | None, partitions: i
     examples of each failed finding.  ``matcher`` is None when the capture
     has no subscriptions or no events: nothing is re-matched.  ``partitions``:
     the shuffle by event."""
-    stream = _stream(cap, matcher, partitions)
+    rows = _rows(cap, matcher, partitions)
     # Read three times (the pairs' join, the event totals, the rank order):
     # aggregated once.
-    events = _events(stream, tail_from).persist(StorageLevel.MEMORY_AND_DISK)
-    per = _pairs(stream, events, matcher)
+    events = _events(rows.own, tail_from).persist(StorageLevel.MEMORY_AND_DISK)
+    per = _pairs(rows.ids, events, matcher)
     judged = ~F.col("tail")
     m, d, o, x, r, st = (F.col(c) for c in ("m", "d", "o", "x", "r", "st"))
     expected = ((m > 0) & (st != INACTIVE)) | (st == ACTIVE)
@@ -289,9 +299,9 @@ def audit(cap: Capture, tail_from: float, matcher: Matcher | None, partitions: i
     payload_published = F.when(published, F.coalesce("p_size", F.lit(0))).otherwise(0)
     # An event some delivery of which has another size than its publish:
     # the exact count of such deliveries is computed again only then.
-    suspect = F.col("p_size").isNotNull() & ((F.col("d_lo") != F.col("p_size")) | (F.col("d_hi") != F.col("p_size")))
+    suspect = _suspect(F.col("p_size"), F.col("d_lo"), F.col("d_hi"))
     # One job for the totals and the rank order: all read the one shuffle.
-    order_df = _order_rows(stream, events, partitions)
+    order_df = _order_rows(rows.delivered, events, partitions)
     ordered = order_df.agg(
         F.count("*").alias("order_deliveries"), F.sum(F.col("bad").cast("long")).alias("order_violations")
     )
@@ -310,9 +320,18 @@ def audit(cap: Capture, tail_from: float, matcher: Matcher | None, partitions: i
         total(suspect).alias("payload_suspect"),
     )
     totals = aggregate_row(
-        per.agg(*[total(c).alias(k) for k, c in sets.items()]).crossJoin(event_totals).crossJoin(ordered)
+        per.agg(
+            *[total(c).alias(k) for k, c in sets.items()],
+            total(F.col("z_bytes")).alias("pair_bytes"),
+            total(F.col("z_suspect")).alias("pair_suspect"),
+        )
+        .crossJoin(event_totals)
+        .crossJoin(ordered)
     ).asDict()
     totals = {k: int(v or 0) for k, v in totals.items()}
+    # Deliveries that named subscriptions came in their id rows (rule 1).
+    totals["delivered_bytes"] += totals.pop("pair_bytes")
+    totals["payload_suspect"] += totals.pop("pair_suspect")
     examples: dict[str, list[dict[str, Any]]] = {}
     findings = [k for k in ("lost", "missing", "extra", "unexpected", "duplicates", "inactive_matched") if totals[k]]
     if findings:  # only a failed audit pays for its examples (the pairs computed again)
@@ -397,23 +416,19 @@ def _mismatched(cap: Capture) -> DataFrame:
     return delivered.join(published, "event").filter(F.col("delivered") != F.col("published"))
 
 
-def _order_rows(stream: DataFrame, events: DataFrame, partitions: int) -> DataFrame:
+def _order_rows(delivered: DataFrame, events: DataFrame, partitions: int) -> DataFrame:
     """Rule 3: each delivery of a keyed event to a subscription, with the
     rank of the delivery before it for that (subscription, key) in the access
     node's record order; ``bad`` when its rank is not above that one (SPEC §10)."""
     ranks = events.filter(F.col("ekey").isNotNull()).select("event", "ekey", "erank").hint("shuffle_hash")
-    d = (
-        stream.filter(F.col("c") == _D)
-        .join(ranks, "event")
-        .select(
-            "event",
-            F.col("ekey").alias("key"),
-            F.col("erank").alias("rank"),
-            F.col("at.node").alias("node"),
-            F.col("at.n").alias("n"),
-            F.col("at.time").alias("time"),
-            F.col("s").alias("sub"),
-        )
+    d = delivered.join(ranks, "event").select(
+        "event",
+        F.col("ekey").alias("key"),
+        F.col("erank").alias("rank"),
+        F.col("at.node").alias("node"),
+        F.col("at.n").alias("n"),
+        F.col("at.time").alias("time"),
+        F.col("s").alias("sub"),
     )
     # Repartitioned by hand: the adaptive plan would coalesce this shuffle to
     # a few partitions, an odd number of long tasks on two cores.
