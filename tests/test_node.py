@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from conftest import LOCAL
-from overlay.actions import ToClient, ToPeer
+from overlay.actions import Notifies, ToClient, ToPeer
 from overlay.channels import ChannelId, parse_subscription
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
@@ -543,6 +543,33 @@ async def test_one_notify_for_several_sessions_is_encoded_once():
     (f1,), (f2,), (f3,) = (list(conns.writers[sid].queue.normal) for sid in (1, 2, 3))
     assert f1 is f2 and f1 == encode_frame(note)
     assert f3 == encode_frame(other)
+
+
+async def test_one_event_s_notifies_go_to_each_session_as_its_own_notify_would():
+    """net.clients rule 8: a Notifies action queues, for each session, the
+    frame of that session's own Notify — one frame object per distinct
+    sub_ids; a full queue drops it (rule 3) and a cut session discards it
+    (rule 7c), each counted as its own ToClient's would be."""
+    node = Node(msgspec.structs.replace(BASE, tls=insecure_tls()), 0)  # not running: frames only queue
+    conns = node.connections
+    for sid in (1, 2, 3, 4):
+        conns.writers[sid] = ConnectionWriter(None, 1, budget=conns.budget, sid=sid)  # type: ignore[arg-type]
+    conns.writers[4].queue.put_nowait(b"held", False)  # full: its Notify is dropped
+    conns._cut.add(5)  # cut as a slow consumer, before the core knew
+    note = cm.Notify("e1", {"price": 1.0}, ("s1",), 2.0, payload=b"x" * 100)
+    ids = [("s1",), ("s1",), ("s2", "s3"), ("s1",), ("s9",), ("s1",)]
+    node.execute([Notifies(note, [1, 2, 3, 4, 5, 6], ids)])  # 6: no such session
+    (f1,), (f2,), (f3,) = (list(conns.writers[sid].queue.normal) for sid in (1, 2, 3))
+    assert f1 is f2 and f1 == encode_frame(note)
+    assert f3 == encode_frame(msgspec.structs.replace(note, sub_ids=("s2", "s3")))
+    assert list(conns.writers[4].queue.normal) == [b"held"]
+    stats = node.core.ctx.stats
+    assert stats["slow_consumer_drops"] == 1 and stats["slow_consumer_dropped"] == 1
+    assert conns.writers[4].queue.high  # the slow_consumer Error, once
+    assert [(a.session, a.msg.sub_ids) for a in Notifies(note, [1, 3], [("s1",), ("s2",)]).each()] == [
+        (1, ("s1",)),
+        (3, ("s2",)),
+    ]
 
 
 async def test_a_client_that_takes_pubacks_gets_a_burst_s_pubacks_in_few_frames(cluster):

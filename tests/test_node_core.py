@@ -14,7 +14,7 @@ import msgspec
 import pytest
 
 from coreworld import CONFIG, EC, HIGH, LOW, SCHEMA, SPLIT_500, SUBSCRIPTIONS, World, random_events, spread
-from overlay.actions import CloseClient, ToClient, ToPeer
+from overlay.actions import CloseClient, Notifies, ToClient, ToPeer
 from overlay.channels import ChannelId, EventSpace, RouteEntry, parse_subscription
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
@@ -552,3 +552,24 @@ def test_a_run_of_peer_events_in_one_call_does_what_each_would_alone(caplog):
     core.liveness.dead[1] = 0  # node 1, its run 0
     assert core.handle_peer_events(1, events, many.net.now) == []
     assert core.stats["dropped_from_dead_peer"] == 3
+
+
+def test_an_event_for_several_sessions_is_one_notifies_action():
+    """node.notify rule 7: an unkeyed event matching subscriptions of several
+    sessions of the access node is one Notifies action listing each session
+    once, with its local ids (a subscription whose conjuncts both matched
+    once: rule 6) — no ToClient, no Notify per session."""
+    w = World()
+    a, b, c, pub = (w.client(0, name) for name in ("a", "b", "c", "pub"))
+    w.subscribe(0, a, "s1", "price < 100")
+    w.subscribe(0, b, "s1", "price < 100")
+    w.subscribe(0, c, "x", "price < 50")
+    w.subscribe(0, c, "y", 'price < 100 or sym = "AB"')
+    acts = w.cores[0].handle_client(pub, cm.Publish(w.seq(), {"price": 10.0, "sym": "AB"}, payload=b"p"), w.net.now)
+    notes = [a for a in acts if type(a) is Notifies]
+    assert not [a for a in acts if type(a) is ToClient and type(a.msg) is cm.Notify]
+    (act,) = notes
+    got = dict(zip(act.sessions, (frozenset(ids) for ids in act.sub_ids), strict=True))
+    assert got == {a: {"s1"}, b: {"s1"}, c: {"x", "y"}}
+    assert all(len(set(ids)) == len(ids) for ids in act.sub_ids)
+    assert act.msg.payload == b"p" and act.msg.sub_ids == act.sub_ids[0] and act.msg.tag == 0

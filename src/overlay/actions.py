@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import NamedTuple
+
+import msgspec
 
 from overlay.config import NodeConfig
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 
-__all__ = ["Action", "AddPeer", "CloseClient", "Rejoin", "ToClient", "ToPeer"]
+__all__ = ["Action", "AddPeer", "CloseClient", "Notifies", "Rejoin", "ToClient", "ToPeer"]
 
 
 class ToPeer(NamedTuple):
@@ -23,6 +26,23 @@ class ToClient(NamedTuple):
 
     session: int
     msg: cm.ClientMessage
+
+
+class Notifies(NamedTuple):
+    """Send one event's untagged Notify to the client of each session in
+    ``sessions``, the i-th listing ``sub_ids[i]`` (``msg`` lists the first's):
+    what a ``ToClient`` per session would send, in one action the shell
+    encodes once (``overlay.messages.codec`` rule 4)."""
+
+    msg: cm.Notify
+    sessions: list[int]
+    sub_ids: list[tuple[str, ...]]
+
+    def each(self) -> Iterator[ToClient]:
+        """One ``ToClient`` per session, as a shell without the shortcut sends them."""
+        msg = self.msg
+        for sid, ids in zip(self.sessions, self.sub_ids, strict=True):
+            yield ToClient(sid, msg if ids == msg.sub_ids else msgspec.structs.replace(msg, sub_ids=ids))
 
 
 class CloseClient(NamedTuple):
@@ -46,4 +66,4 @@ class Rejoin(NamedTuple):
     reason: str
 
 
-Action = ToPeer | ToClient | CloseClient | AddPeer | Rejoin
+Action = ToPeer | ToClient | Notifies | CloseClient | AddPeer | Rejoin

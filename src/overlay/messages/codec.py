@@ -9,6 +9,14 @@ Rules:
    msgspec error) at this one place; the reader keeps the frame that failed
    (``FrameReader.bad``), so a node can tell a peer message sent on a client
    connection (``is_peer_frame``) from plain garbage.
+4. **One event's Notifies, encoded once** (``NotifyFrames``).  The Notifies
+   of one event to several sessions differ only in ``sub_ids``: the event
+   and its payload are encoded once, as ``msgspec.Raw``, and each frame
+   splices them around its own ``sub_ids`` — byte for byte the frame
+   ``encode_frame`` makes of the whole Notify (``_NotifyOut`` has Notify's
+   fields in Notify's order, checked at import), so a client cannot tell.
+   A frame per distinct ``sub_ids`` is kept: sessions whose subscriptions
+   carry the same local ids share one frame object.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ __all__ = [
     "HEADER",
     "ClientUnion",
     "FrameReader",
+    "NotifyFrames",
     "client_reader",
     "encode",
     "encode_frame",
@@ -155,6 +164,71 @@ def is_peer_frame(body: bytes) -> bool:
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return False
     return True
+
+
+class _NotifyOut(msgspec.Struct, frozen=True, tag="Notify", array_like=True):
+    """Rule 4: ``client.Notify`` as it is encoded, its event and payload already encoded."""
+
+    event_id: str
+    event: msgspec.Raw
+    sub_ids: tuple[str, ...]
+    publish_time: float
+    key: str
+    rank: int
+    tag: int
+    payload: msgspec.Raw
+
+
+# Rule 4: the same fields, in the same order, under the same tag — so the same bytes.
+assert [f.name for f in msgspec.structs.fields(_NotifyOut)] == [f.name for f in msgspec.structs.fields(_c.Notify)]
+assert _NotifyOut.__struct_config__.tag == _c.Notify.__struct_config__.tag
+
+
+class NotifyFrames:
+    """Rule 4: the frames of one Notify to several sessions, each with its own
+    ``sub_ids``.  Invariant: ``frame(ids)`` equals ``encode_frame`` of ``msg``
+    with ``sub_ids = ids``, and is the same object for equal ``ids``."""
+
+    __slots__ = ("_frames", "_max", "_out", "msg")
+
+    def __init__(self, msg: _c.Notify, max_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self.msg = msg
+        self._max = max_size
+        self._frames: dict[tuple[str, ...], bytes] = {}
+        self._out: _NotifyOut | None = None  # made for the second distinct sub_ids only
+
+    def frame(self, sub_ids: tuple[str, ...]) -> bytes:
+        got = self._frames.get(sub_ids)
+        if got is not None:
+            return got
+        msg = self.msg
+        if sub_ids == msg.sub_ids:
+            got = encode_frame(msg, self._max)
+        else:
+            out = self._out
+            if out is None:
+                enc = _encoder.encode
+                out = self._out = _NotifyOut(
+                    msg.event_id,
+                    msgspec.Raw(enc(msg.event)),
+                    (),
+                    msg.publish_time,
+                    msg.key,
+                    msg.rank,
+                    msg.tag,
+                    msgspec.Raw(enc(msg.payload)),
+                )
+            body = _encoder.encode(msgspec.structs.replace(out, sub_ids=sub_ids))
+            if len(body) > self._max:
+                raise LocalProtocolError(f"Notify encodes to {len(body)} bytes, over the frame limit {self._max}")
+            got = HEADER.pack(len(body)) + body
+        self._frames[sub_ids] = got
+        return got
+
+    def notify(self, sub_ids: tuple[str, ...]) -> _c.Notify:
+        """The Notify ``frame(sub_ids)`` encodes (for the rare paths that need
+        the message itself: a dropped notification's capture)."""
+        return self.msg if sub_ids == self.msg.sub_ids else msgspec.structs.replace(self.msg, sub_ids=sub_ids)
 
 
 def encode_frames(msgs: Iterable[PeerMessage | ClientMessage]) -> list[bytes]:

@@ -50,9 +50,13 @@ Rules:
       dropped and counted alike;
    d. counted (``slow_consumer_disconnects``, and ``…_stalled`` or
       ``…_budget``) and logged once, at WARNING, with the reason.
-8. One message sent to several sessions in a row (the core gives sessions
-   with the same subscription ids one Notify object) is encoded once: the
-   same frame bytes go into each queue.
+8. One event's Notifies to several sessions (``actions.Notifies``) are
+   encoded once: the event and payload once, and one frame per distinct
+   ``sub_ids``, whose bytes go into each queue that lists them
+   (``messages.codec`` rule 4).  Each session's Notify is queued, dropped
+   (rule 3) or discarded (rule 7c) exactly as its own ``ToClient`` would
+   be; the Notify message itself is made only for a drop's capture.  One
+   message sent to several sessions in a row is encoded once too.
 9. **Batched PubAcks.**  A session whose Hello said ``cm.BATCHED_ACKS``
    gets its PubAcks gathered into ``PubAcks`` frames (at most
    ``PUBACKS_BATCH`` each): they wait in ``_acks`` until the loop's next
@@ -81,7 +85,7 @@ from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.limits.budget import QueueBudget
 from overlay.messages import client as cm
-from overlay.messages.codec import HEADER, FrameReader, client_reader, encode_frame, is_peer_frame
+from overlay.messages.codec import HEADER, FrameReader, NotifyFrames, client_reader, encode_frame, is_peer_frame
 from overlay.net.inbox import READ_CHUNK, ClientClosed, FromClient, Inbox
 from overlay.net.writer import LINGER, ConnectionWriter, write_frames
 from overlay.node import NodeCore
@@ -205,6 +209,37 @@ class ClientConnections:
             self._drop(sid, w, msg)
             return
         if self.budget.add(w.account, len(frame)):  # rule 7: past the budget
+            self._over_budget()
+
+    def send_notifies(self, msg: cm.Notify, sessions: list[int], sub_ids: list[tuple[str, ...]]) -> None:
+        """Rule 8: ``msg`` to each session of ``sessions``, the i-th with
+        ``sub_ids[i]`` (an ``actions.Notifies``), as ``send`` would one by one
+        — the budget checked once, after the last (``limits.budget`` rule 4)."""
+        frames = NotifyFrames(msg, self._max_frame)
+        writers = self.writers
+        budget = self.budget
+        acks = self._acks
+        last = msg.sub_ids
+        frame = frames.frame(last)
+        over = False
+        for sid, ids in zip(sessions, sub_ids, strict=True):
+            w = writers.get(sid)
+            if w is None:
+                if sid in self._cut:  # rule 7c
+                    self._discard(sid, frames.notify(ids))
+                continue
+            if acks and sid in acks:  # rule 9: nothing overtakes them
+                self._queue_acks(w, *acks.pop(sid))
+            if ids is not last and ids != last:  # sessions with the same ids in a row share the frame
+                last = ids
+                frame = frames.frame(ids)
+            if not w.queue.put_nowait(frame, False):
+                self._drop(sid, w, frames.notify(ids))
+                continue
+            if self._slow:
+                self._slow.discard(sid)
+            over = budget.add(w.account, len(frame)) or over
+        if over:  # rule 7: past the budget
             self._over_budget()
 
     def _schedule_flush(self) -> None:

@@ -105,7 +105,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, ParamSpec
 
-from overlay.actions import Action, AddPeer, CloseClient, Rejoin, ToClient, ToPeer
+from overlay.actions import Action, AddPeer, CloseClient, Notifies, Rejoin, ToClient, ToPeer
 from overlay.auth.keys import verifier_for
 from overlay.config import ClusterConfig, NodeConfig
 from overlay.errors import PeerRefused
@@ -508,6 +508,8 @@ class Node:
                 self._send_peer(act.node, act.msg)
             elif type(act) is ToClient:
                 connections.send(act.session, act.msg)
+            elif type(act) is Notifies:
+                connections.send_notifies(*act)
             elif type(act) is CloseClient:
                 connections.close(act.session, act.reason)
             elif type(act) is AddPeer:  # a node joined: link to it first

@@ -6,6 +6,9 @@ Rules:
 2. Each level is bounded.  ``put`` waits for room (backpressure);
    ``put_nowait`` returns False when full and changes nothing, so the caller
    decides — and counts — what happens instead.  Nothing is dropped here.
+3. Cheap on the hot path: a put sets the wake-up event only when the queue
+   was empty (``_awake`` mirrors it: every set and clear goes through this
+   class), and ``drain`` takes a whole level in one copy when it fits.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class TwoLevelQueue(Generic[T]):
         self.high: deque[T] = deque()
         self.normal: deque[T] = deque()
         self._nonempty = asyncio.Event()
+        self._awake = False  # rule 3: whether _nonempty is set
         # One event per level: a put waits for room on its own level only, so a
         # full normal level never holds back a high put (and vice versa).
         self._room = {True: asyncio.Event(), False: asyncio.Event()}
@@ -45,14 +49,18 @@ class TwoLevelQueue(Generic[T]):
             self._room[high].clear()
             return False
         q.append(item)
-        self._nonempty.set()
+        if not self._awake:  # rule 3
+            self._awake = True
+            self._nonempty.set()
         return True
 
     def put_force(self, item: T, high: bool) -> None:
         """Enqueue past the bound: only for the few control frames whose loss
         would wedge a protocol (the caller bounds how many it sends)."""
         (self.high if high else self.normal).append(item)
-        self._nonempty.set()
+        if not self._awake:  # rule 3
+            self._awake = True
+            self._nonempty.set()
 
     async def put(self, item: T, high: bool) -> None:
         while not self.put_nowait(item, high):
@@ -60,6 +68,7 @@ class TwoLevelQueue(Generic[T]):
 
     def _taken(self) -> None:
         if not self.high and not self.normal:
+            self._awake = False
             self._nonempty.clear()
         if len(self.high) < self.maxsize:
             self._room[True].set()
@@ -86,6 +95,7 @@ class TwoLevelQueue(Generic[T]):
         broken connection may have lost, sent again first: net.peer_link)."""
         if items:
             self.high.extendleft(reversed(items))
+            self._awake = True
             self._nonempty.set()
 
     def clear(self) -> int:
@@ -98,8 +108,14 @@ class TwoLevelQueue(Generic[T]):
 
     def drain(self, limit: int) -> list[T]:
         """Up to ``limit`` items, high first (rule 1), without waiting."""
-        out: list[T] = []
         hq, nq = self.high, self.normal
+        out: list[T]
+        if not hq and len(nq) <= limit:  # rule 3: the common case, in one copy
+            out = list(nq)
+            nq.clear()
+            self._taken()
+            return out
+        out = []
         while hq and len(out) < limit:
             out.append(hq.popleft())
         while nq and len(out) < limit:

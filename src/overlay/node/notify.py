@@ -42,6 +42,11 @@ Rules this module keeps (numbered as in ``overlay.node.groups``):
    all): their client hears the subscription's local id once, and the
    capture records the subscription's own id once.  A tracked copy's answer
    still goes back for every conjunct the owner named.
+7. An untagged Notify for several sessions (an unkeyed event's plain
+   subscriptions) is one ``Notifies`` action, each session with its own
+   local ids: the shell encodes the event and its payload once for all of
+   them (``overlay.messages.codec`` rule 4), and no per-session action or
+   Notify is made here.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ import math
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any, Final
 
-from overlay.actions import Action, CloseClient, ToClient, ToPeer
+from overlay.actions import Action, CloseClient, Notifies, ToClient, ToPeer
 from overlay.channels.groups import MAX_WEIGHT
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
@@ -157,8 +162,9 @@ class Notifier:
         payload: bytes = b"",
     ) -> None:
         """One Notify per client session, listing its matching subscriptions
-        (``node.core`` rule 5); a copy delivered lately is dropped (rule 5).
-        ``payload`` goes unchanged in every Notify (the same bytes object)."""
+        (``node.core`` rule 5), several sessions' in one action (rule 7); a
+        copy delivered lately is dropped (rule 5).  ``payload`` goes
+        unchanged in every Notify (the same bytes object)."""
         ctx = self._ctx
         if self.seen.seen(event_id, ctx.now):
             ctx.stats["duplicates_dropped"] += 1
@@ -176,25 +182,27 @@ class Notifier:
             out.append(ToClient(owner[0], cm.Notify(event_id, event, (owner[1],), publish_time, payload=payload)))
             self._ctx.stats["notifies_out"] += 1
             return
-        by_session: dict[int, list[str]] = {}
+        by_session: dict[int, tuple[str, ...]] = {}
         for gid in sub_ids:
             owner = owners.get(gid)
             if owner is None:
                 self._ctx.stats["notifications_orphaned"] += 1
                 continue
-            local_ids = by_session.setdefault(owner[0], [])
-            if owner[1] not in local_ids:  # rule 6: conjuncts of one subscription
-                local_ids.append(owner[1])
-        # Sessions whose subscriptions carry the same local ids get the same
-        # Notify object, which the shell encodes once (net.clients rule 8).
-        shared: dict[tuple[str, ...], cm.Notify] = {}
-        for sid, local_ids in by_session.items():
-            ids = tuple(local_ids)
-            note = shared.get(ids)
-            if note is None:
-                note = shared[ids] = cm.Notify(event_id, event, ids, publish_time, payload=payload)
-            out.append(ToClient(sid, note))
-        self._ctx.stats["notifies_out"] += len(by_session)
+            sid, local_id = owner
+            ids = by_session.get(sid)
+            if ids is None:
+                by_session[sid] = (local_id,)
+            elif local_id not in ids:  # rule 6: conjuncts of one subscription
+                by_session[sid] = (*ids, local_id)
+        if not by_session:
+            return
+        # Rule 7: one action for every session, which the shell encodes once.
+        sessions = list(by_session)
+        local_ids = list(by_session.values())
+        out.append(
+            Notifies(cm.Notify(event_id, event, local_ids[0], publish_time, payload=payload), sessions, local_ids)
+        )
+        self._ctx.stats["notifies_out"] += len(sessions)
 
     def _bases(self, sub_ids: Sequence[str]) -> Sequence[str]:
         """Rule 6: the subscriptions' own ids, each once (the same ids when no

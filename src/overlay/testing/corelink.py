@@ -35,7 +35,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from overlay.actions import Action, CloseClient, Rejoin, ToClient, ToPeer
+from overlay.actions import Action, CloseClient, Notifies, Rejoin, ToClient, ToPeer
 from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
@@ -85,6 +85,8 @@ class CoreLink:
                 self.send(node, act.node, act.msg)
             elif type(act) is ToClient:
                 self.to_clients.append((node, act.session, act.msg))
+            elif type(act) is Notifies:
+                self.to_clients.extend((node, one.session, one.msg) for one in act.each())
             elif type(act) is CloseClient:
                 self.closed.append((node, act.session, act.reason))
             elif type(act) is Rejoin:

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from overlay.actions import Action, CloseClient, ToClient, ToPeer
+from overlay.actions import Action, CloseClient, Notifies, ToClient, ToPeer
 from overlay.channels import parse_subscription
 from overlay.channels.schema import Value
 from overlay.config import ClusterConfig
@@ -232,6 +232,9 @@ class ConvergenceSim:
                 self._send(node, act.node, act.msg)
             elif type(act) is ToClient:
                 self._to_client(node, act.session, act.msg)
+            elif type(act) is Notifies:
+                for one in act.each():
+                    self._to_client(node, one.session, one.msg)
             elif type(act) is CloseClient:
                 self.errors.append(f"node {node} closed client session {act.session}: {act.reason}")
         core = self.cores[node]

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from overlay.actions import Action, CloseClient, Rejoin, ToClient, ToPeer
+from overlay.actions import Action, CloseClient, Notifies, Rejoin, ToClient, ToPeer
 from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
@@ -255,6 +255,9 @@ class SimNetwork:
                 self.send(node, act.node, act.msg)
             elif type(act) is ToClient:
                 self.to_client(node, act.session, act.msg)
+            elif type(act) is Notifies:
+                for one in act.each():
+                    self.to_client(node, one.session, one.msg)
             elif type(act) is CloseClient:
                 nf = self.node_faults
                 if nf is not None and nf.had_fault(node):  # a run declared dead sends its clients away
