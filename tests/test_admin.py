@@ -25,7 +25,8 @@ from conftest import LOCAL
 from overlay.cli import format_status, node_statuses
 from overlay.errors import OverlayError
 from overlay.net.admin import TOKEN_ENV
-from overlay.testing import LoopbackCluster, Traffic, wait_until
+from overlay.net.cluster_view import VIEW_TTL
+from overlay.testing import WAIT, LoopbackCluster, Traffic, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -336,14 +337,16 @@ async def test_metrics_parse_and_hold_every_family() -> None:
         buckets = sorted((float(dict(k[1])["le"]), v) for k, v in tested.items() if k[0].endswith("_bucket"))
         assert buckets[-1] == (float("inf"), core.stats["events_matched"])
         assert all(a[1] <= b[1] for a, b in itertools.pairwise(buckets))
+        # The latency histogram is exposed whole: counted, summed, its buckets
+        # cumulative up to +Inf.  How large the latencies are is a figure of
+        # the machine (a loaded one saw a mean of 6 s here): bench/throughput.py
+        # measures it; a pass/fail test does not.
         latency = _samples(families, "overlay_publish_notify_latency_seconds")
-        assert latency[("overlay_publish_notify_latency_seconds_count", node0)] > 0
-        assert (
-            0
-            < latency[("overlay_publish_notify_latency_seconds_sum", node0)]
-            / latency[("overlay_publish_notify_latency_seconds_count", node0)]
-            < 5
-        )
+        count = latency[("overlay_publish_notify_latency_seconds_count", node0)]
+        assert count > 0 and latency[("overlay_publish_notify_latency_seconds_sum", node0)] > 0
+        lat_buckets = sorted((float(dict(k[1])["le"]), v) for k, v in latency.items() if k[0].endswith("_bucket"))
+        assert lat_buckets[-1] == (float("inf"), count)
+        assert all(a[1] <= b[1] for a, b in itertools.pairwise(lat_buckets))
 
 
 # -- the cluster view and its event stream ------------------------------------------------------
@@ -378,15 +381,20 @@ async def test_event_stream_yields_cluster_updates_and_ends_when_the_node_stops(
                 assert last["time"] > first["time"]
                 assert last["totals"]["events_in"] > first["totals"]["events_in"]
                 assert first["placement"] and first["da"][0]["name"] == "price"
-                # The stream is still open: stopping the node must end it, promptly.
+                # The stream is still open: stopping the node must end it.  An
+                # open stream that held the stop would hold it for aiohttp's
+                # shutdown timeout (60 s), far past stop_node's bound (WAIT):
+                # the bound tells the two apart without timing the machine.
                 await traffic.stop()
-                started = time.monotonic()
                 await cl.stop_node(2)
-                assert time.monotonic() - started < 5
-                rest = await asyncio.wait_for(resp.content.read(), 5)
+                rest = await asyncio.wait_for(resp.content.read(), WAIT)
                 assert resp.content.at_eof(), rest[-200:]
         finally:
             await traffic.stop()
+
+
+def _node_view(view: dict[str, Any], node: int) -> dict[str, Any]:
+    return next(n for n in view["nodes"] if n["node"] == node)
 
 
 async def test_cluster_view_shows_a_node_that_is_down_from_its_last_liem() -> None:
@@ -403,12 +411,14 @@ async def test_cluster_view_shows_a_node_that_is_down_from_its_last_liem() -> No
         assert view["placement"][0]["owners"] == [0] and view["history"]
 
         await cl.stop_node(2)
-        await asyncio.sleep(0.6)  # past the view's cache
-        view = await get_json(cl.url(0) + "/cluster")
-        down = next(n for n in view["nodes"] if n["node"] == 2)
+        # The view is cached (VIEW_TTL): ask again until a fresh one is served.
+        deadline = time.monotonic() + WAIT
+        while (down := _node_view(view := await get_json(cl.url(0) + "/cluster"), 2))["reachable"]:
+            assert time.monotonic() < deadline, f"node 2 still reachable in the view {WAIT}s after it stopped"
+            await asyncio.sleep(VIEW_TTL / 5)
         assert down["reachable"] is False and "did not answer" in down["why"]
         assert down["state"] in ("UNDERLOADED", "STABLE", "OVERLOADED", "BUSY", "UNKNOWN")
-        assert next(n for n in view["nodes"] if n["node"] == 1)["reachable"] is True
+        assert _node_view(view, 1)["reachable"] is True
 
 
 # -- overlay status --------------------------------------------------------------------------------
