@@ -50,7 +50,16 @@ from conftest import LOCAL
 from overlay.channels import parse_subscription
 from overlay.client import Client
 from overlay.config import ClusterConfig, load_config
-from overlay.testing import QUEUE_SIZE, Ledger, LoopbackCluster, Sub, range_subscriptions, skewed_price, wait_until
+from overlay.testing import (
+    LOADED_SUSPECT_TIMEOUT,
+    QUEUE_SIZE,
+    Ledger,
+    LoopbackCluster,
+    Sub,
+    range_subscriptions,
+    skewed_price,
+    wait_until,
+)
 from overlay.testing.sim.convergence import SPREAD_TARGET, ConvergenceRun, ConvergenceSim, oscillations
 from sim import golden
 
@@ -152,7 +161,9 @@ async def test_balancing_works_over_sockets() -> None:
     another node then reports load of its own; every live subscription gets
     every matching event exactly once.  Balancing quality is judged above, in
     virtual time."""
-    async with LoopbackCluster(LOCAL, slice_seconds=0.4, probability=1.0) as cl:
+    # Not about failure detection: a loaded machine must not make the nodes
+    # refuse with no_quorum (LOADED_SUSPECT_TIMEOUT says why).
+    async with LoopbackCluster(LOCAL, slice_seconds=0.4, probability=1.0, suspect_timeout=LOADED_SUSPECT_TIMEOUT) as cl:
         ids = cl.ids
         first = cl.config.cluster.initializer
         led = Ledger()

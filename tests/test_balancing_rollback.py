@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
@@ -22,6 +22,10 @@ from overlay.messages import peer as pm
 from overlay.testing import GOLDEN, QUEUE_SIZE, Ledger, LoopbackCluster, Sub, wait_until
 
 # -- test 4: a failure in mid-session ------------------------------------------------------
+
+# The admin's bound on the move it expects to abort: far past the session's
+# peer_timeout, so a loaded machine's late ticks still end it by the abort.
+ADMIN_WAIT: Final = 30.0
 
 
 async def _place_must_abort(admin: Client, channel: str, node: int, timeout: float) -> None:
@@ -112,16 +116,18 @@ async def test_failure_mid_session_rolls_back(failure: str) -> None:
         at1 = _tables(cl.nodes[sender].core)  # <1>: nothing changes the tables from here but the session
         t = time.time()
         try:
-            await _place_must_abort(admin, str(moving.id), receiver, 5 * TIMEOUT)
+            await _place_must_abort(admin, str(moving.id), receiver, ADMIN_WAIT)
         except BaseException:
             stop.set()
             await asyncio.gather(*tasks)
             raise
         waited = time.time() - t
         assert seen == ["ChannelTransfer"]
-        # Not before the timeout; and well before the admin's own 5 x TIMEOUT
-        # (the abort comes on the first tick past the deadline).
-        assert TIMEOUT * 0.9 <= waited <= TIMEOUT * 4, waited
+        # Not before the timeout (a loaded machine only makes the abort later:
+        # how much later is the machine's, not a pass/fail matter).  That the
+        # session's own timeout ended it, not the admin's, the answer says:
+        # "aborted" (an admin timeout raises TimeoutError), and the journal below.
+        assert waited >= TIMEOUT * 0.9, waited
 
         # Rolled back: the sender's tables are those of <1>, no session left.
         core = cl.nodes[sender].core

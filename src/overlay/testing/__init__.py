@@ -19,6 +19,8 @@ What is here:
   ports: admin HTTP ports, capacities, config overrides (``override``),
   capture; stop, crash, restart or join a node; ``Client``, ``AgentClient``
   and ``RawClient`` connections; counters, journals, quietness.
+  ``LOADED_SUSPECT_TIMEOUT`` for a test that loads its nodes hard and is not
+  about failure detection.
 * ``RawClient`` — the client protocol spoken directly (key, rank, group,
   weight and load factor set by the test).
 * ``CoreLink`` (``overlay.testing.corelink``) — node cores joined by
@@ -47,7 +49,7 @@ What is here:
 """
 
 from overlay.testing._audit import Audit, Verdict, consume, publish_steadily
-from overlay.testing._cluster import LoopbackCluster, override
+from overlay.testing._cluster import LOADED_SUSPECT_TIMEOUT, LoopbackCluster, override
 from overlay.testing._ledger import Ledger, Sub
 from overlay.testing._loopback import (
     LOOPBACK_SECRET,
@@ -79,6 +81,7 @@ from overlay.testing.memory_link import MemoryLink
 
 __all__ = [
     "GOLDEN",
+    "LOADED_SUSPECT_TIMEOUT",
     "LOOPBACK_SECRET",
     "QUEUE_SIZE",
     "WAIT",

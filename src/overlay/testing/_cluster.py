@@ -42,11 +42,20 @@ from overlay.security import client_ssl
 from overlay.testing._loopback import HOST, WAIT, bound_socket, dev_tls, insecure_tls, nodes_quiet, wait_until
 from overlay.testing._raw_client import RawClient
 
-__all__ = ["HARNESS_SUSPECT_TIMEOUT", "LoopbackCluster", "override"]
+__all__ = ["HARNESS_SUSPECT_TIMEOUT", "LOADED_SUSPECT_TIMEOUT", "LoopbackCluster", "override"]
 
 # ``[cluster] suspect_timeout`` of a LoopbackCluster whose config keeps the default (see __init__).
 SUSPECT_DEFAULT: Final = ClusterSettings().suspect_timeout
 HARNESS_SUSPECT_TIMEOUT: Final = 4.0
+# ``suspect_timeout`` for a test that loads its nodes hard and is not about
+# failure detection (``LoopbackCluster(..., suspect_timeout=LOADED_SUSPECT_TIMEOUT)``).
+# A node's heartbeats are read in turn with everything its peers sent before
+# them, and a node reads no more while its inbox is full: an overloaded node
+# on a busy machine answers a heartbeat as late as its backlog takes to
+# drain — seconds (a 2-core machine with other work saw its echo come past
+# the 2.7 s lease of HARNESS_SUSPECT_TIMEOUT, and every publish refused
+# no_quorum).  30 s (a 20 s lease) is past any backlog a test makes.
+LOADED_SUSPECT_TIMEOUT: Final = 30.0
 
 
 class _Closable(Protocol):
