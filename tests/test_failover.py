@@ -32,12 +32,16 @@ from overlay.testing import WAIT, LoopbackCluster, wait_until, with_tls_table
 
 pytestmark = pytest.mark.timeout(60)
 
-CHOKE_AT = 20
-
 
 def running(n: int) -> LoopbackCluster:
-    """``n`` nodes of local.toml, balancing off: node 0 owns EC."""
-    return LoopbackCluster(LOCAL, n, balancing=False, choke_threshold=CHOKE_AT)
+    """``n`` nodes of local.toml, balancing off: node 0 owns EC.
+
+    The nodes keep the default ``choke_threshold``: a test that wants a node
+    to choke fills that node's inbox to it (``hold_dispatcher``).  (A low
+    threshold for the whole cluster — 20 until 2026-11 — had healthy nodes
+    of a busy machine choke too, whenever their inbox briefly held 20
+    messages, and the agent's routing followed those chokes.)"""
+    return LoopbackCluster(LOCAL, n, balancing=False)
 
 
 def slow_down(node: Node, delay: float) -> None:
@@ -50,8 +54,9 @@ def slow_down(node: Node, delay: float) -> None:
 
 async def hold_dispatcher(node: Node) -> asyncio.Event:
     """Stop ``node``'s dispatcher at its next wake-up and fill the normal
-    level of its inbox to the choke threshold; set the returned event to let
-    it go on (the filler items are harmless: closes of unknown sessions)."""
+    level of its inbox to its choke threshold (below the inbox's bound, so
+    what else arrives still fits); set the returned event to let it go on
+    (the filler items are harmless: closes of unknown sessions)."""
     gate = asyncio.Event()
     inbox = node.inbox
     wait = inbox.wait
@@ -67,7 +72,9 @@ async def hold_dispatcher(node: Node) -> asyncio.Event:
     inbox.put_force(ClientClosed(-1), False)
     await wait_until(lambda: not len(inbox), what="dispatcher to take the filler")
     await asyncio.sleep(0.01)
-    for _ in range(CHOKE_AT):
+    choke_at = node.config.cluster.choke_threshold
+    assert choke_at < node.config.cluster.peer_queue  # the inbox's bound
+    for _ in range(choke_at):
         inbox.put_force(ClientClosed(-1), False)
     return gate
 
@@ -130,7 +137,11 @@ async def test_agent_waits_out_choke_when_no_other_node() -> None:
     async with running(2) as cluster:
         sub_client = await cluster.client(0)
         sub = await sub_client.subscribe('sym = "CH"')
-        agent = await cluster.agent(1, probe_interval=0)
+        # A Choke's delay (10 ms) is fed in as the node's latency, and the ack
+        # timeout follows the latencies down to min_timeout: at the default
+        # 50 ms, a busy machine's slow Choke answer timed out now and then.
+        # This test is about chokes, not timeouts: a timeout here means 1 s.
+        agent = await cluster.agent(1, probe_interval=0, min_timeout=1.0)
         gate = await hold_dispatcher(cluster.nodes[1])
         publishing = [asyncio.ensure_future(agent.publish({"price": float(i), "sym": "CH"})) for i in range(5)]
         await wait_until(lambda: agent.chokes >= 10, what="repeated chokes")
