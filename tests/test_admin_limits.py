@@ -20,7 +20,9 @@ LIMITS = {"http_idle_timeout": IDLE, "http_body_timeout": IDLE, "http_max_body":
 
 
 async def closed_within(reader: asyncio.StreamReader, timeout: float) -> tuple[bytes, float]:
-    """Everything the server sends until it closes, and how long that took."""
+    """Everything the server sends until it closes (``TimeoutError`` past
+    ``timeout``), and how long that took: a lower bound only means something
+    — a loaded machine makes every close later, never earlier."""
     t0 = time.monotonic()
     data = b""
     async with asyncio.timeout(timeout):
@@ -42,7 +44,9 @@ async def test_a_request_whose_head_never_ends_is_closed_after_the_idle_timeout(
         writer.write(b"GET /status HTTP/1.1\r\nHost: x\r\nX-Slow: ")  # headers trickled, never finished
         data, took = await closed_within(reader, WAIT)
         writer.close()
-        assert data == b"" and IDLE * 0.9 <= took < IDLE + 3, took
+        # Never before the idle timeout; when after it is the machine's (a
+        # connection never closed would run into WAIT).
+        assert data == b"" and took >= IDLE * 0.9, took
         assert cl.stat("http_timeouts") >= 1
 
 
@@ -56,8 +60,7 @@ async def test_an_idle_keep_alive_connection_is_closed_and_a_busy_one_is_not() -
         sse_reader, sse_writer = await connect(cl)
         sse_writer.write(b"GET /events?interval=0.2 HTTP/1.1\r\nHost: x\r\n\r\n")
         await asyncio.wait_for(sse_reader.readuntil(b"\r\n\r\n"), WAIT)
-        _, took = await closed_within(reader, WAIT)  # the idle one goes
-        assert took < IDLE + 3
+        await closed_within(reader, WAIT)  # the idle one goes (within WAIT, or TimeoutError)
         t0 = time.monotonic()
         while time.monotonic() - t0 < IDLE * 2:
             assert await asyncio.wait_for(sse_reader.readuntil(b"\n\n"), WAIT)  # events keep coming
@@ -72,7 +75,7 @@ async def test_a_trickled_body_is_answered_408_and_closed() -> None:
         data, took = await closed_within(reader, WAIT)
         writer.close()
         assert data.startswith(b"HTTP/1.1 408"), data[:200]
-        assert b"took longer than 1s" in data and took < IDLE + 3
+        assert b"took longer than 1s" in data and took >= IDLE * 0.9, took
         assert not cl.nodes[0].core.draining  # nothing was done
 
 

@@ -135,14 +135,13 @@ async def test_drain_under_traffic_moves_every_channel_and_delivers_exactly_once
         pubs = [await cl.client(0, client_id="pub-0"), await cl.client(2, client_id="pub-2")]
         stop = asyncio.Event()
         publishers = [asyncio.create_task(publish_until(p, v, stop, ledger, 400.0)) for p, v in zip(pubs, ("p0", "p2"))]
-        await asyncio.sleep(0.7)
+        await wait_until(lambda: len(ledger.published) >= 300, 15, "traffic under way")
 
-        t0 = time.monotonic()
-        status, summary = await post(cl.url(1) + "/drain")
-        took = time.monotonic() - t0
+        # Bounded, not timed: how soon a drain ends is the machine's.
+        status, summary = await asyncio.wait_for(post(cl.url(1) + "/drain"), 20)
         assert status == 200, summary
         assert summary["drained"] and summary["channels_moved"] == 2 and sorted(summary["channels"]) == ["0.1", "0.3"]
-        assert summary["subscriptions_moved"] > 0 and took < 10
+        assert summary["subscriptions_moved"] > 0
         assert not len(cl.nodes[1].core.local) and cl.nodes[1].core.draining
         assert all(1 not in e["owners"] for e in (await get(cl.url(0) + "/routing"))["channels"])
         assert all(1 not in e.owners for _, e in cl.nodes[0].core.routing.items())
@@ -169,12 +168,11 @@ async def test_drain_under_traffic_moves_every_channel_and_delivers_exactly_once
         assert not left_behind(), (left_behind(), dict(cl.nodes[1].core.stats), cl.nodes[1].core.sessions.pending_ids())
 
         # Node 1 can stop now; traffic goes on without it.
-        await asyncio.sleep(0.3)
         await cl.stop_node(1)
-        await asyncio.sleep(0.5)
+        after = len(ledger.published)
+        await wait_until(lambda: len(ledger.published) >= after + 200, 15, "traffic after node 1 stopped")
         stop.set()
         await asyncio.gather(*publishers)
-        assert len(ledger.published) > 500
         with contextlib.suppress(AssertionError):
             await wait_until(ledger.complete, 10, "every matching event delivered")
         missing = [sorted(e - set(g))[:5] for g, e in zip(ledger.got, ledger.expected())]

