@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from datetime import timedelta
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -64,3 +64,35 @@ def make_schema() -> Schema:
 @pytest.fixture
 def schema() -> Schema:
     return make_schema()
+
+
+class Printed(NamedTuple):
+    out: str
+    err: str
+
+
+class CapturedUntil:
+    """What a command run in this process printed (``capsys``), read while a
+    test waits for ``marker`` on stdout or stderr — ``found`` is the
+    condition for ``wait_until`` (e.g. ``overlay sub``'s ``"subscribed"``
+    line: its SubAcks are in, instead of a sleep for them); ``rest()`` is
+    everything printed from the start, what was read while waiting included."""
+
+    def __init__(self, capsys: pytest.CaptureFixture[str], marker: str) -> None:
+        self._capsys = capsys
+        self._marker = marker
+        self._out: list[str] = []
+        self._err: list[str] = []
+
+    def _read(self) -> None:
+        got = self._capsys.readouterr()
+        self._out.append(got.out)
+        self._err.append(got.err)
+
+    def found(self) -> bool:
+        self._read()
+        return any(self._marker in "".join(stream) for stream in (self._out, self._err))
+
+    def rest(self) -> Printed:
+        self._read()
+        return Printed("".join(self._out), "".join(self._err))

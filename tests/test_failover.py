@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CONFIGS, LOCAL
+from conftest import CONFIGS, LOCAL, CapturedUntil
 from overlay.errors import LocalProtocolError, RequestError
 from overlay.messages import client as cm
 from overlay.net.inbox import ClientClosed
@@ -355,8 +355,8 @@ async def test_cli_pub_with_key_and_rank_and_sub_with_group(tmp_path: Path, caps
             ]
         )
         subscriber = asyncio.ensure_future(cli.run_sub(sub_args))
-        await wait_until(lambda: cluster.nodes[0].core.stats["subscriptions_in"] >= 1, what="the CLI subscription")
-        await asyncio.sleep(0.2)  # its SubAck
+        seen = CapturedUntil(capsys, '"subscribed"')  # printed once its home acknowledged
+        await wait_until(seen.found, WAIT, "the CLI subscription acknowledged")
         pub_args = cli.build_parser().parse_args(
             [
                 "pub",
@@ -373,7 +373,7 @@ async def test_cli_pub_with_key_and_rank_and_sub_with_group(tmp_path: Path, caps
         assert (pub_args.key, pub_args.rank) == ("k1", 1)
         assert await cli.run_pub(pub_args) == 0
         assert await asyncio.wait_for(subscriber, WAIT) == 0
-        out = capsys.readouterr()
+        out = seen.rest()
         assert '"group": "g1"' in out.err
         assert out.out.count('"event_id"') == 4  # two published, two received
 

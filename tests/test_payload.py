@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CONFIGS, LOCAL
+from conftest import CONFIGS, LOCAL, CapturedUntil
 from overlay import cli
 from overlay.channels import ChannelId
 from overlay.cli.pubsub import decode_payload_fields
@@ -203,8 +203,8 @@ async def test_cli_pub_with_a_payload_and_sub_printing_it(tmp_path: Path, capsys
         parse = cli.build_parser().parse_args
         sub_args = parse(["sub", "--config", str(cfg), 'sym = "PAY"', "--count", "3", "--seconds", "20"])
         subscriber = asyncio.ensure_future(cli.run_sub(sub_args))
-        await wait_until(lambda: cl.stat("subscriptions_in") >= 2, WAIT, "the CLI subscription")
-        await asyncio.sleep(0.2)  # its SubAcks
+        seen = CapturedUntil(capsys, '"subscribed"')  # printed once both homes acknowledged
+        await wait_until(seen.found, WAIT, "the CLI subscription acknowledged")
         binary = tmp_path / "blob.bin"
         binary.write_bytes(BINARY)
         pubs = [
@@ -215,7 +215,7 @@ async def test_cli_pub_with_a_payload_and_sub_printing_it(tmp_path: Path, capsys
         for extra in pubs:
             assert await cli.run_pub(parse(["pub", "--config", str(cfg), *extra])) == 0
         assert await asyncio.wait_for(subscriber, WAIT) == 0
-        lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        lines = [json.loads(x) for x in seen.rest().out.splitlines()]
         published = {x["event_id"]: x for x in lines if "subscriptions" not in x}
         notified = {x["event_id"]: x for x in lines if "subscriptions" in x}
         assert set(published) == set(notified) and len(published) == 3
