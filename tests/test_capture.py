@@ -29,7 +29,7 @@ from overlay.capture import (
 from overlay.config import load_config
 from overlay.messages import client as cm
 from overlay.net.capture_writer import CaptureWriter
-from overlay.testing import free_ports
+from overlay.testing import free_ports, wait_until
 from overlay.testing.corelink import CoreLink
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,7 +255,8 @@ def test_writer_writes_header_batches_and_end_and_keeps_an_old_file(tmp_path: Pa
         for i in range(3):
             w.buffer.now = 51.0 + i
             w.buffer.publish(f"1-{i}", "0.0", {"price": float(i)})
-        await asyncio.sleep(0.7)  # one flush period
+        # The run loop writes them as one batch (a flush period on): the header and 3.
+        await wait_until(lambda: w.written == 4, what="the first batch written")
         w.buffer.publish("1-9", "0.0", {"price": 9.0})
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
