@@ -26,11 +26,20 @@ from overlay.cli import format_status, node_statuses
 from overlay.errors import OverlayError
 from overlay.net.admin import TOKEN_ENV
 from overlay.net.cluster_view import VIEW_TTL
-from overlay.testing import WAIT, LoopbackCluster, Traffic, wait_until
+from overlay.testing import LOADED_SUSPECT_TIMEOUT, WAIT, LoopbackCluster, Traffic, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
-BALANCING = {"slice_seconds": 0.4, "probability": 1.0}
+# Balancing under Traffic: these tests show what the endpoints say about it,
+# not failure handling, so a busy machine's held loop must not pass the
+# failure timeouts — a migration rolled back for want of an answer within
+# peer_timeout, a lease lapsed (no_quorum): LOADED_SUSPECT_TIMEOUT says why.
+BALANCING = {
+    "slice_seconds": 0.4,
+    "probability": 1.0,
+    "peer_timeout": 30.0,
+    "suspect_timeout": LOADED_SUSPECT_TIMEOUT,
+}
 
 
 async def fetch(url: str, method: str = "GET", **kw: Any) -> tuple[int, Any, str]:

@@ -28,7 +28,7 @@ from overlay.errors import LocalProtocolError, RequestError
 from overlay.messages import client as cm
 from overlay.net.inbox import ClientClosed
 from overlay.net.node import Node
-from overlay.testing import WAIT, LoopbackCluster, wait_until, with_tls_table
+from overlay.testing import LOADED_SUSPECT_TIMEOUT, WAIT, LoopbackCluster, wait_until, with_tls_table
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -399,3 +399,48 @@ def test_cli_rank_needs_a_key(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert cli.main(["pub", "--config", "x", "--rank", "2", "e"]) == 2
     assert "--rank needs --key" in capsys.readouterr().err
+
+
+# -- no_quorum: a refusal of the node, not of the subscription (AgentClient rule 6) --------------
+
+
+def no_quorum(node: Node) -> None:
+    """``node`` believes it is cut off: it refuses publishes and subscriptions with no_quorum."""
+    node.core.liveness.has_quorum = lambda now: False  # type: ignore[method-assign]
+
+
+def quorum_back(node: Node) -> None:
+    del node.core.liveness.has_quorum  # type: ignore[attr-defined]
+
+
+async def test_a_subscription_a_cut_off_node_refuses_is_placed_on_another_node() -> None:
+    async with LoopbackCluster(LOCAL, 3, balancing=False, suspect_timeout=LOADED_SUSPECT_TIMEOUT) as cluster:
+        no_quorum(cluster.nodes[1])
+        agent = await cluster.agent(1, 2, probe_interval=0)
+        sub = await agent.subscribe('sym = "NQ"')
+        assert sorted(sub.homes) == [1]  # node 2 (index 1) only: node 1 did nothing
+        assert cluster.nodes[1].core.stats["rejected_no_quorum"] >= 1
+        publisher = await cluster.client(0)
+        eid = await publisher.publish({"price": 1.0, "sym": "NQ"})
+        assert (await sub.next(WAIT)).event_id == eid
+
+
+async def test_a_subscribe_every_node_refuses_no_quorum_waits_for_the_quorum() -> None:
+    async with LoopbackCluster(LOCAL, 3, balancing=False, suspect_timeout=LOADED_SUSPECT_TIMEOUT) as cluster:
+        cut = cluster.nodes[1]
+        no_quorum(cut)
+        agent = await cluster.agent(1, probe_interval=0)
+        subscribing = asyncio.ensure_future(agent.subscribe('sym = "NQ"', timeout=WAIT * 2))
+        await wait_until(lambda: cut.core.stats["rejected_no_quorum"] >= 2, what="refused, then tried again")
+        assert not subscribing.done()  # waiting, not failed
+        quorum_back(cut)
+        sub = await asyncio.wait_for(subscribing, WAIT * 2)
+        assert sorted(sub.homes) == [0]
+        publisher = await cluster.client(0)
+        eid = await publisher.publish({"price": 1.0, "sym": "NQ"})
+        assert (await sub.next(WAIT)).event_id == eid
+        # With the quorum gone for good, the caller's timeout ends it with the nodes' answer.
+        no_quorum(cut)
+        with pytest.raises(RequestError) as refused:
+            await agent.subscribe('sym = "NQ2"', timeout=1.0)
+        assert refused.value.code == cm.ErrorCode.NO_QUORUM

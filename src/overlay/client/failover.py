@@ -91,6 +91,8 @@ class FailoverSubscription:
         # Set when no access node would take the subscription again (rule 4).
         self.error: OverlayError | None = None
         self.last_refusal = ""
+        # A node refused it with no_quorum (AgentClient rule 6: the caller's subscribe waits then).
+        self.quorum_refused = False
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._dedup = dedup
         self._handed_at: float | None = None

@@ -66,7 +66,7 @@ keeps these rules:
 6. **Placing never spins.**  A node that does not take a subscription (no
    answer in time, not ready, refused — e.g. ``duplicate_subscription`` from
    an earlier attempt that timed out there, which is cleaned up with an
-   unsubscribe) is tried again after a growing pause, at most
+   unsubscribe, or ``no_quorum``) is tried again after a growing pause, at most
    ``MAX_PLACE_ATTEMPTS`` times per connection to it (``overlay.client.placement``);
    one placement of a subscription runs at a time (``FailoverSubscription.placing``:
    the supervisor's, running while the caller's first one waited for a
@@ -75,7 +75,11 @@ keeps these rules:
    node, seen by ``bench/soak.py`` as every event of a churned subscription lost);
    a subscription left with no home while every connected node gave up on
    it ends: its iteration raises ``ConnectionLost`` naming the last refusal.
-   Failures are logged once each, without a traceback.
+   Failures are logged once each, without a traceback.  ``subscribe`` raises
+   a node's refusal of the subscription itself (``bad_expression`` …) at
+   once; a ``no_quorum`` refuses only that node, as for a publish (rule 3):
+   the next node is tried, and while none took it the caller's subscribe
+   waits and tries again, raising ``no_quorum`` if its timeout comes first.
 
 7. **Owned tasks, one error callback.**  The connecting, placing and probing
    tasks and the error reporter are kept (``overlay.client.tasks``) and
@@ -130,6 +134,10 @@ log = logging.getLogger("overlay.client")
 REPLACE_POLL: Final = 0.2
 # The timeout of the clean-up unsubscribe of a subscription left behind on a node.
 CLEANUP_TIMEOUT: Final = 2.0
+# Refusals of a node, not of the subscription (rule 6): placing goes on with
+# another node — duplicate_subscription (an earlier attempt that timed out
+# there was applied) and no_quorum (the node is cut off and did nothing).
+NODE_REFUSALS: Final = frozenset({cm.ErrorCode.DUPLICATE_SUBSCRIPTION, cm.ErrorCode.NO_QUORUM})
 
 
 class AgentClient:
@@ -403,13 +411,31 @@ class AgentClient:
         )
         self._subs[sub_id] = fs
         try:
-            await asyncio.wait_for(self._place(fs, initial=True), check_timeout(timeout))
+            await asyncio.wait_for(self._place_first(fs), check_timeout(timeout))
             if not fs.homes:
                 raise ConnectionLost("no access node could take the subscription")
+        except TimeoutError:
+            await fs.close()
+            if fs.quorum_refused:  # rule 6: what the nodes said, rather than only that time ran out
+                raise RequestError(
+                    cm.ErrorCode.NO_QUORUM, f"no access node took the subscription in time ({fs.last_refusal})"
+                ) from None
+            raise
         except BaseException:
             await fs.close()
             raise
         return fs
+
+    async def _place_first(self, fs: FailoverSubscription) -> None:
+        """The caller's subscribe (rule 6): placed where it can be; while no
+        node took it and a node refused it with ``no_quorum`` (it did nothing:
+        cut off, or its lease lapsed for a moment), it waits and tries again,
+        as a publish does (rule 3) — until the caller's timeout."""
+        while True:
+            await self._place(fs, initial=True)
+            if fs.homes or fs.closed or not fs.quorum_refused:
+                return
+            await asyncio.sleep(NOT_READY_RETRY)
 
     async def _place(self, fs: FailoverSubscription, *, initial: bool = False) -> None:
         """Give ``fs`` homes on connected nodes up to its redundancy, cheapest
@@ -440,7 +466,10 @@ class AgentClient:
                     timeout=self.settings.max_timeout,
                 )
             except (ConnectionLost, TimeoutError, NotReady, RequestError) as exc:
-                refused = isinstance(exc, RequestError) and exc.code != cm.ErrorCode.DUPLICATE_SUBSCRIPTION
+                code = exc.code if isinstance(exc, RequestError) else None
+                # no_quorum refuses the node, not the subscription: the next node is tried (rule 6).
+                fs.quorum_refused |= code == cm.ErrorCode.NO_QUORUM
+                refused = code is not None and code not in NODE_REFUSALS
                 if initial and refused and not fs.homes:  # the first node refused the subscription itself
                     raise
                 self._failed_to_place(fs, i, exc)
