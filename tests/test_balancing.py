@@ -24,6 +24,8 @@ import random
 import time
 from typing import Any
 
+import pytest
+
 from conftest import LOCAL
 from overlay.channels import parse_subscription
 from overlay.channels.channel import ChannelId
@@ -52,6 +54,10 @@ def _sub_expression(rng: random.Random) -> str:
             return f'sym in {{"{sym}", "{rng.choice("ABCD")}"}} and price < {hi:.1f}'
 
 
+# A bound on a hang, not a timing: the run's work is fixed (20,000 events, then
+# the ledger's check of every (event, subscription) pair, pure CPU), ~30 s on
+# a quiet machine; a busy 2-core one took past the default 120 s in the check.
+@pytest.mark.timeout(300)
 async def test_exactly_once_across_migrations() -> None:
     EVENTS = 20_000
     RATE = 2_500  # events/s over all publishers: the run lasts 8 s, ~20 slices
