@@ -454,7 +454,7 @@ def test_a_bulk_build_leaves_the_packed_covers_single_adds_read():
 
     import numpy as np
 
-    from overlay.channels._buckets import _cover_rows
+    from overlay.channels._tree import _cover_rows
 
     schema = Schema([Attribute(f"a{i}", Kind.INT, 0, 999) for i in range(3)], ["a0"])
     rng = random.Random(5)

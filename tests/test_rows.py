@@ -1,4 +1,4 @@
-"""overlay.channels._rows: bitmaps as rows of one growable table, and the bucket tree of _buckets."""
+"""overlay.channels._rows: bitmaps as rows of one growable table, and the bucket tree of _tree."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from overlay.channels import _rows
-from overlay.channels._buckets import FANOUT, _cover, _path, tree_levels, tree_rows
 from overlay.channels._rows import PACKED, Rows
+from overlay.channels._tree import FANOUT, _cover, _path, tree_levels, tree_rows
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,23 +1,57 @@
-"""Private parts of the subscription index: per-attribute buckets and their
-tree, and the compact bounds of simple filters (see ``overlay.channels.matcher``;
-the bitmaps themselves are rows of ``overlay.channels._rows``)."""
+"""The per-attribute part of the subscription index
+(``overlay.channels.matcher``): one ``_AttrIndex`` per attribute of the
+schema, owning its rows of the index's table (``overlay.channels._rows``),
+its keyed tables and its single-attribute entries.  The buckets and their
+tree are ``overlay.channels._tree``'s, a plain subscription's bounds
+``overlay.channels._plain``'s.  In the comments below, "rule N" is the
+matcher's.
+
+Rules this module keeps:
+
+1. An attribute owns four kinds of rows: ``wild`` (the slots that do not
+   constrain it), the pseudo-buckets ``present`` and ``absent_ok`` (matcher
+   rule 7), and the block of its bucket tree (``_tree`` rule 2).  A slot is
+   placed in runs of buckets, coded ``pos * stride + bucket + _CODE_OFFSET``
+   so that each pseudo-bucket (``_WILD``, ``_PRESENT``, ``_ABSENT_OK``) has
+   a code of its own.
+2. An event's value selects ``wild | path(bucket(value))``, with
+   ``present`` and the keyed rows its value finds when there are any, less
+   the row of the slots that exclude it (matcher rules 2, 7, 8); an absent
+   attribute selects ``wild | absent_ok``.  Whether a value has a bucket is
+   ``bucketed``'s to say; one without (the wrong type, outside the domain)
+   narrows nothing: every slot stays a candidate there.
+3. A keyed row exists while a slot is in it: it is allocated with its first
+   slot and released, all zero, with its last (matcher rule 8).
+4. A single-attribute entry (matcher rule 5) sits in ``singles`` and in one
+   dict per bucket its bound spans — in the order entries came, which a
+   node's notifications follow — or, for an ``=``, in the dict of its value;
+   no such dict is kept empty.
+"""
 
 from __future__ import annotations
 
-import functools
-import math
-import zlib
-from array import array
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Final, TypeGuard
 
 import numpy as np
 import numpy.typing as npt
 
-from overlay.channels._rows import PACKED, Rows
+from overlay.channels._plain import _NUMBER_TYPES, _above, _Bound, _Entry, _scan
+from overlay.channels._rows import Rows
+from overlay.channels._tree import (
+    _PACKED_MAX,
+    _bucket_function,
+    _cover_rows,
+    _cover_store,
+    _pack,
+    _packed_covers,
+    _paths,
+    tree_levels,
+    tree_rows,
+)
 from overlay.channels.intervals import IntervalSet
-from overlay.channels.predicates import Filter, Op, Predicate, StringConj, compile_filter, conjunction
-from overlay.channels.schema import Attribute, Kind, Value, as_number, as_string
+from overlay.channels.predicates import Op, Predicate, StringConj, compile_filter, conjunction
+from overlay.channels.schema import Attribute, Kind, Value, as_number
 from overlay.channels.strings import fold
 from overlay.channels.subscriptions import Subscription
 
@@ -30,7 +64,7 @@ from overlay.channels.subscriptions import Subscription
 # (bench/matching.py measures both).
 DEFAULT_BUCKETS: Final = 256
 _WILD: Final = -1
-# Two more pseudo-buckets (rule 7 of overlay.channels.matcher): slots that
+# Two more pseudo-buckets (rule 7): slots that
 # need the attribute present but no bucket narrows (``exists``, anything-but,
 # a pattern without an anchor), and slots that need it absent (``not exists``).
 _PRESENT: Final = -2
@@ -44,213 +78,17 @@ _CODE_OFFSET: Final = 3
 _PREFIX_KINDS: Final = ("prefix", "iprefix")
 _SUFFIX_KINDS: Final = ("suffix", "isuffix")
 _EXCL: Final = "excl"
-# The operators of the language before issue 18 (rule 8 of the matcher).
+# The operators of the language before issue 18 (rule 7).
 _CLASSIC_OPS: Final = frozenset(
     {Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE, Op.IN_RANGE, Op.PREFIX, Op.SUFFIX, Op.CONTAINS, Op.IN_SET}
 )
-# Candidate extraction: bytes.translate maps every non-zero byte of the
-# candidate bitmap to 1, then bytes.find (a memchr) jumps between them: far
-# cheaper than a regex over mostly zero bytes when candidates are sparse.
-_NONZERO_TO_ONE: Final = bytes([0]) + bytes([1]) * 255
-_BITS: Final = tuple(tuple(b for b in range(8) if byte >> b & 1) for byte in range(256))
 # A bitmapped slot's placement is kept as runs of codes
 # ``pos * (nbuckets + 1) + bucket + 1`` packed in 4-byte unsigned ints, two
 # per run, so a range costs 8 bytes however many buckets it spans.
 _CODE_TYPE: Final = "I"
-_NEG_INF: Final = -math.inf
-_POS_INF: Final = math.inf
-# Strictness flags of a plain bound (rule 4).
-_LO_STRICT: Final = 1
-_HI_STRICT: Final = 2
-_LOWER_OPS: Final = {Op.GE: 0, Op.GT: _LO_STRICT}
-_UPPER_OPS: Final = {Op.LE: 0, Op.LT: _HI_STRICT}
-# Value types a plain bound compares exactly as the compiled predicate would.
-_NUMBER_TYPES: Final = frozenset({int, float, bool})
-
-MatchResult = tuple[list[Subscription], int]
-_Compiled = Callable[[Mapping[str, Value]], bool]
-# A plain subscription's exact test (rule 4): ``(pos, lo, hi, strict) * k``.
-_Plain = tuple[object, ...]
-# A single-attribute entry (rule 5): ``(lo, hi, strict, sub)``.
-_Entry = tuple[Value, Value, int, Subscription]
-_Bound = tuple[Value, Value, int]
 # ``_AttrIndex.ranged``: (pos, 1 << pos, discrete, min, max, span, width,
 # nbuckets, packed covers, the index).
 Ranged = tuple[int, int, bool, Value, Value, int, float, int, dict[int, bytes], "_AttrIndex"]
-
-
-class _Never:
-    """The value of an attribute the event lacks: no comparison with it holds,
-    as no predicate on a missing attribute does."""
-
-    __slots__ = ()
-
-    def __eq__(self, other: object) -> bool:
-        return False
-
-    __lt__ = __le__ = __gt__ = __ge__ = __eq__
-    __hash__ = object.__hash__
-
-
-_NEVER: Final = _Never()
-_ABSENT: Final = object()
-
-
-# The bucket tree (matcher rule 1): each node of level l covers FANOUT**(L-l)
-# adjacent buckets, the leaves (level L) one each.  A range of buckets is
-# the few nodes of its canonical cover — ~10 for half of 256 buckets where a
-# flat layout took 128 — and an event ORs the L nodes on its bucket's path.
-# 4 balances the two: 2 halves the ORs' share of a cover but doubles the path,
-# 16 halves the path but doubles the cover (bench/matching.py, research).
-FANOUT: Final = 4
-# Distinct (levels, first, last) covers remembered: all of them for 256
-# buckets (32,896), and a bound for odd bucket counts.
-_COVER_CACHE: Final = 1 << 16
-# Covers as absolute rows, (tree, levels, first, last): one look-up per
-# placed range instead of a cover and a shift; ~300 bytes an entry at most.
-_ROWS_CACHE: Final = 1 << 15
-
-
-def tree_levels(nbuckets: int) -> int:
-    """L: the levels below the root, FANOUT**L >= nbuckets (padded leaves hold no value)."""
-    levels = 1
-    while FANOUT**levels < nbuckets:
-        levels += 1
-    return levels
-
-
-def _level_base(levels: int, level: int) -> int:
-    """Row of the first node of ``level`` (1..L) within the tree's block."""
-    return sum(FANOUT**k for k in range(1, level))
-
-
-def tree_rows(levels: int) -> int:
-    return _level_base(levels, levels + 1)
-
-
-@functools.lru_cache(maxsize=_COVER_CACHE)
-def _cover(levels: int, first: int, last: int) -> tuple[int, ...]:
-    """The canonical cover of leaves ``first..last``: the fewest tree nodes
-    (rows within the block) whose leaves are exactly those — whole parents
-    replace their children, level by level from the leaves up."""
-    out: list[int] = []
-    lo, hi = first, last + 1  # half-open, at the current level
-    for level in range(levels, 0, -1):
-        base = _level_base(levels, level)
-        up_lo, up_hi = -(-lo // FANOUT), hi // FANOUT
-        if level == 1 or up_lo >= up_hi:
-            out += range(base + lo, base + hi)
-            break
-        out += range(base + lo, base + up_lo * FANOUT)
-        out += range(base + up_hi * FANOUT, base + hi)
-        lo, hi = up_lo, up_hi
-    return tuple(out)
-
-
-@functools.lru_cache(maxsize=_ROWS_CACHE)
-def _cover_rows(tree: int, levels: int, first: int, last: int) -> tuple[int, ...]:
-    """``_cover`` shifted to a tree's block of rows starting at ``tree``."""
-    return tuple(tree + r for r in _cover(levels, first, last))
-
-
-# Packed covers (``Rows.flip_packed``) one tree layout keeps before it
-# starts again: ~100 bytes each, a few MiB at most.
-_PACKED_MAX: Final = 1 << 15
-
-
-@functools.lru_cache(maxsize=64)
-def _packed_covers(tree: int, levels: int, nbuckets: int) -> dict[int, bytes]:
-    """Run ``first * nbuckets + last`` -> its cover's rows, packed: filled by
-    ``_AttrIndex.plain_packed`` and shared by every index of one layout, so a
-    new channel starts with the covers its predecessors worked out."""
-    return {}
-
-
-def _pack(rows: Iterable[int]) -> bytes:
-    return array(PACKED, rows).tobytes()
-
-
-@functools.lru_cache(maxsize=16)
-def wild_tables(wilds: tuple[int, ...]) -> tuple[tuple[bytes, ...], ...]:
-    """The wildcard rows of the attributes a plain subscription leaves out,
-    packed, looked up 8 attributes at a time: entry ``m`` of table ``c`` holds
-    the rows ``wilds[8c + i]`` of every bit ``i`` *clear* in ``m`` (``m``: the
-    constrained attributes among the chunk's eight).  One look-up per 8
-    attributes, where a test per attribute took a microsecond at 20."""
-    tables = []
-    for c in range(0, len(wilds), 8):
-        chunk = wilds[c : c + 8]
-        tables.append(tuple(_pack(w for i, w in enumerate(chunk) if not m >> i & 1) for m in range(256)))
-    return tuple(tables)
-
-
-# Rows a _CoverStore keeps before it starts again (8 MiB of int64).
-_STORE_MAX: Final = 1 << 20
-
-
-class _CoverStore:
-    """The covers of one tree layout (levels, buckets) as spans of one array,
-    for ``place_many``: a run's cover is looked up once per bulk, not
-    expanded in Python per subscription.  Bounded by ``_STORE_MAX`` rows."""
-
-    def __init__(self, levels: int, nbuckets: int) -> None:
-        self.levels = levels
-        self.nbuckets = nbuckets
-        self.where: dict[int, tuple[int, int]] = {}
-        self.data = array("q")
-
-    def spans(self, keys: list[int]) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-        """(starts, lengths) in ``data`` of the covers of runs ``first * nbuckets + last``."""
-        if len(self.data) + len(keys) * 2 * FANOUT * self.levels > _STORE_MAX:
-            self.where, self.data = {}, array("q")
-        where, data, n, levels = self.where, self.data, self.nbuckets, self.levels
-        starts: list[int] = []
-        lens: list[int] = []
-        for k in keys:
-            w = where.get(k)
-            if w is None:
-                c = _cover(levels, k // n, k % n)
-                w = where[k] = (len(data), len(c))
-                data.extend(c)
-            starts.append(w[0])
-            lens.append(w[1])
-        return np.array(starts, np.intp), np.array(lens, np.intp)
-
-
-@functools.lru_cache(maxsize=16)
-def _cover_store(levels: int, nbuckets: int) -> _CoverStore:
-    return _CoverStore(levels, nbuckets)
-
-
-def _path(levels: int, leaf: int) -> tuple[int, ...]:
-    """The nodes (rows within the block) above and at ``leaf``, root excluded."""
-    return tuple(_level_base(levels, lv) + leaf // FANOUT ** (levels - lv) for lv in range(1, levels + 1))
-
-
-_Paths = tuple[list[tuple[int, ...]], list[tuple[int, ...]], list[npt.NDArray[np.intp]]]
-
-
-@functools.lru_cache(maxsize=64)
-def _paths(levels: int, nbuckets: int, tree: int) -> _Paths:
-    """Every bucket's path: as nodes of the block, as rows, and as a numpy
-    index of those rows led by the wildcards' (``tree - 3``) — one
-    gather-and-OR per attribute and event in a large table.  Shared by every
-    index of one layout (read only), so a new channel does not build them."""
-    rel = [_path(levels, b) for b in range(nbuckets)]
-    absolute = [tuple(tree + r for r in p) for p in rel]
-    wild = tree - 3
-    return rel, absolute, [np.array((wild, *p), np.intp) for p in absolute]
-
-
-def _scan(entries: Iterable[_Entry], v: object, append: Callable[[Subscription], None]) -> None:
-    """Rule 4 on single-attribute entries: append the subscriptions ``v`` satisfies."""
-    for lo, hi, s, sub in entries:
-        # v has the entries' kind (the callers check its type): strings with
-        # strings, numbers with numbers — Python's comparison, inline, for speed.
-        if lo <= v <= hi and not (  # type: ignore[operator]  # see the comment above
-            s and ((s & _LO_STRICT and v == lo) or (s & _HI_STRICT and v == hi))
-        ):
-            append(sub)
 
 
 class _AttrIndex:
@@ -745,114 +583,3 @@ def _anchor(preds: tuple[Predicate, ...]) -> tuple[str, str] | None:
             if c[1] and (best is None or len(c[1]) > len(best[1])):
                 best = c
     return best
-
-
-def _above(a: Value, b: Value) -> bool:
-    """``a > b`` for two values of one kind: two strings or two numbers."""
-    if isinstance(a, str) or isinstance(b, str):
-        return as_string(a) > as_string(b)
-    return a > b
-
-
-def _bucket_function(attr: Attribute, n: int) -> Callable[[Value], int]:
-    """The bucket of a value of ``attr``'s own kind: ``bucketed``, the
-    placements and ``_plain_bounds`` check the type before they ask, so the
-    functions below take the value as it is (one call per event and attribute)."""
-    if attr.kind is Kind.STRING:
-        # crc32, not hash(): stable across processes, so bucket stats are
-        # comparable; surrogatepass, so every str has bytes.
-        return lambda v: zlib.crc32(v.encode("utf-8", "surrogatepass")) % n  # type: ignore[union-attr]  # a str (see above)
-    lo, hi = attr.min, attr.max
-    last = n - 1
-    if attr.kind.discrete:
-        span = int(hi) - int(lo) + 1
-
-        def discrete_bucket(v: Value) -> int:
-            i: int = (v - lo) * n // span  # type: ignore[operator, assignment]  # ints here (see above)
-            return last if i > last else (0 if i < 0 else i)
-
-        return discrete_bucket
-    width = (hi - lo) / n or 1.0
-
-    def float_bucket(v: Value) -> int:
-        i = int((v - lo) / width)  # type: ignore[operator]  # a number (see above)
-        return last if i > last else (0 if i < 0 else i)
-
-    return float_bucket
-
-
-# Rule 4's operators, bound to module names: compared by identity in the
-# loop below (an Op is a str enum; hashing one runs Python code).
-_EQ: Final = Op.EQ
-_IN_SET: Final = Op.IN_SET
-_IN_RANGE: Final = Op.IN_RANGE
-_GE: Final = Op.GE
-_GT: Final = Op.GT
-_LE: Final = Op.LE
-_LT: Final = Op.LT
-
-
-def _plain_bounds(f: Filter, attrs: Mapping[str, _AttrIndex]) -> dict[str, _Bound] | None:
-    """Rule 4: ``{attr: (lo, hi, strict)}`` equivalent to ``f`` for every value
-    of a type in ``_NUMBER_TYPES`` (ordered) or str (strings), or None when
-    some predicate has no such form.  (Written for speed: every indexed
-    subscription comes through here.)"""
-    bounds: dict[str, _Bound] = {}
-    for p in f.predicates:
-        name = p.attr
-        ai = attrs.get(name)
-        if ai is None:
-            return None
-        args = p.args
-        op = p.op
-        if not ai.ordered:
-            if not (op is _EQ or (op is _IN_SET and len(args) == 1)):
-                return None
-            x = args[0]
-            if type(x) is not str:
-                return None
-            prev = bounds.get(name)
-            # x <= v <= x is v == x for strings; two different = leave lo > hi,
-            # which no string satisfies, as none satisfies the filter.
-            bounds[name] = (x, x, 0) if prev is None else (max(prev[0], x), min(prev[1], x), 0)
-            continue
-        # Which ends the operator bounds, and how strictly.
-        if op is _IN_RANGE or op is _EQ:
-            lower = upper = True
-            s = 0
-        elif op is _GE or op is _GT:
-            lower, upper = True, False
-            s = 0 if op is _GE else _LO_STRICT
-        elif op is _LE or op is _LT:
-            lower, upper = False, True
-            s = 0 if op is _LE else _HI_STRICT
-        else:
-            return None
-        # Numbers of the attribute's own kind only: a float bound on an int
-        # attribute, a bool or a NaN is left to compile_filter.
-        discrete = ai.discrete
-        for a in args:
-            t = type(a)
-            if not (t is int or (t is float and not discrete and a == a)):
-                return None
-        # From here on every value is a number (checked just above, or a bound
-        # this loop made of them): compared as they are, for speed.
-        prev = bounds.get(name)
-        if prev is None:
-            lo, hi, strict = _NEG_INF, _POS_INF, 0
-        else:
-            lo, hi, strict = prev  # type: ignore[assignment]  # numbers (see above)
-        if lower:  # the tightest lower bound; strict wins a tie
-            x = args[0]
-            if x > lo:  # type: ignore[operator]  # numbers (see above)
-                lo, strict = x, (strict & _HI_STRICT) | s  # type: ignore[assignment]  # numbers (see above)
-            elif x == lo:
-                strict |= s
-        if upper:
-            x = args[-1]
-            if x < hi:  # type: ignore[operator]  # numbers (see above)
-                hi, strict = x, (strict & _LO_STRICT) | s  # type: ignore[assignment]  # numbers (see above)
-            elif x == hi:
-                strict |= s
-        bounds[name] = (lo, hi, strict)
-    return bounds

@@ -76,16 +76,10 @@ per-bucket dicts for the subscriptions that constrain a single attribute:
 
 9. ``add_many`` (a bulk build: a split, a merge, a migration or a recovery
    indexing what it moved) files every subscription, then sets all their
-   bits in a few numpy scatters, a chunk of ``BULK_CHUNK`` slots at a time.
-   A plain subscription over attributes whose buckets numpy computes
-   exactly (``_AttrIndex.vector``) is placed with its whole chunk: its test
-   (rule 10's one pass when it has that form) is kept as it is, and the
-   chunk's bounds become machine numbers in one conversion; buckets, covers
-   (one look-up per distinct run, left in the layout's cache for rule 10)
-   and wildcards are array operations, the same rows ``plain_packed`` gives
-   one by one.
-   A plain subscription's rows are not stored: ``remove`` works them out
-   again from its exact test (rule 4), as ``add`` did.
+   bits in a few numpy scatters (``overlay.channels._bulk``, whose rules
+   say how): the same rows ``add`` gives one by one.  A plain
+   subscription's rows are not stored: ``remove`` works them out again from
+   its exact test (rule 4), as ``add`` did.
 10. A single ``add`` of a conjunction of comparisons on two or more ordered
    attributes, one predicate each (most range subscriptions), is worked out
    in one pass (``_ranges``): its test (rule 4) and its rows *packed* —
@@ -108,21 +102,18 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Final
 
-import numpy as np
-import numpy.typing as npt
-
 from overlay.channels.predicates import Predicate, compile_filter
-from overlay.channels.schema import Schema, Value, as_number
+from overlay.channels.schema import Schema, Value
 from overlay.channels.subscriptions import Subscription
 from overlay.errors import LocalProtocolError
 
 __all__ = ["BULK_MIN", "DEFAULT_BUCKETS", "LinearMatcher", "MatchResult", "SubscriptionIndex"]
 
-from overlay.channels._buckets import (
+from overlay.channels._buckets import _CODE_OFFSET, _CODE_TYPE, _WILD, DEFAULT_BUCKETS, _AttrIndex
+from overlay.channels._bulk import BULK_MIN, add_many
+from overlay.channels._candidates import candidate_bits
+from overlay.channels._plain import (
     _ABSENT,
-    _BITS,
-    _CODE_OFFSET,
-    _CODE_TYPE,
     _EQ,
     _GE,
     _GT,
@@ -133,151 +124,25 @@ from overlay.channels._buckets import (
     _LT,
     _NEG_INF,
     _NEVER,
-    _NONZERO_TO_ONE,
     _NUMBER_TYPES,
     _POS_INF,
-    _WILD,
-    DEFAULT_BUCKETS,
-    MatchResult,
-    _AttrIndex,
-    _Bound,
     _Compiled,
-    _pack,
     _Plain,
     _plain_bounds,
-    wild_tables,
 )
-from overlay.channels._rows import WORD, Rows
+from overlay.channels._prepared import _ALIVE, _Bitmapped, _Single
+from overlay.channels._rows import Rows
+from overlay.channels._tree import _pack, wild_tables
+from overlay.channels.linear import LinearMatcher, MatchResult
 
-# Rule 9: ``add_many`` of fewer subscriptions adds them one by one (the
-# batch's numpy set-up costs about as much as a few single flips).
-BULK_MIN: Final = 16
-# Slots whose bits ``add_many`` sets at once: their bytes of every row
-# (rows × BULK_CHUNK / 8) fit a core's cache, so the scatter hits it.
-BULK_CHUNK: Final = 1024
-# Plain subscriptions placed at once by ``_Vector.flush``: as BULK_CHUNK,
-# their bits stay in cache (8,192 at once: 70 % slower bits, measured).
-VECTOR_CHUNK: Final = 1024
-# Row 0 of the table: the slots of bitmapped subscriptions (rule 1).
-_ALIVE: Final = 0
+# Candidate extraction: bytes.translate maps every non-zero byte of the
+# candidate bitmap to 1, then bytes.find (a memchr) jumps between them: far
+# cheaper than a regex over mostly zero bytes when candidates are sparse.
+_NONZERO_TO_ONE: Final = bytes([0]) + bytes([1]) * 255
+_BITS: Final = tuple(tuple(b for b in range(8) if byte >> b & 1) for byte in range(256))
 # ``_placed`` of a plain subscription (rule 4): its rows are read from its test.
 _PLAIN: Final = b""
 _ALIVE_PACKED: Final = _pack((_ALIVE,))
-
-
-class _Single:
-    """A single-attribute subscription ready to file (rule 5)."""
-
-    __slots__ = ("ai", "bound", "runs")
-
-    def __init__(self, ai: _AttrIndex, bound: _Bound, runs: list[tuple[int, int]] | None) -> None:
-        self.ai = ai
-        self.bound = bound
-        self.runs = runs
-
-
-class _Bitmapped:
-    """A bitmapped subscription ready to file: its runs (``_PLAIN``: read
-    from its plain test), its exact test, its keyed-table entries, its rows
-    packed (``Rows.flip_packed``; None: read them from ``placed``) and the
-    attributes it constrains."""
-
-    __slots__ = ("keys", "names", "placed", "rows", "test")
-
-    def __init__(
-        self,
-        placed: bytes,
-        test: _Plain | _Compiled,
-        keys: tuple[tuple[int, str, str], ...],
-        rows: bytes | None,
-        names: Iterable[str],
-    ) -> None:
-        self.placed = placed
-        self.test = test
-        self.keys = keys
-        self.rows = rows
-        self.names = names
-
-
-class _Vector:
-    """Rule 9's vectorised placement of plain subscriptions: each is filed at
-    once (``add``), and ``flush`` sets the bits of all filed since in a few
-    numpy operations per attribute — the buckets of their bounds, the
-    canonical covers (one per distinct run), the wildcards of the attributes
-    they leave out — exactly what ``plain_packed`` gives one by one."""
-
-    def __init__(self, index: SubscriptionIndex) -> None:
-        self._index = index
-        # The positions of the attributes place_many takes (_AttrIndex.vector).
-        self.mask = sum(1 << ai.pos for ai in index._order if ai.vector)
-        self._slots = array("q")
-        # The tests (rule 4) of the subscriptions filed, one after the other,
-        # and how many bounds each has: made machine numbers at once by flush.
-        self._flat: list[object] = []
-        self._counts = array("q")
-
-    def __len__(self) -> int:
-        return len(self._slots)
-
-    def add(self, slot: int, sub: Subscription, test: _Plain) -> None:
-        """File a plain subscription whose test names attributes of ``mask`` only."""
-        self._index._file_plain(slot, sub, test)
-        self._flat += test
-        self._counts.append(len(test) >> 2)
-        self._slots.append(slot)
-
-    def flush(self) -> None:
-        m = len(self._slots)
-        if not m:
-            return
-        index = self._index
-        slot_of = np.frombuffer(self._slots, np.int64).astype(np.intp)
-        try:
-            flat = np.array(self._flat, np.float64)
-        except OverflowError:  # an int past 1e308 (an unchecked filter): only its side matters
-            flat = np.array([_clamped(x) for x in self._flat], np.float64)  # type: ignore[arg-type]  # numbers
-        flat = flat.reshape(-1, 4)
-        pos = flat[:, 0].astype(np.intp)
-        # Each bound's subscription (0..m-1), and the bounds grouped by attribute.
-        owner = np.repeat(np.arange(m, dtype=np.intp), np.frombuffer(self._counts, np.int64))
-        by_attr = np.argsort(pos, kind="stable")
-        ends = np.cumsum(np.bincount(pos, minlength=len(index._order))).tolist()
-        out_rows: list[npt.NDArray[np.intp]] = [np.full(m, _ALIVE, np.intp)]
-        out_slots: list[npt.NDArray[np.intp]] = [slot_of]
-        start = 0
-        for ai, end in zip(index._order, ends, strict=True):
-            free = np.ones(m, np.bool_)
-            if end > start:
-                at = by_attr[start:end]
-                subs = owner[at]
-                free[subs] = False
-                rows, slots = ai.place_many(flat[at, 1], flat[at, 2], slot_of[subs])
-                out_rows += rows
-                out_slots += slots
-            start = end
-            # The subscriptions that leave this attribute out: its wildcards.
-            out_rows.append(np.full(int(free.sum()), ai.wild, np.intp))
-            out_slots.append(slot_of[free])
-        index._rows.set_bits(np.concatenate(out_rows), np.concatenate(out_slots))
-        self._slots = array("q")
-        self._flat = []
-        self._counts = array("q")
-
-
-def _clamped(x: Value) -> float:
-    """A number bound within float range, on the same side of every domain."""
-    v = as_number(x)
-    return max(-1e308, min(1e308, float(v) if abs(v) <= 1e308 else (1e308 if v > 0 else -1e308)))
-
-
-def _set_bits(table: Rows, rows: array[int], slots: array[int], counts: array[int]) -> None:
-    """``Rows.set_bits`` of each slot ``slots[k]`` in its ``counts[k]`` rows,
-    listed one slot after the other in ``rows``."""
-    if slots:
-        table.set_bits(
-            np.frombuffer(rows, np.int64).astype(np.intp),
-            np.repeat(np.frombuffer(slots, np.int64), np.frombuffer(counts, np.int64)).astype(np.intp),
-        )
 
 
 class SubscriptionIndex:
@@ -588,68 +453,10 @@ class SubscriptionIndex:
         self._slot_of[sub.id] = slot
 
     def add_many(self, subs: Iterable[Subscription]) -> int:
-        """Index every new subscription of ``subs`` (rule 9); how many were new.
-        A subscription that cannot be placed raises, the ones before it
-        indexed and the rest not."""
-        batch = subs if isinstance(subs, list | tuple) else list(subs)
-        if len(batch) < BULK_MIN:
-            return sum(self.add(s) for s in batch)
-        # Every (row, slot) pair to set, as machine ints (a list of millions
-        # of Python ints takes longer to convert than to build), set a chunk
-        # of slots at a time: the chunk's bytes of every row stay in cache.
-        # A plain subscription over vectorisable attributes (_AttrIndex.vector)
-        # leaves its bounds to ``_Vector``: its buckets, covers and wildcards
-        # are worked out for the whole chunk in numpy.
-        rows = array("q")
-        slots = array("q")
-        counts = array("q")
-        vec = _Vector(self)
-        table = self._rows
-        # One growth, not one per doubling, with the headroom growth would
-        # leave (Rows rule 4): the next single add must not copy every row.
-        need = len(self._subs) + len(batch)
-        table.ensure(need + need // 4)
-        attrs = self._attrs
-        vector = vec.mask
-        added = 0
-        try:
-            for sub in batch:
-                if sub.id in self._slot_of:
-                    continue
-                ranges = self._ranges(sub.filter.predicates, pack=False)
-                if ranges is None:
-                    # Not rule 10's form, but perhaps plain (two bounds on one
-                    # attribute merged, a string's =): its test, by position.
-                    plain = _plain_bounds(sub.filter, attrs)
-                    if plain is not None and len(plain) > 1:
-                        test: list[object] = []
-                        for name, bound in plain.items():
-                            test += (attrs[name].pos, *bound)
-                        mask = sum(1 << attrs[name].pos for name in plain)
-                        ranges = (tuple(test), b"", mask)
-                if ranges is not None and not ranges[2] & ~vector:
-                    vec.add(self._new_slot(), sub, ranges[0])
-                else:
-                    prepared = self._prepare(sub)
-                    slot = self._new_slot()
-                    self._file(slot, sub, prepared)
-                    if type(prepared) is _Bitmapped:
-                        placed_rows = self._placed_rows(prepared)
-                        rows.frombytes(placed_rows)
-                        slots.append(slot)
-                        counts.append(len(placed_rows) >> 3)
-                added += 1
-                if len(slots) >= BULK_CHUNK:
-                    _set_bits(table, rows, slots, counts)
-                    rows, slots, counts = array("q"), array("q"), array("q")
-                if len(vec) >= VECTOR_CHUNK:
-                    vec.flush()
-        finally:
-            # Whatever was filed gets its bits, so the invariant holds even
-            # when a later subscription raised.
-            _set_bits(table, rows, slots, counts)
-            vec.flush()
-        return added
+        """Index every new subscription of ``subs`` (rule 9, ``_bulk``); how
+        many were new.  A subscription that cannot be placed raises, the ones
+        before it indexed and the rest not."""
+        return add_many(self, subs)
 
     def remove(self, sub_id: str) -> Subscription | None:
         """Drop a subscription; returns it, or None if it was not here."""
@@ -684,64 +491,6 @@ class SubscriptionIndex:
         self._free.append(slot)
         return sub
 
-    def _candidates(self, values: Mapping[str, Value], get: Callable[[str, object], object]) -> bytes:
-        """Rules 2 and 7: the bitmapped candidates' bits, as the bytes of a row."""
-        table = self._rows
-        if table.ints is not None:
-            int_of = table.int_of
-            cand = int_of(_ALIVE)
-            for ai in self._order:
-                if not cand:
-                    break
-                if not ai.constrained:
-                    continue
-                v = get(ai.name, _ABSENT)
-                if v is _ABSENT:
-                    rows = ai.absent_rows()
-                    excl = -1
-                elif ai.bucketed(v):
-                    rows, excl = ai.mask_rows(v)
-                else:
-                    continue
-                m = 0
-                for r in rows:
-                    m |= int_of(r)
-                if excl >= 0:
-                    m &= ~int_of(excl)
-                cand &= m
-            return cand.to_bytes((cand.bit_length() + 7) >> 3, "little")
-        arr = table.arr
-        cand_row = arr[_ALIVE].copy()
-        acc = np.empty(table.words, WORD)
-        or_, and_ = np.bitwise_or, np.bitwise_and
-        for ai in self._order:
-            if not ai.constrained:
-                continue
-            v = get(ai.name, _ABSENT)
-            if v is _ABSENT:
-                rows = ai.absent_rows()
-                excl = -1
-            elif ai.bucketed(v):
-                index = ai.mask_index(v)
-                if index is not None:
-                    or_.reduce(arr[index], axis=0, out=acc)
-                    and_(cand_row, acc, out=cand_row)
-                    continue
-                rows, excl = ai.mask_rows(v)
-            else:
-                continue
-            if len(rows) == 1 and excl < 0:
-                and_(cand_row, arr[rows[0]], out=cand_row)
-                continue
-            or_(arr[rows[0]], arr[rows[1]], out=acc) if len(rows) > 1 else np.copyto(acc, arr[rows[0]])
-            for r in rows[2:]:
-                or_(acc, arr[r], out=acc)
-            if excl >= 0:
-                and_(acc, np.invert(arr[excl]), out=acc)
-            and_(cand_row, acc, out=cand_row)
-        raw: bytes = cand_row.tobytes()
-        return raw
-
     def match(self, values: Mapping[str, Value]) -> MatchResult:
         """The subscriptions ``values`` matches (in no particular order), and how
         many were tested (rule 3)."""
@@ -764,7 +513,7 @@ class SubscriptionIndex:
                 tested += ai.match_singles(v, values, append)
         if not self._bitmapped:
             return matched, tested
-        raw = self._candidates(values, get)
+        raw = candidate_bits(self._rows, self._order, get)
         # Every bitmapped candidate goes through exactly one exact test below.
         # A candidate's slot is in use (the class invariant): its subscription
         # is set and its test is a closure or a plain tuple (rule 4).  The
@@ -812,31 +561,3 @@ class SubscriptionIndex:
                     append(subs[slot])  # type: ignore[arg-type]  # in use
             i = find(1, i + 1)
         return matched, tested
-
-
-class LinearMatcher:
-    """Tests every subscription: the reference and the benchmark's baseline."""
-
-    def __init__(self, schema: Schema) -> None:
-        self.schema = schema
-        self._subs: dict[str, tuple[Subscription, Callable[[Mapping[str, Value]], bool]]] = {}
-
-    def __len__(self) -> int:
-        return len(self._subs)
-
-    def __iter__(self) -> Iterator[Subscription]:
-        return (s for s, _ in self._subs.values())
-
-    def add(self, sub: Subscription) -> bool:
-        if sub.id in self._subs:
-            return False
-        self._subs[sub.id] = (sub, compile_filter(sub.filter))
-        return True
-
-    def remove(self, sub_id: str) -> Subscription | None:
-        entry = self._subs.pop(sub_id, None)
-        return None if entry is None else entry[0]
-
-    def match(self, values: Mapping[str, Value]) -> MatchResult:
-        matched = [s for s, fn in self._subs.values() if fn(values)]
-        return matched, len(self._subs)
