@@ -42,6 +42,7 @@ from typing import Any, Final
 
 from overlay.client import AgentClient, AgentSettings, Client
 from overlay.config import load_config
+from overlay.messages import client as cm
 from overlay.net.node import Node
 from overlay.testing import LoopbackCluster, wait_until
 
@@ -58,8 +59,13 @@ def pct(xs: list[float], p: float) -> float:
 def make_slow(node: Node, mode: str, slow_ms: float, stall_ms: float) -> None:
     loop = asyncio.get_running_loop()
     if mode == "delay":
-        send = node._send_client
-        node._send_client = lambda sid, msg: loop.call_later(slow_ms / 1000, send, sid, msg)  # type: ignore[method-assign]
+        # Every message to a client goes through the shell's ClientConnections.send.
+        send = node.connections.send
+
+        def delayed(sid: int, msg: cm.ClientMessage) -> None:
+            loop.call_later(slow_ms / 1000, send, sid, msg)
+
+        node.connections.send = delayed  # type: ignore[method-assign]
     else:
         wait = node.inbox.wait
 

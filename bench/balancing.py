@@ -56,11 +56,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from overlay.channels import parse_subscription
+from overlay.channels.schema import Value
 from overlay.client import Client
 from overlay.config import load_config
 from overlay.messages import client as cm
@@ -314,7 +316,12 @@ async def run_mode(balancing: bool, args: argparse.Namespace, workdir: Path) -> 
                 due = min(int((time.time() - start) * per), total // len(pubs))
                 while k < due:
                     qty = k * len(pubs) + i
-                    ev = {"price": skewed_price(k, i / len(pubs)), "sym": "A", "qty": qty, "venue": "x"}
+                    ev: dict[str, Value] = {
+                        "price": skewed_price(k, i / len(pubs)),
+                        "sym": "A",
+                        "qty": qty,
+                        "venue": "x",
+                    }
                     events[qty] = ev
                     await c.publish_windowed(ev)
                     k += 1
@@ -374,7 +381,7 @@ def analyse(run: Run, cfg: Any, start: float, stop: float, latency: list[tuple[f
         if any(x is None or e["time"] - x["time"] > x["slice_seconds"] + TICK for x in near):
             continue
         dcs = [x["dc"] for x in near]  # type: ignore[index]
-        one = [x.get("d_slice", x["d"]) / caps[i] for x, i in zip(near, ids)]  # type: ignore[union-attr]
+        one = [x.get("d_slice", x["d"]) / caps[i] for x, i in zip(near, ids)]  # type: ignore[union-attr, index]
         run.series.append((e["time"] - start, ratio(dcs), ratio(one), sum(x["d"] for x in near)))  # type: ignore[index]
     if run.series:
         loads = [s[3] for s in run.series]
@@ -485,8 +492,8 @@ def report(on: Run, off: Run) -> bool:
     w1 = max(len(r[1]) for r in [*rows, ("", "balancing on", "", "")])
     w2 = max(len(r[2]) for r in [*rows, ("", "", "balancing off", "")])
     print(f"{'':{w0}}  {'balancing on':>{w1}}  {'balancing off':>{w2}}  target")
-    for name, a, b, t in rows:
-        print(f"{name:{w0}}  {a:>{w1}}  {b:>{w2}}  {t}")
+    for name, on_text, off_text, target in rows:
+        print(f"{name:{w0}}  {on_text:>{w1}}  {off_text:>{w2}}  {target}")
     ok = (
         on.slices_to_converge is not None
         and on.slices_to_converge <= TARGET_SLICES
@@ -520,6 +527,8 @@ def main() -> int:
     args = ap.parse_args()
     with contextlib.suppress(OSError):
         os.nice(BENCH_NICE)
+    # uvloop's run and asyncio's differ in their keywords: typed as what both take.
+    runner: Callable[[Coroutine[Any, Any, Any]], Any]
     try:
         import uvloop
 

@@ -103,9 +103,9 @@ async def _drive(cfg: Any, events: int, mark: Any) -> float:
     prices = [float((i * 7919) % 1000) for i in range(events)]
     ranges = []
     for s in subs:
-        lo = float(s.expression.split(">= ")[1].split(" ")[0])
-        hi = float(s.expression.split("< ")[1])
-        ranges.append((lo, hi))
+        low = float(s.expression.split(">= ")[1].split(" ")[0])
+        high = float(s.expression.split("< ")[1])
+        ranges.append((low, high))
     for p in prices:
         expected += sum(1 for lo, hi in ranges if lo <= p < hi)
     got = [0]
@@ -146,17 +146,18 @@ def run_once(nodes: int, events: int, capture: bool) -> tuple[float, float, int]
     procs = [ctx.Process(target=_node_main, args=(cfg, n.id, s), daemon=True) for n, s in zip(cfg.nodes, socks)]
     for p in procs:
         p.start()
+    pids = [p.pid for p in procs if p.pid is not None]  # every one, once started
     for s in socks:
         s.close()
     try:
         import uvloop
 
         marks: list[float] = []
-        rate = uvloop.run(_drive(cfg, events, lambda: marks.append(sum(_cpu_seconds(p.pid) for p in procs))))
+        rate = uvloop.run(_drive(cfg, events, lambda: marks.append(sum(_cpu_seconds(pid) for pid in pids))))
         cpu = marks[1] - marks[0]
     finally:
-        for p in procs:
-            os.kill(p.pid, signal.SIGTERM)
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
         for p in procs:
             p.join(15)
     size = sum(f.stat().st_size for f in Path(tmp).rglob("*.ndjson"))

@@ -50,6 +50,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -317,11 +318,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> Result:
         return res
     finally:
         stop.set()
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
             with contextlib.suppress(BaseException):
-                await t
+                await task
         for c in clients:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(c.close(), 5)
@@ -408,6 +409,8 @@ def main() -> int:
             ap.error(f"--{name} must be positive")
     with contextlib.suppress(OSError):
         os.nice(BENCH_NICE)
+    # uvloop's run and asyncio's differ in their keywords: typed as what both take.
+    runner: Callable[[Coroutine[Any, Any, Any]], Any]
     try:
         import uvloop
 

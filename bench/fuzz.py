@@ -85,6 +85,7 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -412,7 +413,7 @@ def report(st: Stats, info: dict[str, Any], final: dict[str, Any], args: argpars
         f"fuzz run: {n_inputs:,} inputs on {sum(st.connections.values()):,} connections in {info.get('elapsed', 0):.0f} s"
     )
     print(f"  [auth] {'on' if info['auth'] else 'off'}; seed {args.seed}; {args.workers} workers")
-    by_phase = collections.Counter()
+    by_phase: collections.Counter[str] = collections.Counter()
     for (ph, _), n in st.inputs.items():
         by_phase[ph] += n
     for ph, _ in PHASES:
@@ -502,6 +503,8 @@ def main() -> int:
             args.coverage = False
     workdir = Path(tempfile.mkdtemp(prefix="overlay-fuzz-")) if args.logs is None else args.logs
     workdir.mkdir(parents=True, exist_ok=True)
+    # uvloop's run and asyncio's differ in their keywords: typed as what both take.
+    runner: Callable[[Coroutine[Any, Any, Any]], Any]
     try:
         import uvloop
 

@@ -89,7 +89,9 @@ class Fuzzer:
         return body, tree if len(body) <= CORPUS_INPUT_MAX else None, kind
 
     def _valid(self, side: str) -> bytes:
-        return encode(self.rng.choice(self.client if side == "client" else self.peer))
+        if side == "client":
+            return encode(self.rng.choice(self.client))
+        return encode(self.rng.choice(self.peer))
 
     def frames(self, side: str, n: int) -> list[Input]:
         """``n`` inputs of one side: mutated messages (60 %), valid ones in
@@ -138,10 +140,10 @@ class Fuzzer:
                 inputs[0].data = CLIENT_MAGIC + inputs[0].data
                 return "client-no-hello", "client", inputs
             if k == 1:  # a tampered token
-                token = list(self.token or "x.y.z")
+                chars = list(self.token or "x.y.z")
                 for _ in range(r.choice((1, 3))):
-                    token[r.randrange(len(token))] = r.choice("AZaz09-_.")
-                first = Input("tampered-token", CLIENT_MAGIC + self.hello("".join(token)))
+                    chars[r.randrange(len(chars))] = r.choice("AZaz09-_.")
+                first = Input("tampered-token", CLIENT_MAGIC + self.hello("".join(chars)))
                 return "client-bad-token", "client", [first, *self.frames("client", 2)]
             if k == 2:  # a random token
                 first = Input("random-token", CLIENT_MAGIC + self.hello(r.randbytes(r.randrange(200)).hex()))

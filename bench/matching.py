@@ -231,7 +231,7 @@ class Workload:
     def mixed_subscriptions(self, n: int) -> list[Subscription]:
         """``n`` subscriptions of 1 or 2 conjuncts, each conjunct indexed as its
         own subscription ``s<i>|<j>`` (as a channel holds them)."""
-        subs = []
+        subs: list[Subscription] = []
         i = 0
         while len(subs) < n:
             for j in range(self.rng.randint(1, 2)):
@@ -497,11 +497,19 @@ def bench_research(size: int, n_events: int, seed: int) -> tuple[Research, Side,
     gc.disable()
     try:
         for k, sub in enumerate(extra):
-            _churn(lambda sub=sub: index.add(sub), r.insert_ns, r.insert_cpu_ns)
+
+            def insert(sub: Subscription = sub) -> object:  # a lambda's frame, typed
+                return index.add(sub)
+
+            _churn(insert, r.insert_ns, r.insert_cpu_ns)
             if k % RESEARCH_MATCH_EVERY == 0:
                 index.match(events[k % len(events)])
         for k, sub in enumerate(extra):
-            _churn(lambda sub=sub: index.remove(sub.id), r.remove_ns, r.remove_cpu_ns)
+
+            def remove(sub: Subscription = sub) -> object:
+                return index.remove(sub.id)
+
+            _churn(remove, r.remove_ns, r.remove_cpu_ns)
             if k % RESEARCH_MATCH_EVERY == 0:
                 index.match(events[k % len(events)])
     finally:

@@ -24,8 +24,11 @@ import argparse
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from overlay.channels.schema import Value
 from overlay.config import load_config
 from overlay.testing import LoopbackCluster, RawClient, wait_until
 
@@ -33,18 +36,18 @@ LOCAL = load_config(Path(__file__).resolve().parent.parent / "cluster_configs" /
 WINDOW = 2000
 
 
-def ev(i: int) -> dict:
+def ev(i: int) -> dict[str, Value]:
     return {"price": float(i % 1000), "sym": "AB", "qty": i}
 
 
-async def pump(pub: RawClient, n: int, key_of=None) -> None:
+async def pump(pub: RawClient, n: int, key_of: Callable[[int], str] | None = None) -> None:
     """Publish n events with at most WINDOW unanswered (a callback per reply, not
     asyncio.wait over the window: that would cost O(WINDOW) per wake-up)."""
     room = asyncio.Event()
     room.set()
     state = {"open": 0}
 
-    def done(_: asyncio.Future) -> None:
+    def done(_: asyncio.Future[Any]) -> None:
         state["open"] -= 1
         if state["open"] < WINDOW:
             room.set()
@@ -91,7 +94,10 @@ async def ordered_section(n: int, rounds: int = 3) -> list[tuple[str, tuple[floa
         for _ in range(rounds):
             for name, keys, m in cases:
                 got[name].append(await throughput(cl, sub, pub, m, keys))
-        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+
+        def med(xs: list[float]) -> float:
+            return sorted(xs)[len(xs) // 2]
+
         return [(name, (med([w for w, _ in got[name]]), med([c for _, c in got[name]]))) for name, _, _ in cases]
     finally:
         await cl.stop()

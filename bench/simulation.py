@@ -320,7 +320,7 @@ def plan(n: int, slices: int, events_per_node: int, subs_per_node: int, budget: 
     now = pc.start(subs_per_node)
     res = PlanResult(n, setup_wall=time.perf_counter() - t0)
     base = pc.cores[0].config.cluster.slice_seconds
-    prev = Counter()
+    prev: Counter[str] = Counter()
     for s in range(1, slices + 1):
         w0 = time.perf_counter()
         pc.counts = Counter()

@@ -72,8 +72,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from soak_report import report
 from soak_run import Soak
@@ -138,6 +139,8 @@ def main() -> int:
     # The clients' reconnections (node 2 refusing them while it is drained, then
     # down) would break the table: what the nodes told them is counted instead (error_cb).
     logging.getLogger("overlay.client").setLevel(logging.ERROR)
+    # uvloop's run and asyncio's differ in their keywords: typed as what both take.
+    runner: Callable[[Coroutine[Any, Any, Any]], Any]
     try:
         import uvloop
 

@@ -150,9 +150,9 @@ def report(soak: Soak, verdict: Verdict, stats: dict[int, dict[str, Any]]) -> bo
         print(f"node {n} counters: " + (", ".join(f"{k}={v}" for k, v in picked.items()) or "—"))
     for n in range(NODES):
         log = soak.procs.log(n)
-        tracebacks, errors = log.count("Traceback"), sum(1 for x in log.splitlines() if " ERROR " in x)
-        if tracebacks or errors:
-            print(f"node {n} logged {tracebacks} tracebacks and {errors} ERROR lines (see --logs)")
+        tracebacks, error_lines = log.count("Traceback"), sum(1 for x in log.splitlines() if " ERROR " in x)
+        if tracebacks or error_lines:
+            print(f"node {n} logged {tracebacks} tracebacks and {error_lines} ERROR lines (see --logs)")
     warm = args.warmup * 60.0
     flat = flatness(soak, warm)
     print()

@@ -76,7 +76,8 @@ def set_priority(nice: int) -> str:
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes], what: str) -> None:

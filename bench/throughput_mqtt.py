@@ -411,8 +411,9 @@ _PAHO_CLASS: Any = None
 def _mqtt_client(name: str) -> Any:
     """A paho-mqtt client whose socket I/O is batched (see ``_paho_class``)."""
     import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
 
-    return _paho_class()(mqtt.CallbackAPIVersion.VERSION2, client_id=name, protocol=mqtt.MQTTv311)
+    return _paho_class()(CallbackAPIVersion.VERSION2, client_id=name, protocol=mqtt.MQTTv311)
 
 
 def _paho_class() -> Any:
@@ -430,7 +431,8 @@ def _paho_class() -> Any:
         return _PAHO_CLASS
     import paho.mqtt.client as mqtt
 
-    class BatchedClient(mqtt.Client):  # type: ignore[misc]
+    # Without the bench extra (make lint) paho is not installed and its Client is Any.
+    class BatchedClient(mqtt.Client):  # type: ignore[misc, unused-ignore]
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._wbuf = bytearray()
@@ -447,7 +449,8 @@ def _paho_class() -> Any:
 
         def flush(self) -> None:
             """Write out everything buffered (blocking until the socket takes it)."""
-            sock, buf = self._sock, self._wbuf
+            # paho's SocketLike; here a plain socket, whose send takes a memoryview.
+            sock, buf = cast("socket.socket | None", self._sock), self._wbuf
             if not buf:
                 return
             if sock is None:
@@ -606,7 +609,7 @@ def _paho_sub_main(port: int, k: int, warmup: int, ready: Any, stop: Any, progre
                 c.flush()
     for c in clients:
         c.disconnect()
-    out.send(SubResult(state["n"], state["first"], state["last"], lat.tobytes()))
+    out.send(SubResult(int(state["n"]), state["first"], state["last"], lat.tobytes()))
 
 
 # == load-generator check =============================================================

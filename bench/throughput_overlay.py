@@ -166,18 +166,19 @@ def overlay_cluster(nodes: int, profile_dir: str | None = None, *, secure: bool 
             if not ready.wait(STARTUP_TIMEOUT):
                 raise RuntimeError(f"{p.name} did not start")
         addrs = [(HOST, port) for port in ports]
+        pids = [p.pid for p, _ in procs if p.pid is not None]  # every one: they started
         if nodes == 1:
-            yield Target("overlay", addrs[0], [addrs[0]], [p.pid for p, _ in procs], security)
+            yield Target("overlay", addrs[0], [addrs[0]], pids, security)
         else:
             # Publisher on node 1, the channel on node 0 (the initializer owns
             # EC), subscribers from node 2 on: every event crosses nodes.
             subs = [addrs[(2 + i) % nodes] for i in range(nodes)]
-            yield Target("overlay", addrs[1], subs, [p.pid for p, _ in procs], security)
+            yield Target("overlay", addrs[1], subs, pids, security)
     finally:
         if keys is not None:
             keys.cleanup()
         for p, _ in procs:
-            if p.is_alive():
+            if p.is_alive() and p.pid is not None:
                 os.kill(p.pid, signal.SIGTERM)
         for p, _ in procs:
             p.join(5)
@@ -280,7 +281,7 @@ def _overlay_sub_main(
         notes = [f"client-dropped={dropped}"] if dropped else []
         if state["bad_payload"]:
             notes.append(f"bad-payload={state['bad_payload']}")
-        return SubResult(state["n"], state["first"], state["last"], lat.tobytes(), " ".join(notes))
+        return SubResult(int(state["n"]), state["first"], state["last"], lat.tobytes(), " ".join(notes))
 
     out.send(uvloop.run(main()))
 

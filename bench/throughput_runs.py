@@ -179,7 +179,12 @@ def run_workload(
         if not pub_ready.wait(STARTUP_TIMEOUT):
             raise RuntimeError(f"{run.system}: publisher did not connect")
 
-    roles = {"server": target.server_pids, "pub": [p.pid for p, _ in pubs], "subs": [p.pid for p, *_ in subs]}
+    # Every process here has started, so each has its pid.
+    roles: dict[str, list[int]] = {
+        "server": target.server_pids,
+        "pub": [p.pid for p, _ in pubs if p.pid is not None],
+        "subs": [p.pid for p, *_ in subs if p.pid is not None],
+    }
     cpu0 = {pid: cpu_seconds(pid) for pids in roles.values() for pid in pids}
     busy0 = machine_busy()
     wall0 = time.monotonic()

@@ -29,7 +29,7 @@ import itertools
 import math
 import random
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -326,19 +326,19 @@ class Mutator:
         """A message in its msgpack form (a new tree each call)."""
         return msgspec.msgpack.decode(msgspec.msgpack.encode(msg))
 
-    def tree(self, msg: msgspec.Struct, donors: list[msgspec.Struct] | None = None, *, rounds: int = 0) -> Plain:
+    def tree(self, msg: msgspec.Struct, donors: Sequence[msgspec.Struct] | None = None, *, rounds: int = 0) -> Plain:
         """``msg``'s msgpack form mutated ``rounds`` times (1–3 when 0)."""
         root = self.plain(msg)
         for _ in range(rounds or self.rng.choice((1, 1, 1, 2, 3))):
             root = self._mutate_once(root, donors or [])
         return root
 
-    def message(self, msg: msgspec.Struct, donors: list[msgspec.Struct] | None = None, *, rounds: int = 0) -> bytes:
+    def message(self, msg: msgspec.Struct, donors: Sequence[msgspec.Struct] | None = None, *, rounds: int = 0) -> bytes:
         """A mutated body of ``msg`` (no length prefix), under ``max_size`` (rule 4)."""
         body = self.encode(self.tree(msg, donors, rounds=rounds))
         return body if len(body) <= self.max_size else body[: self.max_size]
 
-    def mutate(self, root: Plain, donors: list[msgspec.Struct] | None = None) -> Plain:
+    def mutate(self, root: Plain, donors: Sequence[msgspec.Struct] | None = None) -> Plain:
         """``root`` (a msgpack form, changed in place where it can be) mutated once."""
         return self._mutate_once(root, donors or [])
 
@@ -349,7 +349,7 @@ class Mutator:
         except (OverflowError, TypeError, ValueError, RecursionError):  # an int past 64 bits, a surrogate
             return msgspec.msgpack.encode("unencodable")
 
-    def _mutate_once(self, root: Plain, donors: list[msgspec.Struct]) -> Plain:
+    def _mutate_once(self, root: Plain, donors: Sequence[msgspec.Struct]) -> Plain:
         r = self.rng
         paths = _paths(root)
         path = r.choice(paths)
