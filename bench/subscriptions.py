@@ -61,6 +61,9 @@ Targets (issue 18 item 4): 1,000,000 subscriptions of up to 20 predicates
 held by 5 nodes, balanced; SubAck p99 ≤ 1 s under that load.  For the
 report: Amazon SNS allows 200 filter policies per topic and takes up to
 15 min to apply one; Amazon EventBridge 300 rules per event bus.
+
+The workload (rules 2 and 3) is ``bench/subscriptions_workload.py``'s, a
+loader process (rules 5 and 6) ``bench/subscriptions_loader.py``'s.
 """
 
 from __future__ import annotations
@@ -77,224 +80,28 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 from overlay.client import Client
 from overlay.errors import OverlayError
-from overlay.messages import client as cm
-from overlay.messages.codec import client_reader, encode_frame
-from overlay.net.clients import CLIENT_MAGIC
 from overlay.testing import NodeProcesses, free_ports, write_cluster_config
+from subscriptions_loader import SUBACK_TIMEOUT, loader
+from subscriptions_workload import (
+    BAND,
+    NODES,
+    PROBE_ID,
+    SCHEMA,
+    event,
+    probe_subscription,
+)
 
-NODES: Final = 5
-BAND: Final = 200.0  # price band of one channel: [0, 1000] cut in five
-SYMBOLS: Final = 10_000  # sym values: an equality on sym keeps an event's matches to a handful
-NUMERIC: Final = tuple(f"x{i:02d}" for i in range(1, 15))
-STRINGS: Final = ("t1", "t2", "t3", "t4")
-WORDS: Final = tuple(
-    a + b for a in ("al", "be", "ga", "de", "ep", "ze", "et", "th") for b in ("pha", "ta", "mma", "lta", "sil", "ro")
-)
-MAX_PREDICATES: Final = 20
-PROBE_ID: Final = 500_000_000  # probe events' ids from here up; background events' below
-SCHEMA: Final = (
-    """[schema]
-# Twenty attributes a subscription may constrain (price, sym and eighteen
-# more), and id, which only the probes use: a probe's event matches the
-# probe and none of the loaded subscriptions.
-distinguishing = ["price", "sym"]
-attributes = [
-  { name = "price", type = "float", min = 0, max = 1000 },
-  { name = "sym", type = "string", min = 1, max = 8 },
-  { name = "id", type = "int", min = 0, max = 1000000000 },
-"""
-    + "".join(f'  {{ name = "{x}", type = "float", min = 0, max = 1000 }},\n' for x in NUMERIC)
-    + "".join(f'  {{ name = "{t}", type = "string", min = 0, max = 16 }},\n' for t in STRINGS)
-    + "]\n"
-)
 TARGET_SUBS: Final = 1_000_000
 TARGET_LIVE_P99: Final = 1.0
-SUBACK_TIMEOUT: Final = 10.0
 DELIVERY_TIMEOUT: Final = 5.0
 PROGRESS_EVERY: Final = 5.0  # s between two progress lines of the load
-LOADER_REPORT: Final = 1.0  # s between two reports of a loader
 PUBLISH_WINDOW: Final = 64
-
-
-# -- the workload (rule 3) -----------------------------------------------------------------
-
-
-def _num(rng: random.Random) -> float:
-    return round(rng.uniform(0.0, 1000.0), 2)
-
-
-def _sym(rng: random.Random) -> str:
-    return f"S{rng.randrange(SYMBOLS):04d}"
-
-
-def _numeric_predicate(rng: random.Random, attr: str) -> str:
-    kind = rng.randrange(4)
-    if kind == 0:
-        lo = _num(rng)
-        return f"{attr} in [{lo}, {min(1000.0, round(lo + rng.uniform(50, 600), 2))}]"
-    if kind == 1:
-        return f"{attr} >= {_num(rng)}"
-    if kind == 2:  # never below 1: "x < 0" can never match, and the node refuses it
-        return f"{attr} < {max(1.0, _num(rng))}"
-    return f"{attr} = {float(rng.randrange(1000))}"
-
-
-def _string_predicate(rng: random.Random, attr: str) -> str:
-    kind = rng.randrange(4)
-    if kind == 0:
-        return f'{attr} = "{rng.choice(WORDS)}"'
-    if kind == 1:
-        return f'{attr} prefix "{rng.choice(WORDS)[:2]}"'
-    if kind == 2:
-        return f"{attr} in {{{', '.join(json.dumps(w) for w in rng.sample(WORDS, 3))}}}"
-    return f'{attr} != "{rng.choice(WORDS)}"'
-
-
-def price_range(rng: random.Random, band: int) -> tuple[float, float]:
-    lo = round(band * BAND + 1.0 + rng.uniform(0.0, BAND - 102.0), 2)
-    return lo, round(lo + rng.uniform(5.0, 100.0), 2)
-
-
-def subscription(rng: random.Random, band: int) -> str:
-    """A loaded subscription of ``band`` (rule 3): 2 to 20 predicates."""
-    lo, hi = price_range(rng, band)
-    preds = [f"price in [{lo}, {hi}]"]
-    if rng.random() < 0.8:
-        preds.append(f'sym = "{_sym(rng)}"')
-    else:
-        preds.append(f"sym in {{{', '.join(json.dumps(_sym(rng)) for _ in range(3))}}}")
-    for attr in rng.sample(NUMERIC + STRINGS, rng.randint(2, MAX_PREDICATES) - 2):
-        preds.append(_numeric_predicate(rng, attr) if attr in NUMERIC else _string_predicate(rng, attr))
-    return " and ".join(preds)
-
-
-def event(rng: random.Random, ident: int, band: int | None = None) -> dict[str, Any]:
-    """An event carrying every attribute; ``band`` picks its price band."""
-    b = rng.randrange(NODES) if band is None else band
-    ev: dict[str, Any] = {"price": round(b * BAND + rng.uniform(1.0, BAND - 1.0), 2), "sym": _sym(rng), "id": ident}
-    ev.update({x: _num(rng) for x in NUMERIC})
-    ev.update({t: rng.choice(WORDS) for t in STRINGS})
-    return ev
-
-
-def probe_subscription(rng: random.Random, ev: dict[str, Any]) -> str:
-    """A subscription ``ev`` matches, of 3 to 20 predicates, one of them
-    ``id = ev["id"]`` (so no other probe's event matches it)."""
-    p = ev["price"]
-    preds = [f"price in [{max(0.0, round(p - 5, 2))}, {min(1000.0, round(p + 5, 2))}]", f"id = {ev['id']}"]
-    preds.append(f'sym = "{ev["sym"]}"')
-    for attr in rng.sample(NUMERIC + STRINGS, rng.randint(0, MAX_PREDICATES - 3)):
-        v = ev[attr]
-        if attr in NUMERIC:
-            preds.append(
-                rng.choice([f"{attr} >= {math.floor(v)}", f"{attr} < {math.floor(v) + 1}", f"{attr} in [{v}, {v}]"])
-            )
-        else:
-            preds.append(rng.choice([f'{attr} = "{v}"', f'{attr} prefix "{v[:2]}"', f'{attr} != "{v}x"']))
-    return " and ".join(preds)
-
-
-# -- a loader process (rule 5) --------------------------------------------------------------
-
-
-async def loader(args: argparse.Namespace) -> None:
-    """Subscribe ``--count`` subscriptions on ``--addr``, ``--window`` in flight;
-    report JSON lines on stdout; hold them until stdin closes."""
-    host, _, port = args.addr.rpartition(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(f"loader-{args.node}")))
-    assert await reader.readexactly(4) == CLIENT_MAGIC
-    frames = client_reader()
-    welcome = asyncio.Event()
-    room = asyncio.Semaphore(args.window)
-    acked = errors = notified = unacked = 0
-    first_error = ""
-    done = asyncio.Event()
-
-    async def read() -> None:
-        nonlocal acked, errors, notified, unacked, first_error
-        while data := await reader.read(1 << 16):
-            for msg in frames.feed(data):
-                match msg:
-                    case cm.Welcome():
-                        welcome.set()
-                    case cm.SubAck():
-                        acked += 1
-                        room.release()
-                    case cm.UnsubAck():
-                        unacked += 1
-                        room.release()
-                    case cm.Error() if msg.seq:
-                        errors += 1
-                        first_error = first_error or f"{msg.code}: {msg.message}"
-                        room.release()
-                    case cm.Notify():
-                        notified += 1
-                        if msg.tag:  # only a tagged Notify is answered (client deliveries rule 1)
-                            writer.write(encode_frame(cm.Ack(msg.event_id, 0.0, msg.tag)))
-                    case _:
-                        pass  # Revoke (never: every copy is acked at once), node notices
-            if acked + unacked + errors >= target:
-                done.set()
-        done.set()
-
-    def report(**extra: Any) -> None:
-        line = {"acked": acked, "errors": errors, "notified": notified, "first_error": first_error, **extra}
-        print(json.dumps(line), flush=True)
-
-    async def send_all(make: Callable[[int], cm.ClientMessage]) -> None:
-        for k in range(args.count):
-            await room.acquire()
-            writer.write(encode_frame(make(k)))
-            if k % 64 == 63:
-                await writer.drain()
-        await writer.drain()
-
-    target = args.count
-
-    reading = asyncio.create_task(read())
-    await asyncio.wait_for(welcome.wait(), SUBACK_TIMEOUT)
-    rng = random.Random(args.seed * 1000 + args.node)
-    started = last = time.monotonic()
-    seq = itertools.count(1)
-
-    def subscribe(k: int) -> cm.Subscribe:
-        nonlocal last
-        if time.monotonic() - last > LOADER_REPORT:
-            last = time.monotonic()
-            report()
-        return cm.Subscribe(next(seq), f"L{args.node}-{k}", subscription(rng, k % NODES))
-
-    await send_all(subscribe)
-    if args.count:
-        await done.wait()
-    report(seconds=time.monotonic() - started, finished=True)
-    # Hold the subscriptions until the bench is done with them; a line
-    # "churn" on stdin first drops them all and subscribes them again (rule 6).
-    run = asyncio.get_running_loop().run_in_executor
-    rounds = 0
-    while (await run(None, sys.stdin.readline)).strip() == "churn":
-        rounds += 1
-        t0 = time.monotonic()
-        for make in (lambda k: cm.Unsubscribe(next(seq), f"L{args.node}-{k}"), subscribe):
-            done.clear()
-            target = acked + unacked + errors + args.count  # every message answered
-            await send_all(make)
-            if args.count:
-                await done.wait()
-        report(round=rounds, seconds=time.monotonic() - t0, unacked=unacked)
-    report(closing=True)
-    reading.cancel()
-    with contextlib.suppress(BaseException):
-        await reading
-    writer.close()
 
 
 # -- the bench -------------------------------------------------------------------------------

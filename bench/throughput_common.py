@@ -12,6 +12,7 @@ import gc
 import multiprocessing as mp
 import os
 import socket
+import struct
 import subprocess
 import time
 from collections.abc import Callable
@@ -23,6 +24,9 @@ ROOT: Final = Path(__file__).resolve().parent.parent
 HOST: Final = "127.0.0.1"
 PAYLOAD_BYTES: Final = 100
 TOPIC: Final = "bench/t"
+# MQTT payload: seq and send time, then padding up to PAYLOAD_BYTES.
+MQTT_HEAD: Final = struct.Struct(">qd")
+MQTT_PAD: Final = b"x" * (PAYLOAD_BYTES - MQTT_HEAD.size)
 # A paced publisher sends what is due, then sleeps at least this long (uvloop's
 # timer resolution is 1 ms; shorter sleeps would spin and steal a core).
 PACE_SLEEP: Final = 0.001

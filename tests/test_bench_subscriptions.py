@@ -25,6 +25,9 @@ BENCH: Final = ROOT / "bench" / "subscriptions.py"
 
 
 def _bench() -> ModuleType:
+    # bench/ is not a package: its modules import each other by bare name.
+    if str(BENCH.parent) not in sys.path:
+        sys.path.insert(0, str(BENCH.parent))
     spec = importlib.util.spec_from_file_location("bench_subscriptions", BENCH)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
@@ -34,6 +37,7 @@ def _bench() -> ModuleType:
 
 
 sb = _bench()
+wl = importlib.import_module("subscriptions_workload")  # its workload (bench/subscriptions.py rule 3)
 
 
 def _schema(tmp_path: Path):  # type: ignore[no-untyped-def]
@@ -47,26 +51,26 @@ def test_loaded_subscriptions_have_2_to_20_predicates_and_lie_in_their_band(tmp_
     counts = set()
     for k in range(2000):
         band = k % sb.NODES
-        expr = parse_expression(sb.subscription(rng, band), schema)  # the node refuses none of them
+        expr = parse_expression(wl.subscription(rng, band), schema)  # the node refuses none of them
         assert len(expr.conjuncts) == 1
         preds = expr.conjuncts[0].predicates
         counts.add(len(preds))
-        assert 2 <= len(preds) <= sb.MAX_PREDICATES
+        assert 2 <= len(preds) <= wl.MAX_PREDICATES
         assert len({p.attr for p in preds}) == len(preds)  # one per attribute, as research filters
         (price,) = [p for p in preds if p.attr == "price"]
         lo, hi = price.args
-        assert band * sb.BAND < lo <= hi <= (band + 1) * sb.BAND  # inside its channel alone
+        assert band * wl.BAND < lo <= hi <= (band + 1) * wl.BAND  # inside its channel alone
         assert "id" not in {p.attr for p in preds}  # the probes' attribute
-    assert counts == set(range(2, sb.MAX_PREDICATES + 1))
+    assert counts == set(range(2, wl.MAX_PREDICATES + 1))
 
 
 def test_a_probe_subscription_matches_its_own_event_and_no_other_probes(tmp_path: Path) -> None:
     schema = _schema(tmp_path)
     rng = random.Random(4)
-    events = [sb.event(rng, sb.PROBE_ID + i) for i in range(300)]
+    events = [wl.event(rng, wl.PROBE_ID + i) for i in range(300)]
     for i, ev in enumerate(events):
-        f = parse_subscription(sb.probe_subscription(rng, ev), schema)
-        assert 3 <= len(f.predicates) <= sb.MAX_PREDICATES
+        f = parse_subscription(wl.probe_subscription(rng, ev), schema)
+        assert 3 <= len(f.predicates) <= wl.MAX_PREDICATES
         assert f.matches(ev)
         assert not any(f.matches(other) for other in events[i + 1 : i + 20])
 
