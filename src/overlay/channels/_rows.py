@@ -16,7 +16,7 @@
    or a recovery does when it builds an index.
 4. Capacity grows by doubling (by a quarter past ``GROW_SLOWER`` words a
    row), in slots (words per row) and in rows (the
-   keyed rows of ``_buckets`` rule 8 come and go, ``alloc``/``release``):
+   keyed rows of ``_buckets`` rule 3 come and go, ``alloc``/``release``):
    O(1) amortised per slot or row; a released row is all zero and reused.
 5. Reading: numpy ufuncs on ``row(r)`` views for a large table.  A small one
    (at most ``SMALL_WORDS`` words a row) keeps a Python ``int`` per row,

@@ -1,6 +1,6 @@
 """The buckets of an attribute's domain and the tree of bitmaps over them
-(``overlay.channels.matcher`` rules 1 and 2; the rows are
-``overlay.channels._rows``', the attributes ``overlay.channels._buckets``').
+(``overlay.channels.matcher`` rules 1 and 2; the rows are in
+``overlay.channels._rows``, the attributes in ``overlay.channels._buckets``).
 
 Rules this module keeps:
 
