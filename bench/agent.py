@@ -59,7 +59,9 @@ def pct(xs: list[float], p: float) -> float:
 def make_slow(node: Node, mode: str, slow_ms: float, stall_ms: float) -> None:
     loop = asyncio.get_running_loop()
     if mode == "delay":
-        # Every message to a client goes through the shell's ClientConnections.send.
+        # Every reply to a client (PubAck, SubAck, errors) goes through the shell's
+        # ClientConnections.send; an event's Notifies (send_notifies) are not delayed:
+        # the bench times publish → PubAck.
         send = node.connections.send
 
         def delayed(sid: int, msg: cm.ClientMessage) -> None:
