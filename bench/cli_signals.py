@@ -30,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
 
@@ -142,7 +143,7 @@ async def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cli-signals-") as d:
         tmp = Path(d)
-        cases = {
+        cases: dict[str, Callable[[], Awaitable[float]]] = {
             "sub, no cluster, SIGINT": lambda: no_cluster(tmp, signal.SIGINT),
             "sub, no cluster, SIGTERM": lambda: no_cluster(tmp, signal.SIGTERM),
             "sub, its node gone, SIGINT": lambda: node_gone(tmp),
