@@ -33,7 +33,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Final, TypeVar
 
 from overlay.actions import Action, ToPeer
 from overlay.errors import RemoteProtocolError
@@ -140,32 +140,18 @@ class Dispatcher:
                 try:
                     if type(item) is FromPeer:
                         pmsg = item.msg
-                        if type(pmsg) is pm.Event and i < n and _event_of(items[i], item.src):
+                        if type(pmsg) is pm.Event and i < n and _event_of(items[i], item.src) is not None:
                             # Rule 1: a peer's Events in a row, in one call.
-                            src = item.src
-                            events = [pmsg]
-                            while i < n:
-                                nxt = items[i]
-                                if type(nxt) is not FromPeer or nxt.src != src or type(nxt.msg) is not pm.Event:
-                                    break
-                                events.append(nxt.msg)
-                                i += 1
-                            acts = core.handle_peer_events(src, events, now)
+                            events, i = _run(items, i, pmsg, _event_of, item.src)
+                            acts = core.handle_peer_events(item.src, events, now)
                         else:
                             acts = core.handle_peer(item.src, pmsg, now)
                     elif type(item) is FromClient:
                         msg = item.msg
-                        if type(msg) is cm.Publish and i < n and _publish_of(items[i], item.sid):
+                        if type(msg) is cm.Publish and i < n and _publish_of(items[i], item.sid) is not None:
                             # Rule 1: a session's Publishes in a row, in one call.
-                            sid = item.sid
-                            run = [msg]
-                            while i < n:
-                                nxt = items[i]
-                                if type(nxt) is not FromClient or nxt.sid != sid or type(nxt.msg) is not cm.Publish:
-                                    break
-                                run.append(nxt.msg)
-                                i += 1
-                            acts = core.handle_publishes(sid, run, now)
+                            run, i = _run(items, i, msg, _publish_of, item.sid)
+                            acts = core.handle_publishes(item.sid, run, now)
                         else:
                             acts = core.handle_client(item.sid, msg, now)
                     elif type(item) is ClientClosed:
@@ -228,14 +214,37 @@ class Dispatcher:
                 await asyncio.sleep(INDEX_PAUSE)
 
 
-def _publish_of(item: InboxItem, sid: int) -> bool:
-    """``item`` is a Publish from session ``sid`` (rule 1's runs)."""
-    return type(item) is FromClient and item.sid == sid and type(item.msg) is cm.Publish
+M = TypeVar("M")  # a run's message type (rule 1)
 
 
-def _event_of(item: InboxItem, src: int) -> bool:
-    """``item`` is an Event from peer ``src`` (rule 1's runs)."""
-    return type(item) is FromPeer and item.src == src and type(item.msg) is pm.Event
+def _publish_of(item: InboxItem, sid: int) -> cm.Publish | None:
+    """``item``'s Publish if it is one from session ``sid`` (rule 1's runs)."""
+    if type(item) is FromClient and item.sid == sid and type(item.msg) is cm.Publish:
+        return item.msg
+    return None
+
+
+def _event_of(item: InboxItem, src: int) -> pm.Event | None:
+    """``item``'s Event if it is one from peer ``src`` (rule 1's runs)."""
+    if type(item) is FromPeer and item.src == src and type(item.msg) is pm.Event:
+        return item.msg
+    return None
+
+
+def _run(
+    items: list[InboxItem], i: int, first: M, next_of: Callable[[InboxItem, int], M | None], origin: int
+) -> tuple[list[M], int]:
+    """Rule 1's run: ``first`` and the messages from ``origin`` that follow it
+    from ``items[i]`` on, as ``next_of`` tells them; and the index after it."""
+    run = [first]
+    n = len(items)
+    while i < n:
+        m = next_of(items[i], origin)
+        if m is None:
+            break
+        run.append(m)
+        i += 1
+    return run, i
 
 
 def described(item: InboxItem) -> tuple[str, str]:
