@@ -7,12 +7,15 @@ bench only needs a handful of packets, so it speaks them itself.
 
 Rules:
 
-1. **The packets**: CONNECT, CONNACK, SUBSCRIBE, SUBACK, PUBLISH at QoS 0,
-   PINGREQ, PINGRESP and DISCONNECT, as MQTT 3.1.1 (OASIS standard, §3)
-   lays them out; each is a ``msgspec.Struct`` and ``encode`` turns any of
-   them into one whole packet.  Anything else — another packet type, QoS 1
-   or 2, a CONNECT with a will, user name or password, reserved flags set —
-   is refused with ``MqttProtocolError`` naming it, never guessed at.
+1. **The packets**: CONNECT, CONNACK, SUBSCRIBE, SUBACK, PUBLISH at QoS 0
+   and 1, PUBACK, PINGREQ, PINGRESP and DISCONNECT, as MQTT 3.1.1 (OASIS
+   standard, §3) lays them out; each is a ``msgspec.Struct`` and ``encode``
+   turns any of them into one whole packet.  QoS 1 is there so the bench can
+   set Mosquitto beside the overlay with the same guarantees: an
+   acknowledgement to the publisher and one from the subscriber.  Anything
+   else — another packet type, QoS 2, a CONNECT with a will, user name or
+   password, reserved flags set — is refused with ``MqttProtocolError``
+   naming it, never guessed at.
 2. **Decoding is incremental**: ``MqttDecoder.feed(data)`` returns the
    packets ``data`` completes, in order, and keeps the partial one; bytes
    may arrive split anywhere (one at a time included).
@@ -49,6 +52,7 @@ UNSUPPORTED_CONNECT_FLAGS: Final = 0xFD  # everything but clean session; bit 0 i
 CONNECT: Final = 1
 CONNACK: Final = 2
 PUBLISH: Final = 3
+PUBACK: Final = 4
 SUBSCRIBE: Final = 8
 SUBACK: Final = 9
 PINGREQ: Final = 12
@@ -101,11 +105,22 @@ class SubAck(msgspec.Struct, frozen=True):
 
 
 class Publish(msgspec.Struct, frozen=True):
-    """A QoS 0 PUBLISH (no packet id)."""
+    """A PUBLISH at QoS 0 (no packet id: ``packet_id`` 0) or QoS 1 (a packet
+    id of 1–65535, §2.3.1; the receiver answers it with a ``PubAck``).
+    ``dup`` (§3.3.1.1) may only be set at QoS 1."""
 
     topic: str
     payload: bytes
     retain: bool = False
+    qos: int = 0
+    packet_id: int = 0
+    dup: bool = False
+
+
+class PubAck(msgspec.Struct, frozen=True):
+    """The answer to a QoS 1 PUBLISH (§3.4)."""
+
+    packet_id: int
 
 
 class PingReq(msgspec.Struct, frozen=True):
@@ -120,7 +135,7 @@ class Disconnect(msgspec.Struct, frozen=True):
     pass
 
 
-Packet = Connect | ConnAck | Subscribe | SubAck | Publish | PingReq | PingResp | Disconnect
+Packet = Connect | ConnAck | Subscribe | SubAck | Publish | PubAck | PingReq | PingResp | Disconnect
 
 
 # == encoding ========================================================================
@@ -154,19 +169,40 @@ def _packet(first: int, body: bytes) -> bytes:
     return bytes([first]) + _remaining(len(body)) + body
 
 
-def publish_prefix(topic: str, payload_len: int) -> bytes:
-    """The bytes of a QoS 0 PUBLISH of ``topic`` before its payload of
+def publish_prefix(topic: str, payload_len: int, qos: int = 0) -> bytes:
+    """The bytes of a PUBLISH of ``topic`` before its payload of
     ``payload_len`` bytes: a publisher appends each payload to it instead of
-    encoding the same header per message."""
+    encoding the same header per message.  At QoS 1 the packet id comes
+    between the two: the publisher appends its two bytes, then the payload."""
+    if qos not in (0, 1):
+        raise MqttProtocolError(f"PUBLISH at QoS {qos}: this codec speaks QoS 0 and 1")
     head = _string(topic)
-    return bytes([PUBLISH << 4]) + _remaining(len(head) + payload_len) + head
+    return bytes([PUBLISH << 4 | qos << 1]) + _remaining(len(head) + 2 * qos + payload_len) + head
+
+
+def puback(packet_id: int) -> bytes:
+    """A PUBACK's four bytes (the subscriber's hot path: no Struct)."""
+    return b"\x40\x02" + _u16(packet_id, "packet id")
 
 
 def encode(p: Packet) -> bytes:
     """One whole packet (rule 1)."""
     match p:
-        case Publish(topic, payload, retain):
+        case Publish(topic, payload, retain, 0, packet_id, dup):
+            if packet_id or dup:
+                raise MqttProtocolError("a QoS 0 PUBLISH has no packet id and no DUP flag (§2.3.1, §3.3.1.1)")
             return _packet(PUBLISH << 4 | int(retain), _string(topic) + payload)
+        case Publish(topic, payload, retain, 1, packet_id, dup):
+            if not packet_id:
+                raise MqttProtocolError("a QoS 1 PUBLISH needs a packet id of 1..65535 (§2.3.1)")
+            first = PUBLISH << 4 | int(dup) << 3 | 1 << 1 | int(retain)
+            return _packet(first, _string(topic) + _u16(packet_id, "packet id") + payload)
+        case Publish(qos=qos):
+            raise MqttProtocolError(f"PUBLISH at QoS {qos}: this codec speaks QoS 0 and 1")
+        case PubAck(packet_id):
+            if not packet_id:
+                raise MqttProtocolError("PUBACK of packet id 0: packet ids are 1..65535 (§2.3.1)")
+            return _packet(PUBACK << 4, _u16(packet_id, "packet id"))
         case Connect(client_id, keepalive, clean):
             flags = CLEAN_SESSION if clean else 0
             return _packet(
@@ -243,16 +279,27 @@ class MqttDecoder:
                 if end > n:
                     break
                 if first >> 4 == PUBLISH:  # rule 5
-                    if first & 0x06:
-                        raise MqttProtocolError(f"PUBLISH at QoS {(first >> 1) & 3}: this codec speaks QoS 0 only")
-                    if first & 0x08:
-                        raise MqttProtocolError("PUBLISH with DUP set at QoS 0 (§3.3.1.1 forbids it)")
+                    qos = (first >> 1) & 3
                     if length < 2:
                         raise MqttProtocolError(f"PUBLISH of {length} bytes has no room for its topic")
                     topic_end = start + 2 + (buf[start] << 8 | buf[start + 1])
                     if topic_end > end:
                         raise MqttProtocolError("PUBLISH topic runs past the end of its packet")
-                    out.append(Publish(_text(buf[start + 2 : topic_end], "topic"), buf[topic_end:end], bool(first & 1)))
+                    topic = _text(buf[start + 2 : topic_end], "topic")
+                    if not qos:
+                        if first & 0x08:
+                            raise MqttProtocolError("PUBLISH with DUP set at QoS 0 (§3.3.1.1 forbids it)")
+                        out.append(Publish(topic, buf[topic_end:end], bool(first & 1)))
+                    elif qos == 1:
+                        if topic_end + 2 > end:
+                            raise MqttProtocolError("QoS 1 PUBLISH without room for its packet id")
+                        pid = buf[topic_end] << 8 | buf[topic_end + 1]
+                        if not pid:
+                            raise MqttProtocolError("QoS 1 PUBLISH with packet id 0 (§2.3.1)")
+                        payload = buf[topic_end + 2 : end]
+                        out.append(Publish(topic, payload, bool(first & 1), 1, pid, bool(first & 0x08)))
+                    else:
+                        raise MqttProtocolError(f"PUBLISH at QoS {qos}: this codec speaks QoS 0 and 1")
                 else:
                     out.append(_decode_other(first, buf[start:end]))
                 pos = end
@@ -314,6 +361,12 @@ def _decode_other(first: int, body: bytes) -> Packet:
             if flags or len(body) != 2 or body[0] & 0xFE:
                 raise MqttProtocolError(f"malformed CONNACK: flags {flags}, body {body!r}")
             return ConnAck(body[1], bool(body[0]))
+        case 4:  # PUBACK
+            if flags or len(body) != 2:
+                raise MqttProtocolError(f"malformed PUBACK: flags {flags}, {len(body)} bytes (must be 0 and 2)")
+            if not body[0] << 8 | body[1]:
+                raise MqttProtocolError("PUBACK of packet id 0 (§2.3.1)")
+            return PubAck(body[0] << 8 | body[1])
         case 9:  # SUBACK
             if flags or len(body) < 3:
                 raise MqttProtocolError(f"malformed SUBACK: flags {flags}, {len(body)} bytes")

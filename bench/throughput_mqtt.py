@@ -20,6 +20,7 @@ from __future__ import annotations
 import array
 import asyncio
 import contextlib
+import functools
 import os
 import shutil
 import socket
@@ -40,10 +41,12 @@ from mqtt_codec import (
     MqttDecoder,
     MqttProtocolError,
     PingReq,
+    PubAck,
     Publish,
     SubAck,
     Subscribe,
     encode,
+    puback,
     publish_prefix,
 )
 from throughput_common import (
@@ -68,6 +71,11 @@ from throughput_paho import _paho_pub_main, _paho_sub_main
 # one system call per batch, and small enough that a paced run's burst is
 # one write.
 RAW_BATCH: Final = 128
+# At QoS 1 the raw publisher keeps at most this many PUBLISHes unacknowledged,
+# as the overlay's publisher keeps at most its PUBLISH_WINDOW (4,000) Publishes
+# without their PubAck; far below the 65,535 packet ids, so none is reused
+# while in flight.
+RAW_Q1_WINDOW: Final = 4_000
 # Keep-alive the raw client announces; it pings at half of it (MQTT §3.1.2.10).
 RAW_KEEPALIVE: Final = 60
 # The raw publisher yields to its loop after this many batches even when the
@@ -139,6 +147,7 @@ def _server(argv: list[str], port: int, what: str, log: Path) -> Iterator[subpro
 
 @contextlib.contextmanager
 def mosquitto_broker(client: str = "raw") -> Iterator[Target]:
+    """Mosquitto on a free port, for ``client`` (a key of ``MQTT_CLIENTS``)."""
     binary = ensure_mosquitto()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="bench-mosquitto-") as tmp:
@@ -152,6 +161,9 @@ def mosquitto_broker(client: str = "raw") -> Iterator[Target]:
             "set_tcp_nodelay true\n"
             # QoS 0 to a connected client is never dropped for queue length.
             "max_queued_messages 0\n"
+            # No cap on QoS 1 messages in flight (the raw-q1 publisher keeps
+            # its own window, as the overlay's does).
+            "max_inflight_messages 0\n"
         )
         with _server([binary, "-c", str(conf)], port, "mosquitto", Path(tmp) / "mosquitto.log") as proc:
             yield Target("mqtt", (HOST, port), [(HOST, port)], [proc.pid], mqtt_client=client)
@@ -182,10 +194,12 @@ def amqtt_broker(client: str = "raw") -> Iterator[Target]:
 
 class RawMqtt(asyncio.Protocol):
     """One MQTT 3.1.1 connection of the raw client: ``mqtt_codec`` on an
-    asyncio transport.  Received PUBLISH payloads go to ``on_payload``; the
-    CONNACK and SUBACKs resolve futures; writes wait on ``writable`` while the
-    transport is above its high-water mark (TCP pushes back, as paho's
-    blocking send did)."""
+    asyncio transport.  Received PUBLISH payloads go to ``on_payload``, and
+    a QoS 1 PUBLISH is answered with its PUBACK (those of one read in one
+    write); PUBACKs received are counted in ``acked`` (the publisher's
+    window); the CONNACK and SUBACKs resolve futures; writes wait on
+    ``writable`` while the transport is above its high-water mark (TCP
+    pushes back, as paho's blocking send did)."""
 
     def __init__(self, on_payload: Callable[[bytes], None] | None = None) -> None:
         loop = asyncio.get_running_loop()
@@ -199,6 +213,8 @@ class RawMqtt(asyncio.Protocol):
         self.closed: asyncio.Future[None] = loop.create_future()
         self.error: Exception | None = None
         self.unexpected = 0  # PUBLISHes without a callback: counted, never silent
+        self.acked = 0  # PUBACKs received (QoS 1 publishing)
+        self.acks_arrived = asyncio.Event()
         self._pinger: asyncio.Task[None] | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------------
@@ -214,12 +230,18 @@ class RawMqtt(asyncio.Protocol):
             self._fail(exc)
             return
         on_payload = self.on_payload
+        answers: list[bytes] = []
+        acked = self.acked
         for p in packets:
             if p.__class__ is Publish:
                 if on_payload is None:
                     self.unexpected += 1
                 else:
                     on_payload(p.payload)
+                if p.qos:
+                    answers.append(puback(p.packet_id))
+            elif p.__class__ is PubAck:
+                self.acked += 1
             elif isinstance(p, ConnAck):
                 if not self.connack.done():
                     self.connack.set_result(p)
@@ -228,6 +250,10 @@ class RawMqtt(asyncio.Protocol):
                 if fut is not None and not fut.done():
                     fut.set_result(p)
             # PINGRESP needs nothing; a broker sends no other packet to a client.
+        if answers and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(answers))
+        if self.acked != acked:
+            self.acks_arrived.set()
 
     def pause_writing(self) -> None:
         self.writable.clear()
@@ -260,12 +286,12 @@ class RawMqtt(asyncio.Protocol):
             raise ConnectionError(f"MQTT connection closed: {self.error}")
         self.transport.write(data)
 
-    async def subscribe(self, topic: str, packet_id: int = 1) -> None:
+    async def subscribe(self, topic: str, packet_id: int = 1, qos: int = 0) -> None:
         fut: asyncio.Future[SubAck] = asyncio.get_running_loop().create_future()
         self.subacks[packet_id] = fut
-        self.write(encode(Subscribe(packet_id, ((topic, 0),))))
+        self.write(encode(Subscribe(packet_id, ((topic, qos),))))
         ack = await asyncio.wait_for(fut, STARTUP_TIMEOUT)
-        if ack.return_codes != (0,):
+        if ack.return_codes != (qos,):
             raise RuntimeError(f"broker refused SUBSCRIBE {topic!r}: return codes {list(ack.return_codes)}")
 
     async def drain(self) -> None:
@@ -305,7 +331,15 @@ async def raw_connect(port: int, client_id: str, on_payload: Callable[[bytes], N
 
 
 def _raw_pub_main(
-    port: int, n: int, warmup: int, rate: float | None, limit: float, ready: Any, go: Any, out: Connection
+    port: int,
+    n: int,
+    warmup: int,
+    rate: float | None,
+    limit: float,
+    ready: Any,
+    go: Any,
+    out: Connection,
+    qos: int = 0,
 ) -> None:
     import uvloop
 
@@ -314,8 +348,11 @@ def _raw_pub_main(
         freeze_heap()
         ready.set()
         await asyncio.get_running_loop().run_in_executor(None, go.wait)
-        prefix = publish_prefix(TOPIC, PAYLOAD_BYTES)
+        prefix = publish_prefix(TOPIC, PAYLOAD_BYTES, qos)
         pack, pad, now = MQTT_HEAD.pack, MQTT_PAD, time.time
+        # QoS 1: each PUBLISH carries a packet id (1..65535, reused only long after its PUBACK).
+        pid = [b""] if not qos else [j.to_bytes(2, "big") for j in range(1, 65536)]
+        npid = len(pid)
         pace = _paced(rate)
         total = n + warmup
         t0 = now()
@@ -333,7 +370,11 @@ def _raw_pub_main(
                 upto = max(i + 1, min(total, i + RAW_BATCH, int((now() - t0) * rate) + 1))
             if i <= warmup < upto:
                 t_first = now()
-            c.write(b"".join([prefix + pack(j, now()) + pad for j in range(i, upto)]))
+            if qos:
+                while upto - c.acked > RAW_Q1_WINDOW and c.error is None:
+                    c.acks_arrived.clear()
+                    await c.acks_arrived.wait()  # the window is full: wait for PUBACKs
+            c.write(b"".join([prefix + pid[j % npid] + pack(j, now()) + pad for j in range(i, upto)]))
             i = upto
             batches += 1
             if not c.writable.is_set():
@@ -345,6 +386,14 @@ def _raw_pub_main(
             if now() > stop_at:
                 break
         await c.drain()
+        if qos:  # every PUBLISH answered, as the overlay's publisher waits for its PubAcks
+            t_end = now() + STARTUP_TIMEOUT
+            while c.acked < i and c.error is None and now() < t_end:
+                c.acks_arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(c.acks_arrived.wait(), max(t_end - now(), 0.001))
+            if c.acked < i:
+                raise RuntimeError(f"publisher: {i - c.acked} of {i} QoS 1 PUBLISHes never acknowledged")
         t_last = now()
         await c.close()
         return PubResult(max(i - warmup, 0), t_first, t_last)
@@ -440,5 +489,10 @@ def _null_mqtt_broker(sock: socket.socket, mode: str, n: int) -> None:
 # same arguments.
 MQTT_CLIENTS: Final[dict[str, tuple[Callable[..., None], Callable[..., None]]]] = {
     "raw": (_raw_pub_main, _raw_sub_main),
+    # Publishing at QoS 1 (a PUBACK for every PUBLISH), subscribed at QoS 0:
+    # the frames and the guarantee of the overlay's unkeyed event — Publish,
+    # PubAck, Notify; its subscribers acknowledge only keyed events and group
+    # copies (messages.client.Notify), so neither side acknowledges deliveries.
+    "raw-q1": (functools.partial(_raw_pub_main, qos=1), _raw_sub_main),
     "paho": (_paho_pub_main, _paho_sub_main),
 }

@@ -2,8 +2,8 @@
 driven against one of them, and each client process's capacity alone.
 
 1. ``SYSTEMS`` names every system the bench knows (``overlay-1``,
-   ``overlay-3``, their ``-sec`` twins, ``mosquitto``, ``mosquitto-paho``,
-   ``amqtt``) and how to start it; ``throughput_run`` and ``latency_run``
+   ``overlay-3``, their ``-sec`` twins, ``mosquitto``, ``mosquitto-q1``,
+   ``mosquitto-paho``, ``amqtt``) and how to start it; ``throughput_run`` and ``latency_run``
    start one and run the workload of items 4 and 6 of ``throughput.py``'s
    docstring against it.
 2. ``run_workload`` starts the subscriber processes, then the publishers,
@@ -251,6 +251,10 @@ SYSTEMS: Final[dict[str, tuple[str, str, Callable[..., contextlib.AbstractContex
     "overlay-1-sec": ("overlay-sec", "1", lambda prof=None: overlay_cluster(1, prof, secure=True)),
     "overlay-3-sec": ("overlay-sec", "3", lambda prof=None: overlay_cluster(3, prof, secure=True)),
     "mosquitto": ("mosquitto", "1", lambda prof=None: mosquitto_broker("raw")),
+    # The same broker with the raw clients publishing at QoS 1 (a PUBACK for
+    # every PUBLISH), delivering at QoS 0: the overlay's unkeyed guarantee,
+    # where plain ``mosquitto`` (QoS 0) answers nothing.
+    "mosquitto-q1": ("mosquitto-q1", "1", lambda prof=None: mosquitto_broker("raw-q1")),
     # The same broker driven by paho-mqtt, the bench's client before issue 19:
     # what paho's CPU per message did to Mosquitto's figures.
     "mosquitto-paho": ("mosquitto-paho", "1", lambda prof=None: mosquitto_broker("paho")),

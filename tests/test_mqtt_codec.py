@@ -24,10 +24,12 @@ from mqtt_codec import (
     Packet,
     PingReq,
     PingResp,
+    PubAck,
     Publish,
     SubAck,
     Subscribe,
     encode,
+    puback,
     publish_prefix,
 )
 
@@ -43,6 +45,10 @@ PACKETS: list[Packet] = [
     Publish("bench/t", b"x" * 100),
     Publish("t", b"", retain=True),
     Publish("ü/ß", bytes(range(256)) * 3),  # a two-byte remaining length
+    Publish("bench/t", b"q" * 100, qos=1, packet_id=1),
+    Publish("t", b"", retain=True, qos=1, packet_id=65535, dup=True),
+    PubAck(1),
+    PubAck(65535),
     PingReq(),
     PingResp(),
     Disconnect(),
@@ -88,18 +94,31 @@ def test_the_standards_bytes() -> None:
 def test_publish_prefix_is_the_packet_before_its_payload() -> None:
     body = b"y" * 100
     assert publish_prefix("bench/t", len(body)) + body == encode(Publish("bench/t", body))
+    # At QoS 1 the packet id comes between the prefix and the payload.
+    q1 = Publish("bench/t", body, qos=1, packet_id=0x1234)
+    assert publish_prefix("bench/t", len(body), qos=1) + b"\x12\x34" + body == encode(q1)
+    with pytest.raises(MqttProtocolError, match="QoS 2"):
+        publish_prefix("bench/t", 1, qos=2)
+
+
+def test_qos1_bytes_and_puback() -> None:
+    # MQTT 3.1.1 §3.3 (QoS bits 01, the packet id after the topic) and §3.4.
+    assert encode(Publish("a", b"hi", qos=1, packet_id=10)) == b"\x32\x07\x00\x01a\x00\x0ahi"
+    assert encode(PubAck(10)) == b"\x40\x02\x00\x0a" == puback(10)
 
 
 @given(
     topic=st.text(max_size=60),
     payload=st.binary(max_size=600),
     retain=st.booleans(),
+    packet_id=st.integers(min_value=0, max_value=65535),
     cuts=st.lists(st.integers(min_value=0, max_value=700), max_size=4),
 )
 def test_publish_round_trips_however_the_bytes_are_split(
-    topic: str, payload: bytes, retain: bool, cuts: list[int]
+    topic: str, payload: bytes, retain: bool, packet_id: int, cuts: list[int]
 ) -> None:
-    packet = Publish(topic, payload, retain)
+    # packet_id 0: QoS 0; otherwise QoS 1 with that id.
+    packet = Publish(topic, payload, retain, qos=1 if packet_id else 0, packet_id=packet_id)
     data = encode(packet) * 2
     dec = MqttDecoder()
     out: list[Packet] = []
@@ -113,9 +132,15 @@ def test_publish_round_trips_however_the_bytes_are_split(
 @pytest.mark.parametrize(
     ("data", "words"),
     [
-        (b"\x32\x07\x00\x01a\x00\x01hi", "QoS 1"),
+        (b"\x34\x07\x00\x01a\x00\x01hi", "QoS 2"),
+        (b"\x36\x07\x00\x01a\x00\x01hi", "QoS 3"),
         (b"\x38\x05\x00\x01ahi", "DUP"),
-        (b"\x40\x02\x00\x01", "PUBACK"),
+        (b"\x32\x07\x00\x01a\x00\x00hi", "packet id 0"),
+        (b"\x32\x04\x00\x01a\x00", "room for its packet id"),
+        (b"\x40\x02\x00\x00", "PUBACK of packet id 0"),
+        (b"\x42\x02\x00\x01", "malformed PUBACK"),
+        (b"\x40\x03\x00\x01\x00", "malformed PUBACK"),
+        (b"\x50\x02\x00\x01", "PUBREC"),
         (b"\x00\x00", "reserved packet type 0"),
         (b"\x80\x06\x00\x01\x00\x01a\x00", "SUBSCRIBE with flags 0"),
         (b"\x10\x0d\x00\x04MQTT\x04\xc2\x00\x3c\x00\x01c", "user name or password"),
@@ -154,6 +179,13 @@ def test_an_oversize_packet_is_refused_before_its_body_arrives() -> None:
         ConnAck(256),
         Connect("c", -1),
         Publish("t" * 70000, b""),
+        Publish("t", b"", qos=2, packet_id=1),
+        Publish("t", b"", packet_id=1),
+        Publish("t", b"", dup=True),
+        Publish("t", b"", qos=1),
+        Publish("t", b"", qos=1, packet_id=70000),
+        PubAck(0),
+        PubAck(70000),
     ],
     ids=repr,
 )
