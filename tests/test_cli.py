@@ -464,6 +464,7 @@ def test_cluster_up_reports_a_node_that_dies_and_stops_the_others(tmp_path: Path
         _, err = proc.communicate(timeout=PROCESS_WAIT)
     assert proc.returncode == 1, err
     assert "node 1 (127.0.0.1:" in err and "was killed by SIGKILL while the cluster ran" in err, err
+    assert "the other nodes are stopped" in err and "--keep-going" not in err, err  # fail fast is the default
     assert "Its last lines:" in err and "node 1: listening on" in err.split("Its last lines:")[1], err
     assert "Traceback" not in err, err
     with pytest.raises(ProcessLookupError):  # node 0 was stopped and reaped

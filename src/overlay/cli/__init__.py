@@ -85,6 +85,7 @@ from overlay.cli.running import (
     finish_within,
     first_cause,
     one_line,
+    print_error,
     run_command,
     setup_logging,
 )
@@ -120,9 +121,7 @@ USAGE_ERRORS: Final = (UsageError, ConfigError, ExpressionError, SchemaError, Lo
 
 
 def _report(exc: OverlayError) -> int:
-    print(f"overlay: {one_line(exc)}", file=sys.stderr)
-    for line in getattr(exc, "details", ()):
-        print(line, file=sys.stderr)
+    print_error(exc)
     return EXIT_USAGE if isinstance(exc, USAGE_ERRORS) else EXIT_FAILED
 
 

@@ -17,7 +17,9 @@ notifications still in flight or dropped for a slow consumer.  (The node's
 
 Bounded by ``seconds`` and by ``MAX_EVENTS``; Ctrl-C stops everything cleanly;
 a node that dies ends the demo with its exit status and last lines of log
-(``overlay.cli.local_cluster.LocalCluster``).
+(``overlay.cli.local_cluster.LocalCluster``) — or, with ``--keep-going``, is
+reported and shown ``down`` while the others take over its channels and its
+clients (the workload's clients fail over: ``workload.failover_list``).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import unicodedata
 from typing import Any, Final
 
 from overlay.cli.args import add_command, positive_float
-from overlay.cli.local_cluster import LocalCluster, ready_lines
+from overlay.cli.local_cluster import LocalCluster, ready_lines, stopping_line
 from overlay.cli.ports import check_ports_free
 from overlay.cli.running import run_command
 from overlay.cli.status import statuses
@@ -55,8 +57,11 @@ EXAMPLES: Final = """\
 examples:
   overlay demo cluster_configs/local.toml                       (what `make run` does)
   overlay demo cluster_configs/hetero5.toml --seconds 120
+  overlay demo cluster_configs/local.toml --keep-going          (kill -9 a node's pid: watch the failover)
 
-Ctrl-C stops the traffic and every node cleanly (exit 0)."""
+Ctrl-C stops the traffic and every node cleanly (exit 0).  A node that dies
+stops the demo (exit 1) — with --keep-going it is reported, shown "down",
+and the demo goes on; exit 1 only once no node is left."""
 
 
 async def _drive(cfg: ClusterConfig, seconds: float, published: list[int], delivered: list[int]) -> None:
@@ -82,8 +87,8 @@ async def _drive(cfg: ClusterConfig, seconds: float, published: list[int], deliv
     await run_workload(cfg, "demo", 7, report, published, delivered)
 
 
-async def run_demo(config_path: str, seconds: float, log_level: str = "warning") -> int:
-    cluster = LocalCluster(config_path, "warning" if log_level == "info" else log_level)
+async def run_demo(config_path: str, seconds: float, log_level: str = "warning", *, keep_going: bool = False) -> int:
+    cluster = LocalCluster(config_path, "warning" if log_level == "info" else log_level, keep_going=keep_going)
     check_ports_free(cluster.cfg.nodes)  # before saying we start (LocalCluster.start checks again)
     print(f"starting {len(cluster.cfg.nodes)} nodes from {config_path} …", flush=True)
     await cluster.start()
@@ -94,7 +99,8 @@ async def run_demo(config_path: str, seconds: float, log_level: str = "warning")
     try:
         await cluster.supervise(_drive(cluster.cfg, seconds, published, delivered))
     finally:
-        print(f"\npublished {published[0]} events, {delivered[0]} per-subscription deliveries; stopping …", flush=True)
+        print(f"\npublished {published[0]} events, {delivered[0]} per-subscription deliveries", flush=True)
+        print(stopping_line(cluster), flush=True)
         await cluster.stop()
     return 0
 
@@ -152,7 +158,7 @@ def _bar(x: float, width: int = BAR_WIDTH) -> str:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     load_config(args.config)
-    return run_command(run_demo(args.config, args.seconds, args.log_level), server=True)
+    return run_command(run_demo(args.config, args.seconds, args.log_level, keep_going=args.keep_going), server=True)
 
 
 def register(sub: Any) -> None:
@@ -160,4 +166,9 @@ def register(sub: Any) -> None:
     d = add_command(sub, "demo", "local cluster with bounded demo traffic, shown live (make run)", EXAMPLES)
     d.add_argument("config")
     d.add_argument("--seconds", type=positive_float, default=60.0, help="stop after this many seconds (default 60)")
+    d.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="when a node dies, report it and go on with the others (default: stop the demo, exit 1)",
+    )
     d.set_defaults(func=cmd_demo)

@@ -1,7 +1,13 @@
 """Every node of a config as a subprocess (rule 4 of ``overlay.cli``), for
 ``cluster up`` and ``demo``: started only on free ports, accepted as ready only
 when its Welcome names the node and cluster of the config, and watched — a
-node that exits is reported with its exit status and last lines of log."""
+node that exits is reported with its exit status and last lines of log.
+
+What a death does once the cluster is ready is the caller's choice: by
+default it fails the command (the others are stopped); with ``keep_going``
+it is reported and the survivors keep running, so that an operator can
+watch the cluster fail over — the command fails only when no node is left.
+A death during start-up always fails it: there is no cluster to fail over yet."""
 
 from __future__ import annotations
 
@@ -16,14 +22,14 @@ from typing import Final, TypeVar
 from overlay.auth.keys import local_token
 from overlay.cli.args import admin_url, cluster_tls
 from overlay.cli.ports import check_ports_free, held_by
-from overlay.cli.running import CLOSE_TIMEOUT, CommandFailed, log
+from overlay.cli.running import CLOSE_TIMEOUT, CommandFailed, log, print_error
 from overlay.client import Client
 from overlay.config import ClusterConfig, NodeConfig, load_config
 from overlay.errors import OverlayError, RequestError, TlsError
 from overlay.messages.client import ErrorCode
 from overlay.security import node_security
 
-__all__ = ["LocalCluster", "ready_lines", "wait_ready"]
+__all__ = ["LocalCluster", "node_list", "ready_lines", "stopping_line", "wait_ready"]
 
 T = TypeVar("T")
 
@@ -90,18 +96,26 @@ class LocalCluster:
     """Every node of a config as a subprocess (rule 4).
 
     Invariant: from ``start`` to ``stop``, a node process that ends without
-    being asked to sets ``failure`` (naming it, its exit status and its last
-    ``TAIL_LINES`` lines of stderr) and wakes ``supervise``.  Each node's stderr
-    is forwarded to ours by its watcher task, which ``stop`` awaits.
+    being asked to is in ``deaths`` (its id -> who it was and how it ended).
+    Without ``keep_going``, or during start-up, it also sets ``failure``
+    (naming it, its exit status and its last ``TAIL_LINES`` lines of stderr)
+    and wakes ``supervise``.  With ``keep_going``, once the cluster is ready,
+    the same report goes to stderr at once and only the death of the last
+    node sets ``failure`` (every death, in order).  Each node's stderr is
+    forwarded to ours by its watcher task, which ``stop`` awaits.
     """
 
-    def __init__(self, config_path: str, log_level: str = "info", *, capture: str | None = None) -> None:
+    def __init__(
+        self, config_path: str, log_level: str = "info", *, capture: str | None = None, keep_going: bool = False
+    ) -> None:
         self.config_path = config_path
         self.capture = capture  # every node captures to this run directory (SPEC §13)
         self.cfg = load_config(config_path)
         self.log_level = log_level
+        self.keep_going = keep_going
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.tails: dict[int, _Tail] = {}
+        self.deaths: dict[int, str] = {}  # in the order they happened
         self.failure: CommandFailed | None = None
         self.ready = False
         self._failed = asyncio.Event()
@@ -154,13 +168,35 @@ class LocalCluster:
         code = await proc.wait()
         if self._stopping or self.failure is not None:
             return
-        when = "while the cluster ran" if self.ready else "during start-up"
-        self.failure = CommandFailed(
-            f"node {n.id} ({n.host}:{n.port}, pid {proc.pid}) {_exit_status(code)} {when}; "
-            f"the other nodes are stopped. Its last lines:",
-            [f"  | {line}" for line in tail.lines] or ["  | (it wrote nothing)"],
-        )
-        self._failed.set()
+        who = f"node {n.id} ({n.host}:{n.port}, pid {proc.pid}) {_exit_status(code)}"
+        self.deaths[n.id] = who
+        last_lines = [f"  | {line}" for line in tail.lines] or ["  | (it wrote nothing)"]
+        if not (self.keep_going and self.ready):
+            when = "while the cluster ran" if self.ready else "during start-up"
+            self.failure = CommandFailed(f"{who} {when}; the other nodes are stopped. Its last lines:", last_lines)
+            self._failed.set()
+            return
+        # --keep-going: the same report, now, and the survivors go on.
+        print_error(CommandFailed(f"{who} while the cluster ran; {self._survivors()}. Its last lines:", last_lines))
+        if len(self.deaths) == len(self.cfg.nodes):
+            self.failure = CommandFailed(f"no node is left: {'; '.join(self.deaths.values())}")
+            self._failed.set()
+
+    def _survivors(self) -> str:
+        """Who keeps running, and whether they still serve: a cluster without a
+        majority of its configured nodes refuses publishes and subscriptions."""
+        alive = [n.id for n in self.cfg.nodes if n.id not in self.deaths]
+        if not alive:
+            return "no node is left"
+        one = len(alive) == 1
+        says = f"{node_list(alive)} {'keeps' if one else 'keep'} running (--keep-going)"
+        total = len(self.cfg.nodes)
+        if 2 * len(alive) <= total:
+            says += (
+                f", but {len(alive)} of {total} configured nodes {'is' if one else 'are'} no majority: "
+                f"{'it refuses' if one else 'they refuse'} publishes and subscriptions (no_quorum) until more are back"
+            )
+        return says
 
     async def supervise(self, work: Awaitable[T]) -> T:
         """``work``'s result, unless a node ends first: then ``work`` is cancelled
@@ -243,6 +279,13 @@ async def wait_ready(cfg: ClusterConfig, timeout: float) -> None:
             await asyncio.sleep(READY_POLL)
 
 
+def node_list(ids: list[int]) -> str:
+    """``node 1``, ``nodes 0 and 2``, ``nodes 0, 1 and 3``."""
+    if len(ids) == 1:
+        return f"node {ids[0]}"
+    return f"nodes {', '.join(map(str, ids[:-1]))} and {ids[-1]}"
+
+
 def ready_lines(cluster: LocalCluster) -> list[str]:
     """One line per node: where it listens, its pid, its admin page."""
     lines = []
@@ -250,3 +293,11 @@ def ready_lines(cluster: LocalCluster) -> list[str]:
         admin = f"  {admin_url(n.host, n.admin_port, cluster.cfg)}/" if n.admin_port else ""
         lines.append(f"  node {n.id}  {n.host}:{n.port}  pid {cluster.procs[n.id].pid}{admin}")
     return lines
+
+
+def stopping_line(cluster: LocalCluster) -> str:
+    """What the end of a run says: that the cluster stops, and which nodes
+    had died before (``keep_going``) — the command then exits 0."""
+    if cluster.failure is not None or not cluster.deaths:
+        return "stopping the cluster…"
+    return f"stopping the cluster… (died while it ran: {'; '.join(cluster.deaths.values())})"

@@ -14,7 +14,7 @@ from typing import Any, Final
 from overlay.capture import with_capture_dir, with_capture_payload
 from overlay.cli.admin import cmd_drain
 from overlay.cli.args import add_command, check_dir_option, config_node, node_id, positive_float
-from overlay.cli.local_cluster import LocalCluster, ready_lines
+from overlay.cli.local_cluster import LocalCluster, ready_lines, stopping_line
 from overlay.cli.ports import check_ports_free
 from overlay.cli.running import EXIT_OK, STOP_SIGNALS, UsageError, log, run_command
 from overlay.cli.traffic import run_traffic
@@ -38,10 +38,16 @@ examples:
   overlay cluster up cluster_configs/local.toml                 (until Ctrl-C)
   overlay cluster up cluster_configs/hetero5.toml --duration 60 --traffic --capture runs/x
   overlay replay runs/x
+  overlay cluster up cluster_configs/local.toml --keep-going    (kill a node, watch the others fail over)
 
 Starts nothing when a configured port is taken (it names the process holding
-it); stops every node and exits 1 when one of them dies.  Ctrl-C or SIGTERM
-stops every node cleanly (exit 0); a second Ctrl-C kills them."""
+it).  When a node dies (its exit status and last lines of log are printed):
+  by default      every other node is stopped; exit 1
+  --keep-going    the others keep running and are still watched; exit 1, with
+                  every death in order, only once no node is left
+A node that dies during start-up stops them all, --keep-going or not.
+Ctrl-C, SIGTERM or the end of --duration stops every node still running
+cleanly (exit 0, naming any that died on the way); a second Ctrl-C kills them."""
 
 
 async def _node_main(cfg: ClusterConfig, nid: int, security: NodeSecurity) -> int:
@@ -114,17 +120,24 @@ DEFAULT_TRAFFIC_SECONDS: Final = 60.0
 
 
 async def _cluster_up(args: argparse.Namespace) -> int:
-    cluster = LocalCluster(args.config, args.log_level, capture=args.capture)
+    cluster = LocalCluster(args.config, args.log_level, capture=args.capture, keep_going=args.keep_going)
     await cluster.start()
     try:
-        print(f"cluster {cluster.cfg.cluster.name!r} ready, Ctrl-C stops it:", flush=True)
+        if args.keep_going:
+            print(
+                f"cluster {cluster.cfg.cluster.name!r} ready; a node that dies is reported and the others "
+                f"keep running (--keep-going); Ctrl-C stops it:",
+                flush=True,
+            )
+        else:
+            print(f"cluster {cluster.cfg.cluster.name!r} ready, Ctrl-C stops it:", flush=True)
         print("\n".join(ready_lines(cluster)), flush=True)
         if args.traffic:
             await cluster.supervise(run_traffic(cluster.cfg, args.duration or DEFAULT_TRAFFIC_SECONDS))
         else:
             await cluster.supervise(_forever(args.duration))
     finally:
-        print("stopping the cluster…", flush=True)
+        print(stopping_line(cluster), flush=True)
         await cluster.stop()
     return EXIT_OK
 
@@ -167,4 +180,10 @@ def register(sub: Any) -> None:
         "--capture", metavar="DIR", help="every node captures to DIR (one file per node), for `overlay replay DIR`"
     )
     c.add_argument("--traffic", action="store_true", help="drive the demo workload (make run's) until the end")
+    c.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="when a node dies, report it and keep the others running (default: stop them all and exit 1); "
+        "exit 1 once no node is left",
+    )
     c.set_defaults(func=cmd_cluster)

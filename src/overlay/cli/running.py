@@ -35,6 +35,7 @@ __all__ = [
     "first_cause",
     "log",
     "one_line",
+    "print_error",
     "run_command",
     "setup_logging",
 ]
@@ -159,6 +160,14 @@ def one_line(exc: BaseException) -> str:
     if isinstance(exc, ExpressionError):
         return f"{exc.reason} at position {exc.position} of {exc.text!r}"
     return " ".join(str(exc).split("\n"))
+
+
+def print_error(exc: BaseException) -> None:
+    """An error as the user sees it (rule 3): ``overlay: …`` on one line, then
+    its ``details`` (a ``CommandFailed``'s), one per line, on stderr."""
+    print(f"overlay: {one_line(exc)}", file=sys.stderr, flush=True)
+    for line in getattr(exc, "details", ()):
+        print(line, file=sys.stderr, flush=True)
 
 
 def first_cause(exc: BaseException) -> BaseException:

@@ -18,7 +18,7 @@ from overlay.auth.keys import local_token
 from overlay.cli.running import CLOSE_TIMEOUT, CommandFailed, finish_within, first_cause, log, one_line
 from overlay.client import Client, Subscription
 from overlay.client.transport import TokenSource
-from overlay.config import ClusterConfig
+from overlay.config import ClusterConfig, NodeConfig
 from overlay.security import client_ssl
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "Report",
     "demo_event",
     "demo_subscriptions",
+    "failover_list",
     "run_workload",
     "traffic_failed",
 ]
@@ -77,6 +78,13 @@ async def _close_all(clients: Sequence[Client]) -> None:
 Report = Callable[[list[int], list[int], asyncio.Event], Awaitable[None]]
 
 
+def failover_list(cfg: ClusterConfig, n: NodeConfig) -> list[tuple[str, int]]:
+    """Node ``n``'s address, then every other node's: a client of the workload
+    starts on ``n`` and, should ``n`` die (``--keep-going``), reconnects to the
+    next and subscribes or publishes again there, so the traffic goes on."""
+    return [(m.host, m.port) for m in (n, *(m for m in cfg.nodes if m.id != n.id))]
+
+
 def _token(cfg: ClusterConfig, subject: str, role: str) -> TokenSource:
     """With ``[auth]``, a token function: each (re)connection signs a fresh
     token with the config's key (``overlay.auth.keys.local_token``)."""
@@ -102,7 +110,7 @@ async def run_workload(
         async with asyncio.TaskGroup() as tg:
             for n in cfg.nodes:
                 c = await Client(
-                    [(n.host, n.port)],
+                    failover_list(cfg, n),
                     client_id=f"{name}-sub-{n.id}",
                     token=_token(cfg, f"{name}-sub-{n.id}", "subscribe"),
                     ssl=tls,
@@ -114,7 +122,7 @@ async def run_workload(
             for i in range(PUBLISHERS):
                 n = cfg.nodes[i % len(cfg.nodes)]
                 c = await Client(
-                    [(n.host, n.port)],
+                    failover_list(cfg, n),
                     client_id=f"{name}-pub-{i}",
                     token=_token(cfg, f"{name}-pub-{i}", "publish"),
                     ssl=tls,
