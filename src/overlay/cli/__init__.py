@@ -3,7 +3,7 @@
     overlay node --config F --id N [--capture DIR]   run one node until SIGINT/SIGTERM
     overlay node join --config F --id N      run node N (in F) joining a running cluster that does not list it
     overlay node drain N --config F [--token T]   move every channel off node N; waits, prints a summary
-    overlay cluster up F [--duration S] [--capture DIR] [--traffic]
+    overlay cluster up F [--duration S] [--capture DIR] [--traffic] [--keep-going]
                                              every node of F as subprocesses
     overlay pub --config F [--node N] [--key K [--rank R]] [EVENT ...]   (events from stdin if none)
     overlay sub --config F [--node N] EXPR [--group G [--weight W]] [--count K] [--seconds S]
@@ -14,7 +14,7 @@
     overlay token verify --config F [TOKEN]  what a token allows, or why it is refused
     overlay token keys DIR                   an Ed25519 key pair for [auth]
     overlay certs dev DIR --config F [--client NAME]   development CA and certificates for F's nodes
-    overlay demo F [--seconds S]             cluster + bounded demo traffic (make run)
+    overlay demo F [--seconds S] [--keep-going]   cluster + bounded demo traffic (make run)
     overlay replay RUN_DIR [--master URL] [--out DIR]   Spark replay of a capture (SPEC §13)
 
 Rules every command keeps:
@@ -39,7 +39,10 @@ Rules every command keeps:
    ports, name whatever holds a taken one, accept a node as ready only when
    its Welcome names the node id and cluster of the config, and watch every
    node: one that exits, at start-up or later, is reported with its exit code
-   and its last lines of log, and the others are stopped (exit 1).
+   and its last lines of log, and the others are stopped (exit 1) — unless
+   ``--keep-going`` was given and the cluster was ready: then the others keep
+   running, still watched, and the command exits 1 only when no node is left
+   (naming every death in order).
 
 The modules, one per command group, and what they share:
 

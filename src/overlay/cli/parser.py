@@ -17,7 +17,8 @@ EXIT_CODES: Final = """\
 exit codes:
   0    done (a server — node, cluster up, demo — also after Ctrl-C or SIGTERM)
   1    the cluster or the machine failed the command (no node answers, a node
-       died, a port is taken, an event was refused, a replay check failed)
+       died or, with --keep-going, no node is left, a port is taken, an event
+       was refused, a replay check failed)
   2    a bad argument or config file, a capture that cannot be read, or
        `overlay replay` without overlay[replay] (one line on stderr says which)
   130  a client command (pub, sub, status, channel, node drain) ended by Ctrl-C
