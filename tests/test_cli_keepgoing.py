@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from overlay import cli
-from overlay.cli import local_cluster, workload
+from overlay.cli import demo, local_cluster, workload
 from overlay.cli.local_cluster import LocalCluster, node_list, stopping_line
 from overlay.client import Client
 from overlay.config import load_config
@@ -279,6 +279,24 @@ def test_bad_flags_are_refused_in_one_line(
     err = capsys.readouterr().err
     assert exit_.value.code == 2, err
     assert len(err.splitlines()) == 1 and word in err, err
+
+
+def test_demo_passes_keep_going_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``overlay demo --keep-going`` runs the demo's cluster with it (the
+    workload it drives is the one ``--traffic`` drives, tested above)."""
+    cfg = write_config(tmp_path / "c.toml", [free_port()])
+    given: list[bool] = []
+
+    async def fake_demo(
+        config_path: str, seconds: float, log_level: str = "warning", *, keep_going: bool = False
+    ) -> int:
+        given.append(keep_going)
+        return 0
+
+    monkeypatch.setattr(demo, "run_demo", fake_demo)
+    assert cli.main(["demo", str(cfg)]) == 0
+    assert cli.main(["demo", str(cfg), "--keep-going"]) == 0
+    assert given == [False, True]
 
 
 def test_help_says_what_keep_going_does(capsys: pytest.CaptureFixture[str]) -> None:

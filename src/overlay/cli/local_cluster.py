@@ -177,7 +177,9 @@ class LocalCluster:
             self._failed.set()
             return
         # --keep-going: the same report, now, and the survivors go on.
-        print_error(CommandFailed(f"{who} while the cluster ran; {self._survivors()}. Its last lines:", last_lines))
+        report = CommandFailed(f"{who} while the cluster ran; {self._survivors()}. Its last lines:", last_lines)
+        with contextlib.suppress(OSError, ValueError):  # our stderr is gone: the watching goes on
+            print_error(report)
         if len(self.deaths) == len(self.cfg.nodes):
             self.failure = CommandFailed(f"no node is left: {'; '.join(self.deaths.values())}")
             self._failed.set()
