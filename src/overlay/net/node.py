@@ -509,7 +509,7 @@ class Node:
             elif type(act) is ToClient:
                 connections.send(act.session, act.msg)
             elif type(act) is Notifies:
-                connections.send_notifies(*act)
+                connections.send_notifies(act.msg, act.sessions, act.sub_ids)
             elif type(act) is CloseClient:
                 connections.close(act.session, act.reason)
             elif type(act) is AddPeer:  # a node joined: link to it first
