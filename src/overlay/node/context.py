@@ -23,7 +23,19 @@ if TYPE_CHECKING:
     from overlay.capture import CaptureBuffer
     from overlay.config import ClusterConfig
 
-__all__ = ["NodeContext", "base36", "event_prefix", "sub_prefix"]
+__all__ = ["NodeContext", "Stats", "base36", "event_prefix", "sub_prefix"]
+
+
+class Stats(Counter[str]):
+    """The node's counters: a ``Counter`` whose ``stats[name] += 1`` costs
+    what a plain dict's does.  ``Counter`` defines ``__delitem__`` in Python,
+    which routes every item assignment through a Python-level slot too
+    (≈ 100 ns an increment against ≈ 50 ns; a node counts several times per
+    event); naming dict's own ``__delitem__`` gives the C slot back.  The
+    one difference: deleting a name that is not there raises ``KeyError``."""
+
+    __slots__ = ()
+    __delitem__ = dict.__delitem__  # type: ignore[assignment]  # dict's own: its C slot (above)
 
 
 class NodeContext:
@@ -64,7 +76,7 @@ class NodeContext:
         self.unreachable: set[int] = set()
         self.routing = RoutingTable(self.schema, writer=node_id)  # its changes are versioned as this node's
         self.local = LocalTable(node_id)
-        self.stats: Counter[str] = Counter()
+        self.stats: Counter[str] = Stats()
         # Histograms the admin endpoint exposes (SPEC §14), filled on the hot path.
         self.tested_hist = BucketCounts(TESTED_BOUNDS)
         self.latency_hist = BucketCounts(LATENCY_BOUNDS)
