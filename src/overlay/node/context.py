@@ -42,8 +42,8 @@ class NodeContext:
     """One node's shared state (see the module docstring)."""
 
     __slots__ = (
-        "_capture",
         "_event_seq",
+        "capture",
         "config",
         "event_prefix",
         "id",
@@ -81,20 +81,18 @@ class NodeContext:
         self.tested_hist = BucketCounts(TESTED_BOUNDS)
         self.latency_hist = BucketCounts(LATENCY_BOUNDS)
         self.journal = Journal(node_id, self.stats)
-        self._capture: CaptureBuffer | None = None
+        # The capture buffer when the shell captures (SPEC §13; ``set_capture``).
+        self.capture: CaptureBuffer | None = None
         self.now = 0.0  # the `now` of the message being handled
         self.event_prefix = event_prefix(node_id, incarnation)
         self.sub_prefix = sub_prefix(node_id, incarnation)
         self._event_seq = 0
 
-    @property
-    def capture(self) -> CaptureBuffer | None:
-        """The capture buffer, set by the shell when it captures (SPEC §13)."""
-        return self._capture
-
-    @capture.setter
-    def capture(self, capture: CaptureBuffer | None) -> None:
-        self._capture = capture
+    def set_capture(self, capture: CaptureBuffer | None) -> None:
+        """The shell captures to ``capture`` (SPEC §13), None: no longer.
+        ``capture`` itself is a plain attribute, read on every event (a
+        property would cost a Python call each time)."""
+        self.capture = capture
         self.journal.capture = capture
 
     def next_event_id(self) -> str:

@@ -325,7 +325,7 @@ class NodeCore:
 
     @capture.setter
     def capture(self, capture: CaptureBuffer | None) -> None:
-        self.ctx.capture = capture
+        self.ctx.set_capture(capture)
 
     @property
     def ready(self) -> bool:
