@@ -199,3 +199,51 @@ def test_receipts_wait_while_the_node_is_busy_unless_due() -> None:
         core.receipts.delivered(0, f"0-{i}", out)
     (sent,) = core.end_batch(idle=False)
     assert isinstance(sent.msg, pm.EventsDelivered) and len(sent.msg.event_ids) == RECEIPTS_BATCH
+
+
+# -- the publisher remembered for a group's late undeliverable (node.clients, node.notify rule 4) ----------
+
+
+def test_an_event_complete_at_once_without_a_group_delivery_leaves_no_publisher_entry() -> None:
+    """Owner, subscriber and publisher on one node: the PubAck comes in the
+    publish's own call and nothing can come back for the event, so the node
+    keeps no (session, seq) for it; an event of a remote owner keeps one."""
+    w = World()
+    sub = w.client(0, "sub")
+    w.subscribe(0, sub, "s", "price < 100")
+    pub0, pub1 = w.client(0, "p0"), w.client(1, "p1")
+    local = w.publish(0, pub0, {"price": 1.0, "sym": "A"})
+    assert [m.event_id for m in w.net.received(0, pub0, kind=cm.PubAck)] == [local]
+    assert w.cores[0].ordering.recent_publish(local) is None
+    remote = w.publish(1, pub1, {"price": 2.0, "sym": "A"})  # EC's owner is node 0
+    (seq,) = [s for (n, sid, s), e in w.published.items() if e == remote]
+    assert w.cores[1].ordering.recent_publish(remote) == (pub1, seq)
+    w.net.run()
+    assert w.notifies()[(0, sub, local, frozenset({"s"}))] == 1
+
+
+def test_a_group_undeliverable_after_a_local_pub_ack_still_reaches_the_publisher() -> None:
+    """The owner is the publisher's node and the only group instance declines
+    the event after its PubAck went: the publisher still hears it is
+    undeliverable, with its publish's seq (the group delivery was tracked,
+    so the publisher was remembered)."""
+    w = World()
+    inst = w.client(0, "inst")
+    seq = w.seq()
+    w.net.client_send(0, inst, cm.Subscribe(seq, "g1", "price < 100", group="g"))
+    w.net.run()
+    w.assert_replied(0, inst, cm.SubAck, seq)
+    pub = w.client(0, "pub")
+    eid = w.publish(0, pub, {"price": 1.0, "sym": "A"})
+    w.net.run()
+    (note,) = [m for m in w.net.received(0, inst, kind=cm.Notify) if m.event_id == eid]
+    assert note.tag
+    (pub_seq,) = [s for (n, sid, s), e in w.published.items() if e == eid]
+    assert w.cores[0].ordering.recent_publish(eid) == (pub, pub_seq)
+    w.net.client_send(0, inst, cm.Ack(eid, tag=note.tag, declined=True))
+    w.net.run()
+    got = w.net.received(0, pub)
+    acks = [i for i, m in enumerate(got) if isinstance(m, cm.PubAck) and m.event_id == eid]
+    errors = [i for i, m in enumerate(got) if isinstance(m, cm.Error) and m.code == cm.ErrorCode.UNDELIVERABLE]
+    assert len(acks) == 1 and len(errors) == 1 and acks[0] < errors[0]
+    assert got[errors[0]].seq == pub_seq and eid in got[errors[0]].message

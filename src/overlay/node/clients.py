@@ -23,7 +23,13 @@ answers Choke.  Its id is the publisher's when the Publish names one —
 (``EVENT_ID``, ``CLIENT_ID``) — so a publish sent again after a lost
 connection, while kept or later, is delivered once (``node.dedup``); one
 sent again while its first copy is kept waits for that copy's PubAck.
-Otherwise the node names it (``node.core`` rule 6).  A keyed event's id is
+Otherwise the node names it (``node.core`` rule 6).  Its publisher
+``(session, seq)`` is remembered for a while (``Ordering.remember_publish``)
+so that a group's ``undeliverable`` coming back after the PubAck still
+reaches it (``node.notify`` rule 4) — unless the event was complete within
+the publish's own call (a local owner, local subscribers) with no group
+delivery tracked (``Groups.tracks``): then nothing can come back for it,
+and the common event of a one-node cluster costs no entry.  A keyed event's id is
 the publisher's on the same terms, and its home judges a re-send
 (``node.keyhome`` rule 8).
 
@@ -134,6 +140,7 @@ class Clients:
         notifier: Notifier,
         outbox: Outbox,
         *,
+        tracks: Callable[[str], bool] = lambda event_id: False,
         ready: Callable[[], bool],
         left: Callable[[], bool] = lambda: False,
         quorum: Callable[[], bool] = lambda: True,
@@ -148,6 +155,7 @@ class Clients:
         self._ordering = ordering
         self._notifier = notifier
         self._outbox = outbox
+        self._tracks = tracks
         self._ready = ready
         self._left = left
         self._quorum = quorum
@@ -496,12 +504,13 @@ class Clients:
             return
         if not event_id:
             event_id = ctx.next_event_id()
-        self._ordering.remember_publish(event_id, sess.id, msg.seq, now)
         ctx.stats["events_in"] += 1
         if ctx.capture is not None:
             ctx.capture.publish(event_id, chid, values, payload=msg.payload)
         ev = pm.Event(event_id, values, ctx.id, _EVENT_DISPATCHED, chid, publish_time_of(msg, now), payload=msg.payload)
-        outbox.send(ev, sess.id, msg.seq, out)  # dispatched; the PubAck once it is confirmed
+        if outbox.send(ev, sess.id, msg.seq, out) and not self._tracks(event_id):
+            return  # complete already, no group delivery tracked: nothing comes back (above)
+        self._ordering.remember_publish(event_id, sess.id, msg.seq, now)  # dispatched; the PubAck once confirmed
 
     def _subscribe(self, sess: Session, msg: cm.Subscribe, out: list[Action]) -> None:
         ctx = self._ctx

@@ -279,6 +279,7 @@ class NodeCore:
             self.ordering,
             self.notifier,
             self.outbox,
+            tracks=self.groups.tracks,
             ready=lambda: self.startup.ready,
             left=lambda: self.membership.left,
             quorum=lambda: self.liveness.has_quorum(self.ctx.now),

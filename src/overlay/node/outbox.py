@@ -199,17 +199,20 @@ class Outbox:
 
     # -- rule 1 ------------------------------------------------------------------------------
 
-    def send(self, ev: pm.Event, sid: int, seq: int, out: list[Action]) -> None:
+    def send(self, ev: pm.Event, sid: int, seq: int, out: list[Action]) -> bool:
         """Keep ``ev`` for publisher ``(sid, seq)``, then dispatch it (kept first:
-        a local owner may complete it before ``dispatch`` returns)."""
+        a local owner may complete it before ``dispatch`` returns).  True when
+        it did: the event is complete already, its PubAck in ``out``."""
         now = self._ctx.now
         k = _Kept(ev, sid, seq, now + self.resend_after, now + self.ttl)
         self._kept[ev.event_id] = k
         self.bytes += len(ev.payload)
         self.dispatch(ev, out)
-        if not k.done:  # else confirmed at once (a local owner, local subscribers): no deadline
-            self._first_at.append(k.resend_at)
-            self._first.append(k)
+        if k.done:  # confirmed at once (a local owner, local subscribers): no deadline
+            return True
+        self._first_at.append(k.resend_at)
+        self._first.append(k)
+        return False
 
     def attach(self, event_id: str, sid: int, seq: int) -> bool:
         """Rule 1: the same id published again while kept waits with the first."""

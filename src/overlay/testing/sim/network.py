@@ -312,9 +312,9 @@ class SimNetwork:
         orig_send, orig_dispatch = outbox.send, outbox.dispatch
         sent, accepted, node = self.sent, self.accepted, core.id
 
-        def send(ev: pm.Event, sid: int, seq: int, out: list[Action]) -> None:
+        def send(ev: pm.Event, sid: int, seq: int, out: list[Action]) -> bool:
             accepted[ev.event_id] = (node, sid, self.step_no, dict(ev.event_exp))
-            orig_send(ev, sid, seq, out)
+            return orig_send(ev, sid, seq, out)
 
         def dispatch(ev: pm.Event, out: list[Action]) -> None:
             sent[ev.event_id] += 1
