@@ -79,3 +79,15 @@ def test_publish_to_a_local_subscriber_is_notified_and_acked_in_the_same_call() 
     kinds = [(type(a), type(a.msg), a.session) for a in acts if type(a) is ToClient]
     assert kinds == [(ToClient, cm.Notify, sub), (ToClient, cm.PubAck, pub)]
     assert len(core.outbox) == 0
+
+
+def test_open_session_ids_are_live_for_the_outbox_and_the_notifier() -> None:
+    """``Sessions.open_ids`` (what the outbox and the notifier ask per PubAck
+    and per Notify) follows sessions opened and closed after it was taken."""
+    w = World()
+    core = w.cores[0]
+    ids = core.sessions.open_ids
+    sid = w.client(0, "c")
+    assert sid in ids and sid in core.sessions
+    w.net.execute(0, core.client_closed(sid))
+    assert sid not in ids and sid not in core.sessions

@@ -125,14 +125,16 @@ class NodeCore:
         # Nothing acknowledged is lost (node.outbox): the events this access node
         # keeps until confirmed, the receipts it owes other nodes' outboxes, and
         # the event ids its clients got lately (node.dedup).
-        self.outbox = Outbox(ctx, dispatch=lambda ev, out: self.router.dispatch_event(ev, out), sessions=self.sessions)
+        self.outbox = Outbox(
+            ctx, dispatch=lambda ev, out: self.router.dispatch_event(ev, out), sessions=self.sessions.open_ids
+        )
         self.receipts = Receipts(ctx, self.outbox)
         self.notifier = Notifier(
             ctx,
             self.ordering,
             owners=self.sessions.owners,
             base_of=self.sessions.base_of,
-            sessions=self.sessions,
+            sessions=self.sessions.open_ids,
             owner_ack=lambda ack, out: self.groups.on_delivery_ack(ack, out),
             close_session=self.sessions.close,
             seen=SeenEvents(config.cluster.dedup_window, config.cluster.dedup_max, ctx.stats),

@@ -166,21 +166,23 @@ class Notifier:
         copy delivered lately is dropped (rule 5).  ``payload`` goes
         unchanged in every Notify (the same bytes object)."""
         ctx = self._ctx
-        if self.seen.seen(event_id, ctx.now):
+        now = ctx.now
+        if self.seen.seen(event_id, now):
             ctx.stats["duplicates_dropped"] += 1
             return
         owners = self._owners
-        latency = self._ctx.now - publish_time
-        self._ctx.latency_hist.observe(latency if latency > 0 else 0.0)
-        if self._ctx.capture is not None:
-            self._ctx.capture.deliver(event_id, self._bases(sub_ids), owners, len(payload))
+        latency = now - publish_time
+        ctx.latency_hist.observe(latency if latency > 0 else 0.0)
+        if ctx.capture is not None:
+            ctx.capture.deliver(event_id, self._bases(sub_ids), owners, len(payload))
         if len(sub_ids) == 1:  # the common case, without the grouping
             owner = owners.get(sub_ids[0])
             if owner is None:
-                self._ctx.stats["notifications_orphaned"] += 1
+                ctx.stats["notifications_orphaned"] += 1
                 return
-            out.append(ToClient(owner[0], cm.Notify(event_id, event, (owner[1],), publish_time, payload=payload)))
-            self._ctx.stats["notifies_out"] += 1
+            # Positional: msgspec parses keywords per call (untagged: key "", rank 0, tag 0).
+            out.append(ToClient(owner[0], cm.Notify(event_id, event, (owner[1],), publish_time, "", 0, 0, payload)))
+            ctx.stats["notifies_out"] += 1
             return
         by_session: dict[int, tuple[str, ...]] = {}
         for gid in sub_ids:

@@ -271,8 +271,9 @@ class Router:
     def dispatch_event(self, msg: pm.Event, out: list[Action]) -> None:
         chid = msg.ch_id
         assert chid is not None
-        entry = self._ctx.routing[chid]
-        owner = entry.owner if not entry.replicated else _pick(entry.owners, msg.event_id)
+        owners = self._ctx.routing[chid].owners
+        # One owner, or a replica per event (SPEC §8.3); without RouteEntry's properties (per event).
+        owner = owners[0] if len(owners) == 1 else _pick(owners, msg.event_id)
         if owner == self._ctx.id:
             self.on_event(msg, out)
         else:

@@ -54,7 +54,7 @@ Rules (``node.core`` rules 4 and 6):
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, KeysView, Mapping
 from typing import Final
 
 import msgspec
@@ -172,6 +172,9 @@ class Sessions(Mapping[int, Session]):
         self._dispatch_sub = dispatch_sub
         self._fail_acks = fail_acks
         self._by_id: dict[int, Session] = {}
+        # The open sessions' ids, live: ``in`` on it is C, where ``in`` on this
+        # Mapping is a Python call (asked per PubAck and per Notify).
+        self.open_ids: KeysView[int] = self._by_id.keys()
         self.owners: dict[str, tuple[int, str]] = {}  # global sub id -> (session, local id)
         self.base_of: dict[str, str] = {}  # a conjunct's global id -> its subscription's (rule 7)
         self._pending: dict[str, Pending] = {}
