@@ -1,4 +1,4 @@
-"""overlay.node.context.Stats: the node's counters behave as a ``Counter``
+"""overlay.node.stats.Stats: the node's counters behave as a ``Counter``
 (a missing name reads 0 and is not stored, the Counter methods work), and
 item assignment keeps dict's C slot (``Counter`` routes it through Python)."""
 
@@ -9,7 +9,8 @@ from collections import Counter
 import pytest
 
 from coreworld import CONFIG
-from overlay.node.context import NodeContext, Stats
+from overlay.node.context import NodeContext
+from overlay.node.stats import Stats
 
 
 def test_stats_count_as_a_counter() -> None:
