@@ -144,3 +144,60 @@ def test_a_token_limits_claim_is_checked() -> None:
         "publish_burst",
     }
     assert client_limits(LimitSettings(), {"max_connections": 3}).max_connections == 3
+
+
+def test_a_run_passes_at_once_only_when_every_publish_of_it_would() -> None:
+    q, _ = quotas(publish_rate=10.0, publish_burst=5)
+    q.open(1, "p", 0.0)
+    assert q.publish_all(1, 3, 0.0)  # 5 tokens: 3 taken
+    assert not q.publish_all(1, 3, 0.0)  # 2 left: nothing taken ...
+    assert q.publish(1, 0.0) == 0.0 and q.publish(1, 0.0) == 0.0  # ... as one by one shows
+    assert q.publish(1, 0.0) > 0.0
+    assert q.publish_all(1, 1, 0.1)  # refilled at the rate
+    assert q.publish_all(99, 10**6, 0.0)  # no session: nothing to pace (as publish says)
+
+
+def test_take_all_then_one_by_one_is_one_by_one() -> None:
+    """limits.bucket rule 5 as node.clients uses it (the run at once, else
+    each on its own) gives what rule 2 one by one gives, over random runs
+    and clocks: the same answers and the same bucket after."""
+    import random
+
+    from overlay.limits.bucket import TokenBucket
+
+    rng = random.Random(5)
+    for _ in range(300):
+        rate, burst = rng.choice([0.0, 3.0, 1000.0]), rng.randint(1, 20)
+        a, b = TokenBucket(rate, burst, 0.0), TokenBucket(rate, burst, 0.0)
+        now = 0.0
+        for _ in range(30):
+            now += rng.choice([0.0, 0.0, 0.001, 1 / 3, 0.3, -0.1])
+            n = rng.randint(1, 8)
+            got = [0.0] * n if a.take_all(n, now) else [a.take(now) for _ in range(n)]
+            assert got == [b.take(now) for _ in range(n)]
+            assert (a.tokens, a.stamp, a.next_turn) == (b.tokens, b.stamp, b.next_turn)
+
+
+def test_a_run_of_publishes_is_paced_one_by_one() -> None:
+    """node.clients rule L3 on the batched path (``publish_many``): past the
+    burst, each publish of the run is choked, in order."""
+    import msgspec
+
+    from coreworld import CONFIG
+    from overlay.messages import client as cm
+    from overlay.testing.corelink import CoreLink
+
+    cfg = msgspec.structs.replace(CONFIG, limits=LimitSettings(publish_rate=10.0, publish_burst=3))
+    net = CoreLink(cfg.with_nodes(cfg.nodes[:1]))
+    net.start()
+    core = net.cores[0]
+    sid = net.open_client(0, "p")
+    run = [cm.Publish(i, {"price": 1.0, "sym": "A"}) for i in range(1, 6)]
+    acts = core.handle_publishes(sid, run, net.now)
+    replies = [(type(a.msg).__name__, a.msg.seq) for a in acts if a.session == sid]
+    assert replies == [("PubAck", 1), ("PubAck", 2), ("PubAck", 3), ("Choke", 4), ("Choke", 5)]
+    net.now += 0.3  # three tokens again: a run of three passes at once, the next is choked
+    run = [cm.Publish(i, {"price": 1.0, "sym": "A"}) for i in range(6, 10)]
+    acts = core.handle_publishes(sid, run[:3], net.now) + core.handle_publishes(sid, run[3:], net.now)
+    replies = [(type(a.msg).__name__, a.msg.seq) for a in acts if a.session == sid]
+    assert replies == [("PubAck", 6), ("PubAck", 7), ("PubAck", 8), ("Choke", 9)]

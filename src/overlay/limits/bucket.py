@@ -15,6 +15,11 @@ Rules:
 3. A clock that goes backwards counts as no time passing.
 4. ``idle(now)``: the bucket is full again, as a new one would be, so
    forgetting it changes nothing (``overlay.limits.quotas`` drops it then).
+5. ``take_all(n, now)``: n requests at once, when the bucket holds n whole
+   tokens — exactly what n calls of ``take(now)`` would do then (each
+   passes); otherwise (fewer, or n short of an ``EPSILON``) it takes
+   nothing and says so, and the requests are asked one by one.  A run of
+   publishes read together costs one call, not n.
 """
 
 from __future__ import annotations
@@ -67,6 +72,17 @@ class TokenBucket:
         turn = max(ready, self.next_turn)
         self.next_turn = min(turn, now + MAX_DELAY) + 1.0 / self.rate
         return min(turn - now, MAX_DELAY)
+
+    def take_all(self, n: int, now: float) -> bool:
+        """Rule 5: True when ``n`` requests at ``now`` all pass (their tokens
+        taken); False, with nothing taken, when it cannot tell: ask ``take``."""
+        if not self.rate:
+            return True
+        self._refill(now)  # what the first take would do; idempotent at the same now
+        if self.tokens >= n:
+            self.tokens -= n  # n takes of a whole token each: integer steps, exact in a float
+            return True
+        return False
 
     def idle(self, now: float) -> bool:
         """Rule 4."""

@@ -220,6 +220,13 @@ class Quotas:
                 value=n,
             )
 
+    def publish_all(self, sid: int, n: int, now: float) -> bool:
+        """Rule 4 for a run of ``n`` publishes at once: True when each passes
+        (as ``publish`` one by one would say, tokens taken); False, with
+        nothing taken, when it cannot tell: ask ``publish`` for each then."""
+        bucket = self._bucket_of.get(sid)
+        return bucket is None or bucket.take_all(n, now)
+
     def publish(self, sid: int, now: float) -> float:
         """Rule 4: 0.0 when the publish may go on, else the Choke's delay (on every publish: one look-up)."""
         bucket = self._bucket_of.get(sid)

@@ -408,10 +408,11 @@ class Clients:
                 out.extend(self.handle(sid, msg, now))
             return out
         admitted = self._admitted
+        paced = not self.quotas.publish_all(sid, len(msgs), now)  # rule L3 for the run at once, when it all passes
         for msg in msgs:
             mark = len(out)
             try:
-                admitted(sess, msg, now, out)
+                admitted(sess, msg, now, out, paced)
             except Exception:  # one message's failure is its own (net.dispatch rule 2)
                 del out[mark:]
                 self._ctx.stats["publish_errors"] += 1
@@ -423,10 +424,11 @@ class Clients:
             return
         self._admitted(sess, msg, now, out)
 
-    def _admitted(self, sess: Session, msg: cm.Publish, now: float, out: list[Action]) -> None:
-        """A Publish past the checks that hold for its session: ready, quorum, role."""
+    def _admitted(self, sess: Session, msg: cm.Publish, now: float, out: list[Action], paced: bool = True) -> None:
+        """A Publish past the checks that hold for its session: ready, quorum,
+        role; ``paced``: False when rule L3 passed it already (with its run)."""
         ctx = self._ctx
-        delay = self.quotas.publish(sess.id, now)
+        delay = self.quotas.publish(sess.id, now) if paced else 0.0
         if delay:  # rule L3: paced, before any parsing
             ctx.stats["choked_rate_limited"] += 1
             if self.quotas.first_refusal(sess.id, "rate"):
