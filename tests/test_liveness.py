@@ -7,6 +7,7 @@ import msgspec
 import pytest
 
 from coreworld import _LOADED, EC, LOW, SPLIT_500, World
+from coreworld import TIMEOUT as PEER_TIMEOUT
 from overlay.actions import ToPeer
 from overlay.channels import ChannelId
 from overlay.channels.routing_table import RouteEntry
@@ -471,3 +472,39 @@ def test_the_subscriptions_of_a_run_declared_dead_are_stale_wherever_they_come_f
     assert runs.stale_sub(old, 2)
     assert runs.hello(2, 9)  # its next run
     assert runs.stale_sub(old, 2) and not runs.stale_sub(sub_prefix(2, 9) + "1:a:1", 2)
+
+
+def test_a_last_rebuild_that_overtakes_the_update_re_stating_a_channel_held_here_counts() -> None:
+    """Fault seed 153, once the simulator handed the cores runs of messages
+    (``sim.inbox``): a dead node had just handed its channel to node 4; the
+    recovery re-stated it there.  Node 2 heard first and its last Rebuild
+    reached node 4 before the update: the channel was already there, no
+    rebuild under way, so it counted for nothing — and the rebuild the update
+    began waited for node 2 for good, holding every event of the channel:
+    keyed ones were PubAck'd and never matched (node.recovery rule 4)."""
+    w = World()
+    s2 = w.client(2, "sub-2")
+    w.subscribe(2, s2, "a", "price < 100")
+    core = w.cores[0]
+    (sub,) = core.local[EC]
+    entry, version = core.routing[EC], core.routing.version(EC)
+    mine = pm.StoredSubscription(sub.id, sub.filter, sub.subscriber, 2, "", 1.0)
+    core.handle_peer(2, pm.Rebuild(EC, (mine,), last=True, dead=1), w.net.now)
+    assert not core.recovery.rebuilding
+    restated = pm.RouteItem(EC, entry, version)  # node 2 coordinates: node 1 is dead
+    core.handle_peer(2, pm.UpdateRoutingTable((), (restated,), 9, 2, 1), w.net.now)
+    assert core.liveness.is_dead(1) and core.routing[EC].owners == (0,)
+    assert not core.recovery.rebuilding, "node 2's last Rebuild came already: nobody is left to wait for"
+    assert [s.id for s in core.local[EC]] == [sub.id]
+
+
+def test_a_last_rebuild_of_an_earlier_recovery_counts_for_nothing_later() -> None:
+    """The same, but the update comes long after (another recovery): a Rebuild
+    that old says nothing of what the sender holds now."""
+    w = World()
+    core = w.cores[0]
+    entry, version = core.routing[EC], core.routing.version(EC)
+    core.handle_peer(2, pm.Rebuild(EC, (), last=True, dead=1), w.net.now)
+    restated = pm.RouteItem(EC, entry, version)
+    core.handle_peer(2, pm.UpdateRoutingTable((), (restated,), 9, 2, 1), w.net.now + 2 * PEER_TIMEOUT)
+    assert sorted(core.recovery.rebuilding[EC].waiting) == [2]

@@ -37,7 +37,9 @@ Rules:
    reach it (at most ``MAX_HELD`` per channel; past that an event is dropped
    unacknowledged, counted, and its access node re-sends it) until every
    live node has sent its last ``Rebuild`` — a Rebuild may come before the
-   update, and creates the channel then.  A Rebuild also names the group
+   update, and creates the channel then; one for a channel already here
+   (re-stated: the dead node had just handed it over) is applied, and its
+   sender not waited for when the update comes within ``peer_timeout``.  A Rebuild also names the group
    copies the dead owner gave the sender's instances lately
    (``node.groups`` rule 9): a re-sent event goes to the same instance.  Then the held events are matched
    in arrival order.  A node that dies or restarts meanwhile is not waited
@@ -157,6 +159,9 @@ class Recovery:
         self.rebuilding: dict[ChannelId, _Rebuilding] = {}
         # (channel, access node) -> the subscription ids of its Rebuild so far (rule 4)
         self._rebuilt_ids: dict[tuple[ChannelId, int], set[str]] = {}
+        # (channel, dead node) -> access node -> when its last Rebuild came with
+        # no rebuild under way here: the update that begins one may follow (rule 4).
+        self._early: dict[tuple[ChannelId, int], dict[int, float]] = {}
         self._gone: set[int] = set()  # dead nodes rule 1 ran for, until they come back
 
     # -- rule 1 -----------------------------------------------------------------------------------
@@ -435,6 +440,11 @@ class Recovery:
         # Every member not dead: a suspected one is slow, not gone — its
         # Rebuild comes late, or its death takes it off the list (rule 4).
         waiting = {ctx.id, *ctx.peers} - set(self._liveness.dead) - {dead}
+        # A last Rebuild that overtook this update is in the channel already
+        # (fault seed 153: waited for, it held the channel's events for good);
+        # one older than a peer timeout belongs to another recovery.
+        early = self._early.pop((chid, dead), {})
+        waiting -= {src for src, at in early.items() if now - at <= ctx.config.cluster.peer_timeout}
         rb = _Rebuilding(dead, waiting, now + ctx.config.cluster.peer_timeout)
         self.rebuilding[chid] = rb
         log.info("node %d: rebuilding channel %s of dead node %d; waiting for %s", ctx.id, chid, dead, sorted(waiting))
@@ -478,6 +488,13 @@ class Recovery:
         if rb is not None and msg.last:
             rb.waiting.discard(src)
             self._maybe_release(msg.ch_id, out)
+        elif msg.last:  # no rebuild under way: the update that begins one may come next
+            early = self._early.get((msg.ch_id, msg.dead))
+            if early is None:
+                if len(self._early) >= MAX_REBUILDS_OPEN:
+                    del self._early[next(iter(self._early))]
+                early = self._early[(msg.ch_id, msg.dead)] = {}
+            early[src] = now
 
     def _to_heirs(self, src: int, msg: pm.Rebuild) -> None:
         """Rule 4: a Rebuild for a channel split or merged here meanwhile goes to
