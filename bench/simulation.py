@@ -95,6 +95,8 @@ def _one_seed(seed: int, faults: bool = False) -> tuple[int, bool, list[str], di
 # by the words each check writes; checked in this order.
 _KINDS: Final = (
     ("crash at step", "a core raised"),
+    (": Notifies of ", "rule 8: a Notifies action that is not one Notify per session"),
+    ("to closed session", "a node answered a session after it heard it closed"),
     (" rejected ", "a node rejected a peer's message (protocol error)"),
     ("refused: undeliverable", "an event given up unconfirmed (undeliverable after event_ttl)"),
     (" lost for ", "rule 6: a PubAck'd event not delivered to a promised subscription"),

@@ -19,9 +19,11 @@ import pytest
 from overlay.actions import Action, ToClient
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
+from overlay.testing.sim import inbox
 from overlay.testing.sim.cluster import SimCluster
 from overlay.testing.sim.faults import Fault, NodeFaults
-from overlay.testing.sim.records import SimClient
+from overlay.testing.sim.inbox import ClientLink
+from overlay.testing.sim.records import EventRec, SimClient
 from overlay.testing.sim.setup import (
     FAULT_HEARTBEAT,
     FAULT_SUSPECT,
@@ -48,6 +50,8 @@ def started(n: int = 3, seed: int = 1, **params: Any) -> tuple[SimCluster, NodeF
     p = dataclasses.replace(SimParams.for_fault_seed(seed), jitter=0.0, **params)
     sim = SimCluster(config, seed, p, keep_trace=True)
     sim.start()
+    for held, _ in list(sim.net.inbox.links()):  # what the start left in the inboxes: the tests start from none
+        sim.net.flush(held)
     assert sim.node_faults is not None
     return sim, sim.node_faults
 
@@ -70,6 +74,42 @@ def probes(sim: SimCluster, src: int, dst: int) -> int:
 
 def client_on(sim: SimCluster, node: int) -> SimClient:
     return next(c for c in sim.clients if c.node == node and c.connected and c.closed_at is None)
+
+
+def publish_run(monkeypatch: pytest.MonkeyPatch, sim: SimCluster, c: SimClient, n: int) -> list[EventRec]:
+    """``n`` Publishes of ``c`` that its node reads together and dispatches as
+    one run (``sim.inbox``): one through ``NodeCore.handle_client``, several
+    through ``handle_publishes`` — as the real dispatcher does."""
+    assert sim.users.faults is not None
+    monkeypatch.setattr(inbox, "run_length", lambda rng, k: k)  # the whole run in one call
+    runs = sim.net.runs["publish_runs"]
+    recs = []
+    sim.net.hold_all = True
+    for i in range(n):
+        values = {"price": 5.0 + i, "sym": "B", "qty": 2 + i}
+        sim.users.faults.publish(c, values, values)
+        recs.append(list(sim.events.values())[-1])
+    sim.net.hold_all = False
+    sim.net.flush(ClientLink(c.node, c.sid))
+    assert sim.net.runs["publish_runs"] == runs + (n > 1)
+    return recs
+
+
+def withhold_pubacks(monkeypatch: pytest.MonkeyPatch, sim: SimCluster, c: SimClient) -> list[cm.PubAck]:
+    """The PubAcks ``c``'s node sends it from now on never reach it — whichever
+    call of the core sends them (a PubAck waits for the event's confirmation:
+    ``handle_peer``, ``end_batch``, ``tick``).  Returns them as they are withheld."""
+    withheld: list[cm.PubAck] = []
+    node, sid, real = c.node, c.sid, sim.net.to_client
+
+    def to_client(at: int, session: int, msg: cm.ClientMessage) -> None:
+        if (at, session) == (node, sid) and isinstance(msg, cm.PubAck):
+            withheld.append(msg)
+            return
+        real(at, session, msg)
+
+    monkeypatch.setattr(sim.net, "to_client", to_client)
+    return withheld
 
 
 # -- crash and restart (faults rules 2 and 3) -------------------------------------------------
@@ -140,22 +180,20 @@ def test_peers_see_the_link_down_then_unreachable_then_back(monkeypatch: pytest.
     assert calls[2:] == [("reachable", 2), ("link", 2, True)]
 
 
-def test_the_clients_of_a_crashed_node_reconnect_elsewhere_and_resend(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("run", [1, 2])
+def test_the_clients_of_a_crashed_node_reconnect_elsewhere_and_resend(
+    monkeypatch: pytest.MonkeyPatch, run: int
+) -> None:
     sim, nf = started(seed=3)
     c = client_on(sim, 1)
     held = {rec.local_id for rec in c.subs.values() if rec.ended_at is None and rec.acked_at is not None}
-    core1 = sim.cores[1]
-    real = core1.handle_client
-
-    def no_puback(sid: int, msg: cm.ClientMessage, now: float) -> list[Action]:
-        acts = real(sid, msg, now)
-        return [a for a in acts if not (isinstance(a, ToClient) and isinstance(a.msg, cm.PubAck))]
-
-    monkeypatch.setattr(core1, "handle_client", no_puback)
-    assert sim.users.faults is not None
-    values = {"price": 1.0, "sym": "A", "qty": 1}
-    sim.users.faults.publish(c, values, values)
-    (eid,) = [e.event_id for e in sim.events.values() if e.publisher == c.name and e.acked_at is None]
+    withheld = withhold_pubacks(monkeypatch, sim, c)
+    recs = publish_run(monkeypatch, sim, c, run)
+    run_for(sim, 0.3)
+    names = {name for r in recs for name in r.ids()}
+    assert len([a for a in withheld if a.event_id in names]) == run, "its node acknowledged them; it never heard"
+    assert all(r.acked_at is None for r in recs)
+    eid = recs[0].event_id
     nf.crash(1, restart_after=5.0)
     assert all(rec.lost_at is not None for rec in c.subs.values() if rec.local_id in held)
     assert all(rec.died_at == sim.net.step_no for rec in c.subs.values()), "its node's run died at the crash"
@@ -163,7 +201,7 @@ def test_the_clients_of_a_crashed_node_reconnect_elsewhere_and_resend(monkeypatc
     assert c.connected and c.node != 1
     sent = [line for line in sim.trace if f"client {c.name}@{c.node} -> Publish" in line]
     assert sent and f"event_id='{eid}'" in sent[0], "the publish not yet PubAcked goes again, with its id"
-    assert sim.events[eid].sends == 2 and sim.events[eid].acked_at is not None
+    assert all(r.sends == 2 and r.acked_at is not None for r in recs)
     again = [r for r in c.subs.values() if r.lost_at is None]
     assert len(again) == len(held), "every subscription it held is made again"
     run_for(sim, 1.0)
@@ -253,46 +291,59 @@ def test_a_paused_node_receives_nothing_then_the_backlog() -> None:
 
 
 def _answer_once(monkeypatch: pytest.MonkeyPatch, sim: SimCluster, node: int, code: str) -> None:
-    """``node`` refuses the next Publish with ``code``, then serves as usual."""
+    """``node`` refuses the next Publish with ``code`` — alone, or the first of
+    a run (the rest of the run as usual) —, then serves as usual."""
     core = sim.cores[node]
-    real = core.handle_client
+    real_client, real_run = core.handle_client, core.handle_publishes
     left = [1]
 
     def refuse(sid: int, msg: cm.ClientMessage, now: float) -> list[Action]:
         if isinstance(msg, cm.Publish) and left:
             left.pop()
             return [ToClient(sid, cm.Error(msg.seq, code, "refused by the test"))]
-        return real(sid, msg, now)
+        return real_client(sid, msg, now)
+
+    def refuse_first(sid: int, msgs: list[cm.Publish], now: float) -> list[Action]:
+        if not left:
+            return real_run(sid, msgs, now)
+        first, *rest = msgs
+        return refuse(sid, first, now) + (real_run(sid, rest, now) if rest else [])
 
     monkeypatch.setattr(core, "handle_client", refuse)
+    monkeypatch.setattr(core, "handle_publishes", refuse_first)
 
 
-def test_a_refused_publish_is_retried_with_its_id(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("run", [1, 2])
+def test_a_refused_publish_is_retried_with_its_id(monkeypatch: pytest.MonkeyPatch, run: int) -> None:
     sim, _ = started(seed=7)
     c = client_on(sim, 0)
     _answer_once(monkeypatch, sim, 0, cm.ErrorCode.NOT_READY)
-    assert sim.users.faults is not None
-    values = {"price": 5.0, "sym": "B", "qty": 2}
-    sim.users.faults.publish(c, values, values)
-    rec = next(e for e in sim.events.values() if e.values == values)
+    rec, *rest = publish_run(monkeypatch, sim, c, run)
     assert rec.acked_at is None and c.waiting
+    assert all(r.acked_at is not None and r.sends == 1 for r in rest), "the rest of the run is served"
     run_for(sim, 0.5)
     assert rec.acked_at is not None and rec.sends == 2 and c.node == 0 and not sim.failures
 
 
-def test_no_quorum_sends_the_client_to_another_node(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("run", [1, 2])
+def test_no_quorum_sends_the_client_to_another_node(monkeypatch: pytest.MonkeyPatch, run: int) -> None:
     sim, _ = started(seed=8)
     c = client_on(sim, 0)
     subs = [r for r in c.subs.values() if r.ended_at is None]
     _answer_once(monkeypatch, sim, 0, cm.ErrorCode.NO_QUORUM)
-    assert sim.users.faults is not None
-    values = {"price": 6.0, "sym": "C", "qty": 3}
-    sim.users.faults.publish(c, values, values)
+    sid = c.sid
+    recs = publish_run(monkeypatch, sim, c, run)
     assert not c.connected and all(r.lost_at is not None for r in subs)
-    assert c.sid not in sim.cores[0].sessions, "it closed its session there"
+    assert sid not in sim.cores[0].sessions, "it closed its session there"
+    assert not sim.failures and sim.net.runs["answers_after_leaving"] == run - 1, (
+        "the answers to the rest of the run, given before it left, go unread"
+    )
+    sim.net.execute(0, [ToClient(sid, cm.Error(0, cm.ErrorCode.NOT_READY, "after the close"))])
+    assert any("to closed session" in f for f in sim.failures), "one given after the node heard it left is a finding"
+    sim.failures.clear()
     run_for(sim, 0.6)
-    rec = next(e for e in sim.events.values() if e.values == values)
-    assert c.connected and c.node != 0 and rec.acked_at is not None and rec.sends == 2
+    assert c.connected and c.node != 0 and not sim.failures
+    assert all(r.acked_at is not None and r.sends == 2 for r in recs), "the whole run is sent again"
 
 
 def test_a_run_declared_dead_was_dying_since_its_pause_began() -> None:

@@ -22,9 +22,10 @@ from typing import Final
 
 import pytest
 
-from overlay.actions import Action
+from overlay.actions import Action, Notifies
 from overlay.channels.channel import Channel
 from overlay.channels.predicates import Filter
+from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node.dedup import SeenEvents
 from overlay.node.migration import Migration
@@ -92,6 +93,10 @@ def test_runs_exercise_the_protocol() -> None:
         "tick_pause",
         "admin split:ok",
         "admin place:ok",
+        # the runs the real dispatcher hands over in one call, and one event's Notify to several sessions (sim.inbox)
+        "event_runs",
+        "publish_runs",
+        "notifies_actions",
     )
     missing = [k for k in wanted if not _TOTALS[k]]
     assert not missing, f"never happened in {_TOTALS['seeds']} seeds: {missing}; totals {dict(_TOTALS)}"
@@ -176,6 +181,18 @@ def test_splitting_an_arriving_channel_is_caught(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(Migration, "arriving", lambda self: set())
     failures = _fails_somewhere(range(100))
     assert failures, "splitting/moving arriving channels went unnoticed"
+
+
+def test_notifies_to_the_wrong_sessions_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One Notifies action, carried out as the shell does (invariants rule 8):
+    each session must read its own subscriptions' ids."""
+
+    def crossed(msg: cm.Notify, sessions: list[int], sub_ids: list[tuple[str, ...]]) -> Notifies:
+        return Notifies(msg, sessions[::-1], sub_ids)
+
+    monkeypatch.setattr("overlay.node.notify.Notifies", crossed)
+    failures = _fails_somewhere(range(20))
+    assert any("unknown subscription" in f for f in failures), failures[:3]
 
 
 def test_a_quiet_small_cluster_balances() -> None:

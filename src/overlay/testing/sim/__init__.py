@@ -4,6 +4,8 @@
 params, with ``workload``'s subscriptions, remembering ``records``);
 ``invariants`` checks what must hold after it.  ``tests/test_simulation.py`` runs a few hundred seeds,
 ``bench/simulation.py`` many more and the 100/1,000-node planning runs.
+The cores get what a real node's dispatcher hands them: runs of a peer's
+Events and of a session's Publishes in one call (``inbox``).
 
 With node faults (``SimCluster.for_fault_seed``) ``faults`` crashes,
 restarts, partitions and pauses nodes one at a time, ``client_faults`` makes

@@ -45,6 +45,7 @@ from typing import Any, Final, Protocol
 from overlay.messages import client as cm
 from overlay.messages.codec import client_reader
 
+from .inbox import ClientLink
 from .network import SimNetwork
 from .records import EventRec, SimClient, SubRec
 from .workload import SubSpec, payload_of
@@ -239,6 +240,7 @@ class ClientFaults:
         self.lost(c, why)
         if node in net.cores:
             net.hash.update(b"X%d:%d" % (node, sid))
+            net.left(node, sid)
             net.execute(node, net.cores[node].client_closed(sid))
 
     def lost(self, c: SimClient, why: str) -> None:
@@ -247,6 +249,8 @@ class ClientFaults:
         step = users.net.step_no
         self.counts["sessions_lost"] += 1
         users.by_session.pop((c.node, c.sid), None)
+        # What its node had read and not dispatched goes with the session (sim.inbox rule 4).
+        users.net.runs["client_messages_lost"] += users.net.inbox.drop(ClientLink(c.node, c.sid))
         c.connected = False
         c.session_no += 1
         if users.net.keep_trace:

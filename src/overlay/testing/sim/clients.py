@@ -3,7 +3,9 @@ send (publish, subscribe, unsubscribe, operators' split and place, close,
 join), what they receive and check as it comes, and the moving hot spot of
 the event workload (rules 2 and 4 of ``overlay.testing.sim.cluster``).
 Under node faults, what the clients do about them — ids on every publish,
-retries, reconnecting elsewhere — is ``sim.client_faults``'.
+retries, reconnecting elsewhere — is ``sim.client_faults``'.  What a node
+read from a client and has not dispatched yet — a pipelining publisher's
+burst, for one — waits in its inbox (``sim.inbox``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from overlay.messages import client as cm
 from overlay.messages.codec import HEADER, client_reader
 
 from .client_faults import ClientFaults
+from .inbox import MAX_BURST, P_BURST, ClientLink
 from .network import SimNetwork
 from .records import EventRec, SimClient, SubRec
 from .setup import SimParams
@@ -80,6 +83,14 @@ class SimClients:
         return c
 
     def send(self, c: SimClient, msg: cm.ClientMessage) -> None:
+        client = ClientLink(c.node, c.sid)
+        if client in self._net.inbox and type(msg) is not cm.Publish and type(msg) is not cm.Ack:
+            # What the node read before goes first (sim.inbox rule 3).  An Ack
+            # queues behind it instead: it is sent while a core's actions are
+            # carried out, and a core is not called back from inside its own call.
+            self._net.flush(client)
+            if not c.connected:  # it lost its session meanwhile: this request goes with the next (client_faults rule 4)
+                return
         body = _encoder.encode(msg)
         h = self._net.hash
         h.update(b"C%d:%d>" % (c.node, c.sid))
@@ -90,20 +101,33 @@ class SimClients:
             return
         if self._net.keep_trace:
             self._net.trace.append(f"{self._net.step_no} t={self._net.now:.3f} client {c.name}@{c.node} -> {msg!r}")
-        self._net.execute(c.node, self._net.cores[c.node].handle_client(c.sid, decoded[0], self._net.now))
-        self._net.end_batch(c.node)
+        self._net.from_client(client, decoded[0])
 
     def receive(self, node: int, sid: int, msg: cm.ClientMessage) -> None:
-        c = self.by_session.get((node, sid))
+        """``msg`` from ``node`` to the client of session ``sid``."""
         body = _encoder.encode(msg)
+        self._read(node, sid, HEADER.pack(len(body)) + body, body)
+
+    def receive_frame(self, node: int, sid: int, frame: bytes) -> None:
+        """One session's frame of a ``Notifies``, as the shell encoded it (``messages.codec`` rule 4)."""
+        self._read(node, sid, frame, None)
+
+    def _read(self, node: int, sid: int, frame: bytes, body: bytes | None) -> None:
+        """The client of session ``sid`` reads ``frame`` (whose deterministic body,
+        for the trace hash, is ``body``, else that of what it decodes to)."""
+        c = self.by_session.get((node, sid))
+        closed = c is None or c.closed_at is not None
+        (msg,) = (client_reader() if c is None or closed else c.reader).feed(frame)
         self._net.hash.update(b"c%d:%d<" % (node, sid))
-        self._net.hash.update(body)
-        if c is None or c.closed_at is not None:
+        self._net.hash.update(_encoder.encode(msg) if body is None else body)
+        if c is None or closed:
+            if self._net.late_for(node, sid):  # answered before the client left (a pipelined request's)
+                self._net.runs["answers_after_leaving"] += 1
+                return
             self._net.failures.append(
                 f"step {self._net.step_no}: node {node} sent {type(msg).__name__} to closed session {sid}"
             )
             return
-        (msg,) = c.reader.feed(HEADER.pack(len(body)) + body)
         if self._net.keep_trace:
             self._net.trace.append(f"{self._net.step_no} t={self._net.now:.3f} {node} -> client {c.name}: {msg!r}")
         match msg:
@@ -245,18 +269,15 @@ class SimClients:
             return False
         c = rng.choice(live)
         if kind == "publish":
-            values = self._event_values()
-            event: Any = values
-            if self.faults is not None:
-                if rng.random() < 0.2:
-                    event = "{" + ", ".join(f"{k}: {literal(v)}" for k, v in values.items()) + "}"
-                key = f"k{rng.randrange(p.keys)}" if p.p_keyed and rng.random() < p.p_keyed else ""
-                self.faults.publish(c, values, event, key)
-                return True
-            seq = self.next_seq(c, "pub", (values, self._net.step_no))
-            if rng.random() < 0.2:
-                event = "{" + ", ".join(f"{k}: {literal(v)}" for k, v in values.items()) + "}"
-            self.send(c, cm.Publish(seq, event, publish_time=self._net.now, payload=payload_of(values)))
+            net = self._net
+            # A pipelining publisher writes a burst at once: it waits in the node's inbox (sim.inbox rule 3).
+            burst = p.batching and net.batch_rng.random() < P_BURST
+            net.hold_all = burst
+            try:
+                for _ in range(net.batch_rng.randint(2, MAX_BURST) if burst else 1):
+                    self.publish(c)
+            finally:
+                net.hold_all = False
         elif kind == "subscribe":
             if self.group_specs and rng.random() < p.p_group:
                 group = rng.choice(sorted(self.group_specs))
@@ -272,14 +293,39 @@ class SimClients:
             if not cands:
                 return False
             rec = rng.choice(cands)
+            # What the node read before goes first (sim.inbox rule 3): the
+            # subscription is given up from the node's reading of this on.
+            self._net.flush(ClientLink(c.node, c.sid))
+            if not c.connected or rec.lost_at is not None:  # its session went meanwhile
+                return True
             rec.unsub_sent_at = self._net.step_no
             seq = self.next_seq(c, "unsub", rec)
             self.send(c, cm.Unsubscribe(seq, rec.local_id))
         elif kind == "close":
+            self._net.flush(ClientLink(c.node, c.sid))  # what the node read before the close goes first
+            if not c.connected:  # it lost the session meanwhile (client_faults rule 4)
+                return True
             c.closed_at = self._net.step_no
             self._net.hash.update(b"X%d:%d" % (c.node, c.sid))
             self._net.execute(c.node, self._net.cores[c.node].client_closed(c.sid))
         return True
+
+    def publish(self, c: SimClient) -> None:
+        """One Publish of ``c`` (under node faults, with its id: ``client_faults`` rule 1)."""
+        rng = self.rng
+        p = self.params
+        values = self._event_values()
+        event: Any = values
+        if self.faults is not None:
+            if rng.random() < 0.2:
+                event = "{" + ", ".join(f"{k}: {literal(v)}" for k, v in values.items()) + "}"
+            key = f"k{rng.randrange(p.keys)}" if p.p_keyed and rng.random() < p.p_keyed else ""
+            self.faults.publish(c, values, event, key)
+            return
+        seq = self.next_seq(c, "pub", (values, self._net.step_no))
+        if rng.random() < 0.2:
+            event = "{" + ", ".join(f"{k}: {literal(v)}" for k, v in values.items()) + "}"
+        self.send(c, cm.Publish(seq, event, publish_time=self._net.now, payload=payload_of(values)))
 
     def _admin_act(self) -> bool:
         rng = self.rng

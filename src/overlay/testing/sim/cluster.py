@@ -9,10 +9,14 @@ Theory of operation:
    so a high-priority message overtakes the normal ones still queued; within a
    level the order is FIFO.  Every peer message is encoded with msgpack,
    framed, and decoded by the real ``FrameReader`` of its link; every client
-   message likewise with the client codec.
+   message likewise with the client codec; one event's Notify to several
+   sessions (``Notifies``) is encoded once, as the shell does.
 2. A ``random.Random(seed)`` scheduler drives everything.  At each step it
    picks one of: deliver the head of one *ready* link (chosen at random
-   among them, so interleavings across links vary with the seed); let a
+   among them, so interleavings across links vary with the seed) — or, as
+   the real dispatcher hands them over, a run of a peer's Events or of a
+   session's Publishes its node read together, in one call (``sim.inbox``;
+   how many is drawn too); let a
    simulated client act (publish, subscribe, unsubscribe, an operator's
    ``split``/``place``, close its session, a new client connects); or advance
    the clock and ``tick`` the nodes (each node skips a tick now and then, and
@@ -125,6 +129,7 @@ class SimCluster:
         self.net = net = SimNetwork(config, seed, self.params, self.rng, keep_trace=keep_trace)
         self.users = users = SimClients(net, self.params, self.rng)
         net.to_client = users.receive
+        net.frame_to_client = users.receive_frame
         net.on_advance = lambda: users.shift_hot_spot(self.phase == "active")
         self.node_faults: NodeFaults | None = None
         if self.params.node_faults:
@@ -186,6 +191,7 @@ class SimCluster:
             for k in _STATS:
                 if core.stats.get(k):
                     stats[k] += core.stats[k]
+        stats.update(self.net.runs)
         if self.node_faults is not None and self.users.faults is not None:
             stats.update(self.users.faults.counts)
             stats["messages_lost"] += sum(self.node_faults.lost.values())

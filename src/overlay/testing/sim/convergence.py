@@ -48,10 +48,12 @@ from overlay.channels.schema import Value
 from overlay.config import ClusterConfig
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
+from overlay.messages.codec import NotifyFrames, client_reader
 from overlay.net.node import INDEX_PAUSE, INDEX_STEP, TICK_SECONDS
 from overlay.node import NodeCore
 from overlay.testing._traffic import range_subscriptions, skewed_price
 
+from .invariants import check_notifies
 from .setup import quiet_logs
 
 __all__ = [
@@ -214,6 +216,7 @@ class ConvergenceSim:
         self.notified: Counter[tuple[int, str, int]] = Counter()  # (node, local id, qty)
         self.published: dict[int, dict[str, Any]] = {}  # qty -> values
         self.errors: list[str] = []
+        self._reader = client_reader()  # the subscribers' (every frame whole: one reader serves them all)
         self._stop_publishing = 0.0  # set by run()
 
     # -- the queue (rule 1) ---------------------------------------------------------------
@@ -232,9 +235,12 @@ class ConvergenceSim:
                 self._send(node, act.node, act.msg)
             elif type(act) is ToClient:
                 self._to_client(node, act.session, act.msg)
-            elif type(act) is Notifies:
-                for one in act.each():
-                    self._to_client(node, one.session, one.msg)
+            elif type(act) is Notifies:  # as the shell sends it: encoded once (messages.codec rule 4)
+                frames = NotifyFrames(act.msg, self.config.cluster.max_frame_size)
+                self.errors += (f"node {node}: {bad}" for bad in check_notifies(act, frames))
+                for sid, ids in zip(act.sessions, act.sub_ids, strict=False):  # a mismatch is an error (above)
+                    for msg in self._reader.feed(frames.frame(ids)):
+                        self._to_client(node, sid, msg)
             elif type(act) is CloseClient:
                 self.errors.append(f"node {node} closed client session {act.session}: {act.reason}")
         core = self.cores[node]

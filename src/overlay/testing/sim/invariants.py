@@ -70,6 +70,14 @@ matcher (``SubSpec.matches``), not from the cores' bookkeeping.
    was told no instance could take it (``undeliverable``).
    Whenever it is, never to two instances that both kept their sessions.
    Instances are left out of rule 6's per-subscription check.
+8. Notifies, as they are sent (``check_notifies``): one ``Notifies``
+   action is one event's untagged Notify to each of its sessions, once —
+   the Notify per session a shell without the shortcut would send
+   (``Notifies.each``): a ``sub_ids`` per session, none empty or listing
+   a subscription twice, the message listing the first's, no session
+   twice, no tag (a tracked copy's tag is its session's own), and each
+   session's frame, encoded once (``messages.codec`` rule 4), decodes to
+   exactly that session's Notify.  Rule 1's checks then apply to each.
 """
 
 from __future__ import annotations
@@ -80,9 +88,12 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Protocol
 
+from overlay.actions import Notifies
 from overlay.channels.schema import Value
 from overlay.channels.space import RangeConstraint, SetConstraint
 from overlay.config import ClusterConfig
+from overlay.messages.client import ClientMessage
+from overlay.messages.codec import NotifyFrames, client_reader
 from overlay.node import NodeCore
 
 from .records import EventRec, SimClient, SubRec
@@ -118,6 +129,7 @@ __all__ = [
     "check_all",
     "check_deliveries",
     "check_groups",
+    "check_notifies",
     "check_ownership",
     "check_partition",
     "check_promise",
@@ -474,4 +486,32 @@ def check_quiet(sim: SimCluster) -> list[str]:
                 out.append(f"node {i}: {key} = {core.stats[key]}")
         if not core.ready:
             out.append(f"node {i} never became ready")
+    return out
+
+
+def check_notifies(act: Notifies, frames: NotifyFrames) -> list[str]:
+    """Rule 8, for one action and the frames the shell makes of it."""
+    msg, sessions, sub_ids = act
+    what = f"Notifies of {msg.event_id} to sessions {sessions}"
+    if len(sessions) != len(sub_ids):
+        return [f"{what} lists {len(sub_ids)} sub_ids"]
+    out: list[str] = []
+    if not sessions:
+        out.append(f"{what}: no session")
+    elif msg.sub_ids != sub_ids[0]:
+        out.append(f"{what}: the message lists {msg.sub_ids}, its first session {sub_ids[0]}")
+    if len(set(sessions)) != len(sessions):
+        out.append(f"{what}: a session twice")
+    if msg.tag:
+        out.append(f"{what}: tagged {msg.tag} (one tag for several sessions)")
+    decoded: dict[tuple[str, ...], list[ClientMessage]] = {}  # sessions with the same ids share a frame
+    for one, ids in zip(act.each(), sub_ids, strict=True):
+        sid = one.session
+        if not ids or len(set(ids)) != len(ids):
+            out.append(f"{what}: session {sid} gets sub_ids {ids}")
+        got = decoded.get(ids)
+        if got is None:
+            got = decoded[ids] = client_reader().feed(frames.frame(ids))
+        if got != [one.msg]:
+            out.append(f"{what}: session {sid}'s frame decodes to {got!r}, not {one.msg!r}")
     return out

@@ -17,16 +17,20 @@ import math
 import random
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, cast
 
 from overlay.actions import Action, CloseClient, Notifies, Rejoin, ToClient, ToPeer
 from overlay.config import ClusterConfig
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
+from overlay.messages.codec import NotifyFrames
+from overlay.net.dispatch import DISPATCH_BATCH
 from overlay.node import NodeCore
 from overlay.testing.memory_link import MemoryLink
 
+from .inbox import P_HOLD, ClientInbox, ClientLink, run_length
+from .invariants import check_notifies
 from .setup import SimParams
 
 
@@ -45,7 +49,11 @@ class FaultModel(Protocol):
     def step(self, *, allow_new: bool) -> None: ...
 
 
-__all__ = ["MAX_STEPS", "SimNetwork"]
+__all__ = ["MAX_STEPS", "SimNetwork", "Source"]
+
+# What the scheduler delivers from: a peer link (src, dst), or a client's
+# connection to its node (``sim.inbox`` rule 3).
+Source = tuple[int, int] | ClientLink
 
 # A run that takes more steps than this is looping, not progressing.
 MAX_STEPS: Final = 400_000
@@ -68,6 +76,17 @@ class SimNetwork:
         # Background indexing (Channel rule 5) in random steps, from its own
         # stream so the message schedule of a seed stays what it was.
         self.index_rng = random.Random(f"index:{seed}")
+        # How many messages arrive together (``sim.inbox`` rule 2), and which
+        # Publishes wait in their node's inbox: a stream of its own too.
+        self.batch_rng = random.Random(f"batch:{seed}")
+        self.inbox = ClientInbox()
+        self.hold_all = False  # a pipelining publisher's burst: every Publish waits (``SimClients.act``)
+        # Runs of several messages handed over in one call, and Notifies actions (``SimResult.stats``).
+        self.runs: Counter[str] = Counter()
+        # Calls of ``execute`` under way per node (nested: a client answers
+        # as it reads), and the sessions a client left during one (``left``).
+        self._depth: Counter[int] = Counter()
+        self._left: dict[tuple[int, int], int] = {}
         self.now = 0.0
         self.step_no = 0
         self.slice = config.cluster.slice_seconds
@@ -109,6 +128,8 @@ class SimNetwork:
         self.keep_trace = keep_trace
         self.trace: list[str] = []
         self.to_client: Callable[[int, int, cm.ClientMessage], None] = lambda node, sid, msg: None
+        # One session's frame of a ``Notifies`` (``overlay.messages.codec`` rule 4).
+        self.frame_to_client: Callable[[int, int, bytes], None] = lambda node, sid, frame: None
         self.on_advance: Callable[[], None] = lambda: None
         # A node closed a client's session (only with node faults: a run declared dead closes them).
         self.closed_by_node: Callable[[int, int, str], None] = lambda node, sid, reason: None
@@ -122,15 +143,20 @@ class SimNetwork:
         ready = self.now + (self.rng.random() * self.params.jitter if self.params.jitter else 0.0)
         self.links[(src, dst)].push(ready, msg)  # FIFO within a level
 
-    def ready_links(self) -> list[tuple[int, int]]:
+    def ready_links(self) -> list[Source]:
+        """The sources with a message ready: peer links, then the sessions
+        whose node read messages it has not dispatched (``sim.inbox`` rule 3)."""
         now = self.now
         stall = self.stall_until
-        out = []
+        out: list[Source] = []
         for key, link in self.links.items():
             if len(link):
                 t = link.head_ready()
                 if t is not None and t <= now and stall[key[1]] <= now:
                     out.append(key)
+        for client, _ in self.inbox.links():
+            if stall[client.node] <= now:
+                out.append(client)
         return out
 
     def lagging(self) -> bool:
@@ -149,7 +175,7 @@ class SimNetwork:
             t = link.head_ready()
             if t is not None and t <= limit and stall[key[1]] <= self.now:
                 return True
-        return False
+        return any(t <= limit and stall[client.node] <= self.now for client, t in self.inbox.links())
 
     def next_ready(self) -> float | None:
         best = None
@@ -159,27 +185,47 @@ class SimNetwork:
                 t = max(t, self.stall_until[key[1]])
                 if best is None or t < best:
                     best = t
+        for client, t in self.inbox.links():
+            t = max(t, self.stall_until[client.node])
+            if best is None or t < best:
+                best = t
         return best
 
-    def deliver(self, key: tuple[int, int]) -> None:
+    def deliver(self, key: Source) -> None:
+        """The next message of ``key`` — or the next run of them, as the real
+        dispatcher hands it over (``sim.inbox`` rules 1 and 2) — to its node."""
+        if type(key) is ClientLink:
+            self.deliver_client(key)
+            return
+        assert isinstance(key, tuple)
         src, dst = key
         link = self.links[key]
-        msg = link.pop()
-        body, decoded = link.carry(msg)
-        if len(body) > self.config.cluster.max_frame_size:
-            self.failures.append(f"{type(msg).__name__} {src}->{dst} is {len(body)} bytes, over the frame limit")
-        if decoded != [msg]:
-            self.failures.append(f"{type(msg).__name__} did not survive the codec: {decoded!r} != {msg!r}")
+        msg = self._carry(key, link.pop())
+        if msg is None:
             return
-        msg = decoded[0]
-        self.deliveries += 1
-        h = self.hash
-        h.update(b"P%d>%d:" % key)
-        h.update(body)
-        if self.keep_trace:
-            self.trace.append(f"{self.step_no} t={self.now:.3f} {src}->{dst} {msg!r}")
+        run: list[pm.Event] = []
+        if type(msg) is pm.Event and self.params.batching:
+            run.append(msg)
+            # The Events ready behind it on this link, up to the dispatcher's batch:
+            # a peer's Events in a row in the inbox (nothing high is queued: an Event was next).
+            now, n = self.now, 1
+            for stamp, queued in link.normal:
+                if type(queued) is not pm.Event or stamp > now or n == DISPATCH_BATCH:
+                    break
+                n += 1
+            for _ in range(run_length(self.batch_rng, n) - 1):
+                more = self._carry(key, link.pop())
+                if type(more) is not pm.Event:  # it did not survive the codec (a failure): the run ends
+                    break
+                run.append(more)
         try:
-            acts = self.cores[dst].handle_peer(src, msg, self.now)
+            if len(run) > 1:
+                self.hash.update(b"R%d" % len(run))
+                self.runs["event_runs"] += 1
+                self.runs["events_in_runs"] += len(run)
+                acts = self.cores[dst].handle_peer_events(src, run, self.now)
+            else:
+                acts = self.cores[dst].handle_peer(src, msg, self.now)
         except RemoteProtocolError as exc:
             self.failures.append(f"step {self.step_no}: node {dst} rejected {type(msg).__name__} from {src}: {exc}")
             self.send(dst, src, pm.PeerError("protocol_error", str(exc)))
@@ -187,6 +233,57 @@ class SimNetwork:
         self.execute(dst, acts)
         self.end_batch(dst)
         self.background(dst)
+
+    def _carry(self, key: tuple[int, int], msg: pm.PeerMessage) -> pm.PeerMessage | None:
+        """``msg``, popped from link ``key``, through the codec and into the
+        trace: what its receiver decodes (None: it did not survive, a failure)."""
+        src, dst = key
+        body, decoded = self.links[key].carry(msg)
+        if len(body) > self.config.cluster.max_frame_size:
+            self.failures.append(f"{type(msg).__name__} {src}->{dst} is {len(body)} bytes, over the frame limit")
+        if decoded != [msg]:
+            self.failures.append(f"{type(msg).__name__} did not survive the codec: {decoded!r} != {msg!r}")
+            return None
+        self.deliveries += 1
+        h = self.hash
+        h.update(b"P%d>%d:" % key)
+        h.update(body)
+        if self.keep_trace:
+            self.trace.append(f"{self.step_no} t={self.now:.3f} {src}->{dst} {decoded[0]!r}")
+        return decoded[0]
+
+    def from_client(self, client: ClientLink, msg: cm.ClientMessage) -> None:
+        """``msg``, sent by the client of ``client``: dispatched at once, or
+        left in its node's inbox (``sim.inbox`` rule 3)."""
+        if client in self.inbox or (
+            type(msg) is cm.Publish and self.params.batching and (self.hold_all or self.batch_rng.random() < P_HOLD)
+        ):
+            self.inbox.hold(client, self.now, msg)
+            return
+        self.execute(client.node, self.cores[client.node].handle_client(client.sid, msg, self.now))
+        self.end_batch(client.node)
+
+    def deliver_client(self, client: ClientLink) -> None:
+        """The next run of what ``client``'s node read from it (``sim.inbox`` rules 1, 2)."""
+        run = self.inbox.take_run(client, self.batch_rng)
+        node, sid = client.node, client.sid
+        self.hash.update(b"D%d:%d:%d" % (node, sid, len(run)))
+        if self.keep_trace:
+            self.trace.append(f"{self.step_no} t={self.now:.3f} node {node} dispatches {len(run)} of session {sid}")
+        core = self.cores[node]
+        if len(run) > 1:
+            self.runs["publish_runs"] += 1
+            self.runs["publishes_in_runs"] += len(run)
+            acts = core.handle_publishes(sid, cast(list[cm.Publish], run), self.now)  # a run: Publishes only
+        else:
+            acts = core.handle_client(sid, run[0], self.now)
+        self.execute(node, acts)
+        self.end_batch(node)
+
+    def flush(self, client: ClientLink) -> None:
+        """Everything ``client``'s node read from it, dispatched now (``sim.inbox`` rule 3)."""
+        while client in self.inbox:
+            self.deliver_client(client)
 
     def end_batch(self, node: int) -> None:
         """With node faults, after each message a core handled: what the shell's
@@ -233,6 +330,7 @@ class SimNetwork:
     def retire(self, node: int) -> None:
         """``node``'s core is gone (a crash): nothing reaches it, nothing it held survives."""
         self.retired.append(self.cores.pop(node))
+        self.runs["client_messages_lost"] += self.inbox.drop_node(node)
 
     def serving(self) -> list[int]:
         """The nodes a client can reach now: up, and not paused."""
@@ -250,14 +348,40 @@ class SimNetwork:
             self.execute(node, acts)
 
     def execute(self, node: int, acts: list[Action]) -> None:
+        """Carry out what ``node``'s core asked (``late_for`` says which of
+        these a client that left meanwhile may miss)."""
+        depth = self._depth
+        depth[node] += 1
+        try:
+            self._carry_out(node, acts)
+        finally:
+            depth[node] -= 1
+            if self._left:  # the calls that answered before a client left are done
+                for key in [k for k, d in self._left.items() if k[0] == node and d > depth[node]]:
+                    del self._left[key]
+
+    def left(self, node: int, sid: int) -> None:
+        """The client of session ``sid`` closed it, and ``node`` hears of it now
+        (``client_closed``) — maybe while it carries out what it answered that
+        client before: the rest of that goes to a closed connection, unread
+        (``late_for``)."""
+        if self._depth[node]:
+            self._left[(node, sid)] = self._depth[node]
+
+    def late_for(self, node: int, sid: int) -> bool:
+        """Whether a message ``node`` sends the closed session ``sid`` now was
+        asked for before the client left (``left``): not the core's fault."""
+        at = self._left.get((node, sid))
+        return at is not None and self._depth[node] <= at
+
+    def _carry_out(self, node: int, acts: list[Action]) -> None:
         for act in acts:
             if type(act) is ToPeer:
                 self.send(node, act.node, act.msg)
             elif type(act) is ToClient:
                 self.to_client(node, act.session, act.msg)
             elif type(act) is Notifies:
-                for one in act.each():
-                    self.to_client(node, one.session, one.msg)
+                self.notifies(node, act)
             elif type(act) is CloseClient:
                 nf = self.node_faults
                 if nf is not None and nf.had_fault(node):  # a run declared dead sends its clients away
@@ -273,6 +397,18 @@ class SimNetwork:
                 self.failures.append(f"step {self.step_no}: node {node} was declared dead: {act.reason}")
             else:  # pragma: no cover
                 raise AssertionError(f"unknown action {act!r}")
+
+    def notifies(self, node: int, act: Notifies) -> None:
+        """One event's Notify to several sessions, as the shell sends it: the
+        frames encoded once (``overlay.messages.codec`` rule 4), each session
+        reading its own; what the action must be to mean a Notify per
+        session is ``invariants`` rule 8."""
+        frames = NotifyFrames(act.msg, self.config.cluster.max_frame_size)
+        for bad in check_notifies(act, frames):
+            self.failures.append(f"step {self.step_no}: node {node}: {bad}")
+        self.runs["notifies_actions"] += 1
+        for sid, ids in zip(act.sessions, act.sub_ids, strict=False):  # a length mismatch is a failure (above)
+            self.frame_to_client(node, sid, frames.frame(ids))
 
     def spy(self, core: NodeCore) -> None:
         """Record when a channel matches each event, and when each notification
@@ -382,7 +518,8 @@ class SimNetwork:
                 self.trace.append(f"t={self.now:.3f} node {node} stalls for {hold:.2f}s")
 
     def pending_messages(self) -> int:
-        return sum(len(link) for link in self.links.values())
+        """Messages on the links, and read by a node from its clients but not dispatched."""
+        return sum(len(link) for link in self.links.values()) + len(self.inbox)
 
     def count_step(self) -> None:
         self.step_no += 1

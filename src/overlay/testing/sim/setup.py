@@ -167,6 +167,9 @@ class SimParams:
     keys: int = 4
     p_group: float = 0.0
     groups: int = 2
+    # Runs as the real dispatcher hands them to the core: a session's
+    # Publishes, a peer's Events, several in one call (``sim.inbox``).
+    batching: bool = True
 
     @classmethod
     def for_seed(cls, seed: int) -> SimParams:
