@@ -217,7 +217,6 @@ class Sessions(Mapping[int, Session]):
         out: list[Action] = []
         if sess is None:
             return out
-        self._fail_acks(sid, out)
         capture = self._ctx.capture
         closing = self._closing
         for local_id, (base, _) in sess.subs.items():
@@ -225,6 +224,11 @@ class Sessions(Mapping[int, Session]):
             if capture is not None:
                 capture.unsubscribe(base, "closed")
             closing.extend((sid, local_id, gid, f) for gid, f in conjuncts)
+        # Its tracked deliveries fail only now that its subscriptions have no
+        # session: a group copy failed to a channel this node owns is offered
+        # again at once, and found this session's instance still listed
+        # (fault seed 821: a Notify to the session being closed).
+        self._fail_acks(sid, out)
         self.close_step(CLOSE_AT_ONCE, out)
         return out
 
