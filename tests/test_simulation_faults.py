@@ -147,6 +147,7 @@ REGRESSION_SEEDS: Final = (
     330,  # a restart claim naming this node sole owner of its replica: its own clients' subscriptions dropped
     905,  # a SubscriptionMove snapshot carried a dead run's subscriptions: kept on the receiver for good
     153,  # a last Rebuild that overtook the recovery's update was not counted: the channel held its events for good
+    821,  # a group copy failed by a session's close was offered again to that session's other instance
 )
 
 
