@@ -491,7 +491,7 @@ def check_quiet(sim: SimCluster) -> list[str]:
 
 def check_notifies(act: Notifies, frames: NotifyFrames) -> list[str]:
     """Rule 8, for one action and the frames the shell makes of it."""
-    msg, sessions, sub_ids = act
+    msg, sessions, sub_ids = act.msg, act.sessions, act.sub_ids
     what = f"Notifies of {msg.event_id} to sessions {sessions}"
     if len(sessions) != len(sub_ids):
         return [f"{what} lists {len(sub_ids)} sub_ids"]
