@@ -75,6 +75,7 @@ from overlay.errors import ConfigError, TokenError
 from overlay.net.cluster_view import ClusterView, slice_history
 from overlay.net.metrics import NodeCollector
 from overlay.net.view import NodeView
+from overlay.node.journal import latest
 from overlay.security import NodeSecurity
 
 __all__ = [
@@ -467,21 +468,8 @@ class AdminServer:
         self, n: int, kinds: Iterable[str] = MOVES, since: float | None = None, idle: bool = True
     ) -> list[dict[str, Any]]:
         """The last ``n`` journal entries of ``kinds`` (after ``since``), oldest
-        first; ``idle=False`` leaves out receiver rankings that found no
-        candidate (an overloaded node with no underloaded peer logs one per slice)."""
-        wanted = set(kinds)
-        out: list[dict[str, Any]] = []
-        for e in reversed(self.core.journal):
-            if since is not None and e["time"] <= since:
-                break
-            if not idle and e["kind"] == "decision" and e.get("phase") == "receivers" and not e.get("candidates"):
-                continue
-            if e["kind"] in wanted:
-                out.append(e)
-                if len(out) >= n:
-                    break
-        out.reverse()
-        return out
+        first by time (``overlay.node.journal.latest``)."""
+        return latest(self.core.journal, n, kinds, since, idle)
 
     async def _balancing(self, request: web.Request) -> web.Response:
         q = request.query
