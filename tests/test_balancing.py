@@ -55,8 +55,8 @@ def _sub_expression(rng: random.Random) -> str:
 
 
 # A bound on a hang, not a timing: the run's work is fixed (20,000 events, then
-# the ledger's check of every (event, subscription) pair, pure CPU), ~30 s on
-# a quiet machine; a busy 2-core one took past the default 120 s in the check.
+# the ledger's check of the pairs that matter, pure CPU), ~30 s on a quiet
+# machine; a busy 2-core one took past the default 120 s.
 @pytest.mark.timeout(300)
 async def test_exactly_once_across_migrations() -> None:
     EVENTS = 20_000
@@ -137,7 +137,9 @@ async def test_exactly_once_across_migrations() -> None:
             """Admin splits and placements at chosen points of the run."""
             marks = [EVENTS * f // 10 for f in (1, 2, 3, 5, 6, 8)]
             for mark in marks:
-                await wait_until(lambda m=mark: published >= m, 30, f"{mark} events published")
+                # A hang's bound, within the test's: on a busy 2-core machine the nodes
+                # sharing this loop published ~130 events/s, 4,000 took past 30 s.
+                await wait_until(lambda m=mark: published >= m, 240, f"{mark} events published")
                 node = max(ids, key=lambda i: cl.nodes[i].core.local.load or len(cl.nodes[i].core.local))
                 chans = [ch for ch in cl.nodes[node].core.local if ch.last.events > 2]
                 if not chans:
@@ -171,7 +173,7 @@ async def test_exactly_once_across_migrations() -> None:
         assert cl.stat("reforwards") > 0, "no Reforward happened: no event crossed a migration"
         assert cl.stat("slow_consumer_drops") == 0
 
-        bad, exact, window = led.violations()
+        bad, exact, window = await led.violations_off_loop()
         assert not bad, f"{len(bad)} violations, e.g.:\n" + "\n".join(bad[:20])
         assert exact > EVENTS, exact  # the expected set is not trivially small
         print(

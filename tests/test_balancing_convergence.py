@@ -220,7 +220,7 @@ async def test_balancing_works_over_sockets() -> None:
         with contextlib.suppress(AssertionError):  # a loss is reported below, with the events
             await wait_until(lambda: sum(led.delivered.values()) >= due, QUIET_TIMEOUT, f"{due} notifications")
         await wait_until(cl.settled, QUIET_TIMEOUT, "tables to settle")
-        bad, exact, _ = led.violations()
+        bad, exact, _ = await led.violations_off_loop()
         assert not bad, f"{len(bad)} violations, e.g.:\n" + "\n".join(bad[:20])
         assert exact == due > 100, (exact, due)
         natural = [m for m in cl.journal("migration") if not m["forced"]]

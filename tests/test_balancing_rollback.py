@@ -149,7 +149,7 @@ async def test_failure_mid_session_rolls_back(failure: str) -> None:
             stop.set()
             await asyncio.gather(*tasks)
         await cl.wait_settled((0, 1), progress=led.received)  # node 2 is silent or gone
-        bad, exact, _ = led.violations()
+        bad, exact, _ = await led.violations_off_loop()
         assert not bad, f"{len(bad)} violations, e.g.:\n" + "\n".join(bad[:20])
         assert exact > len(led.events), exact
         print(f"{failure}: abort after {waited:.2f}s; {len(led.events)} events, {exact} exact deliveries checked")
