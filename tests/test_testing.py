@@ -1,17 +1,20 @@
 """overlay.testing: the loopback harness itself — config overrides checked,
-real ports in the config, nodes stopped, crashed, restarted and joined, and a
-node that ends with an error failing the test that ran it."""
+real ports in the config, nodes stopped, crashed, restarted and joined, a
+node that ends with an error failing the test that ran it, and the ports of
+node processes reserved."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
+import sys
 
 import msgspec
 import pytest
 
 from conftest import LOCAL
-from overlay.testing import LoopbackCluster, bound_socket, override, skewed_price, wait_until
+from overlay.testing import LoopbackCluster, _loopback, bound_socket, free_ports, override, skewed_price, wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -109,3 +112,28 @@ def test_bound_socket_can_take_a_port_back_and_skewed_prices_are_skewed() -> Non
     assert min(prices) >= 0.0 and max(prices) <= 1000.0
     moved = [skewed_price(k, hot=(600.0, 800.0)) for k in range(10_000)]
     assert 0.75 < sum(600.0 <= p <= 800.0 for p in moved) / len(moved) < 0.77
+
+
+def test_free_ports_lie_outside_the_kernels_ephemeral_range() -> None:
+    """Rule 1 of ``overlay.testing._loopback``: no ``connect`` or ``bind(0)``
+    of the machine can take a node process's port before it binds it."""
+    start, end = _loopback._ephemeral_range()
+    ports = free_ports(6)
+    assert len(set(ports)) == 6
+    assert all(not start <= p <= end and p >= _loopback.PORTS_FROM for p in ports), (ports, start, end)
+
+
+def test_a_reserved_port_goes_to_no_other_process_and_a_taken_one_to_none() -> None:
+    mine = free_ports(3)
+    spare = [p for p in range(_loopback.PORTS_FROM, _loopback._ephemeral_range()[0]) if p not in mine]
+    code = "import sys; from overlay.testing._loopback import reserve_ports; print(reserve_ports(3, map(int, sys.argv[1:])))"
+    out = subprocess.run(
+        [sys.executable, "-c", code, *map(str, mine + spare[:200])], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    theirs = msgspec.json.decode(out.stdout)
+    assert len(theirs) == 3 and not set(theirs) & set(mine), (mine, theirs)
+    with bound_socket() as busy:  # bound by a socket, not reserved by anyone
+        port = busy.getsockname()[1]
+        got = _loopback.reserve_ports(1, [port, *spare[200:400]])
+    assert got != [port] and len(got) == 1

@@ -4,8 +4,17 @@ Rules this module keeps:
 
 1. A socket handed to a node is bound (and listening) before the node or the
    cluster config exists, so its port is known and no other process can take
-   it in between; ``free_ports`` is only for node *processes*, which bind
-   their own port (a socket cannot be handed over), and it may race.
+   it in between.  ``free_ports`` is for node *processes*, which bind their
+   own port (a socket cannot be handed over) — after it returned, and again
+   when a killed node restarts.  A port free just now could be taken in
+   between: the kernel hands out ports of its ephemeral range to every
+   ``connect`` and ``bind(0)`` of the machine (a busy test suite makes
+   thousands), and one of them took a node's port (``test_node_failures``,
+   under load).  So ``free_ports`` takes ports *outside* that range, which
+   the kernel never hands out, and reserves each one for the life of this
+   process with a lock file that every ``free_ports`` of the machine
+   respects (``PORT_LOCKS``): no other test process gets it, and the
+   kernel gives it to no one.
 2. Every wait is bounded and polls a condition: a loaded machine only makes
    the condition come later, never makes a test pass on a guess.
 3. How test nodes talk (SPEC §16): plain TCP with the cluster secret
@@ -18,7 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
+import fcntl
 import json
+import os
+import random
 import re
 import shutil
 import socket
@@ -43,6 +56,18 @@ WAIT: Final = 10.0
 # Between two polls of a condition: short next to any test's bound, long
 # enough that polling costs the nodes sharing the loop next to nothing.
 POLL: Final = 0.005
+# Rule 1: the lock files reserving free_ports' ports (one per port, machine-wide);
+# where its ports come from — from PORTS_FROM to the end of the port space, less
+# the kernel's ephemeral range (Linux's is read from EPHEMERAL_RANGE; elsewhere
+# none is known, so ASSUMED_EPHEMERAL is: Linux's default, and it holds the
+# IANA range that BSDs use) — and how many ports it tries before it gives up.
+PORT_LOCKS: Final = Path(tempfile.gettempdir()) / "overlay-test-ports"
+EPHEMERAL_RANGE: Final = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PORTS_FROM: Final = 10_000
+ASSUMED_EPHEMERAL: Final = (32_768, 65_535)
+PORT_TRIES: Final = 2_000
+# Rule 1: port -> the descriptor of its lock, held until this process exits.
+_reserved: dict[int, int] = {}
 
 
 # Rule 3: the secret of every insecure test cluster (never a real one's).
@@ -94,16 +119,51 @@ def with_tls_table(text: str, tls: TlsSettings) -> str:
 
 
 def free_ports(n: int) -> list[int]:
-    """``n`` distinct loopback ports free just now, for the configs of node
-    processes (rule 1: another process may take one before the node binds it)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind((HOST, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    """``n`` distinct loopback ports for the configs of node processes, free
+    now and reserved for the life of this process (rule 1): outside the
+    kernel's ephemeral range, locked against every other ``free_ports``."""
+    start, end = _ephemeral_range()
+    below, above = range(PORTS_FROM, start), range(end + 1, 65_536)
+    ports = below if len(below) >= len(above) else above
+    if len(ports) < 10 * n:
+        raise RuntimeError(
+            f"only {len(ports)} ports lie outside the kernel's ephemeral range {start}-{end} ({EPHEMERAL_RANGE}): "
+            f"too few to reserve {n}; narrow the range (sysctl net.ipv4.ip_local_port_range)"
+        )
+    return reserve_ports(n, (random.choice(ports) for _ in range(PORT_TRIES)))
+
+
+def reserve_ports(n: int, candidates: Iterable[int]) -> list[int]:
+    """The first ``n`` of ``candidates`` that this process can reserve (rule 1):
+    its lock taken (no other process holds it) and the port free to bind now."""
+    PORT_LOCKS.mkdir(mode=0o777, exist_ok=True)
+    out: list[int] = []
+    for port in candidates:
+        if port in _reserved or port in out:
+            continue
+        fd = os.open(PORT_LOCKS / str(port), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released only when this process ends
+            with socket.socket() as s:
+                # As the node binds it: a port whose last connections linger in TIME_WAIT is free.
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((HOST, port))
+        except OSError:  # another process's port (its lock, or bound by something else)
+            os.close(fd)
+            continue
+        _reserved[port] = fd
+        out.append(port)
+        if len(out) == n:
+            return out
+    raise RuntimeError(f"found {len(out)} of {n} free ports to reserve (locks in {PORT_LOCKS})")
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The first and last port the kernel hands out by itself (rule 1)."""
+    with contextlib.suppress(OSError, ValueError):
+        start, end = EPHEMERAL_RANGE.read_text().split()
+        return int(start), int(end)
+    return ASSUMED_EPHEMERAL
 
 
 def bound_socket(port: int = 0, *, listen: bool = True, sndbuf: int | None = None) -> socket.socket:
