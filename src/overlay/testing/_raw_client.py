@@ -49,6 +49,7 @@ class RawClient:
         version: int = 1,
     ) -> None:
         self.addr = addr
+        self.client_id = f"raw-{id(self)}"  # its Hello's: what the nodes name its subscriptions' subscriber
         self.version = version  # Hello.version: 1 gets a PubAck each, BATCHED_ACKS PubAcks frames
         self.pubacks_frames = 0  # PubAcks frames received
         self.ssl = ssl  # TLS with this context (its CA), or plain TCP
@@ -70,7 +71,7 @@ class RawClient:
     async def connect(self, timeout: float = WAIT) -> RawClient:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(*self.addr, ssl=self.ssl), timeout)
         self._writer = writer
-        writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(f"raw-{id(self)}", self.version)))
+        writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(self.client_id, self.version)))
         assert await asyncio.wait_for(reader.readexactly(4), timeout) == CLIENT_MAGIC
         welcome: asyncio.Future[cm.ClientMessage] = asyncio.get_running_loop().create_future()
         self._tasks.append(asyncio.create_task(self._read(reader, welcome), name=f"raw-read-{id(self)}"))
