@@ -150,7 +150,13 @@ async def test_live_page_shows_the_cluster_balancing(tmp_path: Path) -> None:
                 await page.until(
                     "document.querySelectorAll('#channels tbody tr').length > 1", "the split channels listed"
                 )
-                await asyncio.sleep(3.0)  # a few slices more: the chart has a line, bars settle
+                # A few slices more, for the screenshot: the chart's line goes on past the migration.
+                moved = await page.js(
+                    "return Math.max(0, ...last.feed.filter(e => e.kind === 'migration').map(e => e.time))"
+                )
+                await page.until(
+                    f"last.history.filter(p => p[0] > {moved}).length >= 3", "three slices charted after it"
+                )
             finally:
                 await traffic.stop()
             assert cl.stat("migrations") > 0
