@@ -14,7 +14,16 @@ import msgspec
 import pytest
 
 from conftest import LOCAL
-from overlay.testing import LoopbackCluster, _loopback, bound_socket, free_ports, override, skewed_price, wait_until
+from overlay.testing import (
+    LoopbackCluster,
+    _loopback,
+    bound_socket,
+    free_ports,
+    override,
+    skewed_price,
+    wait_progressing,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -99,6 +108,22 @@ async def test_a_node_that_ends_with_an_error_fails_the_stop() -> None:
 async def test_wait_until_names_what_it_waited_for() -> None:
     with pytest.raises(AssertionError, match=r"timed out after 0\.05s waiting for the moon"):
         await wait_until(lambda: False, 0.05, "the moon")
+
+
+async def test_wait_progressing_waits_while_there_is_progress_and_fails_on_a_stall() -> None:
+    count = 0
+
+    async def creep() -> None:
+        nonlocal count
+        while count < 30:
+            count += 1
+            await asyncio.sleep(0.01)
+
+    task = asyncio.create_task(creep())
+    await wait_progressing(lambda: count >= 30, lambda: count, stall=5.0, what="thirty")
+    await task
+    with pytest.raises(AssertionError, match=r"no progress for 0\.05s waiting for forty \(stuck at 30\)"):
+        await wait_progressing(lambda: count >= 40, lambda: count, stall=0.05, what="forty")
 
 
 def test_bound_socket_can_take_a_port_back_and_skewed_prices_are_skewed() -> None:

@@ -31,7 +31,7 @@ What is here:
 * ``Mutator``, ``samples`` — one valid message of every wire type over a
   schema, and their mutations (absurd field values, cut and rewritten
   frames) for the fuzzers (``tests/test_fuzz_*.py``, ``bench/fuzz.py``).
-* ``wait_until``, ``nodes_quiet``, ``bound_socket``, ``free_ports`` — bounded
+* ``wait_until``, ``wait_progressing``, ``nodes_quiet``, ``bound_socket``, ``free_ports`` — bounded
   condition waits and loopback sockets; ``insecure_tls``, ``dev_tls`` — how
   test nodes talk (plain TCP with a secret, or TLS with development
   certificates), ``tls_toml``/``with_tls_table`` for a config file of
@@ -60,6 +60,7 @@ from overlay.testing._loopback import (
     insecure_tls,
     nodes_quiet,
     tls_toml,
+    wait_progressing,
     wait_until,
     with_tls_table,
 )
@@ -114,6 +115,7 @@ __all__ = [
     "samples",
     "skewed_price",
     "tls_toml",
+    "wait_progressing",
     "wait_until",
     "with_tls_table",
     "write_cluster_config",

@@ -202,6 +202,32 @@ async def wait_until(
         await asyncio.sleep(step)
 
 
+async def wait_progressing(
+    cond: Callable[[], object],
+    progress: Callable[[], object],
+    stall: float = WAIT,
+    what: str = "condition",
+    timeout: float = 600.0,
+) -> None:
+    """Return once ``cond()`` is true; ``AssertionError`` naming ``what`` once
+    ``progress()`` (e.g. the notifications received so far) did not change
+    for ``stall`` seconds, or after ``timeout`` (rule 2).  For work of a size
+    the test does not bound in time (traffic until a moment, then its
+    backlog): a loaded machine slows the progress, only a stall fails."""
+    start = time.monotonic()
+    seen, since = progress(), start
+    while True:
+        if cond():
+            return
+        if (now := time.monotonic()) - start > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} (progress: {seen!r})")
+        if (current := progress()) != seen:
+            seen, since = current, now
+        elif now - since > stall:
+            raise AssertionError(f"no progress for {stall}s waiting for {what} (stuck at {seen!r})")
+        await asyncio.sleep(POLL)
+
+
 def nodes_quiet(nodes: Iterable[Node], peers: Collection[int] | None = None) -> bool:
     """Nothing left to do on any of these running nodes: no inbound message
     queued, nothing queued for a client or for a connected peer (of
