@@ -14,7 +14,8 @@ keeps these rules:
 2. **Choke.**  A node answering Choke(delay) has ``(now, delay)`` fed into its
    estimator; the agent re-chooses, and if the same node is still the best it
    waits the delay first.  The publish is sent again either way: nothing is
-   dropped.
+   dropped.  For this publish a choking node counts as tried, like one that
+   timed out (rule 3): once every node was tried, all are tried again.
 3. **Timeout.**  No PubAck within ``mean + 3σ`` of the node's recent latencies
    (bounded by ``min_timeout``/``max_timeout``) is a failure: a large latency
    is fed in (the node is avoided until its estimate recovers) and the publish
@@ -298,7 +299,7 @@ class AgentClient:
         deadline = clock() + check_timeout(timeout)
         agent = self.agent
         pending = self._pending
-        failed: set[int] = set()  # nodes that timed out on this publish
+        failed: set[int] = set()  # nodes that timed out on, refused or choked this publish
         event_id = f"{self._event_prefix}{next(self._event_no)}"  # rule 3: one id, every attempt
         while True:
             now = clock()
@@ -348,6 +349,12 @@ class AgentClient:
                 agent.on_choke(node, reply.delay, t1)
                 if agent.choose(t1, exclude=skip) == node:
                     await asyncio.sleep(reply.delay)
+                # It did not take the event either: once every node timed out or
+                # choked, all are tried again.  (Left out, a node that timed out
+                # once — a slow reply on a busy machine — stayed out while the
+                # only other one choked: the publish waited chokes out until its
+                # deadline with a healthy node at hand.)
+                failed.add(node)
                 continue
             agent.on_ack(node, t1 - now, t1)
             self.published[node] += 1
