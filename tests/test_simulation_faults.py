@@ -148,6 +148,8 @@ REGRESSION_SEEDS: Final = (
     905,  # a SubscriptionMove snapshot carried a dead run's subscriptions: kept on the receiver for good
     153,  # a last Rebuild that overtook the recovery's update was not counted: the channel held its events for good
     821,  # a group copy failed by a session's close was offered again to that session's other instance
+    459,  # a group copy for an instance gone, its group id pruned, dropped unanswered; handed over; receiver crashed
+    929,  # the same
 )
 
 

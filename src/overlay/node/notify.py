@@ -17,7 +17,12 @@ Rules this module keeps (numbered as in ``overlay.node.groups``):
    subscriptions of one session in one Notify, tagged when the event is
    keyed.  A declined, dropped (queue full), unanswered or orphaned copy is
    a failed delivery; a plain subscriber's ack of a remote owner is only
-   batched (``node.ordering`` rule 8).
+   batched (``node.ordering`` rule 8).  An orphaned copy (its subscription
+   gone from here) is answered failed to the owner that sent it even when it
+   looks plain: the group id of a subscription gone is pruned, and a group
+   copy dropped unanswered stays in flight at its owner, which may hand it
+   over and die (fault seeds 459, 929: the PubAck'd event was lost).  The
+   owner counts the answer to a copy it does not track as stale.
 4. An event no instance could take comes back here, to its publisher's
    access node, as an ``undeliverable`` Error to the publisher — after its
    PubAck when the event is still kept (``node.outbox`` rule 2).
@@ -160,11 +165,14 @@ class Notifier:
         publish_time: float,
         out: list[Action],
         payload: bytes = b"",
+        owner: int = -1,
     ) -> None:
         """One Notify per client session, listing its matching subscriptions
         (``node.core`` rule 5), several sessions' in one action (rule 7); a
         copy delivered lately is dropped (rule 5).  ``payload`` goes
-        unchanged in every Notify (the same bytes object)."""
+        unchanged in every Notify (the same bytes object).  A copy for a
+        subscription gone from here is answered failed to ``owner``, the
+        channel's owner that sent it, when there is one (rule 3)."""
         ctx = self._ctx
         now = ctx.now
         if self.seen.seen(event_id, now):
@@ -176,26 +184,35 @@ class Notifier:
         if ctx.capture is not None:
             ctx.capture.deliver(event_id, self._bases(sub_ids), owners, len(payload))
         if len(sub_ids) == 1:  # the common case, without the grouping
-            owner = owners.get(sub_ids[0])
-            if owner is None:
+            o = owners.get(sub_ids[0])
+            if o is None:
                 ctx.stats["notifications_orphaned"] += 1
+                if owner >= 0:
+                    self._orphaned(owner, event_id, sub_ids, out)
                 return
             # Positional: msgspec parses keywords per call (untagged: key "", rank 0, tag 0).
-            out.append(ToClient(owner[0], cm.Notify(event_id, event, (owner[1],), publish_time, "", 0, 0, payload)))
+            out.append(ToClient(o[0], cm.Notify(event_id, event, (o[1],), publish_time, "", 0, 0, payload)))
             ctx.stats["notifies_out"] += 1
             return
         by_session: dict[int, tuple[str, ...]] = {}
+        orphans: list[str] | None = None
         for gid in sub_ids:
-            owner = owners.get(gid)
-            if owner is None:
+            o = owners.get(gid)
+            if o is None:
                 self._ctx.stats["notifications_orphaned"] += 1
+                if orphans is None:
+                    orphans = [gid]
+                else:
+                    orphans.append(gid)
                 continue
-            sid, local_id = owner
+            sid, local_id = o
             ids = by_session.get(sid)
             if ids is None:
                 by_session[sid] = (local_id,)
             elif local_id not in ids:  # rule 6: conjuncts of one subscription
                 by_session[sid] = (*ids, local_id)
+        if orphans is not None and owner >= 0:
+            self._orphaned(owner, event_id, orphans, out)
         if not by_session:
             return
         # Rule 7: one action for every session, which the shell encodes once.
@@ -205,6 +222,11 @@ class Notifier:
             Notifies(cm.Notify(event_id, event, local_ids[0], publish_time, payload=payload), sessions, local_ids)
         )
         self._ctx.stats["notifies_out"] += len(sessions)
+
+    def _orphaned(self, owner: int, event_id: str, gids: Sequence[str], out: list[Action]) -> None:
+        """Rule 3: copies for subscriptions gone from here failed, answered
+        even when they look plain (a group id of a subscription gone is pruned)."""
+        self._ack_to_owner(owner, pm.NotificationAck(event_id, tuple(gids), failed=True), out)
 
     def _bases(self, sub_ids: Sequence[str]) -> Sequence[str]:
         """Rule 6: the subscriptions' own ids, each once (the same ids when no
@@ -254,7 +276,7 @@ class Notifier:
         Rule 5: a tracked copy delivered here before is answered, not delivered."""
         group_of = self._group_of
         if not key and not any(g in group_of for g in sub_ids):
-            self.notify_clients(event_id, event, sub_ids, publish_time, out, payload)
+            self.notify_clients(event_id, event, sub_ids, publish_time, out, payload, owner)
             return
         if self.copies.of(event_id) is not None:
             sub_ids = self._again(event_id, sub_ids, owner, bool(key), out)

@@ -124,7 +124,7 @@ class PeerMessages:
                     )
                 else:
                     notifier.notify_clients(
-                        msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out, msg.payload
+                        msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out, msg.payload, src
                     )
                 if msg.origin >= 0 and not msg.key:  # the publisher's access node waits for it (node.outbox)
                     if msg.confirm:  # the owner left its match report to us (node.outbox rule 2)

@@ -428,11 +428,17 @@ class SimNetwork:
         orig_notify = notifier.notify_clients
 
         def notify_clients(
-            event_id: str, event: Any, sub_ids: Any, publish_time: float, out: list[Action], payload: bytes = b""
+            event_id: str,
+            event: Any,
+            sub_ids: Any,
+            publish_time: float,
+            out: list[Action],
+            payload: bytes = b"",
+            owner: int = -1,
         ) -> None:
             for gid in sub_ids:
                 arrivals.setdefault((event_id, gid), self.step_no)
-            orig_notify(event_id, event, sub_ids, publish_time, out, payload)
+            orig_notify(event_id, event, sub_ids, publish_time, out, payload, owner)
 
         orig_tracked = notifier.notify  # tracked copies (keyed, group instances'): node.notify rule 3
 

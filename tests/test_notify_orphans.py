@@ -1,0 +1,64 @@
+"""node.notify rule 3: a copy for a subscription gone from its access node is
+answered failed to the channel's owner, even when that node no longer knows
+the subscription was a group instance (its group id pruned).
+
+Sans-IO node cores (``coreworld``).  Fault seeds 459 and 929 of the
+simulation found it: the access node dropped such a group copy unanswered, the
+owner handed the copy over still in flight when the channel moved, the
+receiver crashed, and the PubAck'd event was lost for the group.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from coreworld import World
+from overlay.messages import client as cm
+from overlay.messages import peer as pm
+from overlay.node.notify import PRUNE_SECONDS
+
+pytestmark = pytest.mark.timeout(60)
+
+INSTANCES = ("a", "b")
+EVENT = {"price": 250.0, "sym": "AB", "qty": 10}
+
+
+def test_a_group_copy_for_an_instance_gone_and_forgotten_is_failed_back_to_its_owner():
+    w = World(3)
+    clients = {name: w.client(1, f"inst-{name}") for name in INSTANCES}
+    for name, sid in clients.items():
+        seq = w.seq()
+        w.net.client_send(1, sid, cm.Subscribe(seq, name, "price >= 0", group="g"))
+        w.subs[(1, sid)][name] = "price >= 0"
+        w.net.run()
+        w.assert_replied(1, sid, cm.SubAck, seq)
+    # The owner's copy to the group's instance waits on the link 0→1.
+    w.net.hold(lambda src, dst, m: src == 0 and dst == 1 and isinstance(m, pm.Notification))
+    eid = w.publish(0, w.client(0, "pub"), EVENT)
+    w.net.run()
+    owner, access = w.cores[0], w.cores[1]
+    assert owner.groups.tracks(eid)
+    entry = owner.groups.choices.get(eid)
+    assert entry is not None
+    (chosen,) = [n for n, sid in clients.items() if w.gid(1, sid, n) == entry[1]["g"][0]]
+    # Its instance leaves meanwhile, and its access node prunes the group ids
+    # of subscriptions gone: the copy, when it comes, looks like a plain one.
+    w.unsubscribe(1, clients[chosen], chosen, settle=False)
+    w.net.run()
+    access.notifier.prune(access.ctx.now + 2 * PRUNE_SECONDS)
+    w.net.release()
+    w.net.run()
+    got: Counter[str] = Counter()
+    for name, sid in clients.items():
+        for m in w.net.received(1, sid, kind=cm.Notify):
+            if m.event_id == eid:
+                got[name] += 1
+                w.net.client_send(1, sid, cm.Ack(eid, 0.0, m.tag))
+    w.net.run()
+    # The owner heard the copy failed and gave the event to the other instance.
+    assert got == Counter({n: 1 for n in INSTANCES if n != chosen}), got
+    assert owner.stats["group_redispatched"] == 1
+    assert not owner.groups.tracks(eid)
+    assert w.net.errors == []
