@@ -150,6 +150,7 @@ REGRESSION_SEEDS: Final = (
     821,  # a group copy failed by a session's close was offered again to that session's other instance
     459,  # a group copy for an instance gone, its group id pruned, dropped unanswered; handed over; receiver crashed
     929,  # the same
+    785,  # a keyed event released to the dead old run of its key's new home: the old home passing it on never re-sent it
 )
 
 

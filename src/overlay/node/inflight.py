@@ -13,7 +13,7 @@ Rules:
    at most ``processing_ttl`` more: ``passing``): at most one per key.
 3. ``again`` routes every event still here once more, to its channel's
    current owner (``node.keyhome`` rule 9), without counting it released
-   again.
+   again — those whose completions this node passes on too.
 4. An event no channel of the routing table takes (a home that has no
    table yet — a new run — or one in flux) is not sent: it waits, counted
    ``ordered_unrouted``, and is tried again on every tick (``retry``) until
@@ -92,9 +92,12 @@ class InFlight:
                 self._dispatch(r, out)
 
     def again(self, keys: Container[str], out: list[Action]) -> None:
-        """Rule 3, for the events of ``keys`` (those this node is still home of)."""
-        for r in list(self._released.values()):
-            if r.key in keys:
+        """Rule 3, for the events of ``keys`` (those this node is still home of)
+        and those whose completions it passes on: their new home keeps them in
+        flight on this node's word and sends nothing (fault seed 785)."""
+        passing = self._passing
+        for eid, r in list(self._released.items()):
+            if r.key in keys or eid in passing:
                 self._ctx.stats["ordered_redispatched"] += 1
                 self._dispatch(r, out)
 

@@ -61,7 +61,10 @@ Rules this module keeps:
    the home dispatches every event it has in flight again to its channel's
    current owner (``redispatch``, after the recovery's table update): an
    owner that died with it loses nothing; one that still tracks it only
-   learns the event's latest home (``node.groups`` rule 9).
+   learns the event's latest home (``node.groups`` rule 9).  So does an old
+   home with the events whose completions it passes on (rule 7): their new
+   home holds them in flight on its word and sends nothing — the owner
+   they went to may be the dead old run of that very home (fault seed 785).
 
 Not covered: two homes at once while nodes disagree about a death or a
 join (the majority's heartbeats end it within a heartbeat or two); a key
