@@ -75,9 +75,9 @@ class World:
         self.subs[(node, sid)] = {}
         return sid
 
-    def subscribe(self, node: int, sid: int, lid: str, expr: str, *, settle: bool = True) -> int:
+    def subscribe(self, node: int, sid: int, lid: str, expr: str, *, settle: bool = True, group: str = "") -> int:
         seq = self.seq()
-        self.net.client_send(node, sid, cm.Subscribe(seq, lid, expr))
+        self.net.client_send(node, sid, cm.Subscribe(seq, lid, expr, group=group))
         self.subs[(node, sid)][lid] = expr
         if settle:
             self.net.run()

@@ -31,11 +31,7 @@ def _setup() -> tuple[World, dict[str, int], int, str]:
     admin = w.client(0, "admin")
     clients = {name: w.client(1, f"inst-{name}") for name in INSTANCES}
     for name, sid in clients.items():
-        seq = w.seq()
-        w.net.client_send(1, sid, cm.Subscribe(seq, name, "price >= 0", group="g"))
-        w.subs[(1, sid)][name] = "price >= 0"
-        w.net.run()
-        w.assert_replied(1, sid, cm.SubAck, seq)
+        w.subscribe(1, sid, name, "price >= 0", group="g")
     # The copy node 0 sends stays on the link 0→1 (held, with all that follows it).
     w.net.hold(lambda src, dst, m: src == 0 and dst == 1 and isinstance(m, pm.Notification))
     pub = w.client(0, "pub")

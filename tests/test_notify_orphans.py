@@ -29,11 +29,7 @@ def test_a_group_copy_for_an_instance_gone_and_forgotten_is_failed_back_to_its_o
     w = World(3)
     clients = {name: w.client(1, f"inst-{name}") for name in INSTANCES}
     for name, sid in clients.items():
-        seq = w.seq()
-        w.net.client_send(1, sid, cm.Subscribe(seq, name, "price >= 0", group="g"))
-        w.subs[(1, sid)][name] = "price >= 0"
-        w.net.run()
-        w.assert_replied(1, sid, cm.SubAck, seq)
+        w.subscribe(1, sid, name, "price >= 0", group="g")
     # The owner's copy to the group's instance waits on the link 0→1.
     w.net.hold(lambda src, dst, m: src == 0 and dst == 1 and isinstance(m, pm.Notification))
     eid = w.publish(0, w.client(0, "pub"), EVENT)
