@@ -18,11 +18,13 @@ from __future__ import annotations
 import contextlib
 import random
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coreworld import SCHEMA, World
+from overlay.channels.channel import ChannelId
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
@@ -99,3 +101,13 @@ def test_a_reforward_for_no_session_and_a_complete_from_a_stranger_are_refused_o
             w.net.execute(0, w.cores[0].handle_peer(2, msg, w.net.now))
         w.net.run(MAX_STEPS)
     assert dict(w.cores[0].routing.entries()) == before
+
+
+def test_a_notification_naming_no_node_to_confirm_is_refused_at_decode() -> None:
+    # Found by the peer fuzz above: a Notification whose ``confirm`` named node -1
+    # was taken, and the node passed the -1 on in its EventsMatched — a message
+    # its peers' decoders refuse (NodeId is 0..65535).  Refused on the way in now.
+    bad = pm.Notification("2-1-1", {"price": 1.0}, ("1",), ChannelId(0, 0), origin=2, confirm=(-1,))
+    body = msgspec.msgpack.encode(bad)
+    with pytest.raises(RemoteProtocolError, match="invalid message"):
+        peer_reader().feed(HEADER.pack(len(body)) + body)

@@ -166,7 +166,7 @@ class Notification(PeerMessage, frozen=True):
     # these nodes, and that report counts as its own confirmation too
     # (``node.outbox`` rule 2).  Empty: the owner reports the match itself,
     # this node only confirms (``EventsDelivered``).
-    confirm: tuple[int, ...] = ()
+    confirm: tuple[NodeId, ...] = ()
     payload: bytes = b""  # the event's payload (``Event.payload``)
 
 
