@@ -61,6 +61,7 @@ from overlay.node.loads import ChannelLoads
 from overlay.node.membership import DrainState, Membership
 from overlay.node.migration import Migration
 from overlay.node.notify import Notifier
+from overlay.node.observer import CoreObserver
 from overlay.node.ordering import Ordering
 from overlay.node.outbox import Outbox, Receipts
 from overlay.node.peer_messages import PeerMessages
@@ -402,6 +403,11 @@ class NodeCore:
 
     def session(self, sid: int) -> Session | None:
         return self.sessions.get(sid)
+
+    def observe(self, observer: CoreObserver | None) -> None:
+        """Report matches, notifications and the outbox's sends to ``observer``
+        (None: to no one), the simulator's white-box view (``node.observer``)."""
+        self.router.observer = self.notifier.observer = self.outbox.observer = observer
 
     def settled(self) -> bool:
         """No migration session on either side and no (un)subscription waiting."""

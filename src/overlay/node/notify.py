@@ -68,6 +68,7 @@ from overlay.messages import peer as pm
 from overlay.node.acks import Awaited, AwaitedAcks
 from overlay.node.context import NodeContext
 from overlay.node.dedup import RankMarks, SeenEvents, TrackedCopies
+from overlay.node.observer import CoreObserver
 from overlay.node.ordering import Ordering
 
 __all__ = ["PRUNE_SECONDS", "UNDELIVERABLE", "Notifier"]
@@ -123,6 +124,7 @@ class Notifier:
         self.copies = TrackedCopies(cl.dedup_window, cl.dedup_max, ctx.stats)  # rule 5
         self.marks = RankMarks(min(cl.event_ttl, ctx.config.sequencer.key_ttl), cl.dedup_max, ctx.stats)
         self._next_prune = 0.0
+        self.observer: CoreObserver | None = None  # node.observer rule 1
 
     @property
     def has_groups(self) -> bool:
@@ -173,6 +175,9 @@ class Notifier:
         unchanged in every Notify (the same bytes object).  A copy for a
         subscription gone from here is answered failed to ``owner``, the
         channel's owner that sent it, when there is one (rule 3)."""
+        obs = self.observer
+        if obs is not None:
+            obs.notified(event_id, sub_ids)
         ctx = self._ctx
         now = ctx.now
         if self.seen.seen(event_id, now):
@@ -278,6 +283,9 @@ class Notifier:
         if not key and not any(g in group_of for g in sub_ids):
             self.notify_clients(event_id, event, sub_ids, publish_time, out, payload, owner)
             return
+        obs = self.observer  # node.observer rule 3 (the plain copies' report is notify_clients')
+        if obs is not None:
+            obs.notified(event_id, sub_ids)
         if self.copies.of(event_id) is not None:
             sub_ids = self._again(event_id, sub_ids, owner, bool(key), out)
             if not sub_ids:

@@ -76,6 +76,7 @@ from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node.context import NodeContext
+from overlay.node.observer import CoreObserver
 
 __all__ = ["FULL_DELAY", "Outbox", "Receipts"]
 
@@ -139,7 +140,7 @@ class Outbox:
     """Rules 1–4 at the publisher's access node.
 
     ``dispatch`` routes an event to its channel's owner (``Router.dispatch_event``;
-    the simulator wraps it to count sends); ``sessions`` tells which client
+    ``observer`` hears of each send, ``node.observer``); ``sessions`` tells which client
     sessions are open.  Invariant: an event
     id is in ``_kept`` iff its entry is not ``done``, and every entry not
     done has a pending deadline (in the deques until its first re-send, in
@@ -149,6 +150,7 @@ class Outbox:
     def __init__(self, ctx: NodeContext, *, dispatch: DispatchEvent, sessions: Container[int]) -> None:
         self._ctx = ctx
         self.dispatch = dispatch
+        self.observer: CoreObserver | None = None  # node.observer rule 1
         self._sessions = sessions
         cl = ctx.config.cluster
         self.limit = cl.outbox_limit
@@ -203,6 +205,10 @@ class Outbox:
         """Keep ``ev`` for publisher ``(sid, seq)``, then dispatch it (kept first:
         a local owner may complete it before ``dispatch`` returns).  True when
         it did: the event is complete already, its PubAck in ``out``."""
+        obs = self.observer
+        if obs is not None:
+            obs.accepted(ev, sid)
+            obs.dispatched(ev)
         now = self._ctx.now
         k = _Kept(ev, sid, seq, now + self.resend_after, now + self.ttl)
         self._kept[ev.event_id] = k
@@ -390,6 +396,8 @@ class Outbox:
         if chid is None:  # no channel holds it now (a table in flux): tried again later
             self._ctx.stats["events_resent_unroutable"] += 1
             return
+        if self.observer is not None:
+            self.observer.dispatched(ev)
         self.dispatch(_replace(ev, ch_id=chid, dispatch_sign=_EVENT_DISPATCHED, hops=0), out)
 
     def _expire(self, k: _Kept, out: list[Action]) -> None:

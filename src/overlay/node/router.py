@@ -52,6 +52,7 @@ from overlay.node.context import NodeContext
 from overlay.node.groups import Groups
 from overlay.node.migration import Migration
 from overlay.node.notify import Notifier
+from overlay.node.observer import CoreObserver
 from overlay.node.ordering import Ordering
 from overlay.node.outbox import Receipts
 from overlay.node.peers import PeerRuns
@@ -103,6 +104,7 @@ class Router:
         # Rule 9: ids unsubscribed here lately (ids never repeat, node.core rule 6).
         self._removed: dict[str, None] = {}
         self._receipts = receipts
+        self.observer: CoreObserver | None = None  # node.observer rule 1
 
     def reapply(self, msg: pm.Event | pm.Subscription | pm.UnSubscription, out: list[Action]) -> None:
         """A message handled as if it had just come (a Reforward's, a rollback's)."""
@@ -134,6 +136,9 @@ class Router:
         self.match(ch, msg, out)
 
     def match(self, ch: Channel, msg: pm.Event, out: list[Action]) -> None:
+        obs = self.observer
+        if obs is not None:
+            obs.matched(msg.event_id)
         try:
             matched, _tested = ch.match(msg.event_exp, msg.access_node)
         except Exception:  # noqa: BLE001 - a bug or a poisoned subscription: serve the others (SPEC §16)

@@ -16,7 +16,7 @@ import hashlib
 import math
 import random
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol, cast
 
 from overlay.actions import Action, CloseClient, Notifies, Rejoin, ToClient, ToPeer
@@ -413,57 +413,8 @@ class SimNetwork:
     def spy(self, core: NodeCore) -> None:
         """Record when a channel matches each event, and when each notification
         reaches the subscriber's access node; what the outbox accepts and how
-        often it sends each event (white-box: wraps five methods)."""
-        router = core.router  # every match goes through Router.match
-        orig_match = router.match
-        arrivals = self.arrivals
-        matched = self.matched
-
-        def match(ch: Any, msg: pm.Event, out: list[Action]) -> None:
-            matched.setdefault(msg.event_id, []).append(self.step_no)
-            orig_match(ch, msg, out)
-
-        router.match = match  # type: ignore[method-assign]
-        notifier = core.notifier  # local matches and Notifications both end in notify_clients
-        orig_notify = notifier.notify_clients
-
-        def notify_clients(
-            event_id: str,
-            event: Any,
-            sub_ids: Any,
-            publish_time: float,
-            out: list[Action],
-            payload: bytes = b"",
-            owner: int = -1,
-        ) -> None:
-            for gid in sub_ids:
-                arrivals.setdefault((event_id, gid), self.step_no)
-            orig_notify(event_id, event, sub_ids, publish_time, out, payload, owner)
-
-        orig_tracked = notifier.notify  # tracked copies (keyed, group instances'): node.notify rule 3
-
-        def notify(event_id: str, event: Any, sub_ids: Any, *args: Any, **kw: Any) -> None:
-            for gid in sub_ids:
-                arrivals.setdefault((event_id, gid), self.step_no)
-            orig_tracked(event_id, event, sub_ids, *args, **kw)
-
-        notifier.notify = notify  # type: ignore[method-assign]
-
-        notifier.notify_clients = notify_clients  # type: ignore[method-assign]
-        outbox = core.outbox
-        orig_send, orig_dispatch = outbox.send, outbox.dispatch
-        sent, accepted, node = self.sent, self.accepted, core.id
-
-        def send(ev: pm.Event, sid: int, seq: int, out: list[Action]) -> bool:
-            accepted[ev.event_id] = (node, sid, self.step_no, dict(ev.event_exp))
-            return orig_send(ev, sid, seq, out)
-
-        def dispatch(ev: pm.Event, out: list[Action]) -> None:
-            sent[ev.event_id] += 1
-            orig_dispatch(ev, out)
-
-        outbox.send = send  # type: ignore[method-assign]
-        outbox.dispatch = dispatch
+        often it sends each event (white-box: the core's observer, ``node.observer``)."""
+        core.observe(_Spy(self, core.id))
 
     def advance(self, *, faults: bool, to: float | None = None, dt_scale: float = 1.0) -> None:
         rng = self.rng
@@ -531,3 +482,32 @@ class SimNetwork:
         self.step_no += 1
         if self.step_no > MAX_STEPS:
             raise RuntimeError(f"no progress after {MAX_STEPS} steps")
+
+
+class _Spy:
+    """What ``SimNetwork.spy`` records of one core (``overlay.node.observer``): the
+    step each event was matched at and each notification arrived at, what the
+    outbox accepted and how many times it dispatched each event."""
+
+    __slots__ = ("_net", "_node")
+
+    def __init__(self, net: SimNetwork, node: int) -> None:
+        self._net = net
+        self._node = node
+
+    def matched(self, event_id: str) -> None:
+        net = self._net
+        net.matched.setdefault(event_id, []).append(net.step_no)
+
+    def notified(self, event_id: str, gids: Sequence[str]) -> None:
+        net = self._net
+        arrivals, step = net.arrivals, net.step_no
+        for gid in gids:
+            arrivals.setdefault((event_id, gid), step)
+
+    def accepted(self, ev: pm.Event, sid: int) -> None:
+        net = self._net
+        net.accepted[ev.event_id] = (self._node, sid, net.step_no, dict(ev.event_exp))
+
+    def dispatched(self, ev: pm.Event) -> None:
+        self._net.sent[ev.event_id] += 1
