@@ -45,6 +45,7 @@ from overlay.config import load_config
 from overlay.messages import client as cm
 from overlay.net.node import Node
 from overlay.testing import LoopbackCluster, wait_until
+from overlay.testing.proxy import Proxy
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 LOCAL: Final = load_config(ROOT / "cluster_configs" / "local.toml")
@@ -59,23 +60,22 @@ def pct(xs: list[float], p: float) -> float:
 def make_slow(node: Node, mode: str, slow_ms: float, stall_ms: float) -> None:
     loop = asyncio.get_running_loop()
     if mode == "delay":
-        # Every reply to a client (PubAck, SubAck, errors) goes through the shell's
-        # ClientConnections.send; an event's Notifies (send_notifies) are not delayed:
-        # the bench times publish → PubAck.
+        # Every reply of the core to a client (PubAck, SubAck, errors) goes through
+        # the shell's connections (a Proxy in front of them: the compiled
+        # ClientConnections' methods are not replaced); an event's Notifies
+        # (send_notifies) are not delayed: the bench times publish → PubAck.
         send = node.connections.send
 
         def delayed(sid: int, msg: cm.ClientMessage) -> None:
             loop.call_later(slow_ms / 1000, send, sid, msg)
 
-        node.connections.send = delayed  # type: ignore[method-assign]
+        node.connections = Proxy(node.connections, send=delayed)  # type: ignore[assignment]
     else:
-        wait = node.inbox.wait
 
-        async def stalled() -> None:
-            await wait()
+        async def stalled() -> None:  # before each batch it takes (net.dispatch rule 5)
             await asyncio.sleep(stall_ms / 1000)
 
-        node.inbox.wait = stalled  # type: ignore[method-assign]
+        node.dispatcher.pace(stalled)
 
 
 async def drive(publish: Any, events: int, concurrency: int) -> list[float]:

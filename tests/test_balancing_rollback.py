@@ -15,10 +15,12 @@ from typing import Any, Final
 import pytest
 
 from conftest import LOCAL
+from overlay.actions import Action
 from overlay.channels import parse_subscription
 from overlay.client import Client
 from overlay.errors import RequestError
 from overlay.messages import peer as pm
+from overlay.net.inbox import FromPeer, InboxItem
 from overlay.testing import GOLDEN, QUEUE_SIZE, Ledger, LoopbackCluster, Sub, wait_until
 
 # -- test 4: a failure in mid-session ------------------------------------------------------
@@ -80,23 +82,22 @@ async def test_failure_mid_session_rolls_back(failure: str) -> None:
             s.acked = time.time()
 
         # The receiver stops answering once ChannelTransfer reaches it.
-        core2 = cl.nodes[receiver].core
-        inner = core2.handle_peer
         seen: list[str] = []
 
-        def handle_peer(src: int, msg: pm.PeerMessage, now: float) -> list[Any]:
+        def tap(item: InboxItem) -> list[Action] | None:  # net.dispatch rule 5
+            if type(item) is not FromPeer:
+                return None
             if seen:
                 return []  # gone quiet: nothing it receives is answered
-            if isinstance(msg, pm.ChannelTransfer):
-                seen.append(type(msg).__name__)
+            if isinstance(item.msg, pm.ChannelTransfer):
+                seen.append(type(item.msg).__name__)
                 if failure == "silent_after_transfer":
                     return []
-                out = inner(src, msg, now)  # answers SUCCESS, then the node stops
+                # The core answers SUCCESS (this batch), then the node stops.
                 asyncio.get_running_loop().call_soon(cl.nodes[receiver].stop)
-                return out
-            return inner(src, msg, now)
+            return None
 
-        core2.handle_peer = handle_peer
+        cl.nodes[receiver].dispatcher.intercept(tap)
 
         publishers = [await cl.client(i, client_id=f"pub-{i}") for i in (0, 1)]
         stop = asyncio.Event()

@@ -153,8 +153,9 @@ async def test_placing_a_subscription_never_spins_and_a_duplicate_left_behind_is
     unsubscribe and the next attempt succeeds."""
     import logging
 
-    from overlay.actions import ToClient
+    from overlay.actions import Action, ToClient
     from overlay.messages import client as cm
+    from overlay.net.inbox import FromClient, InboxItem
 
     caplog.set_level(logging.INFO, logger="overlay")
     cluster = await LoopbackCluster(LOCAL, balancing=False).start()
@@ -162,27 +163,29 @@ async def test_placing_a_subscription_never_spins_and_a_duplicate_left_behind_is
     try:
         await agent.connect()
         await wait_until(lambda: len(agent.connected) == 2)
-        core = cluster.nodes[2].core
         # Node 2 holds a stale copy of the id (as after a timed-out attempt): the first
         # subscribe there is refused as a duplicate; the agent unsubscribes it and retries.
-        real = core.clients._subscribe
+        # Node 2's answers come from a tap in front of its core (net.dispatch rule 5).
         refusals = []
+        always: list[str] = []  # the code every Subscribe is refused with, once set
 
-        def duplicate_once(sess, msg, out):
+        def tap(item: InboxItem) -> list[Action] | None:
+            if type(item) is not FromClient or type(item.msg) is not cm.Subscribe:
+                return None
+            msg = item.msg
+            if always:
+                return [ToClient(item.sid, cm.Error(msg.seq, always[0], "leaving"))]
             if not refusals:
                 refusals.append(msg.sub_id)
-                out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.DUPLICATE_SUBSCRIPTION, "held")))
-                return
-            real(sess, msg, out)
+                return [ToClient(item.sid, cm.Error(msg.seq, cm.ErrorCode.DUPLICATE_SUBSCRIPTION, "held"))]
+            return None
 
-        core.clients._subscribe = duplicate_once  # type: ignore[method-assign]
+        cluster.nodes[2].dispatcher.intercept(tap)
         sub = await agent.subscribe("price < 10", sub_id="f")
         await wait_until(lambda: len(sub.homes) == 2, 10.0)
         assert refusals == ["f"]
         # A node that always refuses: attempts stay bounded and paced, no traceback.
-        core.clients._subscribe = lambda sess, msg, out: out.append(  # type: ignore[method-assign]
-            ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.DRAINING, "leaving"))
-        )
+        always.append(cm.ErrorCode.DRAINING)
         attempts = []
         real_place = agent._failed_to_place
         agent._failed_to_place = lambda fs, i, exc: (attempts.append(i), real_place(fs, i, exc))  # type: ignore[method-assign]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Final
 
@@ -30,6 +31,7 @@ from overlay.messages import client as cm
 from overlay.net.inbox import ClientClosed
 from overlay.net.node import Node
 from overlay.testing import LOADED_SUSPECT_TIMEOUT, WAIT, LoopbackCluster, wait_progressing, wait_until, with_tls_table
+from overlay.testing.proxy import Proxy
 
 pytestmark = pytest.mark.timeout(60)
 # No publish or delivery for this long is a stall: longer than a dead access
@@ -48,34 +50,49 @@ def running(n: int) -> LoopbackCluster:
     return LoopbackCluster(LOCAL, n, balancing=False)
 
 
+def replies(node: Node, send: Callable[[int, cm.ClientMessage], None]) -> None:
+    """The core's replies to ``node``'s clients go through ``send`` (the shell's
+    ``ClientConnections.send`` itself is ``send_now(node)``), in front of the
+    node's connections: a ``Proxy`` (a compiled class's methods are not replaced)."""
+    conns = node.connections
+    if isinstance(conns, Proxy):
+        conns = conns.target
+    node.connections = Proxy(conns, send=send)  # type: ignore[assignment]
+
+
+def send_now(node: Node) -> Callable[[int, cm.ClientMessage], None]:
+    """``node``'s own, undelayed way to its clients."""
+    conns = node.connections
+    return conns.target.send if isinstance(conns, Proxy) else conns.send
+
+
 def slow_down(node: Node, delay: float) -> None:
     """Every reply of ``node`` to its clients leaves ``delay`` s late (the
     loop is shared by every node of the test, so no blocking sleep)."""
-    send = node.connections.send
+    send = send_now(node)
     loop = asyncio.get_running_loop()
-    node.connections.send = lambda sid, msg: loop.call_later(delay, send, sid, msg)  # type: ignore[method-assign]
+    replies(node, lambda sid, msg: loop.call_later(delay, send, sid, msg))
 
 
 async def hold_dispatcher(node: Node) -> asyncio.Event:
-    """Stop ``node``'s dispatcher at its next wake-up and fill the normal
+    """Stop ``node``'s dispatcher before its next batch and fill the normal
     level of its inbox to its choke threshold (below the inbox's bound, so
     what else arrives still fits); set the returned event to let it go on
     (the filler items are harmless: closes of unknown sessions)."""
     gate = asyncio.Event()
+    held = asyncio.Event()
     inbox = node.inbox
-    wait = inbox.wait
 
-    async def held() -> None:
+    async def hold() -> None:  # net.dispatch rule 5
+        node.dispatcher.pace(None)  # once
+        held.set()
         await gate.wait()
-        del inbox.wait  # type: ignore[attr-defined]
-        await wait()
 
-    inbox.wait = held  # type: ignore[method-assign]
-    # The dispatcher may be inside the real wait(): wake it with one filler so
-    # that its next wait is the held one.
+    node.dispatcher.pace(hold)
+    # The dispatcher may be inside the inbox's wait(): wake it with one filler
+    # (left in the inbox, harmless) so that it comes to the hold.
     inbox.put_force(ClientClosed(-1), False)
-    await wait_until(lambda: not len(inbox), what="dispatcher to take the filler")
-    await asyncio.sleep(0.01)
+    await wait_until(held.is_set, what="the dispatcher held")
     choke_at = node.config.cluster.choke_threshold
     assert choke_at < node.config.cluster.peer_queue  # the inbox's bound
     for _ in range(choke_at):
@@ -105,7 +122,6 @@ async def test_agent_avoids_a_slow_node() -> None:
 async def test_probing_brings_a_recovered_node_back() -> None:
     async with running(2) as cluster:
         node = cluster.nodes[0]
-        send = node.connections.send
         # Delays well past a busy machine's spikes: at 30 ms and 10 ms, node 1's
         # spikes at load 8-10 won node 0 ten of the first 40 publishes.
         slow_down(node, 0.2)
@@ -114,7 +130,7 @@ async def test_probing_brings_a_recovered_node_back() -> None:
             await agent.publish({"price": float(i), "sym": "AB"})
         before = agent.published[0]
         assert before <= 5, agent.published
-        node.connections.send = send  # type: ignore[method-assign]  # it recovers ...
+        node.connections = node.connections.target  # type: ignore[attr-defined]  # it recovers ...
         slow_down(cluster.nodes[1], 0.1)  # ... and the other one slows down
         await wait_until(lambda: agent.probes >= 40, what="probes")
         for i in range(200):
@@ -169,7 +185,7 @@ async def test_a_node_that_timed_out_once_takes_the_publish_when_the_other_choke
         agent = await cluster.agent(1, 2, probe_interval=0, min_timeout=0.05, max_timeout=0.2)
         gate = await hold_dispatcher(cluster.nodes[1])
         node = cluster.nodes[2]
-        send = node.connections.send
+        send = send_now(node)
         lost: list[cm.PubAck] = []
 
         def lose_the_first_puback(sid: int, msg: cm.ClientMessage) -> None:
@@ -178,7 +194,7 @@ async def test_a_node_that_timed_out_once_takes_the_publish_when_the_other_choke
                 return
             send(sid, msg)
 
-        node.connections.send = lose_the_first_puback  # type: ignore[method-assign]
+        replies(node, lose_the_first_puback)
         await agent.publish({"price": 1.0, "sym": "CH"}, timeout=5)
         assert lost and agent.timeouts == 1 and agent.chokes >= 1, (lost, agent.timeouts, agent.chokes)
         assert agent.published == [0, 1]
@@ -204,8 +220,8 @@ async def test_no_ack_in_time_is_a_failure_and_the_publish_goes_elsewhere() -> N
         warm_timeouts = agent.timeouts
         # ... then node 1 goes on accepting events but its PubAcks get lost.
         node = cluster.nodes[1]
-        send = node.connections.send
-        node.connections.send = lambda sid, msg: None if isinstance(msg, cm.PubAck) else send(sid, msg)  # type: ignore[method-assign]
+        send = send_now(node)
+        replies(node, lambda sid, msg: None if isinstance(msg, cm.PubAck) else send(sid, msg))
         ids = [await agent.publish({"price": float(i), "sym": "TO"}, timeout=5) for i in range(20)]
         assert agent.timeouts > warm_timeouts and agent.resent == agent.timeouts
         assert agent.agent.failures[0] >= 1

@@ -10,10 +10,11 @@ import asyncio
 import pytest
 
 from conftest import LOCAL
-from overlay.actions import ToPeer
+from overlay.actions import Action, ToPeer
 from overlay.channels.channel import ChannelId
 from overlay.messages import peer as pm
 from overlay.messages.codec import HEADER, encode_frame, peer_reader
+from overlay.net.inbox import FromPeer, InboxItem
 from overlay.net.peer_link import BATCH_ITEMS, PeerLink
 from overlay.testing import WAIT, LoopbackCluster, accept_peer, wait_until
 
@@ -96,20 +97,14 @@ async def test_frames_a_broken_connection_lost_are_sent_again_once_and_in_order(
     # node 0 sends; node 1's core sees every event once, in the order sent.
     async with LoopbackCluster(LOCAL, 2, balancing=False) as cl:
         got: list[str] = []
-        core = cl.nodes[1].core
-        handle = core.handle_peer
 
-        def spy(src: int, msg: pm.PeerMessage, now: float) -> list:  # type: ignore[type-arg]
-            if type(msg) is pm.Event and msg.event_id.startswith("x"):
-                got.append(msg.event_id)
+        def tap(item: InboxItem) -> list[Action] | None:  # net.dispatch rule 5: seen, not handled
+            if type(item) is FromPeer and type(item.msg) is pm.Event and item.msg.event_id.startswith("x"):
+                got.append(item.msg.event_id)
                 return []
-            return handle(src, msg, now)
+            return None
 
-        def spy_events(src: int, msgs: list[pm.Event], now: float) -> list:  # type: ignore[type-arg]
-            return [a for m in msgs for a in spy(src, m, now)]  # Events in a row (net.dispatch rule 1)
-
-        core.handle_peer = spy  # type: ignore[method-assign]
-        core.handle_peer_events = spy_events  # type: ignore[method-assign]
+        cl.nodes[1].dispatcher.intercept(tap)
         link = cl.nodes[0].links[1]
         sent = [f"x{i}" for i in range(6000)]
         ec = cl.nodes[0].core.routing.lookup_event({"price": 1.0, "sym": "A"})

@@ -19,6 +19,7 @@ import pytest
 from overlay.actions import Action, ToClient
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
+from overlay.testing.proxy import Proxy
 from overlay.testing.sim import inbox
 from overlay.testing.sim.cluster import SimCluster
 from overlay.testing.sim.faults import Fault, NodeFaults
@@ -169,9 +170,8 @@ def test_peers_see_the_link_down_then_unreachable_then_back(monkeypatch: pytest.
     def peer_reachable(node: int) -> None:
         calls.append(("reachable", node))
 
-    monkeypatch.setattr(core0, "peer_link", peer_link)
-    monkeypatch.setattr(core0, "peer_unreachable", peer_unreachable)
-    monkeypatch.setattr(core0, "peer_reachable", peer_reachable)
+    proxy = Proxy(core0, peer_link=peer_link, peer_unreachable=peer_unreachable, peer_reachable=peer_reachable)
+    monkeypatch.setitem(sim.cores, 0, proxy)
     nf.crash(2, restart_after=sim.net.timeout + 1.0)
     assert calls == [("link", 2, False)]
     run_for(sim, sim.net.timeout + 0.5)
@@ -248,7 +248,7 @@ def test_a_partition_holds_what_crosses_it_until_the_heal(monkeypatch: pytest.Mo
             downs.append(node)
         return real(node, up, now)
 
-    monkeypatch.setattr(core1, "peer_link", peer_link)
+    monkeypatch.setitem(sim.cores, 1, Proxy(core1, peer_link=peer_link))
     first = pm.PeerError("probe", "first")
     net.send(1, 0, first)
     nf.partition(0, 1.0, lossy=False)
@@ -309,8 +309,7 @@ def _answer_once(monkeypatch: pytest.MonkeyPatch, sim: SimCluster, node: int, co
         first, *rest = msgs
         return refuse(sid, first, now) + (real_run(sid, rest, now) if rest else [])
 
-    monkeypatch.setattr(core, "handle_client", refuse)
-    monkeypatch.setattr(core, "handle_publishes", refuse_first)
+    monkeypatch.setitem(sim.cores, node, Proxy(core, handle_client=refuse, handle_publishes=refuse_first))
 
 
 @pytest.mark.parametrize("run", [1, 2])

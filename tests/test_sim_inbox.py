@@ -20,6 +20,7 @@ from overlay.actions import Action
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.net.dispatch import DISPATCH_BATCH
+from overlay.testing.proxy import Proxy
 from overlay.testing.sim import inbox
 from overlay.testing.sim.cluster import SimCluster
 from overlay.testing.sim.inbox import ClientInbox, ClientLink, run_length
@@ -107,6 +108,7 @@ def record_calls(monkeypatch: pytest.MonkeyPatch, sim: SimCluster, node: int) ->
     """The core of ``node``'s entry points called from now on, with what each got (handled as usual)."""
     calls: list[tuple[str, Any]] = []
     core = sim.cores[node]
+    spies: dict[str, Any] = {}
     for name in ("handle_peer", "handle_peer_events", "handle_client", "handle_publishes"):
         real = getattr(core, name)
 
@@ -115,7 +117,8 @@ def record_calls(monkeypatch: pytest.MonkeyPatch, sim: SimCluster, node: int) ->
             result: list[Action] = real(origin, what, now)
             return result
 
-        monkeypatch.setattr(core, name, spy)
+        spies[name] = spy
+    monkeypatch.setitem(sim.cores, node, Proxy(core, **spies))
     return calls
 
 

@@ -23,14 +23,13 @@ from typing import Final
 import pytest
 
 from overlay.actions import Action, Notifies
-from overlay.channels.channel import Channel
 from overlay.channels.predicates import Filter
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.node.dedup import SeenEvents
+from overlay.node.core import NodeCore
 from overlay.node.migration import Migration
-from overlay.node.router import Router
 from overlay.node.sessions import Sessions
+from overlay.testing.proxy import Proxy
 from overlay.testing.sim.cluster import SimCluster
 from overlay.testing.sim.records import SimResult
 from overlay.testing.sim.setup import SimParams, make_config, random_config
@@ -142,20 +141,44 @@ def test_lost_reforwards_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     assert failures, "dropping every Reforward went unnoticed"
 
 
-def test_double_notifications_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    orig = Router.match
+def test_double_notifications_are_caught() -> None:
+    """An owner that matches an event twice (each Event ending in 7 sent to it
+    a second time, from outside: ``Proxy``) is caught by the match count
+    (invariants rule 1).  (The access nodes' de-duplication, node.dedup,
+    keeps the second copy from the clients; with it off, re-sends alone
+    notify twice: no sabotage needed to see that.)"""
+    failures: list[str] = []
+    for seed in range(10):
+        sim = SimCluster(random_config(seed), seed)
+        for i, core in list(sim.cores.items()):
+            sim.cores[i] = _sevens_twice(sim, core)
+        failures += sim.run().failures
+        if any("matched 2 times" in f for f in failures):
+            break
+    assert any("matched 2 times" in f for f in failures), failures[:3]
 
-    def twice(self: Router, ch: Channel, msg: pm.Event, out: list[Action]) -> None:
-        orig(self, ch, msg, out)
-        if msg.event_id.endswith("7"):
-            orig(self, ch, msg, out)
 
-    monkeypatch.setattr(Router, "match", twice)
-    # The access nodes' de-duplication (node.dedup) would hide the second
-    # copies from the clients: off, so that the invariant itself is tested.
-    monkeypatch.setattr(SeenEvents, "seen", lambda self, event_id, now: False)
-    failures = _fails_somewhere(range(10))
-    assert any("2 times" in f or "matched 2 times" in f for f in failures), failures[:3]
+def _sevens_twice(sim: SimCluster, core: NodeCore) -> Proxy:
+    """``core``, which gets every Event whose id ends in 7 a second time, as if
+    its peer had sent it twice (its owner matches it twice)."""
+    again: set[str] = set()
+
+    def twice(src: int, msgs: list[pm.Event]) -> None:
+        for m in msgs:
+            if m.event_id.endswith("7") and m.event_id not in again:
+                again.add(m.event_id)
+                sim.net.send(src, core.id, m)
+
+    def handle_peer(src: int, msg: pm.PeerMessage, now: float) -> list[Action]:
+        if type(msg) is pm.Event:
+            twice(src, [msg])
+        return core.handle_peer(src, msg, now)
+
+    def handle_peer_events(src: int, msgs: list[pm.Event], now: float) -> list[Action]:
+        twice(src, msgs)
+        return core.handle_peer_events(src, msgs, now)
+
+    return Proxy(core, handle_peer=handle_peer, handle_peer_events=handle_peer_events)
 
 
 def test_resurrected_subscriptions_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,6 +25,15 @@ Rules:
    indexer waits for the next wake-up.
 4. ``SlowLog``: whatever held the loop past ``slow_ms`` is journalled as
    ``slow`` with what it was, where it came from and for how long.
+5. A test may see, drop or answer in the core's place what reaches the core
+   (``intercept``): each batch's items are shown to its tap first, in the
+   order they are taken; an item the tap answers with a list of actions
+   (maybe empty) is not handed to the core, and those actions are executed
+   at once.  A test may also hold or slow the dispatcher (``pace``): its
+   hook is awaited before each batch is taken.  Without them (always
+   outside tests) each costs one test per batch.  (Tests used to replace
+   the core's and the inbox's methods: compiled classes' cannot be,
+   ``overlay.build``.)
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
 from overlay.actions import Action, ToPeer
@@ -42,7 +51,7 @@ from overlay.messages import peer as pm
 from overlay.net.inbox import ClientClosed, FromClient, FromPeer, Inbox, InboxItem, PeerHelloIn
 from overlay.node import NodeCore
 
-__all__ = ["DISPATCH_BATCH", "DISPATCH_SLICE", "INDEX_PAUSE", "INDEX_STEP", "Dispatcher", "SlowLog"]
+__all__ = ["DISPATCH_BATCH", "DISPATCH_SLICE", "INDEX_PAUSE", "INDEX_STEP", "Dispatcher", "Pace", "SlowLog", "Tap"]
 
 log = logging.getLogger("overlay.net")
 
@@ -56,6 +65,9 @@ DISPATCH_SLICE: Final = 0.001
 # 0.2 ms — an event arriving meanwhile waits no longer than that — and the
 # pause keeps indexing to a sixth of the loop's time.
 INDEX_STEP: Final = 4
+# Rule 5: None hands the item to the core as usual; a list answers it instead.
+Tap = Callable[[InboxItem], list[Action] | None]
+Pace = Callable[[], Awaitable[None]]
 INDEX_PAUSE: Final = 0.001
 
 
@@ -96,6 +108,27 @@ class Dispatcher:
         self._execute = execute
         self._peer_run = peer_run
         self._wake = asyncio.Event()
+        self._tap: Tap | None = None  # rule 5
+        self._pace: Pace | None = None
+
+    def intercept(self, tap: Tap | None) -> None:
+        """Rule 5: show every item to ``tap`` before the core (None: no more)."""
+        self._tap = tap
+
+    def pace(self, hook: Pace | None) -> None:
+        """Rule 5: await ``hook()`` before taking each batch (None: no more)."""
+        self._pace = hook
+
+    def _tapped(self, tap: Tap, items: list[InboxItem]) -> list[InboxItem]:
+        """Rule 5: the items ``tap`` leaves to the core, in order."""
+        kept: list[InboxItem] = []
+        for item in items:
+            acts = tap(item)
+            if acts is None:
+                kept.append(item)
+            elif acts:
+                self._execute(acts)
+        return kept
 
     async def run(self) -> None:
         core = self._core
@@ -129,7 +162,11 @@ class Dispatcher:
             # Take a batch, high first (queues rule 1).  Nothing below awaits, so
             # nothing is queued meanwhile: the order is exactly the one a get()
             # per message would give, without its per-message cost.
+            if self._pace is not None:
+                await self._pace()
             items = inbox.drain(DISPATCH_BATCH)
+            if self._tap is not None:
+                items = self._tapped(self._tap, items)
             n = len(items)
             i = 0
             while i < n:
