@@ -235,6 +235,27 @@ async def test_drain_of_the_last_node_is_refused() -> None:
         assert not cl.nodes[0].core.draining
 
 
+@pytest.mark.parametrize(
+    "query, body",
+    [
+        ("", {"node": float("inf")}),  # JSON's Infinity: int() raised OverflowError, a 500 with a traceback
+        ("", {"node": 1e400}),
+        ("", {"node": 0.5}),  # int() made it node 0: this node drained
+        ("", {"node": True}),  # int() made it node 1
+        ("", {"node": -1}),
+        ("", {"node": "0x0"}),
+        ("?node=abc", None),
+        ("?node=-0", None),
+    ],
+)
+async def test_drain_naming_no_node_id_is_a_400_and_drains_nothing(query: str, body: Any) -> None:
+    async with LoopbackCluster(LOCAL, 2, admin=True, balancing=False) as cl:
+        sep = "&" if query else "?"
+        status, answer = await post(cl.url(0) + f"/drain{query}{sep}wait=0", json=body)
+        assert status == 400 and "must be a node id" in answer["error"], (status, answer)
+        assert not cl.nodes[0].core.draining and not cl.nodes[1].core.draining
+
+
 async def test_drain_needs_the_token_when_one_is_configured(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv(TOKEN_ENV, "s3cret")
     async with LoopbackCluster(LOCAL, 3, admin=True, balancing=False) as cl:

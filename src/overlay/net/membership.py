@@ -35,6 +35,18 @@ POLL_SECONDS: Final = 0.05
 DRAIN_WAIT_MAX: Final = 600.0
 
 
+def _node_id(given: Any) -> int | None:
+    """A node id from the query (text) or the JSON body (a number), or None.
+    Only a whole number is one: ``int()`` would make 2.5 node 2 and ``true``
+    node 1 — draining a node nobody named — and raise OverflowError (a 500)
+    on JSON's ``Infinity`` or ``1e400``."""
+    if isinstance(given, str) and given.strip().isdecimal():
+        return int(given)
+    if isinstance(given, int) and not isinstance(given, bool) and given >= 0:
+        return given
+    return None
+
+
 def install(admin: AdminServer, node: NodeView) -> None:
     """Register the drain routes on the node's admin endpoint (before it runs)."""
 
@@ -49,11 +61,9 @@ def install(admin: AdminServer, node: NodeView) -> None:
             if not isinstance(body, dict):
                 return json_error(400, "the body must be a JSON object")
             args.update(body)
-        target = args.get("node", node.id)
-        try:
-            target = int(target)
-        except (TypeError, ValueError):
-            return json_error(400, f"'node' must be an integer, got {target!r}")
+        target = _node_id(args.get("node", node.id))
+        if target is None:
+            return json_error(400, f"'node' must be a node id (an integer from 0), got {args['node']!r}")
         if target != node.id:
             known = {node.id, *core.peers}
             if target not in known:
