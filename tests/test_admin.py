@@ -201,6 +201,16 @@ async def test_unknown_paths_and_methods_answer_json_errors_and_the_page_is_serv
         assert (status, kind) == (200, "image/svg+xml")
 
 
+async def test_an_event_stream_interval_that_is_no_finite_number_is_a_400(caplog: pytest.LogCaptureFixture) -> None:
+    # interval=nan passed the clamp (min/max of NaN is NaN): the stream sent one
+    # event, then the loop's timer raised ValueError — a cut stream and a traceback.
+    async with LoopbackCluster(LOCAL, 1, admin=True) as cl:
+        for bad in ("nan", "inf", "-inf", "soon"):
+            status, body, kind = await fetch(cl.url(0) + "/events?interval=" + bad)
+            assert status == 400 and kind == "application/json" and "finite number" in body["error"], bad
+        assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
+
+
 async def _drill(request: web.Request) -> web.Response:
     return web.json_response({"done": True})
 

@@ -57,6 +57,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import os
 import socket
 import time
@@ -520,7 +521,9 @@ class AdminServer:
         try:
             interval = float(request.query.get("interval", PUSH_SECONDS))
         except ValueError:
-            return json_error(400, "interval must be a number of seconds")
+            interval = math.nan
+        if not math.isfinite(interval):  # NaN passes min/max and fails the loop's timer after the first event
+            return json_error(400, "interval must be a finite number of seconds")
         interval = min(max(interval, PUSH_BOUNDS[0]), PUSH_BOUNDS[1])
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
