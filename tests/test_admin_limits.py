@@ -6,6 +6,7 @@ a hostile client would."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -103,3 +104,33 @@ async def test_past_the_connection_limit_the_longest_idle_make_room() -> None:
         assert data.startswith(b"HTTP/1.1 200"), data[:200]
         for _, w in [*idle, (reader, writer)]:
             w.close()
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"GET / HTTP/9.9\r\n\r\n",
+        b"GET /status HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+        b"GET /status?" + b"x" * 10_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"GET /status HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ],
+)
+async def test_a_request_that_is_not_http_is_a_400_counted_and_one_log_line(
+    request_: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Rule 10: aiohttp logged each of these as an ERROR with its parser's traceback."""
+    caplog.set_level(logging.INFO, logger="overlay.admin")
+    async with LoopbackCluster(LOCAL, 1, admin=True, limits=LIMITS) as cl:
+        reader, writer = await connect(cl)
+        writer.write(request_)
+        data, _ = await closed_within(reader, WAIT)
+        writer.close()
+        assert data.startswith((b"HTTP/1.0 400", b"HTTP/1.1 400")), data[:200]
+        assert cl.stat("http_bad_requests") == 1
+        assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records if r.exc_info]
+        assert any("bad HTTP request from 127.0.0.1 (400)" in r.getMessage() for r in caplog.records)
+        reader, writer = await connect(cl)  # the endpoint still serves
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data, _ = await closed_within(reader, WAIT)
+        assert data.startswith(b"HTTP/1.1 200"), data[:200]
