@@ -129,6 +129,9 @@ def bad_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "pub-unknown-node": (["pub", "--config", cfg, "--node", "9", event], "0, 1, 2"),
         "pub-bad-event": (["pub", "--config", cfg, "{price: abc}"], "position"),
         "pub-rank-without-key": (["pub", "--config", cfg, "--rank", "2", event], "--key"),
+        "pub-empty-key": (["pub", "--config", cfg, "--key", "", event], "must not be empty"),  # was: unordered
+        "sub-empty-group": (["sub", "--config", cfg, "price < 1", "--group", ""], "blank"),  # was: no group
+        "sub-blank-group": (["sub", "--config", cfg, "price < 1", "--group", " "], "blank"),  # was: the node's exit 1
         "sub-count-zero": (["sub", "--config", cfg, "price < 1", "--count", "0"], "--count"),
         "sub-count-negative": (["sub", "--config", cfg, "price < 1", "--count", "-3"], "--count"),
         "sub-seconds-negative": (["sub", "--config", cfg, "price < 1", "--seconds", "-1"], "--seconds"),

@@ -87,6 +87,21 @@ def positive_int(text: str) -> int:
     return value
 
 
+def sequence_key(text: str) -> str:
+    """``pub --key``: an empty key would publish unordered, which the flag never asks for."""
+    if not text:
+        raise argparse.ArgumentTypeError("a sequence key must not be empty (leave --key out for unordered events)")
+    return text
+
+
+def group_name(text: str) -> str:
+    """``sub --group``: a blank name would subscribe outside any group (an empty one) or be
+    refused by the node (bad_group) only after connecting."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("a group name must not be blank (leave --group out for a plain subscription)")
+    return text
+
+
 def node_id(text: str) -> int:
     value = integer(text)
     if value < 0:

@@ -32,9 +32,11 @@ from overlay.cli.args import (
     client_id_for,
     cluster_tls,
     config_node,
+    group_name,
     node_id,
     positive_float,
     positive_int,
+    sequence_key,
     user_token,
 )
 from overlay.cli.running import (
@@ -122,6 +124,7 @@ def _stdin_events() -> list[str]:
 
 
 async def run_pub(args: argparse.Namespace) -> int:
+    args.key = args.key or ""  # None: no --key (register)
     cfg = load_config(args.config)
     events = args.events or _stdin_events()
     payload: bytes | None = getattr(args, "payload_data", None)  # read by cmd_pub, before the loop started
@@ -219,6 +222,7 @@ def decode_payload_fields(line: dict[str, Any]) -> bytes:
 
 
 def cmd_pub(args: argparse.Namespace) -> int:
+    args.key = args.key or ""  # None: no --key
     if args.rank and not args.key:
         raise UsageError("--rank needs --key (ranks order the events of one key)")
     cfg = load_config(args.config)
@@ -257,6 +261,7 @@ async def _notes(sub: Any, count: int | None) -> None:
 
 
 async def run_sub(args: argparse.Namespace) -> int:
+    args.group = args.group or ""  # None: no --group (register)
     cfg = load_config(args.config)
     # Held on two access nodes (one for a group) and moved when one is lost (SPEC §12).
     token = user_token(args.token, cfg)
@@ -290,6 +295,7 @@ async def run_sub(args: argparse.Namespace) -> int:
 
 
 def cmd_sub(args: argparse.Namespace) -> int:
+    args.group = args.group or ""  # None: no --group
     cfg = load_config(args.config)
     if args.node is not None:
         config_node(cfg, args.node)
@@ -310,7 +316,8 @@ def register(sub: Any) -> None:
     )
     pb.add_argument(
         "--key",
-        default="",
+        type=sequence_key,
+        default=None,  # not "": argparse would pass a string default through sequence_key
         help="sequence key: events with one key arrive in order (docs/concepts.md#ordered-delivery-per-key)",
     )
     pb.add_argument("--rank", type=positive_int, default=0, help="explicit rank of the first event (needs --key)")
@@ -333,7 +340,8 @@ def register(sub: Any) -> None:
     sb.add_argument("expression")
     sb.add_argument(
         "--group",
-        default="",
+        type=group_name,
+        default=None,  # not "": argparse would pass a string default through group_name
         help="join this subscriber group: one instance gets each event (docs/concepts.md#subscriber-groups)",
     )
     sb.add_argument("--weight", type=positive_float, default=1.0, help="static weight Ws within the group")
