@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from overlay.channels import Attribute, Kind, Schema
+from overlay.channels import Attribute, Kind, Schema, strings
 from overlay.channels.dnf import MAX_CONJUNCTS, Expression
 from overlay.channels.expressions import MAX_NESTING, parse_expression, parse_subscription
 from overlay.channels.matcher import LinearMatcher, SubscriptionIndex
@@ -294,3 +294,50 @@ def test_old_conjunctions_parse_as_before():
     e = parse_expression('x >= 1 and s prefix "a" and n in [0, 1]', LANG)
     assert len(e.conjuncts) == 1
     assert e.conjuncts[0] == parse_subscription('x >= 1 and s prefix "a" and n in [0, 1]', LANG)
+
+
+def _steps_of(monkeypatch: pytest.MonkeyPatch, text: str) -> tuple[int, str]:
+    """Automaton steps parsing ``text`` took (a count, not a time), and how it ended."""
+    steps = [0]
+    step = strings.Auto.step
+
+    def counted(self: strings.Auto, state: object, ch: str, folded: str) -> object:
+        steps[0] += 1
+        return step(self, state, ch, folded)
+
+    monkeypatch.setattr(strings.Auto, "step", counted)
+    strings._is_empty.cache_clear()
+    try:
+        parse_expression(text, LANG)
+    except ExpressionError as exc:
+        return steps[0], str(exc)
+    return steps[0], "ok"
+
+
+_PAIRS = [(chr(97 + 2 * i), chr(98 + 2 * i)) for i in range(12)]
+
+
+def test_a_pile_of_wildcards_is_refused_within_the_step_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Twelve `like "*a*b*"` on one attribute, 251 bytes: under a bound of 20,000
+    # product states this took 4.2 M steps (15 s of a node's loop) before refusing.
+    text = " and ".join(f't like "*{a}*{b}*"' for a, b in _PAIRS)
+    steps, outcome = _steps_of(monkeypatch, text)
+    assert "too intricate" in outcome and steps <= strings.MAX_STEPS, (steps, outcome)
+
+
+def test_one_budget_covers_every_alternative_of_an_expression(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 64 alternatives of six wildcard patterns each: every search under its own
+    # bound, many searches; the parser's one budget bounds them together.
+    text = " and ".join(f'(t like "*{a}*{b}*" or t like "*{b}*{a}*")' for a, b in _PAIRS[:6])
+    steps, outcome = _steps_of(monkeypatch, text)
+    assert "too intricate" in outcome and steps <= strings.MAX_STEPS, (steps, outcome)
+
+
+def test_rich_string_filters_stay_far_inside_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    for text in (
+        " and ".join(f't like "*{a}*{b}*"' for a, b in _PAIRS[:4]),
+        's like "*A*B*C*D*" and not s like "*D*C*B*A*" and s isuffix "x"',
+        '(s like "*A*" or s like "*B*") and (t like "*x*" or t like "*y*") and (s ieq "ab" or t ieq "xy")',
+    ):
+        steps, outcome = _steps_of(monkeypatch, text)
+        assert outcome == "ok" and steps * 10 < strings.MAX_STEPS, (text, steps, outcome)

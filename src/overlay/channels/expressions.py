@@ -43,6 +43,7 @@ from typing import Final, NamedTuple
 from overlay.channels.dnf import MAX_CONJUNCTS, Expression
 from overlay.channels.predicates import MAX_SET_SIZE, Filter, Op, Predicate, conjunction
 from overlay.channels.schema import Kind, Schema, Value, as_number, parse_rfid
+from overlay.channels.strings import search_budget
 from overlay.errors import ExpressionError, SchemaError
 
 __all__ = ["MAX_EXPRESSION_LENGTH", "MAX_NESTING", "parse_event", "parse_expression", "parse_subscription"]
@@ -225,16 +226,17 @@ class _Parser:
             raise self.error(f"expected 'and', 'or' or end of input, found {_show(tok)}", tok)
         first_error: ExpressionError | None = None
         kept: dict[Filter, None] = {}
-        for conj in self.dnf(node, False):
-            # A predicate repeated in one conjunct is one predicate.
-            unique = dict.fromkeys(conj)
-            preds = [p for p, _ in unique]
-            try:
-                self.satisfiable(preds, [t for _, t in unique])
-            except ExpressionError as exc:
-                first_error = first_error or exc
-                continue
-            kept.setdefault(Filter(tuple(preds)))
+        with search_budget():  # one budget for every string search of the expression (strings rule 4)
+            for conj in self.dnf(node, False):
+                # A predicate repeated in one conjunct is one predicate.
+                unique = dict.fromkeys(conj)
+                preds = [p for p, _ in unique]
+                try:
+                    self.satisfiable(preds, [t for _, t in unique])
+                except ExpressionError as exc:
+                    first_error = first_error or exc
+                    continue
+                kept.setdefault(Filter(tuple(preds)))
         if not kept:
             assert first_error is not None  # the expansion has at least one conjunct
             raise first_error
