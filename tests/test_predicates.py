@@ -518,3 +518,22 @@ def test_stored_filters_and_their_tests_are_not_tracked_by_the_cyclic_gc():
     # Only the big set's frozenset (and its row, and the rows) stays tracked.
     assert [gc.is_tracked(r) for r in test.rows] == [False, False, True, False, False]
     assert test({"price": 2.0, "sym": "a"}) and not test({"price": 2.0, "sym": "b"})
+
+
+@pytest.mark.timeout(30)
+def test_like_matching_does_not_backtrack_over_placements() -> None:
+    # As a regular expression (.*a.*a…b) this backtracked over every placement
+    # of the a's: C(300, 30) tries, an owner's loop held for good by one event.
+    stars = "*a" * 30
+    assert not P("venue", "like", stars + "*b").satisfied_by("a" * 300)
+    assert P("venue", "not like", stars + "*b").satisfied_by("a" * 300)
+    assert P("venue", "like", stars + "*b").satisfied_by("a" * 300 + "b")
+    assert P("venue", "like", "x" + stars + "*y").satisfied_by("x" + "a" * 300 + "y")
+    assert not P("venue", "like", "ab*ba").satisfied_by("aba")  # head and tail may not share a character
+
+
+def test_like_without_a_star_on_a_value_that_is_not_a_string_raises_as_the_other_string_tests() -> None:
+    # str.__eq__ gave NotImplemented, which is true: an int "matched" like "A".
+    with pytest.raises(TypeError):
+        P("sym", "like", "A").satisfied_by(5)
+    assert P("sym", "like", "A").satisfied_by("A") and not P("sym", "like", "A").satisfied_by("AB")
