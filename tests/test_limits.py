@@ -191,6 +191,29 @@ async def test_a_connection_without_a_hello_is_closed_after_the_deadline() -> No
         await wait_until(lambda: not cl.nodes[0].core.sessions, what="the session gone")
 
 
+async def test_a_frame_begun_and_never_finished_is_closed_and_a_whole_one_keeps_the_session() -> None:
+    """net.clients rule 6: a session that says Hello, subscribes, then begins a
+    big frame and stalls held its bytes for good; now it is closed, told why,
+    while a session idle between whole frames stays."""
+    limits = {"hello_timeout": 0.5, "slow_consumer_grace": 0.4}  # a sweep every 0.1 s
+    async with LoopbackCluster(LOCAL, 1, limits=limits) as cl:
+        idle_reader, idle_writer = await raw_session(cl, 0, "idle", cm.Subscribe(1, "s", "price < 5"))
+        reader, writer = await raw_session(cl, 0, "stalled", cm.Subscribe(1, "s", "price < 5"))
+        big = encode_frame(cm.Publish(2, {"price": 1.0, "sym": "A"}, payload=b"x" * 50_000))
+        writer.write(big[: len(big) // 2])
+        assert [type(m) for m in await read_until(reader, 2)] == [cm.Welcome, cm.SubAck]
+        got = await read_until_fatal(reader)
+        writer.close()
+        assert isinstance(got[-1], cm.Error) and "not finished within 0.5s" in got[-1].message, got
+        assert cl.stat("frame_timeouts") == 1
+        await wait_until(lambda: len(cl.nodes[0].core.sessions) == 1, what="the stalled session gone")
+        # The idle one, past several sweeps, is still served.
+        assert [type(m) for m in await read_until(idle_reader, 2)] == [cm.Welcome, cm.SubAck]
+        idle_writer.write(encode_frame(cm.Publish(2, {"price": 1.0, "sym": "A"})))
+        assert {type(m) for m in await read_until(idle_reader, 2)} == {cm.PubAck, cm.Notify}
+        idle_writer.close()
+
+
 # -- slow consumers (net.clients rule 7) ----------------------------------------------------------
 
 

@@ -29,7 +29,12 @@ Rules:
    new one gets a fatal ``too_many_connections`` Error and is closed before
    it is a session (counted; logged once per run of refusals); a
    connection that has not sent a whole first frame (its Hello) within
-   ``hello_timeout`` is closed (``hello_timeouts``).  Per client id limits
+   ``hello_timeout`` is closed (``hello_timeouts``), and so is one that has
+   begun a frame and not finished it as long after its last whole frame
+   (``frame_timeouts``; looked for with rule 7's stalled sessions): a fatal
+   protocol error, written after what is queued for it.  Such a frame held
+   up to ``max_frame_size`` bytes of the node for as long as the client
+   liked (150 stalled connections: +277 MB).  Per client id limits
    are the core's (``node.clients`` rules L1–L4).
 7. Every frame queued for a session counts in the node's queue budget
    (``overlay.limits.budget``; ``net.writer`` rule 5).  **Slow consumers**:
@@ -73,6 +78,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
@@ -127,6 +133,18 @@ Spawn = Callable[[Coroutine[Any, Any, None], str], asyncio.Task[None]]
 Refuse = Callable[[Refusal, str, str], None]
 
 
+class _Reading:
+    """Rule 6: a session's frame reader, and the time by which the frame it
+    holds begun (if any) had begun: its last whole frame, or its first byte."""
+
+    __slots__ = ("frames", "late", "since")
+
+    def __init__(self, frames: FrameReader[cm.ClientMessage], since: float) -> None:
+        self.frames = frames
+        self.since = since
+        self.late = False  # past the limit at the last sweep
+
+
 class ClientConnections:
     """The client side of one node's shell (rules 1–4).
 
@@ -167,6 +185,7 @@ class ClientConnections:
         self._sweep_every = min(SWEEP_SECONDS, limits.slow_consumer_grace / 4)
         self._swept = 0.0
         self._cut: set[int] = set()  # sessions disconnected as slow consumers, until their read loop ends
+        self._reading: dict[int, _Reading] = {}  # rule 6: each open session's frames and their progress
         self.linger = LINGER  # rule 7b: how long a cut connection's last words may take to be read
         self._full_logged = False  # rule 6: a run of max_clients refusals is logged once
         # Rule 8: the last message encoded and its frame (held, so `is` cannot
@@ -298,6 +317,7 @@ class ClientConnections:
         if now - self._swept < self._sweep_every:
             return
         self._swept = now
+        self._stalled_frames(now)
         grace = self.budget.grace
         for acct in self.budget.stalled(now):
             self.cut(
@@ -389,6 +409,27 @@ class ClientConnections:
             write_frames(writer, [CLIENT_MAGIC, encode_frame(error)])
         writer.close()
 
+    def _stalled_frames(self, now: float) -> None:
+        """Rule 6: close the sessions holding a frame begun ``hello_timeout`` ago and not finished."""
+        limit = self._hello_timeout
+        late = []
+        for sid, r in self._reading.items():
+            # Seen late twice, a sweep apart: after a loop held longer than the
+            # limit, a read loop has not yet taken what arrived meanwhile.
+            was, r.late = r.late, bool(r.frames.buffered) and now - r.since > limit
+            if was and r.late:
+                late.append(sid)
+        for sid in late:
+            del self._reading[sid]  # once: its read loop ends on the close
+            w = self.writers.get(sid)
+            if w is None:
+                continue
+            self._stats["frame_timeouts"] += 1
+            why = f"a frame begun was not finished within {limit:g}s ([limits] hello_timeout)"
+            log.info("node %d: client session %d: %s; closing", self.node_id, sid, why)
+            self.send(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, why, fatal=True))
+            w.close(self.linger)
+
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, address: str = "") -> None:
         """One client connection (from ``address``), from after its preamble to its end."""
         if self._max_clients and len(self.writers) >= self._max_clients:
@@ -405,6 +446,8 @@ class ClientConnections:
         choke_at = self._choke_at
         put_nowait = inbox.put_nowait
         client_ack = core.client_ack
+        clock = time.monotonic
+        reading = self._reading[sid] = _Reading(frames, clock())  # rule 6
         try:
             write_frames(writer, [CLIENT_MAGIC])
             msgs = await self._first_frames(reader, frames, sid)  # rule 6: the Hello in time
@@ -427,7 +470,10 @@ class ClientConnections:
                 if acts:
                     self._execute(acts)
                 msgs = []
+                reading.since = clock()  # rule 6: a frame left begun began by now
                 while not msgs and (data := await reader.read(READ_CHUNK)):
+                    if not frames.buffered:
+                        reading.since = clock()
                     msgs = frames.feed(data)
         except RemoteProtocolError as exc:
             self._stats["rejected_client_protocol"] += 1
@@ -443,6 +489,7 @@ class ClientConnections:
         finally:
             wtask.cancel()
             self.writers.pop(sid, None)
+            self._reading.pop(sid, None)
             self._batched.discard(sid)
             self._acks.pop(sid, None)
             self._slow.discard(sid)
