@@ -69,7 +69,8 @@ class LimitSettings(ClientLimits, frozen=True, forbid_unknown_fields=True):
     # Seconds a connection with data waiting for it may accept none before
     # it is disconnected (slow_consumer).
     slow_consumer_grace: Seconds = 10.0
-    # Seconds a new client connection has to send its first whole frame (its Hello).
+    # Seconds a new client connection has to send its first whole frame (its
+    # Hello), and a session to finish a frame it began after its last whole one.
     hello_timeout: Seconds = 10.0
     # The admin HTTP endpoint: seconds a connection may sit without a
     # request being handled (idle keep-alive, or a request's head still
