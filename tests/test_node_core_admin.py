@@ -76,6 +76,15 @@ def test_admin_split_by_string_values():
         (0, "place", {"channel": "0.0", "node": "1"}, "integer 'node'"),
         (1, "place", {"channel": "0.0", "node": 2}, "owned by node 0"),
         (0, "reboot", {}, "unknown admin command"),
+        # Arguments a command does not take were ignored: drain's `node` drained the access node.
+        (1, "drain", {"node": 2}, "this is node 1"),
+        (1, "drain", {"node": 7}, "this is node 1"),
+        (1, "drain", {"node": True}, "this is node 1"),
+        (1, "drain", {"wait": False}, "no argument 'wait'"),
+        (0, "place", {"channel": "0.0", "node": 1, "force": True}, "no argument 'force'"),
+        (0, "status", {"verbose": 1}, "it takes none"),
+        (0, "journal", {"n": 5}, "its arguments: limit, since"),
+        (0, "journal", {"limit": True}, "non-negative integers"),
     ],
 )
 def test_admin_errors_are_answered_and_change_nothing(node, command, args, fragment):
@@ -87,6 +96,7 @@ def test_admin_errors_are_answered_and_change_nothing(node, command, args, fragm
     assert fragment in reply.message
     assert w.net.routing_tables_equal() and w.cores[0].routing.entries() == before
     assert w.cores[0].local.ids() == [EC]
+    assert not any(core.draining for core in w.cores.values())
 
 
 def test_placing_a_channel_where_it_is_already_changes_nothing_and_says_so():

@@ -44,6 +44,16 @@ JOURNAL_PAGE: Final = 500
 # Admin commands that change the cluster: they need the admin token, when one is set.
 CHANGING_COMMANDS: Final = frozenset({"split", "place", "drain"})
 
+# Each command's arguments: any other is refused by name — ignored, drain's
+# `node` drained the access node whatever node it named.
+ARGUMENTS: Final = {
+    "status": frozenset[str](),
+    "split": frozenset({"channel", "attr", "at", "values"}),
+    "place": frozenset({"channel", "node"}),
+    "drain": frozenset({"node"}),  # if given, this node's id (as POST /drain's)
+    "journal": frozenset({"since", "limit"}),
+}
+
 Status = Callable[[], dict[str, Any]]
 Drain = Callable[[float, tuple[int, int]], list[Action]]
 
@@ -104,6 +114,7 @@ class Admin:
             )
             return
         try:
+            self._check_arguments(msg)
             match msg.command:
                 case "status":
                     out.append(ToClient(sess.id, cm.AdminReply(msg.seq, self._status())))
@@ -136,7 +147,7 @@ class Admin:
                     # The balancing journal from entry `since` on, at most `limit` entries
                     # (a reply must fit in one frame; page with since += len(reply)).
                     since, limit = msg.args.get("since", 0), msg.args.get("limit", JOURNAL_PAGE)
-                    if not (isinstance(since, int) and isinstance(limit, int) and since >= 0 and limit > 0):
+                    if not (type(since) is int and type(limit) is int and since >= 0 and limit > 0):  # not bool
                         raise LocalProtocolError("journal takes non-negative integers 'since' and 'limit'")
                     page = list(itertools.islice(self._ctx.journal.entries, since, since + min(limit, JOURNAL_PAGE)))
                     out.append(ToClient(sess.id, cm.AdminReply(msg.seq, page)))
@@ -146,6 +157,21 @@ class Admin:
                     )
         except (OverlayError, KeyError, ValueError, TypeError) as exc:
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.ADMIN, str(exc))))
+
+    def _check_arguments(self, msg: cm.Admin) -> None:
+        known = ARGUMENTS.get(msg.command)
+        if known is None:
+            return  # an unknown command: refused by name below
+        extra = sorted(set(msg.args) - known)
+        if extra:
+            takes = f"its arguments: {', '.join(sorted(known))}" if known else "it takes none"
+            raise LocalProtocolError(f"{msg.command} has no argument {', '.join(map(repr, extra))} ({takes})")
+        node = msg.args.get("node", self._ctx.id)
+        if msg.command == "drain" and (type(node) is not int or node != self._ctx.id):
+            raise LocalProtocolError(
+                f"this is node {self._ctx.id}: drain drains the node it is sent to, not {node!r} "
+                "(`overlay node drain N` reaches node N)"
+            )
 
     def _forbid(self, sess: Session, msg: cm.Admin, exc: Forbidden, out: list[Action]) -> None:
         self._ctx.stats["rejected_forbidden"] += 1
