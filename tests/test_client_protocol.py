@@ -566,3 +566,34 @@ def test_a_plain_subscription_gets_an_event_once_across_a_reconnect() -> None:
     p.dropped(third.note)
     (back,) = feed(p, cm.Notify("e3", EVENT, ("s",), 1.0))
     assert isinstance(back, Delivered)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        cm.Subscribe(0, "s" * 300, "price < 10"),  # sub_id past the protocol's 256
+        cm.Subscribe(0, "s", b"price < 10"),  # type: ignore[arg-type]  # an expression of bytes
+        cm.Publish(0, {"price": [1.0], "sym": "A"}),  # a value of a type the protocol lacks
+        cm.Publish(0, {"price": True, "sym": "A"}),
+        cm.Publish(0, {"price": 1.0, "sym": "A", "qty": 10**30}),  # past 64 bits: the encoder's OverflowError
+        cm.Admin(0, "journal", {"since": object()}),  # the encoder's TypeError
+        cm.Unsubscribe(0, ""),
+    ],
+)
+def test_a_request_the_nodes_decoder_would_refuse_is_refused_before_anything_is_queued(
+    message: cm.ClientMessage,
+) -> None:
+    # Sent, each was a protocol error that closed the session; sent again on
+    # every new connection, each closed every one until the request timed out.
+    p = opened()
+    with pytest.raises(LocalProtocolError):
+        p.request(message, now=0.0, timeout=5.0, retry=True)  # type: ignore[arg-type]
+    assert len(p.requests) == 0 and not p.has_output
+
+
+@pytest.mark.parametrize("event", [{"price": [1.0]}, {"price": False}, {"qty": -(2**64)}, {1: 1.0}, ["a"]])
+def test_a_pipelined_publish_of_an_event_the_node_would_refuse_is_refused_before_it_is_kept(event: object) -> None:
+    p = opened()
+    with pytest.raises(LocalProtocolError):
+        p.publish_windowed(event, wall=WALL)  # type: ignore[arg-type]
+    assert not p.has_output and not len(p.window)

@@ -19,6 +19,9 @@ queued for the application.  Rules (SPEC §4, §12; Client rules 1–5):
 2. **Requests** (``overlay.client.requests``) go out only while OPEN; made
    while not, they wait for the next connection, within their deadline.
    Every new seq comes from one counter shared with the publish window.
+   A request the node's decoder would refuse is refused when made
+   (``LocalProtocolError``), as is a pipelined publish's event of a type
+   the protocol lacks (``limits.check_event``).
 3. **The re-subscribe list** (``subscriptions``) holds every subscription of
    the client from ``subscribe`` until ``unsubscribe`` (or ``forget``).  On each
    new connection, before anything else goes out: a Subscribe for each one
@@ -77,7 +80,7 @@ from overlay.client.events import (
     SubscriptionLost,
     SubscriptionSpec,
 )
-from overlay.client.limits import CLIENT_MAGIC, REQUEST_TIMEOUT
+from overlay.client.limits import CLIENT_MAGIC, REQUEST_TIMEOUT, check_event
 from overlay.client.requests import Request, RequestMessage, Requests
 from overlay.client.window import PublishWindow
 from overlay.errors import (
@@ -92,6 +95,22 @@ from overlay.messages import client as cm
 from overlay.messages.codec import DEFAULT_MAX_FRAME_SIZE, client_reader, encode_frame
 
 __all__ = ["TRANSITIONS", "Call", "ClientProtocol", "ConnState"]
+
+
+def _check_request(message: RequestMessage, max_frame: int) -> None:
+    """Rule 2: a request the node's decoder would refuse — a field too long,
+    a value of a type the protocol lacks — is a ``LocalProtocolError`` now.
+    Sent, it was a protocol error that closed the session, and the request,
+    sent again on each new connection, closed each until its timeout ("request
+    timed out"), re-subscribing everything else each time."""
+    try:
+        frame = encode_frame(message, max_frame)
+    except (OverflowError, TypeError) as exc:  # an int past 64 bits, an object msgpack lacks
+        raise LocalProtocolError(f"this {type(message).__name__} cannot be sent: {exc}") from None
+    try:
+        client_reader(max_frame).feed(frame)  # the node's own decoder
+    except RemoteProtocolError as exc:
+        raise LocalProtocolError(f"the node would refuse this {type(message).__name__}: {exc}") from None
 
 
 class ConnState(enum.Enum):
@@ -321,7 +340,7 @@ class ClientProtocol:
         """A request (its ``seq`` is set when sent); returns its id for ``Replied``/``Failed``."""
         if self.state is ConnState.CLOSED:
             raise ConnectionLost(self.closed_reason)
-        encode_frame(message, self.max_frame)  # refused now, not when a connection comes
+        _check_request(message, self.max_frame)  # refused now, not when a connection comes
         req = self.requests.add(message, now=now, timeout=timeout, retry=retry, conn=self.conn)
         if self.state is ConnState.OPEN:
             self._send_request(req)
@@ -359,6 +378,7 @@ class ClientProtocol:
         and ``payload``, ``check_payload``); returns its seq."""
         if self.state is ConnState.CLOSED:
             raise ConnectionLost(self.closed_reason)
+        check_event(event)
         msg = cm.Publish(self._next_seq(), event, wall, event_id=self.next_event_id(), payload=payload)
         encode_frame(msg, self.max_frame)  # refused now if it cannot be sent
         self.window.add(msg)
