@@ -27,6 +27,7 @@ from overlay.auth.tokens import (
     unverified_subject,
 )
 from overlay.channels import Filter, parse_subscription
+from overlay.channels.expressions import parse_expression
 from overlay.config import config_from_dict
 from overlay.errors import BadScope, ConfigError, Forbidden, TokenError, TokenExpired, UnknownRole
 from strategies import SMALL, brute_matches, events, filters
@@ -349,3 +350,14 @@ def test_the_auth_table_is_checked(tmp_path, auth: dict, cluster: dict, words: s
     doc["cluster"] |= cluster
     with pytest.raises(ConfigError, match=words):
         config_from_dict(doc)
+
+
+def test_a_subscription_too_intricate_to_check_against_the_scope_is_forbidden_not_an_error() -> None:
+    # 32 alternatives of wildcard patterns, inside the parser's budget; against
+    # the scope each is a search of its own: SchemaError escaped the node's
+    # Subscribe handling (a traceback, and the client waited for its timeout).
+    pairs = [(chr(97 + 2 * i), chr(98 + 2 * i)) for i in range(5)]
+    text = " and ".join(f'(venue like "*{a}*{b}*" or venue like "*{b}*{a}*")' for a, b in pairs)
+    r = rights_of(["subscribe"], {"subscribe": 'not venue like "*z*y*"'})
+    with pytest.raises(Forbidden, match="not covered by your subscribe scope"):
+        r.check_subscribe(parse_expression(text, SCHEMA))

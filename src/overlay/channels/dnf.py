@@ -25,8 +25,9 @@ Rules this module keeps:
    exists`` negate each other); ``a`` is not true iff one predicate of each of
    its conjuncts is.  A backtracking search over those choices, pruned by
    satisfiability (``predicates.satisfiable``), decides it; past
-   ``MAX_INCLUDE_STEPS`` steps it answers False (a scope then refuses: the
-   safe side).
+   ``MAX_INCLUDE_STEPS`` steps, or past one budget of string steps
+   (``strings`` rule 4) for them all, it answers False (a scope then
+   refuses: the safe side).
 4. ``overlaps(a, b)``: some conjunct of ``a`` and some conjunct of ``b`` are
    jointly satisfiable.
 5. On the wire a subscription travels as its text (``Subscribe.expression``,
@@ -43,6 +44,8 @@ import msgspec
 
 from overlay.channels.predicates import Filter, Op, Predicate, satisfiable
 from overlay.channels.schema import Schema, Value
+from overlay.channels.strings import search_budget
+from overlay.errors import SchemaError
 
 __all__ = ["MAX_CONJUNCTS", "MAX_INCLUDE_STEPS", "Expression"]
 
@@ -76,12 +79,16 @@ class Expression(msgspec.Struct, frozen=True, array_like=True):
     def includes(self, other: Expression, schema: Schema) -> bool:
         """Rule 3: every event matching ``other`` matches ``self``."""
         budget = [MAX_INCLUDE_STEPS]
-        for b in other.conjuncts:
-            try:
-                if _escapes(list(b.predicates), self.conjuncts, 0, schema, budget):
+        # One string budget for the whole search (strings rule 4): up to
+        # MAX_INCLUDE_STEPS satisfiability checks, each a search of its own,
+        # held a node's loop; past it, or a search too intricate, False.
+        with search_budget():
+            for b in other.conjuncts:
+                try:
+                    if _escapes(list(b.predicates), self.conjuncts, 0, schema, budget):
+                        return False
+                except (_OverBudget, SchemaError):
                     return False
-            except _OverBudget:
-                return False
         return True
 
 
