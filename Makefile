@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: run test lint bench clean venv browser java
+.PHONY: run test lint bench clean venv browser java fast pure test-compiled
 
 venv: $(STAMP)
 
@@ -17,8 +17,25 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test,lint,replay]'
+	OVERLAY_COMPILE=0 $(BIN)/python -m pip install --quiet -e '.[test,lint,replay]'
 	touch $(STAMP)
+
+# The compiled build (README "Compiled build"): the hot modules of
+# overlay.build compiled with mypyc, in place, next to their sources.  An
+# edited source then runs as pure Python (the node's log line says so) until
+# `make fast` again; `make pure` removes the compiled modules.  The development
+# install above stays pure (OVERLAY_COMPILE=0): src/ is live.
+fast: $(STAMP)
+	OVERLAY_COMPILE=1 $(BIN)/python setup.py --quiet build_ext --inplace
+	@PYTHONPATH=src $(BIN)/python -c "import overlay.build as b; print('overlay:', b.BUILD)"
+
+pure:
+	rm -f src/overlay__mypyc.*.so src/overlay/_compiled.json
+	find src/overlay -name '*.so' -delete
+
+# The whole suite against the compiled build (make test runs it pure).
+test-compiled: fast browser java
+	$(BIN)/python -m pytest -q
 
 # TLS by default: the development CA and certificates local.toml names are
 # made on first use, into git-ignored cluster_configs/certs (kept after that).
@@ -59,10 +76,13 @@ $(BENCH_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[test,bench]'
 	touch $(BENCH_STAMP)
 
-bench: $(BENCH_STAMP)
+# On the compiled build (make fast), as users run it: bench/throughput.py rule 11.
+bench: $(BENCH_STAMP) fast
 	$(BIN)/python bench/matching.py
 	$(BIN)/python bench/throughput.py
 	$(BIN)/python bench/agent.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .hypothesis
+	rm -f src/overlay__mypyc.*.so src/overlay/_compiled.json
+	find src/overlay -name '*.so' -delete

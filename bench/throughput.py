@@ -101,6 +101,11 @@ What it does:
    possibly by other work.  The bench runs its processes at ``BENCH_NICE``
    (and its scheduler autogroup too, restored on exit) so the neighbours
    disturb it less; the "other" CPU column shows what they still took.
+11. **The build.**  The nodes run the overlay this process imports: the
+   compiled build when its hot modules are compiled and current (``make
+   bench`` runs ``make fast`` first: what ``pip install`` gives a user with a
+   C compiler), else pure Python.  The header says which
+   (``overlay.build.BUILD``).
 
 Targets (one node): server CPU per event (1→1) and per delivery (1→10) ≤
 1.0× Mosquitto's; p99 ≤ 2 ms and max ≤ 10 ms at 5k msgs/s; overlay ≥ 5×
@@ -121,6 +126,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+from overlay.build import BUILD
 from throughput_common import PAYLOAD_BYTES, TOPIC, set_priority
 from throughput_mqtt import ensure_mosquitto, ensure_python_deps
 from throughput_overlay import OVERLAY_FILTER, overlay_cluster
@@ -213,6 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"machine: {os.cpu_count()} cores (shared by every server and client process of a run), load average "
         f"{os.getloadavg()[0]:.1f} at start; Python {sys.version.split()[0]}; {priority}"
     )
+    print(f"overlay build (rule 11): {BUILD}")
     print(
         f"payload: {PAYLOAD_BYTES} bytes — MQTT: the message body (QoS 0, topic {TOPIC!r}); overlay: the event's "
         f"payload, attributes {{topic, n}}, filter {OVERLAY_FILTER}"

@@ -258,8 +258,11 @@ def test_an_unexpected_exception_is_one_line_unless_debug(
 def test_version_comes_from_the_package_metadata() -> None:
     import importlib.metadata
 
+    from overlay.build import BUILD
+
     proc = run("--version")
-    assert proc.returncode == 0 and proc.stdout.strip() == f"overlay {importlib.metadata.version('overlay')}"
+    # With the build it runs (compiled or pure Python: overlay.build rule 3).
+    assert proc.returncode == 0 and proc.stdout.strip() == f"overlay {importlib.metadata.version('overlay')} ({BUILD})"
 
 
 SUBCOMMANDS = ["node", "cluster", "pub", "sub", "status", "channel", "token", "demo", "replay"]

@@ -27,7 +27,25 @@ __all__ = ["LATENCY_BOUNDS", "TESTED_BOUNDS", "BucketCounts"]
 # 100k subscriptions scanned whole (bench/matching.py's largest).
 TESTED_BOUNDS: Final = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 100_000)
 # Publish → Notify seconds: sub-millisecond on loopback, seconds under choke.
-LATENCY_BOUNDS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Typed as a variable-length tuple: the compiled build (mypyc) would unbox a
+# fixed tuple of floats into a C struct, and reading that Final from another
+# compiled module raises NameError (a mypyc bug in 2.4.1).
+LATENCY_BOUNDS: Final[tuple[float, ...]] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 
 class BucketCounts:

@@ -55,11 +55,25 @@ class _Never:
 
     __slots__ = ()
 
+    # Each comparison spelled out (not ``__lt__ = __le__ = ... = __eq__``):
+    # the compiled build (mypyc) takes no assignments of methods in a class body.
     def __eq__(self, other: object) -> bool:
         return False
 
-    __lt__ = __le__ = __gt__ = __ge__ = __eq__
-    __hash__ = object.__hash__
+    def __lt__(self, other: object) -> bool:
+        return False
+
+    def __le__(self, other: object) -> bool:
+        return False
+
+    def __gt__(self, other: object) -> bool:
+        return False
+
+    def __ge__(self, other: object) -> bool:
+        return False
+
+    def __hash__(self) -> int:
+        return id(self)
 
 
 _NEVER: Final = _Never()
@@ -153,20 +167,25 @@ def _plain_bounds(f: Filter, attrs: Mapping[str, _Domain]) -> dict[str, _Bound] 
         # From here on every value is a number (checked just above, or a bound
         # this loop made of them): compared as they are, for speed.
         prev = bounds.get(name)
+        # Declared Value, not inferred from the infinities: the compiled build
+        # (mypyc) would hold a float-typed local as a C double, and an int
+        # bound (a 64-bit rfid code) stored in it would lose its low bits.
+        lo: Value
+        hi: Value
         if prev is None:
             lo, hi, strict = _NEG_INF, _POS_INF, 0
         else:
-            lo, hi, strict = prev  # type: ignore[assignment]  # numbers (see above)
+            lo, hi, strict = prev
         if lower:  # the tightest lower bound; strict wins a tie
             x = args[0]
             if x > lo:  # type: ignore[operator]  # numbers (see above)
-                lo, strict = x, (strict & _HI_STRICT) | s  # type: ignore[assignment]  # numbers (see above)
+                lo, strict = x, (strict & _HI_STRICT) | s
             elif x == lo:
                 strict |= s
         if upper:
             x = args[-1]
             if x < hi:  # type: ignore[operator]  # numbers (see above)
-                hi, strict = x, (strict & _LO_STRICT) | s  # type: ignore[assignment]  # numbers (see above)
+                hi, strict = x, (strict & _LO_STRICT) | s
             elif x == hi:
                 strict |= s
         bounds[name] = (lo, hi, strict)

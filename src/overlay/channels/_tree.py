@@ -201,7 +201,10 @@ def _bucket_function(attr: Attribute, n: int) -> Callable[[Value], int]:
         span = int(hi) - int(lo) + 1
 
         def discrete_bucket(v: Value) -> int:
-            i: int = (v - lo) * n // span  # type: ignore[operator, assignment]  # ints here (see above)
+            # int(): a plain bound of a subscription may be a float (x > 2.5 on
+            # an int attribute), and a float bucket breaks the compiled build,
+            # which checks this function's ``-> int`` where it is called.
+            i = int((v - lo) * n // span)  # type: ignore[operator]  # numbers here (see above)
             return last if i > last else (0 if i < 0 else i)
 
         return discrete_bucket

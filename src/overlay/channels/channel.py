@@ -43,14 +43,15 @@ Rules this module keeps (SPEC §2.3, §5, §8.3):
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, Final
 
-import msgspec
 from sortedcontainers import SortedDict
 
 from overlay.channels.bounds import Bound, bound_of
 from overlay.channels.matcher import DEFAULT_BUCKETS, MatchResult, SubscriptionIndex
+from overlay.channels.records import ChannelId, EventRecord
 from overlay.channels.schema import Kind, Schema, Value
 from overlay.channels.space import EventSpace, ExceptConstraint
 from overlay.channels.subscriptions import Subscription
@@ -62,9 +63,11 @@ __all__ = ["MAX_RECORDS", "MAX_SEEN", "Channel", "ChannelId", "EventRecord", "Sl
 
 # Distinct DA points recorded per slice; enough to cut a channel finely while
 # bounding the memory a flood of unique values can take.
-MAX_RECORDS: Final = 4096
+# Not Final: tests lower it, and the compiled build would inline a Final.
+MAX_RECORDS = 4096
 # Distinct values remembered per type-2 string attribute.
-MAX_SEEN: Final = 4096
+# Not Final: tests lower it, and the compiled build would inline a Final.
+MAX_SEEN = 4096
 
 
 class _Unknown(enum.Enum):
@@ -74,25 +77,6 @@ class _Unknown(enum.Enum):
 
 
 _UNKNOWN: Final = _Unknown.UNKNOWN
-
-
-class ChannelId(msgspec.Struct, frozen=True, array_like=True, order=True):
-    """``(node_id, local_sequence_number)`` (rule 1)."""
-
-    node: int
-    seq: int
-
-    def __str__(self) -> str:
-        return f"{self.node}.{self.seq}"
-
-
-class EventRecord(msgspec.Struct, frozen=True, array_like=True):
-    """``<e_i, num_i>`` aggregated: a DA point (in priority order), its total cost
-    and how many events fell on it."""
-
-    point: tuple[Value, ...]
-    cost: int
-    count: int
 
 
 class SliceStats:
@@ -162,6 +146,16 @@ def _nearest(recs: SortedDict, point: tuple[Value, ...]) -> tuple[Value, ...]:
     return key
 
 
+def _test_of(
+    index: SubscriptionIndex, pending: dict[str, tuple[Subscription, Test | None]], sub_id: str
+) -> Test | None:
+    """``Channel.tests_lookup``'s answer for one subscription."""
+    entry = pending.get(sub_id)
+    return entry[1] if entry is not None else index.compiled(sub_id)
+
+
+# A plain Python class in the compiled build too (overlay.build rule 5): the
+# simulator and the tests replace its methods on an instance or the class.
 class Channel:
     """``ch = <Es, S>`` with its matcher and slice statistics.
 
@@ -295,13 +289,9 @@ class Channel:
     def tests_lookup(self) -> Callable[[str], Test | None]:
         """The exact tests this channel holds now, by subscription id: for
         ``add_deferred`` elsewhere (they stay valid after an ``adopt_index``)."""
-        index, pending = self.index, self._pending
-
-        def test_of(sub_id: str) -> Test | None:
-            entry = pending.get(sub_id)
-            return entry[1] if entry is not None else index.compiled(sub_id)
-
-        return test_of
+        # A partial, not a closure: mypyc 2.4.1 cannot compile a closure in a
+        # method of a plain class (overlay.build rule 5).
+        return functools.partial(_test_of, self.index, self._pending)
 
     def adopt_index(self, parent: Channel, keep: set[str]) -> None:
         """Take over ``parent``'s index (the parent must be discarded after);

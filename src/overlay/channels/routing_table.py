@@ -76,8 +76,9 @@ from sortedcontainers import SortedList
 from overlay.channels.channel import ChannelId
 from overlay.channels.intervals import IntervalSet
 from overlay.channels.predicates import Filter, conjunction
+from overlay.channels.route_entry import RouteEntry
 from overlay.channels.schema import Schema, Value
-from overlay.channels.space import EventSpace, ExceptConstraint, RangeConstraint, SetConstraint
+from overlay.channels.space import ExceptConstraint, RangeConstraint, SetConstraint
 from overlay.errors import LocalProtocolError
 
 __all__ = [
@@ -94,7 +95,8 @@ __all__ = [
 
 # Rule 8: deleted channels remembered; far more than the splits and merges a
 # peer can be behind while anti-entropy runs every few heartbeats.
-MAX_TOMBSTONES: Final = 10_000
+# Not Final: tests lower it, and the compiled build would inline a Final.
+MAX_TOMBSTONES = 10_000
 _MASK16: Final = 0xFFFF
 _DIGEST_MOD: Final = 1 << 63  # msgspec bounds integers to int64
 # A version on the wire (rule 4): 31 bits of major, 16 of minor, 16 of writer.
@@ -112,22 +114,6 @@ def version(major: int, minor: int, writer: int) -> int:
 def version_text(v: int) -> str:
     """``major.minor@writer``, for logs."""
     return f"{v >> 32}.{(v >> 16) & _MASK16}@{v & _MASK16}"
-
-
-class RouteEntry(msgspec.Struct, frozen=True, array_like=True):
-    """Where a channel lives. Invariant: ``owners`` is non-empty; more than one
-    owner means the channel is replicated (SPEC §8.3 degenerate case)."""
-
-    space: EventSpace
-    owners: tuple[int, ...]
-
-    @property
-    def owner(self) -> int:
-        return self.owners[0]
-
-    @property
-    def replicated(self) -> bool:
-        return len(self.owners) > 1
 
 
 def item_hash(chid: ChannelId, v: int, entry: RouteEntry | None) -> int:

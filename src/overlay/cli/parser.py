@@ -8,6 +8,7 @@ import argparse
 import importlib.metadata
 from typing import Final
 
+from overlay.build import BUILD
 from overlay.cli import admin, certs, demo, node, pubsub, replay, status, token
 from overlay.cli.args import Parser
 
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES + "\n\n" + EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()} ({BUILD})")
     p.add_argument(
         "--log-level",
         default="info",

@@ -29,6 +29,7 @@ import msgspec
 
 from overlay.errors import LocalProtocolError, RemoteProtocolError
 from overlay.messages.client import ClientMessage
+from overlay.messages.notify_out import NotifyOut as _NotifyOut
 from overlay.messages.peer import PeerMessage, PeerUnion
 
 __all__ = [
@@ -124,14 +125,14 @@ class FrameReader(Generic[M]):
                 try:
                     out.append(decode(view[pos + size : end]))
                 except msgspec.ValidationError as exc:
-                    raise self._bad(buf, pos + size, end, f"invalid message: {exc}") from exc
+                    raise self._bad(buf, pos + size, end, f"invalid message: {exc}", exc) from exc
                 except msgspec.DecodeError as exc:
-                    raise self._bad(buf, pos + size, end, f"undecodable frame: {exc}") from exc
+                    raise self._bad(buf, pos + size, end, f"undecodable frame: {exc}", exc) from exc
                 except RecursionError as exc:
                     # msgspec's depth limit: a small frame of nested arrays in a free-form field.
-                    raise self._bad(buf, pos + size, end, f"frame nested too deeply: {exc}") from exc
+                    raise self._bad(buf, pos + size, end, f"frame nested too deeply: {exc}", exc) from exc
                 except UnicodeDecodeError as exc:  # msgspec raises this one itself for a bad str
-                    raise self._bad(buf, pos + size, end, f"invalid UTF-8 in a string: {exc}") from exc
+                    raise self._bad(buf, pos + size, end, f"invalid UTF-8 in a string: {exc}", exc) from exc
                 pos = end
         finally:
             view.release()
@@ -139,10 +140,14 @@ class FrameReader(Generic[M]):
             del buf[:pos]
         return out
 
-    def _bad(self, buf: bytearray, start: int, end: int, text: str) -> RemoteProtocolError:
+    def _bad(self, buf: bytearray, start: int, end: int, text: str, cause: Exception) -> RemoteProtocolError:
         """Rule 3: keep the frame that failed (the error path only)."""
         self.bad = bytes(buf[start:end])
-        return RemoteProtocolError(text)
+        err = RemoteProtocolError(text)
+        # What ``raise ... from`` sets, set here too: the compiled build
+        # (mypyc 2.4.1) drops the ``from`` of a raise.
+        err.__cause__ = cause
+        return err
 
     @property
     def buffered(self) -> int:
@@ -164,19 +169,6 @@ def is_peer_frame(body: bytes) -> bool:
     except (msgspec.ValidationError, msgspec.DecodeError, RecursionError, UnicodeDecodeError):
         return False
     return True
-
-
-class _NotifyOut(msgspec.Struct, frozen=True, tag="Notify", array_like=True):
-    """Rule 4: ``client.Notify`` as it is encoded, its event and payload already encoded."""
-
-    event_id: str
-    event: msgspec.Raw
-    sub_ids: tuple[str, ...]
-    publish_time: float
-    key: str
-    rank: int
-    tag: int
-    payload: msgspec.Raw
 
 
 # Rule 4: the same fields, in the same order, under the same tag — so the same bytes.

@@ -107,6 +107,7 @@ from typing import Any, Final, ParamSpec
 
 from overlay.actions import Action, AddPeer, CloseClient, Notifies, Rejoin, ToClient, ToPeer
 from overlay.auth.keys import verifier_for
+from overlay.build import BUILD
 from overlay.config import ClusterConfig, NodeConfig
 from overlay.errors import PeerRefused
 from overlay.messages import peer as pm
@@ -311,7 +312,7 @@ class Node:
             sock = socket.create_server((self.me.host, self.me.port))  # SO_REUSEADDR, as start_server set it
         self.port = sock.getsockname()[1]
         tls = "TLS" if not self.security.insecure else "plain TCP"
-        log.info("node %d: listening on %s:%d (%s)", self.id, self.me.host, self.port, tls)
+        log.info("node %d: listening on %s:%d (%s; %s)", self.id, self.me.host, self.port, tls, BUILD)
         if self.security.insecure:
             log.warning(
                 "node %d: [tls] insecure = true: plain TCP, nothing encrypted — peers prove the cluster secret, "

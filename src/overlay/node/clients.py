@@ -124,6 +124,18 @@ def _client_id_ok(client_id: str) -> bool:
 AdminCommand = Callable[[Session, cm.Admin, float, list[Action]], None]
 
 
+# Functions, not lambdas, as defaults below: mypyc 2.4.1 cannot compile a
+# lambda in a method of a plain class (overlay.build rule 5).
+def _no() -> bool:
+    return False
+
+
+def _yes() -> bool:
+    return True
+
+
+# A plain Python class in the compiled build too (overlay.build rule 5): the
+# simulator and the tests replace its methods on an instance or the class.
 class Clients:
     """What a client's messages do.  ``ready`` says whether the cluster is
     ready (``node.boot``); ``admin`` runs an operator command (``node.admin``);
@@ -142,8 +154,8 @@ class Clients:
         *,
         tracks: Callable[[str], bool] = lambda event_id: False,
         ready: Callable[[], bool],
-        left: Callable[[], bool] = lambda: False,
-        quorum: Callable[[], bool] = lambda: True,
+        left: Callable[[], bool] = _no,
+        quorum: Callable[[], bool] = _yes,
         admin: AdminCommand,
         admin_token: str,
         verifier: Verifier | None = None,

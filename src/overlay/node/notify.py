@@ -56,6 +56,7 @@ Rules this module keeps (numbered as in ``overlay.node.groups``):
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Container, Mapping, Sequence
@@ -84,6 +85,12 @@ CloseSession = Callable[[int], list[Action]]
 DeferError = Callable[[str, str, str], bool]
 
 
+def _not_in(container: Container[object], item: object) -> bool:
+    return item not in container
+
+
+# A plain Python class in the compiled build too (overlay.build rule 5): the
+# simulator and the tests replace its methods on an instance or the class.
 class Notifier:
     """The access node's notifications and the acks it waits for.
 
@@ -428,8 +435,9 @@ class Notifier:
         """What ``owner`` gave this node's group instances of channel ``chid`` lately,
         or of a channel the routing table no longer names (node.groups rule 9):
         the dead owner may have split it just before it died (fault seed 561)."""
-        routing = self._ctx.routing
-        choices = self.copies.group_choices(owner, chid, lambda c: c not in routing)
+        # A partial, not a lambda over ``routing``: mypyc 2.4.1 cannot compile a
+        # closure in a method of a plain class (overlay.build rule 5).
+        choices = self.copies.group_choices(owner, chid, functools.partial(_not_in, self._ctx.routing))
         return tuple(pm.GroupChoice(e, g, s, t) for e, g, s, t in choices)
 
     def _ack_to_owner(self, owner: int, ack: pm.NotificationAck, out: list[Action]) -> None:

@@ -1,0 +1,155 @@
+"""Which build of the node's hot path a process runs: compiled (mypyc) or pure Python.
+
+``setup.py`` compiles the modules of ``HOT_MODULES`` with mypyc when it can
+(README, "Compiled build"); each then has an extension module next to its
+``.py``, which Python's import system prefers.  This module only uses the
+standard library: ``setup.py`` reads ``HOT_MODULES`` from it without
+importing the package.  Rules:
+
+1. Compiled is all or nothing.  The compiled modules call each other natively
+   through one shared library, so a mix of compiled and pure copies would
+   run two different classes under one name.
+2. A compiled module runs only while its ``.py`` is the source it was compiled
+   from.  The build records each source's SHA-256 in ``MANIFEST`` next to
+   the package; when one differs (``src/`` edited after ``make fast``) or an
+   extension has no manifest, ``guard`` makes every hot module import from
+   its ``.py`` (rule 1) and says why: a stale extension never silently
+   shadows an edited source.
+3. ``BUILD`` names the build in one line: ``overlay --version``, the node's
+   start-up log line and bench/throughput.py's header print it.
+4. Modules that define a ``msgspec.Struct`` are not compiled: mypyc drops a
+   compiled class's keywords (``frozen``, ``array_like``, ``tag``), which
+   would change the wire format without an error.  tests/test_build.py checks
+   ``HOT_MODULES`` against this.
+5. A class whose methods the simulator or a test replaces (on an instance or
+   the class) is marked ``@mypyc_attr(native_class=False)``: compiled methods
+   in a plain Python class.  A module constant a test lowers is not ``Final``
+   (mypyc inlines a ``Final``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Final
+
+__all__ = ["BUILD", "HOT_MODULES", "MANIFEST", "Verdict", "guard", "judge", "source_digest"]
+
+# The node's per-event path (issue 19): what a Publish goes through from its
+# frame to its PubAck and Notify.  Pure logic and the loop's plumbing of it;
+# every one passes the whole test suite compiled (make test-compiled).
+HOT_MODULES: Final = (
+    "overlay.histograms",
+    "overlay.limits.bucket",
+    "overlay.limits.budget",
+    "overlay.limits.quotas",
+    "overlay.messages.codec",
+    "overlay.channels._buckets",
+    "overlay.channels._plain",
+    "overlay.channels.channel",
+    "overlay.channels.matcher",
+    "overlay.channels.routing_table",
+    "overlay.net.clients",
+    "overlay.net.dispatch",
+    "overlay.node.clients",
+    "overlay.node.context",
+    "overlay.node.core",
+    "overlay.net.queues",
+    "overlay.node.dedup",
+    "overlay.node.notify",
+    "overlay.node.ordering",
+    "overlay.node.outbox",
+    "overlay.node.router",
+)
+# Written by setup.py's build next to the package: {"modules": {name: sha256 of its source}}.
+MANIFEST: Final = "_compiled.json"
+
+_ROOT: Final = Path(__file__).resolve().parent.parent  # the directory holding the package
+
+
+def source_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _source(root: Path, name: str) -> Path:
+    return root.joinpath(*name.split(".")).with_suffix(".py")
+
+
+def _extension(root: Path, name: str) -> Path | None:
+    base = root.joinpath(*name.split("."))
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        p = base.with_name(base.name + suffix)
+        if p.exists():
+            return p
+    return None
+
+
+class Verdict:
+    """What ``judge`` found: ``compiled`` (rule 1: all or none) and, when an
+    extension is there but not used, ``stale`` (the modules that say why)."""
+
+    __slots__ = ("compiled", "stale")
+
+    def __init__(self, compiled: bool, stale: Sequence[str] = ()) -> None:
+        self.compiled = compiled
+        self.stale = tuple(stale)
+
+    def describe(self) -> str:
+        """Rule 3's line."""
+        if self.compiled:
+            return f"compiled (mypyc, {len(HOT_MODULES)} hot modules)"
+        if self.stale:
+            shown = ", ".join(self.stale[:3]) + (", …" if len(self.stale) > 3 else "")
+            return f"pure Python (compiled modules stale or unrecorded: {shown}; `make fast` rebuilds, `make pure` removes)"
+        return "pure Python"
+
+
+def judge(root: Path, modules: Sequence[str] = HOT_MODULES) -> Verdict:
+    """Rules 1 and 2 for the package tree under ``root``."""
+    built = [m for m in modules if _extension(root, m) is not None]
+    if not built:
+        return Verdict(False)
+    try:
+        recorded = json.loads((root / "overlay" / MANIFEST).read_text())["modules"]
+    except (OSError, ValueError, KeyError, TypeError):
+        recorded = {}
+    stale = []
+    for m in modules:
+        src = _source(root, m)
+        if m not in built or not isinstance(recorded, dict) or recorded.get(m) != source_digest(src):
+            stale.append(m)
+    return Verdict(not stale, stale)
+
+
+class _SourceFinder(importlib.abc.MetaPathFinder):
+    """Rule 2: the hot modules from their ``.py``, ahead of the extension next to it."""
+
+    def __init__(self, sources: dict[str, Path]) -> None:
+        self._sources = sources
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        src = self._sources.get(fullname)
+        return None if src is None else importlib.util.spec_from_file_location(fullname, src)
+
+
+def guard(root: Path = _ROOT) -> Verdict:
+    """Rules 1 and 2 for this process, before any hot module is imported
+    (``overlay/__init__`` calls it): a stale build runs as pure Python."""
+    verdict = judge(root)
+    if not verdict.compiled and verdict.stale:
+        sys.meta_path.insert(0, _SourceFinder({m: _source(root, m) for m in HOT_MODULES}))
+    return verdict
+
+
+_VERDICT: Final = guard()
+# Rule 3.
+BUILD: Final = _VERDICT.describe()
