@@ -25,6 +25,16 @@ importing the package.  Rules:
    the class) is marked ``@mypyc_attr(native_class=False)``: compiled methods
    in a plain Python class.  A module constant a test lowers is not ``Final``
    (mypyc inlines a ``Final``).
+6. No ``await`` in an ``except`` or ``finally`` block of a hot module: mypyc
+   (2.4.1) then leaves the exception set as the thread's current one — for
+   good after a ``finally``, while suspended after an ``except`` — and every
+   later exception anywhere in the process gets it as its ``__context__``
+   (a cancelled client session's CancelledError, with its frames, chained
+   under unrelated errors).  Catch, leave the block, await, raise again.
+   tests/test_build.py checks the sources.
+7. ``OVERLAY_PURE=1`` in the environment runs a compiled tree as pure Python
+   (rule 1's source imports, as for a stale build): CI runs the simulator and
+   the hot modules' unit tests that way too, so both builds are tested.
 """
 
 from __future__ import annotations
@@ -34,13 +44,14 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Final
 
-__all__ = ["BUILD", "HOT_MODULES", "MANIFEST", "Verdict", "guard", "judge", "source_digest"]
+__all__ = ["BUILD", "HOT_MODULES", "MANIFEST", "PURE_ENV", "Verdict", "guard", "judge", "source_digest"]
 
 # The node's per-event path (issue 19): what a Publish goes through from its
 # frame to its PubAck and Notify.  Pure logic and the loop's plumbing of it;
@@ -70,6 +81,8 @@ HOT_MODULES: Final = (
 )
 # Written by setup.py's build next to the package: {"modules": {name: sha256 of its source}}.
 MANIFEST: Final = "_compiled.json"
+# Rule 7: set to 1, a compiled tree runs as pure Python.
+PURE_ENV: Final = "OVERLAY_PURE"
 
 _ROOT: Final = Path(__file__).resolve().parent.parent  # the directory holding the package
 
@@ -95,27 +108,32 @@ class Verdict:
     """What ``judge`` found: ``compiled`` (rule 1: all or none) and, when an
     extension is there but not used, ``stale`` (the modules that say why)."""
 
-    __slots__ = ("compiled", "stale")
+    __slots__ = ("compiled", "forced_pure", "stale")
 
-    def __init__(self, compiled: bool, stale: Sequence[str] = ()) -> None:
+    def __init__(self, compiled: bool, stale: Sequence[str] = (), *, forced_pure: bool = False) -> None:
         self.compiled = compiled
         self.stale = tuple(stale)
+        self.forced_pure = forced_pure  # rule 7: a current compiled build not used
 
     def describe(self) -> str:
         """Rule 3's line."""
         if self.compiled:
             return f"compiled (mypyc, {len(HOT_MODULES)} hot modules)"
+        if self.forced_pure:
+            return f"pure Python ({PURE_ENV}=1; the compiled modules are not used)"
         if self.stale:
             shown = ", ".join(self.stale[:3]) + (", …" if len(self.stale) > 3 else "")
             return f"pure Python (compiled modules stale or unrecorded: {shown}; `make fast` rebuilds, `make pure` removes)"
         return "pure Python"
 
 
-def judge(root: Path, modules: Sequence[str] = HOT_MODULES) -> Verdict:
-    """Rules 1 and 2 for the package tree under ``root``."""
+def judge(root: Path, modules: Sequence[str] = HOT_MODULES, *, pure: bool = False) -> Verdict:
+    """Rules 1 and 2 for the package tree under ``root``; ``pure``: rule 7."""
     built = [m for m in modules if _extension(root, m) is not None]
     if not built:
         return Verdict(False)
+    if pure:
+        return Verdict(False, forced_pure=True)
     try:
         recorded = json.loads((root / "overlay" / MANIFEST).read_text())["modules"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -144,8 +162,8 @@ class _SourceFinder(importlib.abc.MetaPathFinder):
 def guard(root: Path = _ROOT) -> Verdict:
     """Rules 1 and 2 for this process, before any hot module is imported
     (``overlay/__init__`` calls it): a stale build runs as pure Python."""
-    verdict = judge(root)
-    if not verdict.compiled and verdict.stale:
+    verdict = judge(root, pure=os.environ.get(PURE_ENV, "").strip() == "1")
+    if not verdict.compiled and (verdict.stale or verdict.forced_pure):
         sys.meta_path.insert(0, _SourceFinder({m: _source(root, m) for m in HOT_MODULES}))
     return verdict
 

@@ -448,6 +448,11 @@ class ClientConnections:
         client_ack = core.client_ack
         clock = time.monotonic
         reading = self._reading[sid] = _Reading(frames, clock())  # rule 6
+        # overlay.build rule 6: nothing below awaits in an except or finally
+        # block — the error's flush and the cleanup come after the try, and an
+        # exception that ends the session (a cancel) is raised again after them.
+        flush = False
+        failure: BaseException | None = None
         try:
             write_frames(writer, [CLIENT_MAGIC])
             msgs = await self._first_frames(reader, frames, sid)  # rule 6: the Hello in time
@@ -481,22 +486,30 @@ class ClientConnections:
                 self._refuse(Refusal.PEER_MESSAGE_ON_CLIENT, address, f"client session {sid} sent a peer message")
             log.info("node %d: client session %d sent a bad frame: %s", self.node_id, sid, exc)
             self.send(sid, cm.Error(-1, cm.ErrorCode.PROTOCOL, str(exc), fatal=True))
-            await out.flush(ERROR_FLUSH_SECONDS)
+            flush = True
         except OSError:
             pass
         except Exception:  # rule 4: this connection only
             log.exception("node %d: client session %d failed", self.node_id, sid)
-        finally:
-            wtask.cancel()
-            self.writers.pop(sid, None)
-            self._reading.pop(sid, None)
-            self._batched.discard(sid)
-            self._acks.pop(sid, None)
-            self._slow.discard(sid)
-            self._cut.discard(sid)
-            self.budget.close(sid)
-            out.shut()  # net.writer rule 6: an unread buffer is released after the linger
-            await inbox.put(ClientClosed(sid), False)
+        except BaseException as exc:  # noqa: BLE001  # cancelled: raised again after the cleanup below
+            failure = exc
+        if flush:
+            try:
+                await out.flush(ERROR_FLUSH_SECONDS)
+            except BaseException as exc:  # noqa: BLE001  # likewise
+                failure = exc
+        wtask.cancel()
+        self.writers.pop(sid, None)
+        self._reading.pop(sid, None)
+        self._batched.discard(sid)
+        self._acks.pop(sid, None)
+        self._slow.discard(sid)
+        self._cut.discard(sid)
+        self.budget.close(sid)
+        out.shut()  # net.writer rule 6: an unread buffer is released after the linger
+        await inbox.put(ClientClosed(sid), False)
+        if failure is not None:
+            raise failure
 
     async def _first_frames(
         self, reader: asyncio.StreamReader, frames: FrameReader[cm.ClientMessage], sid: int
