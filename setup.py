@@ -70,7 +70,10 @@ def _extensions(mode: str) -> list[Any]:
     if _compiler() is None:
         if mode == "1":
             sys.exit("OVERLAY_COMPILE=1 but no C compiler on PATH (install gcc, or set CC)")
-        print("overlay: no C compiler on PATH: pure Python build", file=sys.stderr)
+        print(
+            "overlay: no C compiler on PATH (gcc and the Python headers; then `make fast`): pure Python build",
+            file=sys.stderr,
+        )
         return []
     # The type check mypyc runs reads pyproject.toml's [tool.mypy]; its
     # sections for the bench's modules are unused here, and the build

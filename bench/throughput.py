@@ -103,9 +103,9 @@ What it does:
    disturb it less; the "other" CPU column shows what they still took.
 11. **The build.**  The nodes run the overlay this process imports: the
    compiled build when its hot modules are compiled and current (``make
-   bench`` runs ``make fast`` first: what ``pip install`` gives a user with a
-   C compiler), else pure Python.  The header says which
-   (``overlay.build.BUILD``).
+   bench`` runs ``make venv`` first: what ``pip install`` gives a user with a
+   C compiler), else pure Python (``OVERLAY_PURE=1`` for an A/B).  The header
+   says which (``overlay.build.BUILD``).
 
 Targets (one node): server CPU per event (1→1) and per delivery (1→10) ≤
 1.0× Mosquitto's; p99 ≤ 2 ms and max ≤ 10 ms at 5k msgs/s; overlay ≥ 5×

@@ -44,7 +44,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
     tree.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, tree / name)
-    shutil.copytree(SRC, tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    # Not the compiled build `make venv` left next to the sources (README
+    # "Compiled build"): the wheel of a fresh checkout.
+    ignore = shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so", "_compiled.json")
+    shutil.copytree(SRC, tree / "src", ignore=ignore)
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(tmp / "dist"), str(tree)],
         capture_output=True,

@@ -11,7 +11,7 @@ importing the package.  Rules:
    run two different classes under one name.
 2. A compiled module runs only while its ``.py`` is the source it was compiled
    from.  The build records each source's SHA-256 in ``MANIFEST`` next to
-   the package; when one differs (``src/`` edited after ``make fast``) or an
+   the package; when one differs (``src/`` edited since the build) or an
    extension has no manifest, ``guard`` makes every hot module import from
    its ``.py`` (rule 1) and says why: a stale extension never silently
    shadows an edited source.
@@ -55,7 +55,7 @@ __all__ = ["BUILD", "HOT_MODULES", "MANIFEST", "PURE_ENV", "Verdict", "guard", "
 
 # The node's per-event path (issue 19): what a Publish goes through from its
 # frame to its PubAck and Notify.  Pure logic and the loop's plumbing of it;
-# every one passes the whole test suite compiled (make test-compiled).
+# every one passes the whole test suite compiled (make test).
 HOT_MODULES: Final = (
     "overlay.histograms",
     "overlay.limits.bucket",
@@ -123,7 +123,7 @@ class Verdict:
             return f"pure Python ({PURE_ENV}=1; the compiled modules are not used)"
         if self.stale:
             shown = ", ".join(self.stale[:3]) + (", …" if len(self.stale) > 3 else "")
-            return f"pure Python (compiled modules stale or unrecorded: {shown}; `make fast` rebuilds, `make pure` removes)"
+            return f"pure Python (compiled modules stale or unrecorded: {shown}; `make venv` rebuilds, `make pure` removes)"
         return "pure Python"
 
 
