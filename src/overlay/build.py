@@ -21,10 +21,12 @@ importing the package.  Rules:
    compiled class's keywords (``frozen``, ``array_like``, ``tag``), which
    would change the wire format without an error.  tests/test_build.py checks
    ``HOT_MODULES`` against this.
-5. A class whose methods the simulator or a test replaces (on an instance or
-   the class) is marked ``@mypyc_attr(native_class=False)``: compiled methods
-   in a plain Python class.  A module constant a test lowers is not ``Final``
-   (mypyc inlines a ``Final``).
+5. Every class of a hot module is native: nothing sets a method or an
+   undeclared attribute on one, nor subclasses it outside the hot modules —
+   the simulator and the tests go through explicit seams
+   (``overlay.node.observer``, ``Dispatcher.intercept``,
+   ``overlay.testing.proxy``; tests/test_seams.py checks).  A module constant
+   a test lowers is not ``Final`` (mypyc inlines a ``Final``).
 6. No ``await`` in an ``except`` or ``finally`` block of a hot module: mypyc
    (2.4.1) then leaves the exception set as the thread's current one — for
    good after a ``finally``, while suspended after an ``except`` — and every
