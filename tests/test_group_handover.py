@@ -5,6 +5,9 @@ instances are clients of node 1; the link 0→1 is held so that the copy node 0
 sent is still in flight when the channel moves to node 2.  Fault seeds 1094
 and 1533 of the simulation found what these pin down: the sender and the
 receiver each picked another instance, and the group got the event twice.
+Fault seed 427 found it again before the hand-over (<2> to <3>): the
+receiver, matching the event again after the sender's choice had left,
+picked an instance while the sender still tracked its copy.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from coreworld import EC, SCHEMA, World
+from coreworld import EC, SCHEMA, TIMEOUT, World
 from overlay.channels.channel import Channel
 from overlay.channels.space import EventSpace
 from overlay.messages import client as cm
@@ -145,3 +148,91 @@ def test_a_delivery_without_groups_merges_one_with_groups():
     assert mine.waiting == {"p1": 1, "p2": 2} and mine.tried == {"g": {"i1"}} and not mine.in_flight("g")
     other = Delivery(ev, EC, groups=False)
     assert other.tried == {}  # the shared empty tables were not written to
+
+
+def _matched_again_before_the_hand_over() -> tuple[World, dict[str, int], str, str]:
+    """Fault seed 427: the channel is at <2> (the receiver holds its
+    subscriptions and the sender's choice, not taken), the chosen instance
+    leaves, and the event comes to the receiver again before the hand-over."""
+    w, clients, admin, eid = _setup()
+    entry = w.cores[0].groups.choices.get(eid)
+    assert entry is not None
+    gid = entry[1]["g"][0]
+    (chosen,) = [n for n, sid in clients.items() if w.gid(1, sid, n) == gid]
+    w.net.hold_types(pm.ReplySubscriptionMove, src=2, dst=0)  # the sender stays at <2>
+    w.net.client_send(0, admin, cm.Admin(w.seq(), "place", {"channel": "0.0", "node": 2}))
+    w.net.run()
+    assert sorted(w.net.paused()) == [(0, 1), (2, 0)]
+    assert gid in w.cores[2].local[EC]
+    w.unsubscribe(1, clients[chosen], chosen, settle=False)  # reforwarded by the sender to the receiver
+    w.net.run()
+    assert gid not in w.cores[2].local[EC]
+    again = pm.Event(eid, EVENT, 0, pm.DispatchSign.EVENT_DISPATCHED, EC, 1.0, payload=w.payloads[eid])
+    w.net.send(1, 2, again)
+    w.net.run()
+    return w, clients, chosen, eid
+
+
+def test_a_receiver_leaves_a_gone_instances_copy_to_the_live_sender_until_its_hand_over():
+    w, clients, chosen, eid = _matched_again_before_the_hand_over()
+    c0, c2 = w.cores[0], w.cores[2]
+    answer = Answers(w, clients, eid)
+    answer()
+    sent_by_receiver = sum(answer.taken.values())
+    waited = c2.groups.tracks(eid)
+    # <3> (the sender's copy still held on 0→1): the hand-over gives the receiver
+    # that copy in flight; sent again, it fails (its instance left) and the
+    # receiver, deciding alone now, gives the event to another instance.
+    w.net.links[(2, 0)].paused = False
+    w.net.run()
+    answer()
+    assert not c0.groups.tracks(eid)
+    w.net.release()  # then the sender's own copy: failed back to a sender that forgot it
+    w.net.run()
+    answer()
+    assert sum(answer.taken.values()) == 1 and chosen not in answer.taken, answer.taken  # one instance, once
+    assert sent_by_receiver == 0 and waited  # before the hand-over the receiver waited for the sender
+    assert c2.stats["group_copy_with_sender"] == 1 and c2.stats["deliveries_adopted"] == 1
+    assert c2.stats["group_redispatched"] == 1 and c0.stats["group_redispatched"] == 0
+    assert not c2.groups.tracks(eid)
+    assert w.net.errors == []
+
+
+def test_a_receiver_gives_a_gone_instances_copy_to_another_instance_when_the_sender_dies_first():
+    """Fault seed 770's constraint: left to a sender that dies before its
+    hand-over, the copy is not lost — the receiver picks another instance."""
+    w, clients, chosen, eid = _matched_again_before_the_hand_over()
+    c2 = w.cores[2]
+    assert c2.groups.tracks(eid)
+    out: list = []
+    c2.groups.peer_down(0, c2.ctx.now, out)  # the sender is gone: its copy (held on 0→1) with it
+    w.net.execute(2, out)
+    w.net.run()
+    answer = Answers(w, clients, eid)
+    answer()
+    assert sum(answer.taken.values()) == 1 and chosen not in answer.taken, answer.taken
+    assert c2.stats["group_redispatched"] == 1
+    assert not c2.groups.tracks(eid)
+    assert w.net.errors == []
+
+
+def test_a_receiver_stops_waiting_for_a_sender_that_called_the_move_off():
+    """The sender rolls back past <2> (its receiver unreachable past the
+    session's timeout, its answer held on 2→0): the copy stays the sender's,
+    and the receiver's delivery waits for it no more."""
+    w, clients, chosen, eid = _matched_again_before_the_hand_over()
+    c0, c2 = w.cores[0], w.cores[2]
+    assert c2.groups.tracks(eid)
+    c0.ctx.unreachable.add(2)
+    w.net.tick(0, w.net.now + 2 * TIMEOUT)
+    c0.ctx.unreachable.discard(2)  # reachable again: its CompleteLoadBalance(aborted) goes out
+    w.net.run()
+    assert EC in c0.local and EC not in c2.local
+    assert not c2.groups.tracks(eid)
+    answer = Answers(w, clients, eid)
+    w.net.release()
+    w.net.run()
+    answer()
+    assert sum(answer.taken.values()) == 1 and chosen not in answer.taken, answer.taken
+    assert not c0.groups.tracks(eid)
+    assert w.net.errors == []

@@ -151,6 +151,7 @@ REGRESSION_SEEDS: Final = (
     459,  # a group copy for an instance gone, its group id pruned, dropped unanswered; handed over; receiver crashed
     929,  # the same
     785,  # a keyed event released to the dead old run of its key's new home: the old home passing it on never re-sent it
+    427,  # matched again on a receiver before the hand-over, the sender's choice gone: each side picked an instance
 )
 
 

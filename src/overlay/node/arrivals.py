@@ -202,6 +202,7 @@ class Arrivals:
             for c in mig.channels:
                 if not (self._ctx.routing.get(c) and self._ctx.id in self._ctx.routing[c].owners):
                     self._ctx.local.remove(c)
+                    self._groups.sender_kept(src, c, out)  # node.groups rule 10
             mig.abort()
             # Nothing is lost: the channels it had offered stay with node src.
             log.info(

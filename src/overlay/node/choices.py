@@ -17,11 +17,14 @@ Rules this module keeps (numbered as in ``overlay.node.groups``):
    the sender's DeliveryHandover says it tracks none any more
    (``sender_done``), or the sender goes down after the choice was learned.
    ``sender_tracks`` says whether a failed copy is the sender's to replace.
+   A copy the receiver leaves to the sender at match time (its instance gone
+   here) is waited for (``wait_for_sender``) until the sender hands it over
+   or keeps the channel (``release``) or goes down (``peer_down``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from overlay.channels.channel import ChannelId
 from overlay.messages import peer as pm
@@ -46,6 +49,9 @@ class GroupChoices:
         # "event id\x1fgroup" -> (the live sender that still tracks the copy, when learned).
         self._senders: Recent[tuple[int, float]] = Recent(cl.event_ttl, cl.dedup_max, ctx.stats, name="group_senders")
         self._down_at: dict[int, float] = {}  # node -> when it last went down
+        # Copies this node's deliveries wait for from a live sender (rule 10):
+        # event id -> {group: (instance, sender)}.
+        self._waits: dict[str, dict[str, tuple[str, int]]] = {}
 
     def get(self, event_id: str) -> Choice | None:
         return self._chosen.get(event_id)
@@ -106,16 +112,55 @@ class GroupChoices:
 
     def peer_down(self, node: int, now: float) -> None:
         self._down_at[node] = now
+        for eid, waits in list(self._waits.items()):  # its copies are this node's to replace now
+            for g in [g for g, (_, sender) in waits.items() if sender == node]:
+                del waits[g]
+            if not waits:
+                del self._waits[eid]
+
+    def wait_for_sender(self, event_id: str, group: str, instance: str, sender: int) -> None:
+        """Rule 10: this node's delivery of ``event_id`` waits for ``sender``'s copy to ``instance``."""
+        self._waits.setdefault(event_id, {})[group] = (instance, sender)
+
+    def waited_for(self, event_id: str) -> set[str]:
+        """Rule 10: the instances of ``event_id`` whose copies a live sender still tracks."""
+        waits = self._waits.get(event_id)
+        if not waits:
+            return set()
+        return {i for g, (i, _) in waits.items() if self.tracker(event_id, g, i) is not None}
+
+    def release(self, src: int, handed: Callable[[str], bool]) -> list[tuple[str, str, str]]:
+        """Rule 10: ``src`` handed a channel over or kept it: the waits for its
+        copies of the events ``handed`` names, or that it tracks no more, end.
+        Returns them as (event id, group, instance)."""
+        ended = []
+        for eid, waits in list(self._waits.items()):
+            for g, (inst, sender) in list(waits.items()):
+                if sender == src and (handed(eid) or self.tracker(eid, g, inst) is None):
+                    del waits[g]
+                    ended.append((eid, g, inst))
+            if not waits:
+                del self._waits[eid]
+        return ended
+
+    def forget_waits(self, event_id: str) -> None:
+        if self._waits:
+            self._waits.pop(event_id, None)
 
     def sender_tracks(self, event_id: str, group: str, instance: str) -> bool:
         """Rule 10: a failed copy to ``instance`` is the live sender's to replace."""
+        return self.tracker(event_id, group, instance) is not None
+
+    def tracker(self, event_id: str, group: str, instance: str) -> int | None:
+        """Rule 10: the live sender that still tracks the copy of ``event_id``
+        to ``instance`` of ``group``, or None when that copy is this node's to decide."""
         if not len(self._senders):
-            return False
+            return None
         entry = self._senders.get(f"{event_id}\x1f{group}")
         if entry is None:
-            return False
+            return None
         sender, learned = entry
         if sender == self._ctx.id or self._down_at.get(sender, -1.0) >= learned:
-            return False
+            return None
         chosen = self._chosen.get(event_id)
-        return chosen is not None and chosen[1].get(group, ("", False))[0] == instance
+        return sender if chosen is not None and chosen[1].get(group, ("", False))[0] == instance else None

@@ -26,15 +26,22 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Final
 
+import msgspec
+
 from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.subscriptions import Subscription
 from overlay.messages import peer as pm
 
-__all__ = ["Delivery"]
+__all__ = ["Delivery", "handover_frames"]
 
 # Rule 1: the group state of a delivery without groups: read-only and shared,
 # so a write to it raises instead of leaking into every other delivery.
 _NO_GROUPS: Final[Any] = MappingProxyType({})
+
+# Rule 2: the most a GroupChoice takes encoded (three ids of up to 256 bytes),
+# to cut a DeliveryHandover's choices into frames.
+_CHOICE_BYTES: Final = 800
+_encode = msgspec.msgpack.Encoder().encode
 
 
 class Delivery:
@@ -107,3 +114,32 @@ class Delivery:
         for sid, node in self.waiting.items():
             by_node.setdefault(node, []).append(sid)
         return by_node
+
+
+def handover_frames(
+    session: int,
+    chid: ChannelId,
+    records: list[pm.TrackedDelivery],
+    choices: tuple[pm.GroupChoice, ...],
+    budget: int,
+) -> list[pm.DeliveryHandover]:
+    """Rule 2: channel ``chid``'s hand-over in frames of about ``budget`` bytes
+    at most: the records first, then the choices; at least one frame, so the
+    receiver learns the sender tracks nothing any more."""
+    size = 0
+    msgs: list[pm.DeliveryHandover] = []
+    batch: list[pm.TrackedDelivery] = []
+    for rec in records:
+        n = len(_encode(rec))
+        if batch and size + n > budget:
+            msgs.append(pm.DeliveryHandover(session, chid, tuple(batch)))
+            batch, size = [], 0
+        batch.append(rec)
+        size += n
+    step = max(1, budget // _CHOICE_BYTES)
+    for i in range(0, len(choices), step):
+        msgs.append(pm.DeliveryHandover(session, chid, tuple(batch), choices[i : i + step]))
+        batch = []
+    if batch or not msgs:
+        msgs.append(pm.DeliveryHandover(session, chid, tuple(batch)))
+    return msgs

@@ -76,13 +76,16 @@ Rules this module keeps:
    answers it too (``node.notify`` rule 5: not delivered twice), and
    decides from then on, alone.  An event matched again while one of its
    group's copies is in flight here goes to no second instance; a failed
-   copy whose group has another in flight is not replaced.  Before the
-   hand-over a receiver picked another instance when the sender's choice
-   had left the channel, while the sender replaced its own failed copy too
-   (fault seeds 1094, 1533: a second instance); leaving it to the sender
-   lost the event when the sender died next (770).  Once the sender is
-   down (``peer_down`` after the choice was learned) the receiver picks, as
-   for a dead owner's choices.
+   copy whose group has another in flight is not replaced.  When the
+   sender's choice has left the channel by the time the receiver matches
+   the event again (before the hand-over), the receiver picks no other
+   either (fault seed 427: it did, and the sender's copy, handed over and
+   failed, went to a third): its delivery waits for the sender's copy as
+   if in flight to the sender, until the hand-over (which brings the copy
+   or says it was decided), the sender calling the move off (the copy
+   stays its own), or the sender's death: then, as for a dead owner's
+   choices, the receiver picks (merely skipping the group lost the event
+   when the sender died next: seed 770).
 """
 
 from __future__ import annotations
@@ -90,9 +93,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final
-
-import msgspec
+from typing import Any
 
 from overlay.actions import Action, ToPeer
 from overlay.channels.channel import Channel, ChannelId
@@ -103,7 +104,7 @@ from overlay.errors import LocalProtocolError
 from overlay.messages import peer as pm
 from overlay.node.choices import GroupChoices
 from overlay.node.context import NodeContext
-from overlay.node.deliveries import Delivery
+from overlay.node.deliveries import Delivery, handover_frames
 from overlay.node.notify import PRUNE_SECONDS, UNDELIVERABLE, Notifier
 from overlay.node.ordering import COMPLETE, Ordering
 
@@ -113,11 +114,6 @@ log = logging.getLogger("overlay.node")
 
 SubscriptionsFailed = Callable[[Channel, pm.Event, Sequence[Any], str], None]
 EventsMatched = Callable[[pm.Event, tuple[int, ...], list[Action]], None]
-
-# Rule 10: the most a GroupChoice takes encoded (three ids of up to 256 bytes),
-# to cut a DeliveryHandover's choices into frames.
-_CHOICE_BYTES: Final = 800
-_encode = msgspec.msgpack.Encoder().encode
 
 
 class Groups:
@@ -178,12 +174,21 @@ class Groups:
     def tick(self, now: float, out: list[Action]) -> None:
         """Rule 4: deliveries nobody answered fail; housekeeping."""
         at, ids = self._delivery_at, self._delivery_ids
+        rearm: list[Delivery] = []
         while at and at[0] <= now:
             deadline, eid = at.popleft(), ids.popleft()
             d = self._deliveries.get(eid)
             if d is not None and d.waiting and d.deadline == deadline:
-                self._ctx.stats["delivery_owner_timeouts"] += 1
-                self.on_delivery_ack(pm.NotificationAck(eid, tuple(d.waiting), failed=True), out)
+                with_sender = self.choices.waited_for(eid)  # rule 10: not failed while the sender lives
+                failed = tuple(s for s in d.waiting if s not in with_sender)
+                if with_sender:
+                    rearm.append(d)
+                if failed:
+                    self._ctx.stats["delivery_owner_timeouts"] += 1
+                    self.on_delivery_ack(pm.NotificationAck(eid, failed, failed=True), out)
+        for d in rearm:
+            if self._deliveries.get(d.ev.event_id) is d:
+                self._track(d)
 
     def prune(self, now: float) -> None:
         """Dispatchers of channels no longer here, instances no longer members."""
@@ -277,6 +282,16 @@ class Groups:
                 self._ctx.stats["group_sticky"] += 1
             elif taken:  # rule 9: the instance that took it left since: the group had it
                 self._ctx.stats["group_sticky_gone"] += 1
+                continue
+            elif before and (sender := self.choices.tracker(msg.event_id, g, before)) is not None:
+                # Rule 10: the live sender's copy went to an instance gone here: the
+                # sender replaces it; this copy waits for its hand-over or its death.
+                self._ctx.stats["group_copy_with_sender"] += 1
+                self.choices.wait_for_sender(msg.event_id, g, before, sender)
+                d.cands[g] = subs
+                d.tried[g] = {before}
+                d.gsub[before] = g
+                d.waiting[before] = sender
                 continue
             else:
                 chosen = disp.pick([s.id for s in subs], now)
@@ -453,6 +468,7 @@ class Groups:
     def _delivery_done(self, d: Delivery, out: list[Action]) -> None:
         ev = d.ev
         self._deliveries.pop(ev.event_id, None)
+        self.choices.forget_waits(ev.event_id)
         if not ev.key:
             return
         home = ev.home
@@ -461,8 +477,29 @@ class Groups:
         else:
             self._ordering.note(home, COMPLETE, ev.event_id)  # sent by end_batch (node.ordering rule 8)
 
+    def _release(self, src: int, chid: ChannelId) -> list[Delivery]:
+        """Rule 10: ``src`` handed channel ``chid`` over or kept it: this node's
+        deliveries stop waiting for its copies there (not completed yet)."""
+        deliveries = self._deliveries
+        released = []
+        for eid, g, inst in self.choices.release(src, lambda e: e in deliveries and deliveries[e].ch == chid):
+            d = deliveries.get(eid)
+            if d is not None and d.waiting.get(inst) == src and d.gsub.get(inst) == g:
+                del d.waiting[inst]
+                del d.gsub[inst]
+                released.append(d)
+        return released
+
+    def sender_kept(self, src: int, chid: ChannelId, out: list[Action]) -> None:
+        """Rule 10: ``src`` called off moving channel ``chid`` here: the copies
+        it tracks stay its own, and this node's deliveries stop waiting for them."""
+        for d in self._release(src, chid):
+            if not d.waiting and self._deliveries.get(d.ev.event_id) is d:
+                self._delivery_done(d, out)
+
     def peer_down(self, node: int, now: float, out: list[Action]) -> None:
-        """A subscribers' access node went down: what it owed us failed (rule 4)."""
+        """A subscribers' access node went down: what it owed us failed (rule 4).
+        Rule 10: so did the copies a sender that went down still tracked."""
         self.choices.peer_down(node, now)
         for eid, d in list(self._deliveries.items()):
             lost = tuple(g for g, n in d.waiting.items() if n == node)
@@ -479,25 +516,8 @@ class Groups:
         if gone:
             self._ctx.stats["deliveries_handed_over"] += len(gone)
         # In frames of at most half the cap (an event's payload may take that much alone).
-        budget, size = self._ctx.config.cluster.max_frame_size // 2, 0
-        msgs: list[pm.DeliveryHandover] = []
-        batch: list[pm.TrackedDelivery] = []
-        for d in gone:
-            rec = d.to_wire()
-            n = len(_encode(rec))
-            if batch and size + n > budget:
-                msgs.append(pm.DeliveryHandover(session, chid, tuple(batch)))
-                batch, size = [], 0
-            batch.append(rec)
-            size += n
-        choices = self.choices.of(chid)
-        step = max(1, budget // _CHOICE_BYTES)
-        for i in range(0, len(choices), step):
-            msgs.append(pm.DeliveryHandover(session, chid, tuple(batch), choices[i : i + step]))
-            batch = []
-        if batch or not msgs:  # at least one: the receiver learns the sender tracks nothing any more
-            msgs.append(pm.DeliveryHandover(session, chid, tuple(batch)))
-        return msgs
+        budget = self._ctx.config.cluster.max_frame_size // 2
+        return handover_frames(session, chid, [d.to_wire() for d in gone], self.choices.of(chid), budget)
 
     def adopt(self, src: int, msg: pm.DeliveryHandover, out: list[Action]) -> None:
         """Rule 10, the receiver: ``src`` no longer tracks channel ``ch_id``'s
@@ -519,10 +539,14 @@ class Groups:
         for c in msg.choices:  # the sender tracks none of them any more
             self.choices.sender_done(c.event_id, c.group)
         for rec in msg.deliveries:
+            for copy in rec.waiting:
+                if copy.group:
+                    self.choices.sender_done(rec.event.event_id, copy.group)
+        released = self._release(src, ch.id)  # first: a copy handed over may be the one waited for
+        for rec in msg.deliveries:
             got = Delivery.from_wire(rec, ch)
             eid = got.ev.event_id
             for sid, g in got.gsub.items():
-                self.choices.sender_done(eid, g)
                 self.choices.remember(eid, g, sid, ch.id)
             d = self._deliveries.get(eid)
             if d is None:
@@ -536,6 +560,9 @@ class Groups:
             origin = -1 if d.ev.key else d.ev.access_node  # as _send_notifications
             for node, ids in got.by_node().items():
                 self._send_to(node, tuple(ids), d.ev, ch.id, origin, out)
+        for d in released:  # rule 10: the sender decided these copies; what else they wait for
+            if not d.waiting and self._deliveries.get(d.ev.event_id) is d:
+                self._delivery_done(d, out)
         self._ctx.stats["deliveries_adopted"] += len(msg.deliveries)
 
     def states(self, chid: ChannelId) -> tuple[GroupState, ...]:
