@@ -1,10 +1,12 @@
 """Deterministic simulation at scale (SPEC §15): many seeds, then planning past one machine.
 
-Run as ``.venv/bin/python bench/simulation.py [--seeds 2000] [--seconds 180]
-[--workers N] [--plan 30,100,1000] [--plan-slices 80] [--plan-budget 240]
-[--skip-seeds] [--skip-plan] [--faults]`` (about 10 minutes with the defaults).
+Run as ``.venv/bin/python bench/simulation.py [--seeds 2000] [--first-seed 0]
+[--seconds 180] [--workers N] [--plan 30,100,1000] [--plan-slices 80]
+[--plan-budget 240] [--skip-seeds] [--skip-plan] [--faults]`` (about 10
+minutes with the defaults).
 
-1. **Seeds.**  ``overlay.testing.sim``'s ``SimCluster`` runs seeds 0, 1, 2, … (the
+1. **Seeds.**  ``overlay.testing.sim``'s ``SimCluster`` runs seeds 0, 1, 2, …
+   (from ``--first-seed``: a sweep past the seeds already run; the
    same scenarios as ``tests/test_simulation.py``, which runs the first few
    hundred) on ``--workers`` processes until ``--seeds`` are done or
    ``--seconds`` have passed.  Printed: seeds/s, what the runs exercised
@@ -141,15 +143,15 @@ def _kind(failure: str) -> str:
     return "other: " + (failure.splitlines()[0][:70] if failure else "?")
 
 
-def run_seeds(count: int, seconds: float, workers: int, *, faults: bool = False) -> int:
+def run_seeds(count: int, seconds: float, workers: int, *, faults: bool = False, first: int = 0) -> int:
     what = "node-fault seeds" if faults else "seeds"
-    print(f"== {what}: up to {count} seeds or {seconds:.0f} s on {workers} process(es)")
+    print(f"== {what}: up to {count} seeds from {first} or {seconds:.0f} s on {workers} process(es)")
     start = time.perf_counter()
     totals: Counter[str] = Counter()
     failed: list[tuple[int, list[str]]] = []
     done = deliveries = steps = 0
     seed_seconds = 0.0
-    seeds = iter(range(count))
+    seeds = iter(range(first, first + count))
     with ProcessPoolExecutor(workers) as pool:
         running: set[Future[Any]] = set()
 
@@ -438,6 +440,7 @@ def print_plan(results: list[PlanResult]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=2000)
+    ap.add_argument("--first-seed", type=int, default=0, help="the seeds run are first-seed, first-seed + 1, ...")
     ap.add_argument("--seconds", type=float, default=180.0, help="time bound of the seed runs")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--plan", default="30,100,1000", help="cluster sizes to plan for")
@@ -452,7 +455,7 @@ def main() -> int:
     args = ap.parse_args()
     status = 0
     if not args.skip_seeds:
-        status = run_seeds(args.seeds, args.seconds, args.workers, faults=args.faults)
+        status = run_seeds(args.seeds, args.seconds, args.workers, faults=args.faults, first=args.first_seed)
     if not args.skip_plan and not args.faults:
         results = []
         for n in (int(x) for x in args.plan.split(",") if x):
