@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from coreworld import EC, SCHEMA, TIMEOUT, World
+from coreworld import EC, HIGH, LOW, SCHEMA, SPLIT_500, TIMEOUT, World
 from overlay.channels.channel import Channel
 from overlay.channels.space import EventSpace
 from overlay.messages import client as cm
@@ -235,4 +235,28 @@ def test_a_receiver_stops_waiting_for_a_sender_that_called_the_move_off():
     answer()
     assert sum(answer.taken.values()) == 1 and chosen not in answer.taken, answer.taken
     assert not c0.groups.tracks(eid)
+    assert w.net.errors == []
+
+
+def test_a_split_childs_move_hands_over_only_the_deliveries_of_its_own_events():
+    """Fault seed 1077: the parent's delivery of an event of the child that
+    stays went with the other child's move; the receiver and the sender (which
+    matched the re-sent event on the child it kept) each gave it to an instance."""
+    w, clients, admin, eid = _setup()  # price 250, matched on 0.0; its copy held on 0→1
+    w.net.client_send(0, admin, cm.Admin(w.seq(), "split", SPLIT_500))
+    w.net.run()
+    assert LOW in w.cores[0].local and HIGH in w.cores[0].local
+    w.net.client_send(0, admin, cm.Admin(w.seq(), "place", {"channel": "0.2", "node": 2}))  # (500, 1000] moves
+    w.net.run()  # to <3>: the UpdateRoutingTable to node 1 waits behind the held copy
+    c0, c2 = w.cores[0], w.cores[2]
+    assert LOW in c0.local and HIGH in c2.local
+    assert c0.groups.tracks(eid) and not c2.groups.tracks(eid)  # the event lies in 0.1, which stayed
+    answer = Answers(w, clients, eid)
+    answer.decline = set(INSTANCES)  # every copy declined: the owner tries each instance once
+    w.net.release()
+    w.net.run()
+    for _ in INSTANCES:
+        answer()
+    assert _copies(w, clients, eid) == Counter(dict.fromkeys(INSTANCES, 1))  # each instance once, from one owner
+    assert c2.stats["deliveries_adopted"] == 0 and not c0.groups.tracks(eid)
     assert w.net.errors == []

@@ -506,11 +506,17 @@ class Groups:
             if lost:
                 self.on_delivery_ack(pm.NotificationAck(eid, lost, failed=True), out)
 
-    def hand_over(self, chid: ChannelId, session: int) -> list[pm.DeliveryHandover]:
-        """Rule 10, the sender at <3>: channel ``chid``'s deliveries still
-        tracked here, for its receiver, forgotten here."""
+    def hand_over(self, ch: Channel, session: int) -> list[pm.DeliveryHandover]:
+        """Rule 10, the sender at <3>: channel ``ch``'s deliveries still
+        tracked here, for its receiver, forgotten here.  Those matched on a
+        channel it was split from go only if their event lies in ``ch``: the
+        split's other child keeps its own (fault seed 1077: both sides gave one
+        to an instance)."""
+        chid, space = ch.id, ch.space
         chans = self.choices.lineage(chid)
-        gone = [d for d in self._deliveries.values() if d.ch in chans]
+        gone = [
+            d for d in self._deliveries.values() if d.ch == chid or (d.ch in chans and space.contains(d.ev.event_exp))
+        ]
         for d in gone:
             del self._deliveries[d.ev.event_id]
         if gone:

@@ -198,9 +198,10 @@ class Migration:
                     owners = tuple(dict.fromkeys((*self._ctx.routing[c].owners, mig.receiver)))
                 else:
                     ch = self._ctx.local.remove(c)
+                    assert ch is not None
                     owners = (mig.receiver,)
                     # its deliveries in flight are the receiver's from now on (node.groups rule 10)
-                    out.extend(ToPeer(mig.receiver, m) for m in self._groups.hand_over(c, mig.session))
+                    out.extend(ToPeer(mig.receiver, m) for m in self._groups.hand_over(ch, mig.session))
                 assert ch is not None
                 entry = RouteEntry(ch.space, owners)
                 self._ctx.routing.set(c, entry)
