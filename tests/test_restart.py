@@ -20,6 +20,7 @@ from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node import NodeCore
 from overlay.node.context import sub_prefix
+from overlay.node.ordering import rendezvous_home
 from overlay.testing.corelink import CoreLink
 
 
@@ -159,6 +160,35 @@ def test_a_receiver_that_restarts_mid_session_rolls_the_session_back_on_both_sid
     assert not sender.monitor.busy and not w.cores[1].arrivals.incoming
     # The operator hears why.
     assert any(isinstance(m, cm.Error) and m.seq == 77 for m in w.net.received(0, op))
+
+
+def test_a_keyed_event_lost_with_a_restarted_nodes_old_run_goes_again_to_its_channels_owner() -> None:
+    """Fault seed 1132: node 0, past <3> of moving EC to node 1, passed on to
+    node 1 the event its key's home had released to it, and crashed with it;
+    its new run said hello before anyone declared it dead and owns nothing, so
+    no recovery update came, and the home never released the event again.  A
+    restart is now met as a death is: the homes release what they have in
+    flight again (``node.keyhome`` rule 9)."""
+    w = incarnated_world()
+    sub = w.client(1, "sub")
+    w.subscribe(1, sub, "s", "price < 900")
+    key = next(k for k in (f"key{i}" for i in range(100)) if rendezvous_home(k, [0, 1, 2]) == 2)
+    w.net.hold_types(pm.Event, src=2, dst=0)  # the home's release to EC's owner waits on 2→0
+    w.net.client_send(2, w.client(2, "pub"), cm.Publish(w.seq(), {"price": 5.0, "sym": "AB"}, 0.0, key, 0))
+    w.net.run()
+    assert w.net.paused() == [(2, 0)]
+    w.net.client_send(0, w.client(0, "op"), cm.Admin(w.seq(), "place", {"channel": "0.0", "node": 1}))
+    w.net.run()
+    assert EC not in w.cores[0].local and w.cores[0].routing[EC].owners == (1,)  # <3> on node 0
+    w.net.pause(0, 1)  # what node 0 passes on to node 1 now dies with it
+    w.net.links[(2, 0)].paused = False
+    w.net.run()
+    assert any(isinstance(m, (pm.Reforward, pm.Event)) for _, _, m in w.net.pending(0, 1))
+    restart(w.net, 0, incarnation=5000)
+    w.net.release()
+    w.net.run()
+    assert [n.key for n in w.net.received(1, sub, kind=cm.Notify)] == [key]
+    assert w.net.errors == []
 
 
 def test_a_third_node_lost_in_updating_does_not_hold_the_session_forever() -> None:

@@ -153,6 +153,7 @@ REGRESSION_SEEDS: Final = (
     785,  # a keyed event released to the dead old run of its key's new home: the old home passing it on never re-sent it
     427,  # matched again on a receiver before the hand-over, the sender's choice gone: each side picked an instance
     1077,  # a split child's move handed over the parent's delivery of the other child's event: each side picked one
+    1132,  # a keyed event died with a node's old run, restarted before declared dead: its home never released it again
 )
 
 

@@ -23,7 +23,11 @@ The node's rules, numbered as the other modules cite them (SPEC §3, §4, §8):
 7. A peer whose hello carries a new incarnation restarted: what this node
    held for its old run is dropped — its dead clients' subscriptions
    (``node.peers``), sessions with it and waits for its replies
-   (``node.migration``) — as when a peer is unreachable past the timeout.
+   (``node.migration``) — as when a peer is unreachable past the timeout;
+   and, as on a death, the keys this node is home of release their events
+   in flight again (``node.keyhome`` rule 9): one the old run held died
+   with it, and a restart before anyone declared it dead brings no
+   recovery update to release it again (fault seed 1132).
 8. One bad state never stops a node: each part of ``tick`` runs in its own
    guard, logged with the state and counted (here).
 9. A replica that sees its first owner take a replicated channel back alone
@@ -232,6 +236,7 @@ class NodeCore:
             new_run=self.ordering.peer_run,  # back from the dead: keys move to it (node.ordering rule 7)
             restarted=(
                 lambda node, out: self.migration.peer_gone(node, f"node {node} restarted", out),
+                lambda node, out: self.ordering.home.redispatch(out),  # what its old run held (rule 7)
                 lambda node, out: self.peer_runs.drop_subscriptions_of_old_run(node),
                 self.recovery.peer_restarted,
                 lambda node, out: self.sessions.retry_all(out),
