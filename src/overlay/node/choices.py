@@ -69,6 +69,11 @@ class GroupChoices:
         if taken or choices.get(group, ("", False))[0] != instance:
             choices[group] = (instance, taken)
 
+    def took(self, event_id: str, group: str, instance: str) -> bool:
+        """Whether ``instance`` of ``group`` is known to have taken ``event_id``."""
+        entry = self._chosen.get(event_id)
+        return entry is not None and entry[1].get(group) == (instance, True)
+
     def learn(self, choices: Sequence[pm.GroupChoice], chid: ChannelId) -> None:
         """What another owner gave (a dead one, told by the instances' access
         nodes; one that moved the channel here)."""

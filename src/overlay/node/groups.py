@@ -58,7 +58,8 @@ Rules this module keeps:
    a receiver a moving channel's (``ChannelSubscriptions.choices``).  That
    instance's access node answers without delivering it twice (``node.notify``
    rule 5).  If the instance left the group since, the group gets nothing
-   when it had taken the event, else another instance; a failed copy's
+   when it had taken the event (also when its access node, which forgot it,
+   fails the copy: fault seed 1751), else another instance; a failed copy's
    replacement is what is remembered.  A keyed event still tracked here is
    not notified again: the delivery learns its latest home (for the
    completion).  A group rebuilt on a new owner restarts its dispatch
@@ -76,16 +77,12 @@ Rules this module keeps:
    answers it too (``node.notify`` rule 5: not delivered twice), and
    decides from then on, alone.  An event matched again while one of its
    group's copies is in flight here goes to no second instance; a failed
-   copy whose group has another in flight is not replaced.  When the
-   sender's choice has left the channel by the time the receiver matches
-   the event again (before the hand-over), the receiver picks no other
-   either (fault seed 427: it did, and the sender's copy, handed over and
-   failed, went to a third): its delivery waits for the sender's copy as
-   if in flight to the sender, until the hand-over (which brings the copy
-   or says it was decided), the sender calling the move off (the copy
-   stays its own), or the sender's death: then, as for a dead owner's
-   choices, the receiver picks (merely skipping the group lost the event
-   when the sender died next: seed 770).
+   copy whose group has another in flight is not replaced.  Nor does a
+   receiver pick when the sender's choice has left the channel before the
+   hand-over (seed 427: both picked): its delivery waits for that copy as
+   if in flight to the sender, until the hand-over, the sender calling the
+   move off (the copy stays its own) or its death (then the receiver picks:
+   skipping the group lost the event when the sender died next, seed 770).
 """
 
 from __future__ import annotations
@@ -434,6 +431,9 @@ class Groups:
                 self.choices.remember(msg.event_id, g, gid, d.ch, taken=True)
                 continue
             self._ctx.stats["group_delivery_failed"] += 1
+            if self.choices.took(msg.event_id, g, gid):  # rule 9: it took the event before
+                self._ctx.stats["group_sticky_gone"] += 1
+                continue
             if disp is not None:
                 disp.mark_faulty(gid, now)
             if d.in_flight(g):  # rule 10: another copy of the group may still be taken
