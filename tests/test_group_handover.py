@@ -260,3 +260,32 @@ def test_a_split_childs_move_hands_over_only_the_deliveries_of_its_own_events():
     assert _copies(w, clients, eid) == Counter(dict.fromkeys(INSTANCES, 1))  # each instance once, from one owner
     assert c2.stats["deliveries_adopted"] == 0 and not c0.groups.tracks(eid)
     assert w.net.errors == []
+
+
+def test_a_failed_copy_goes_to_no_instance_gone_from_the_channel_the_event_lies_in_now():
+    """node.groups rule 4 (fault seed 739): the delivery of an event of a
+    split channel's parent re-offered its copy to every instance it matched
+    then, gone since or not: 13 of them, ~6 s each, past the drain."""
+    w, clients, admin, eid = _setup()  # price 250 on 0.0; the copy to one instance held on 0→1
+    entry = w.cores[0].groups.choices.get(eid)
+    assert entry is not None
+    (chosen,) = [n for n, sid in clients.items() if w.gid(1, sid, n) == entry[1]["g"][0]]
+    others = [n for n in INSTANCES if n != chosen]
+    gone = {w.gid(1, clients[n], n) for n in others}
+    for n in others:  # the other instances leave; the owner hears it (1→0 is open)
+        w.unsubscribe(1, clients[n], n, settle=False)
+    w.net.run()
+    w.net.client_send(0, admin, cm.Admin(w.seq(), "split", SPLIT_500))
+    w.net.run()
+    c0 = w.cores[0]
+    assert EC not in c0.local and not gone & {s.id for s in c0.local[LOW]}
+    mark = len(w.net.trace)
+    answer = Answers(w, clients, eid)
+    answer.decline = {chosen}
+    w.net.release()
+    w.net.run()
+    answer()
+    sent = [m for s, _, m in w.net.trace[mark:] if s == 0 and isinstance(m, pm.Notification) and m.event_id == eid]
+    assert not [m for m in sent if gone & set(m.sub_ids)], sent  # no copy to an instance gone
+    assert c0.stats["group_undeliverable"] == 1 and not c0.groups.tracks(eid)
+    assert w.net.errors == []

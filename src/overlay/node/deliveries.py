@@ -23,6 +23,7 @@ Rules this module keeps:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -32,7 +33,7 @@ from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.subscriptions import Subscription
 from overlay.messages import peer as pm
 
-__all__ = ["Delivery", "handover_frames"]
+__all__ = ["Delivery", "channel_now", "handover_frames"]
 
 # Rule 1: the group state of a delivery without groups: read-only and shared,
 # so a write to it raises instead of leaking into every other delivery.
@@ -143,3 +144,24 @@ def handover_frames(
     if batch or not msgs:
         msgs.append(pm.DeliveryHandover(session, chid, tuple(batch)))
     return msgs
+
+
+def channel_now(
+    d: Delivery, local: Callable[[ChannelId], Channel | None], replaced: Mapping[ChannelId, tuple[ChannelId, ...]]
+) -> Channel | None:
+    """The channel here that ``d``'s event lies in now: the one it was matched
+    on, or one that replaced it here (a split's child); None when neither is
+    here (it moved on)."""
+    todo, seen = [d.ch], set()
+    while todo:
+        chid = todo.pop()
+        if chid in seen:
+            continue
+        seen.add(chid)
+        ch = local(chid)
+        if ch is not None:
+            if chid == d.ch or ch.space.contains(d.ev.event_exp):
+                return ch
+            continue
+        todo.extend(replaced.get(chid, ()))
+    return None

@@ -27,7 +27,8 @@ Rules this module keeps:
    when the client's session closed, or when the subscription is gone.
 4. **Fault surveillance** (owner).  A failed group delivery marks the
    instance faulty for ``fault_period`` and the event goes to the next
-   eligible instance of the group that has not tried it.  When none can take
+   eligible instance of the group that has not tried it, still in the event's
+   channel now (fault seed 739 re-offered one to 13 gone).  When none can take
    it, the publisher's access node is told (``NotificationAck`` code
    ``undeliverable``) and answers the publisher with an ``undeliverable``
    Error naming the event — counted (``group_undeliverable``), never silent.
@@ -101,7 +102,7 @@ from overlay.errors import LocalProtocolError
 from overlay.messages import peer as pm
 from overlay.node.choices import GroupChoices
 from overlay.node.context import NodeContext
-from overlay.node.deliveries import Delivery, handover_frames
+from overlay.node.deliveries import Delivery, channel_now, handover_frames
 from overlay.node.notify import PRUNE_SECONDS, UNDELIVERABLE, Notifier
 from overlay.node.ordering import COMPLETE, Ordering
 
@@ -415,6 +416,7 @@ class Groups:
             return
         now = self._ctx.now
         retry: list[Subscription] = []
+        now_in = channel_now(d, self._ctx.local.get, self._replaced) if msg.failed else None  # rule 4
         for gid in msg.sub_ids:
             node = d.waiting.pop(gid, None)
             if node is None:
@@ -442,7 +444,7 @@ class Groups:
             if self.choices.sender_tracks(msg.event_id, g, gid):  # rule 10: the channel's sender picks another
                 self._ctx.stats["group_retry_left_to_sender"] += 1
                 continue
-            left = [s for s in d.cands[g] if s.id not in d.tried[g]]
+            left = [s for s in d.cands[g] if s.id not in d.tried[g] and (now_in is None or s.id in now_in)]
             if disp is not None:
                 chosen = disp.pick([s.id for s in left], now) if left else None
             else:  # the channel moved on: any instance not tried yet
@@ -478,8 +480,7 @@ class Groups:
             self._ordering.note(home, COMPLETE, ev.event_id)  # sent by end_batch (node.ordering rule 8)
 
     def _release(self, src: int, chid: ChannelId) -> list[Delivery]:
-        """Rule 10: ``src`` handed channel ``chid`` over or kept it: this node's
-        deliveries stop waiting for its copies there (not completed yet)."""
+        """Rule 10: ``src`` handed channel ``chid`` over or kept it: stop waiting for its copies."""
         deliveries = self._deliveries
         released = []
         for eid, g, inst in self.choices.release(src, lambda e: e in deliveries and deliveries[e].ch == chid):
@@ -491,8 +492,7 @@ class Groups:
         return released
 
     def sender_kept(self, src: int, chid: ChannelId, out: list[Action]) -> None:
-        """Rule 10: ``src`` called off moving channel ``chid`` here: the copies
-        it tracks stay its own, and this node's deliveries stop waiting for them."""
+        """Rule 10: ``src`` called off moving channel ``chid`` here: its copies stay its own."""
         for d in self._release(src, chid):
             if not d.waiting and self._deliveries.get(d.ev.event_id) is d:
                 self._delivery_done(d, out)
