@@ -94,6 +94,7 @@ class ErrorCode(StrEnum):
     TOO_MANY_SUBSCRIPTIONS = "too_many_subscriptions"  # the client id holds its limit of subscriptions here
     EXPRESSION_TOO_LARGE = "expression_too_large"  # the subscription's text or predicates are over the limit
     PAYLOAD_TOO_LARGE = "payload_too_large"  # the event's payload is over [cluster] max_payload
+    INTERNAL = "internal_error"  # the node failed handling the request (a bug, logged there); nothing promised
 
 
 class ClientMessage(msgspec.Struct, frozen=True, tag=True, array_like=True):

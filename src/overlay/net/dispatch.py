@@ -17,8 +17,10 @@ Rules:
    has background work.
 2. A message that breaks the protocol is logged (a peer is answered with
    ``PeerError``); any other error of one message's handling is logged with
-   its traceback.  Either way the next message is handled: one message's
-   failure is its own.
+   its traceback, and a client's request (Subscribe, Unsubscribe, Admin) is
+   answered ``internal_error`` — unanswered, its client waited out its
+   timeout ("request timed out") for an answer that never came.  Either way
+   the next message is handled: one message's failure is its own.
 3. The indexer runs ``NodeCore.background_step`` a bounded step at a time
    (``INDEX_STEP``), pausing ``INDEX_PAUSE`` between steps, until the core
    has nothing left; an error is logged, counted (``shell_errors``), and the
@@ -44,7 +46,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
-from overlay.actions import Action, ToPeer
+from overlay.actions import Action, ToClient, ToPeer
 from overlay.errors import RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
@@ -205,9 +207,11 @@ class Dispatcher:
                     if type(item) is FromPeer:
                         execute([ToPeer(item.src, pm.PeerError("protocol_error", str(exc)))])
                     continue
-                except Exception:  # rule 2: one message's failure is its own
+                except Exception as exc:  # rule 2: one message's failure is its own
                     what, source = described(item)
                     log.exception("node %d: failed handling %s from %s", core.id, what, source)
+                    if type(item) is FromClient and isinstance(item.msg, _REQUESTS):
+                        execute([ToClient(item.sid, _internal_error(item.msg, exc))])
                     continue
                 if acts:
                     execute(acts)
@@ -252,6 +256,20 @@ class Dispatcher:
 
 
 M = TypeVar("M")  # a run's message type (rule 1)
+
+
+# Rule 2: the requests answered internal_error when their handling fails (a
+# run of Publishes is the core's: handle_publishes answers each on its own).
+_REQUESTS: Final = (cm.Subscribe, cm.Unsubscribe, cm.Admin)
+
+
+def _internal_error(msg: cm.Subscribe | cm.Unsubscribe | cm.Admin, exc: Exception) -> cm.Error:
+    return cm.Error(
+        msg.seq,
+        cm.ErrorCode.INTERNAL,
+        f"the node failed handling this {type(msg).__name__} ({type(exc).__name__}: {exc}); "
+        "it is in the node's log: please report it",
+    )
 
 
 def _publish_of(item: InboxItem, sid: int) -> cm.Publish | None:
