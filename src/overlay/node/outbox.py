@@ -58,6 +58,16 @@ Rules this module keeps:
 Timing: first re-send deadlines come in the order events were accepted
 (now + a fixed wait), so they sit in two parallel deques — no tuple per
 event; only re-sent events, rare, go through a heap.
+
+An event is kept from the start of its ``send``, but its record is made
+only when something needs it: while ``send`` dispatches it, the event is
+``_sending``, and an event that a local owner completes within that call
+(nothing matched, or only this node's clients: the common event of a
+one-node cluster) gets its PubAck without a record made and torn down.
+Whatever else the dispatch tells the outbox about it — a match naming
+other nodes, a confirmation, a deferred error — makes the record then,
+and it is kept as any other (``_held``); so is one whose dispatch returns
+(or fails) before it completes.
 """
 
 from __future__ import annotations
@@ -146,7 +156,8 @@ class Outbox:
     sessions are open.  Invariant: an event
     id is in ``_kept`` iff its entry is not ``done``, and every entry not
     done has a pending deadline (in the deques until its first re-send, in
-    the heap after).
+    the heap after) — but while ``send`` dispatches: the event it sends is
+    ``_sending`` until its record is made or it completed (module doc).
     """
 
     def __init__(self, ctx: NodeContext, *, dispatch: DispatchEvent, sessions: Container[int]) -> None:
@@ -166,6 +177,11 @@ class Outbox:
         self._first: deque[_Kept] = deque()  # ... of these entries
         self._later: list[tuple[float, int, _Kept]] = []  # (deadline, tie, entry) after a re-send
         self._tie = itertools.count()
+        # The event ``send`` is dispatching before any record of it is made,
+        # and its publisher (module doc).
+        self._sending: pm.Event | None = None
+        self._sending_sid = 0
+        self._sending_seq = 0
         self.resent = 0
         self.expired = 0
         self.completed = 0
@@ -206,25 +222,46 @@ class Outbox:
     def send(self, ev: pm.Event, sid: int, seq: int, out: list[Action]) -> bool:
         """Keep ``ev`` for publisher ``(sid, seq)``, then dispatch it (kept first:
         a local owner may complete it before ``dispatch`` returns).  True when
-        it did: the event is complete already, its PubAck in ``out``."""
+        it did: the event is complete already, its PubAck in ``out``.  Its
+        record is made only if it is not (module doc)."""
         obs = self.observer
         if obs is not None:
             obs.accepted(ev, sid)
             obs.dispatched(ev)
-        now = self._ctx.now
-        k = _Kept(ev, sid, seq, now + self.resend_after, now + self.ttl)
-        self._kept[ev.event_id] = k
+        self._sending, self._sending_sid, self._sending_seq = ev, sid, seq
         self.bytes += len(ev.payload)
-        self.dispatch(ev, out)
-        if k.done:  # confirmed at once (a local owner, local subscribers): no deadline
-            return True
-        self._first_at.append(k.resend_at)
-        self._first.append(k)
-        return False
+        try:
+            self.dispatch(ev, out)
+        finally:  # a dispatch that failed leaves the event kept too, to be sent again
+            sending, self._sending = self._sending, None
+            if sending is not None:  # nothing about it came back: kept as sent (a remote owner, mostly)
+                k: _Kept | None = self._record(ev, sid, seq)
+            else:  # its record made during the dispatch (_held), or complete
+                k = self._kept.get(ev.event_id)
+            if k is not None:
+                self._first_at.append(k.resend_at)
+                self._first.append(k)
+        return k is None  # complete at once (a local owner, local subscribers): no deadline
+
+    def _record(self, ev: pm.Event, sid: int, seq: int) -> _Kept:
+        """The record of a kept event (rule 1)."""
+        now = self._ctx.now
+        k = self._kept[ev.event_id] = _Kept(ev, sid, seq, now + self.resend_after, now + self.ttl)
+        return k
+
+    def _held(self, event_id: str) -> _Kept | None:
+        """The record of a kept event, made now if it is the one being sent (module doc)."""
+        k = self._kept.get(event_id)
+        if k is None:
+            ev = self._sending
+            if ev is not None and ev.event_id == event_id:
+                self._sending = None
+                k = self._record(ev, self._sending_sid, self._sending_seq)
+        return k
 
     def attach(self, event_id: str, sid: int, seq: int) -> bool:
         """Rule 1: the same id published again while kept waits with the first."""
-        k = self._kept.get(event_id)
+        k = self._held(event_id)
         if k is None:
             return False
         if k.more is None:
@@ -245,9 +282,9 @@ class Outbox:
             matched(event_id, nodes, out, src)
 
     def on_delivered(self, src: int, msg: pm.EventsDelivered, out: list[Action]) -> None:
-        kept, confirm = self._kept, self._confirm
+        held, confirm = self._held, self._confirm
         for event_id in msg.event_ids:
-            k = kept.get(event_id)
+            k = held(event_id)
             if k is None:
                 self._ctx.stats["receipts_stale"] += 1
                 continue
@@ -261,7 +298,13 @@ class Outbox:
         """An owner matched the event; ``nodes`` are to confirm it.  ``by``: the
         node that reported it, which confirms it too when named (a report the
         owner left to the access nodes it notified, ``Notification.confirm``)."""
-        k = self._kept.get(event_id)
+        sending = self._sending
+        if sending is not None and not nodes and sending.event_id == event_id:
+            # Complete within its own send: no record to make (module doc).
+            self._sending = None
+            self._acked(sending, self._sending_sid, self._sending_seq, None, None, out)
+            return
+        k = self._held(event_id)
         if k is None:
             self._ctx.stats["receipts_stale"] += 1  # complete, expired, or not ours
             return
@@ -290,7 +333,7 @@ class Outbox:
 
     def delivered(self, event_id: str, node: int, out: list[Action]) -> None:
         """``node`` got the event's notification (``EventsDelivered``)."""
-        k = self._kept.get(event_id)
+        k = self._held(event_id)
         if k is None:
             self._ctx.stats["receipts_stale"] += 1  # a group's re-dispatch, a re-sent copy ...
             return
@@ -329,7 +372,7 @@ class Outbox:
 
     def defer_error(self, event_id: str, code: str, text: str) -> bool:
         """Rule 2: an error about a kept event goes to its publishers after its PubAck."""
-        k = self._kept.get(event_id)
+        k = self._held(event_id)
         if k is None:
             return False
         if k.errors is None:
@@ -339,25 +382,39 @@ class Outbox:
         return True
 
     def _complete(self, k: _Kept, out: list[Action]) -> None:
-        event_id = k.ev.event_id
-        del self._kept[event_id]
-        self.bytes -= len(k.ev.payload)
+        del self._kept[k.ev.event_id]
         k.done = True
+        self._acked(k.ev, k.sid, k.seq, k.more, k.errors, out)
+
+    def _acked(
+        self,
+        ev: pm.Event,
+        sid: int,
+        seq: int,
+        more: list[tuple[int, int]] | None,
+        errors: list[tuple[str, str]] | None,
+        out: list[Action],
+    ) -> None:
+        """Rule 2's end: PubAcks to the publishers still here, then the deferred errors."""
+        event_id = ev.event_id
+        self.bytes -= len(ev.payload)
         self.completed += 1
         self._ctx.stats["events_confirmed"] += 1
         sessions = self._sessions
-        if k.sid in sessions:
-            out.append(ToClient(k.sid, cm.PubAck(k.seq, event_id)))
-        if k.more is not None:
-            out.extend(ToClient(sid, cm.PubAck(seq, event_id)) for sid, seq in k.more if sid in sessions)
-        if k.errors is not None:
-            for code, text in k.errors:
-                self._tell(k, code, text, out)
+        if sid in sessions:
+            out.append(ToClient(sid, cm.PubAck(seq, event_id)))
+        if more is not None:
+            out.extend(ToClient(s, cm.PubAck(q, event_id)) for s, q in more if s in sessions)
+        if errors is not None:
+            for code, text in errors:
+                self._tell(sid, seq, more, code, text, out)
 
-    def _tell(self, k: _Kept, code: str, text: str, out: list[Action]) -> None:
-        for sid, seq in ((k.sid, k.seq), *(k.more or ())):
-            if sid in self._sessions:
-                out.append(ToClient(sid, cm.Error(seq, code, text)))
+    def _tell(
+        self, sid: int, seq: int, more: list[tuple[int, int]] | None, code: str, text: str, out: list[Action]
+    ) -> None:
+        for s, q in ((sid, seq), *(more or ())):
+            if s in self._sessions:
+                out.append(ToClient(s, cm.Error(q, code, text)))
 
     # -- rules 3 and 4 -----------------------------------------------------------------------
 
@@ -419,13 +476,15 @@ class Outbox:
             f"waiting for nodes {waiting}" if waiting else "never reported matched",
         )
         self._tell(
-            k,
+            k.sid,
+            k.seq,
+            k.more,
             cm.ErrorCode.UNDELIVERABLE,
             f"event {event_id}: not confirmed within {self.ttl:g}s; it may have reached some subscribers",
             out,
         )
         for code, text in k.errors or ():
-            self._tell(k, code, text, out)
+            self._tell(k.sid, k.seq, k.more, code, text, out)
 
 
 class Receipts:
