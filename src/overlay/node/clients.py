@@ -103,7 +103,7 @@ from overlay.node.outbox import FULL_DELAY, Outbox
 from overlay.node.router import Router
 from overlay.node.sessions import Session, Sessions
 
-__all__ = ["CLIENT_ID", "EVENT_ID", "Clients"]
+__all__ = ["CLIENT_ID", "EVENT_ID", "Clients", "plain_event_id"]
 
 log = logging.getLogger("overlay.node")
 
@@ -113,6 +113,16 @@ log = logging.getLogger("overlay.node")
 EVENT_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 CLIENT_ID: Final = re.compile(r"[!-~]{1,128}")
 _EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
+# EVENT_ID's characters as a byte table (theirs 0, every other byte 1): one C
+# translate and a memchr per publish instead of a regex match (~100 ns less).
+_EVENT_ID_CHARS: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-"
+_EVENT_ID_TABLE: Final = bytes(0 if b in _EVENT_ID_CHARS else 1 for b in range(256))
+
+
+def plain_event_id(event_id: str) -> bool:
+    """``EVENT_ID.fullmatch(event_id)``, faster: 1-128 characters, each of
+    ``_EVENT_ID_CHARS`` (a non-ASCII one fails ``isascii``)."""
+    return 0 < len(event_id) <= 128 and event_id.isascii() and 1 not in event_id.encode().translate(_EVENT_ID_TABLE)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -494,11 +504,17 @@ class Clients:
         outbox = self._outbox
         if msg.event_id:
             event_id = f"{sess.client_id}/{msg.event_id}"
-            if not (EVENT_ID.fullmatch(msg.event_id) and _client_id_ok(sess.client_id)):
+            chosen = msg.event_id
+            if not (  # plain_event_id, inline (per publish)
+                len(chosen) <= 128
+                and chosen.isascii()
+                and 1 not in chosen.encode().translate(_EVENT_ID_TABLE)
+                and _client_id_ok(sess.client_id)
+            ):
                 ctx.stats["rejected_bad_event"] += 1
                 why = (
                     f"event id {msg.event_id!r} must be 1-128 letters, digits or ._:-"
-                    if not EVENT_ID.fullmatch(msg.event_id)
+                    if not plain_event_id(msg.event_id)
                     else f"a chosen event id needs a client id of 1-128 printable characters without spaces, "
                     f"not {sess.client_id!r}"
                 )
