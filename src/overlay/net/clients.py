@@ -7,10 +7,16 @@ Rules:
    task belongs to the node's TaskGroup; ``writers`` holds exactly the open
    ones.
 2. The read loop hands each message to the dispatcher through the inbox,
-   waiting for room when it is full (TCP backpressure), but for two: an Ack
-   the core only counts (``NodeCore.client_ack``) is taken at once, and a
+   waiting for room when it is full (TCP backpressure), but for three: an Ack
+   the core only counts (``NodeCore.client_ack``) is taken at once, a
    Publish that finds the inbox's normal level past ``choke_threshold`` is
-   answered with Choke instead (SPEC §12).
+   answered with Choke instead (SPEC §12), and the Publishes a read starts
+   with, when the inbox is empty, go to the dispatcher's ``publishes_now``
+   (``net.dispatch`` rule 6): handled at once, in order, a slice's worth at
+   a time with a loop turn between (while the inbox stays empty), the rest
+   of the read queued behind them.  (Their order against other sessions'
+   and peers' messages arriving meanwhile is arrival order, as ever: only a
+   session's own messages are ordered, and its next read waits.)
 3. A Notify that finds its session's queue full is dropped (STYLE habit 7):
    counted (``slow_consumer_drops``), captured, the client told once per
    burst with a ``slow_consumer`` Error; control replies are never dropped.
@@ -195,6 +201,8 @@ class ClientConnections:
         # Rule 9: the sessions that take PubAcks, and the PubAcks waiting per session.
         self._batched: set[int] = set()
         self._acks: dict[int, tuple[list[int], list[str]]] = {}
+        # Rule 2: the dispatcher's publishes_now, once the node has made it (None: every message queued).
+        self.publishes_now: Callable[[int, list[cm.Publish]], int] | None = None
 
     # -- writing (rule 3) ----------------------------------------------------------------
 
@@ -460,6 +468,17 @@ class ClientConnections:
             if type(first) is cm.Hello and first.version >= cm.BATCHED_ACKS:  # rule 9
                 self._batched.add(sid)
             while msgs:
+                now_fn = self.publishes_now
+                if now_fn is not None and type(msgs[0]) is cm.Publish and not len(inbox):  # rule 2: at once
+                    k = 1
+                    while k < len(msgs) and type(msgs[k]) is cm.Publish:
+                        k += 1
+                    run: list[cm.Publish] = msgs if k == len(msgs) else msgs[:k]  # type: ignore[assignment]  # Publishes
+                    done = now_fn(sid, run)
+                    msgs = msgs[done:] if done < len(msgs) else []
+                    if done < k:  # a slice's worth: a loop turn (the writers), then on as the inbox allows
+                        await asyncio.sleep(0)
+                        continue
                 for msg in msgs:
                     if type(msg) is cm.Ack and client_ack(sid, msg):
                         continue  # rule 2: counted, nothing to dispatch

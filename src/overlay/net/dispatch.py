@@ -36,6 +36,21 @@ Rules:
    outside tests) each costs one test per batch.  (Tests used to replace
    the core's and the inbox's methods: compiled classes' cannot be,
    ``overlay.build``.)
+6. **Publishes at once.**  A client's read loop that reads Publishes while
+   the inbox is empty hands them to ``publishes_now`` instead of queueing
+   them: the dispatcher is idle then (it awaits only on an empty inbox, or
+   for its slice's loop turn with items left), so nothing is queued ahead
+   of them and handling them now is the order rule 1 would give — without
+   an inbox item per message and the hand-over to this task.  They are one
+   run, as in rule 1 (``NodeCore.handle_publishes``, in runs of at most
+   ``DISPATCH_BATCH``), with rule 2's errors and rule 4's slow log, and
+   ``end_batch`` after them; at most one slice's worth (``DISPATCH_SLICE``)
+   per call: the read loop gives the loop a turn before the rest (queued
+   if the inbox is no longer empty by then).  Receipts left waiting go out
+   once due (``node.outbox`` rule 5) from a timer, as the idle dispatcher
+   would send them.  While a test taps or paces the dispatcher (rule 5)
+   nothing is handled so: every message goes through the inbox, to be seen
+   or held.
 """
 
 from __future__ import annotations
@@ -112,6 +127,9 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._tap: Tap | None = None  # rule 5
         self._pace: Pace | None = None
+        self._receipts_timer: asyncio.TimerHandle | None = None  # rule 6
+        self.publishes_inline = 0  # rule 6: Publishes handled at once (status, tests)
+        self.slice = DISPATCH_SLICE  # rule 1's slice, and rule 6's (seconds)
 
     def intercept(self, tap: Tap | None) -> None:
         """Rule 5: show every item to ``tap`` before the core (None: no more)."""
@@ -138,7 +156,7 @@ class Dispatcher:
         execute = self._execute
         slow = self._slow
         stats = core.ctx.stats
-        slice_end = time.perf_counter() + DISPATCH_SLICE
+        slice_end = time.perf_counter() + self.slice
         while True:
             if not len(inbox):
                 due = core.receipts_due_in(time.time())
@@ -153,14 +171,14 @@ class Dispatcher:
                         if acts:
                             execute(acts)
                         continue
-                slice_end = time.perf_counter() + DISPATCH_SLICE
+                slice_end = time.perf_counter() + self.slice
             elif time.perf_counter() > slice_end:
                 # Still busy after a slice: one loop turn, so the writer tasks
                 # send what this one produced.  Waiting for an empty inbox
                 # instead held every reply and notification of a burst (a
                 # split's backlog, a move's Reforwards) until its end.
                 await asyncio.sleep(0)
-                slice_end = time.perf_counter() + DISPATCH_SLICE
+                slice_end = time.perf_counter() + self.slice
             # Take a batch, high first (queues rule 1).  Nothing below awaits, so
             # nothing is queued meanwhile: the order is exactly the one a get()
             # per message would give, without its per-message cost.
@@ -224,6 +242,60 @@ class Dispatcher:
                 execute(acts)
             if core.index_wanted:
                 self._wake.set()
+
+    def publishes_now(self, sid: int, msgs: list[cm.Publish]) -> int:
+        """Rule 6: Publishes of session ``sid`` read while the inbox is empty,
+        handled now, in order; how many (the first ones: a slice's worth) —
+        the caller queues the rest.  None while a test taps or paces the
+        dispatcher (rule 5): those must reach the inbox."""
+        if self._tap is not None or self._pace is not None:
+            return 0
+        core = self._core
+        execute = self._execute
+        slow = self._slow
+        n = len(msgs)
+        done = 0
+        slice_end = time.perf_counter() + self.slice
+        while done < n:
+            run = msgs if not done and n <= DISPATCH_BATCH else msgs[done : done + DISPATCH_BATCH]
+            done += len(run)
+            now = time.time()
+            t0 = time.perf_counter()
+            try:
+                acts = core.handle_publishes(sid, run, now)
+            except RemoteProtocolError as exc:  # rule 2, as for a queued run
+                log.warning("node %d: protocol error from client %d: %s", core.id, sid, exc)
+                continue
+            except Exception:
+                log.exception("node %d: failed handling Publish from client %d", core.id, sid)
+                continue
+            if acts:
+                execute(acts)
+            t1 = time.perf_counter()
+            if t1 - t0 > slow.threshold:
+                slow.note("Publish", f"client {sid}", now, t0)
+            if t1 >= slice_end:
+                break
+        self.publishes_inline += done
+        acts = core.end_batch(idle=False)
+        if acts:
+            execute(acts)
+        if core.index_wanted:
+            self._wake.set()
+        if self._receipts_timer is None:
+            due = core.receipts_due_in(time.time())
+            if due is not None:  # the dispatcher may be waiting on the inbox alone: a timer sends them
+                self._receipts_timer = asyncio.get_running_loop().call_later(due, self._receipts_due)
+        return done
+
+    def _receipts_due(self) -> None:
+        """Rule 6: receipts left by Publishes handled at once, now due."""
+        self._receipts_timer = None
+        if len(self._inbox):  # the dispatcher is busy: it sends them once due (rule 1)
+            return
+        acts = self._core.end_batch()
+        if acts:
+            self._execute(acts)
 
     async def index(self) -> None:
         """Rule 3: the split a session waits on (``node.balancing`` rule 3),

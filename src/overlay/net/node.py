@@ -17,7 +17,9 @@ that carries each out when it is not this one:
    (``net.inbox``); the single dispatcher (``net.dispatch``) takes
    high-priority ones first and hands each to the core, in batches, with a
    loop turn at least every ``DISPATCH_SLICE`` so replies go out during a
-   burst.  A peer's ``Batch`` frame goes in as its messages, one item
+   burst.  A client's Publishes read while the inbox is empty are handed
+   to the dispatcher at once instead (``net.dispatch`` rule 6: nothing is
+   queued ahead of them).  A peer's ``Batch`` frame goes in as its messages, one item
    each, in order (``net.peer_link`` rule 7).  Read loops block
    when it is full (TCP backpressure).  A publish that finds the normal level
    past ``choke_threshold`` is answered with Choke instead (SPEC §12).  A
@@ -212,6 +214,7 @@ class Node:
         self.clients: dict[int, ConnectionWriter] = self.connections.writers
         self.slow_log = SlowLog(self.core, config.cluster.slow_ms)
         self.dispatcher = Dispatcher(self.core, self.inbox, self.slow_log, execute=self.execute, peer_run=self.peer_run)
+        self.connections.publishes_now = self.dispatcher.publishes_now  # net.dispatch rule 6
         self._stop = asyncio.Event()
         # The connections the listener accepts (rules 2, 6, 9, 15: net.inbound).
         self.inbound = Inbound(
