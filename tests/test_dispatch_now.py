@@ -4,25 +4,25 @@ handle them queued — and the rest of the read (another kind of message, or
 what is past one slice) is queued behind them.
 
 Against a loopback node, one read at a time (every frame of a step written in
-one write); and ``Dispatcher.publishes_now`` on its own with a scripted core
-(its slice, its errors, the receipts it leaves)."""
+one write); and ``Dispatcher.publishes_now`` on its own over a sans-IO core
+(its slice, and the tests' taps and paces)."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 import pytest
 
 from conftest import LOCAL
-from overlay.actions import Action
+from coreworld import World
+from overlay.actions import Action, ToClient
 from overlay.messages import client as cm
 from overlay.messages.codec import client_reader, encode_frame
 from overlay.net.dispatch import DISPATCH_BATCH, Dispatcher, SlowLog
-from overlay.net.inbox import ClientClosed, Inbox
+from overlay.net.inbox import Inbox
 from overlay.net.node import CLIENT_MAGIC
-from overlay.testing import LoopbackCluster, wait_until
+from overlay.testing import LoopbackCluster
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
@@ -106,92 +106,46 @@ async def test_the_rest_of_a_read_is_queued_behind_the_publishes_it_starts_with(
         pub.close()
 
 
-class _Core:
-    """What ``publishes_now`` asks of a NodeCore, scripted: each run's actions,
-    a failing Publish (seq 13), receipts left waiting when told."""
-
-    id = 7
-
-    def __init__(self) -> None:
-        self.runs: list[list[int]] = []
-        self.receipts_wait: float | None = None
-        self.ended: list[bool] = []
-        self.index_wanted = False
-
-    def handle_publishes(self, sid: int, msgs: list[cm.Publish], now: float) -> list[Action]:
-        seqs = [m.seq for m in msgs]
-        self.runs.append(seqs)
-        if 13 in seqs:
-            raise RuntimeError("a bug")
-        return [("acted", sid, s) for s in seqs]  # type: ignore[misc]
-
-    def end_batch(self, *, idle: bool = True) -> list[Action]:
-        self.ended.append(idle)
-        if idle and self.receipts_wait is not None:
-            self.receipts_wait = None
-            return [("receipts",)]  # type: ignore[list-item]
-        return []
-
-    def receipts_due_in(self, now: float) -> float | None:
-        return self.receipts_wait
-
-
-def _dispatcher(core: _Core, executed: list[Any]) -> tuple[Dispatcher, Inbox]:
+def _dispatcher() -> tuple[Dispatcher, Inbox, World, int, list[Action]]:
+    """A dispatcher over node 0's core of a one-node world, with session ``pub`` open."""
+    w = World(1)
+    sid = w.client(0, "pub")
+    core = w.cores[0]
+    executed: list[Action] = []
     inbox = Inbox(1000)
-    slow = SlowLog(core, 0)  # type: ignore[arg-type]
-    d = Dispatcher(core, inbox, slow, execute=executed.extend, peer_run=lambda src, inc: None)  # type: ignore[arg-type]
-    return d, inbox
+    d = Dispatcher(core, inbox, SlowLog(core, 0), execute=executed.extend, peer_run=lambda src, inc: None)
+    return d, inbox, w, sid, executed
+
+
+def _acked(executed: list[Action]) -> list[int]:
+    return [a.msg.seq for a in executed if type(a) is ToClient and type(a.msg) is cm.PubAck]
 
 
 async def test_one_slice_s_worth_is_handled_and_the_rest_left_to_the_caller() -> None:
-    core, executed = _Core(), []
-    d, _ = _dispatcher(core, executed)
+    d, _, _, sid, executed = _dispatcher()
     d.slice = 0.0  # every run takes a whole slice
     msgs = [cm.Publish(100 + i, _event(i)) for i in range(3 * DISPATCH_BATCH)]
-    done = d.publishes_now(4, msgs)
-    assert done == DISPATCH_BATCH and core.runs == [[m.seq for m in msgs[:DISPATCH_BATCH]]]
-    assert executed == [("acted", 4, m.seq) for m in msgs[:DISPATCH_BATCH]]
-    assert core.ended == [False] and d.publishes_inline == DISPATCH_BATCH
-
-
-async def test_a_run_that_fails_is_its_own_failure(caplog: pytest.LogCaptureFixture) -> None:
-    core, executed = _Core(), []
-    d, _ = _dispatcher(core, executed)
-    msgs = [cm.Publish(i, _event(i)) for i in range(2 * DISPATCH_BATCH)]
-    with caplog.at_level(logging.ERROR, logger="overlay.net"):
-        assert d.publishes_now(4, msgs) == len(msgs)
-    assert "failed handling Publish from client 4" in caplog.text
-    # The run holding seq 13 produced nothing; the next one was handled.
-    assert executed == [("acted", 4, m.seq) for m in msgs[DISPATCH_BATCH:]]
-
-
-async def test_receipts_left_waiting_go_out_when_due() -> None:
-    core, executed = _Core(), []
-    d, inbox = _dispatcher(core, executed)
-    core.receipts_wait = 0.001
-    d.publishes_now(4, [cm.Publish(1, _event(1))])
-    await wait_until(lambda: ("receipts",) in executed, 5, "the receipts' timer")
-    assert core.ended == [False, True]
-    # Not while the dispatcher is busy: it sends them itself once due (rule 1).
-    core.receipts_wait = 0.001
-    inbox.put_nowait(ClientClosed(9), False)
-    d.publishes_now(4, [cm.Publish(2, _event(2))])
-    await wait_until(lambda: d._receipts_timer is None, 5, "the receipts' timer")
-    assert executed.count(("receipts",)) == 1
+    done = d.publishes_now(sid, msgs)
+    assert done == DISPATCH_BATCH and d.publishes_inline == DISPATCH_BATCH
+    assert _acked(executed) == [m.seq for m in msgs[:DISPATCH_BATCH]]
+    # The rest, handed over again, go on in order.
+    d.slice = 1.0
+    assert d.publishes_now(sid, msgs[done:]) == len(msgs) - done
+    assert _acked(executed) == [m.seq for m in msgs]
 
 
 async def test_nothing_is_handled_at_once_while_a_test_taps_or_paces_the_dispatcher() -> None:
-    core, executed = _Core(), []
-    d, _ = _dispatcher(core, executed)
+    d, _, _, sid, executed = _dispatcher()
 
     async def hold() -> None:
         return None
 
     d.pace(hold)
-    assert d.publishes_now(4, [cm.Publish(1, _event(1))]) == 0
+    assert d.publishes_now(sid, [cm.Publish(1, _event(1))]) == 0
     d.pace(None)
     d.intercept(lambda item: None)
-    assert d.publishes_now(4, [cm.Publish(1, _event(1))]) == 0
-    assert core.runs == [] and executed == [] and d.publishes_inline == 0
+    assert d.publishes_now(sid, [cm.Publish(1, _event(1))]) == 0
+    assert executed == [] and d.publishes_inline == 0
     d.intercept(None)
-    assert d.publishes_now(4, [cm.Publish(1, _event(1))]) == 1
+    assert d.publishes_now(sid, [cm.Publish(1, _event(1))]) == 1
+    assert _acked(executed) == [1]
