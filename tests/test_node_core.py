@@ -532,7 +532,9 @@ def test_a_publish_that_fails_in_a_run_is_its_own_failure(caplog):
     run = [cm.Publish(1, {"price": 1.0, "sym": "A"}), cm.Publish(2, {"price": 1.0, "sym": "BAD"})]
     run.append(cm.Publish(3, {"price": 2.0, "sym": "B"}))
     acts = core.handle_publishes(sid, run, w.net.now)
-    assert [a.msg.seq for a in acts if type(a) is ToClient] == [1, 3]  # nothing of the failed one
+    answers = [a.msg for a in acts if type(a) is ToClient]
+    assert [(type(m), m.seq) for m in answers] == [(cm.PubAck, 1), (cm.Error, 2), (cm.PubAck, 3)]
+    assert answers[1].code == cm.ErrorCode.INTERNAL and "RuntimeError: a bug" in answers[1].message
     assert core.stats["publish_errors"] == 1
     assert "failed handling Publish 2" in caplog.text
 

@@ -331,7 +331,8 @@ M = TypeVar("M")  # a run's message type (rule 1)
 
 
 # Rule 2: the requests answered internal_error when their handling fails (a
-# run of Publishes is the core's: handle_publishes answers each on its own).
+# run of Publishes is the core's: handle_publishes answers each failed one
+# internal_error on its own).
 _REQUESTS: Final = (cm.Subscribe, cm.Unsubscribe, cm.Admin)
 
 

@@ -435,10 +435,13 @@ class Clients:
             mark = len(out)
             try:
                 admitted(sess, msg, now, out, paced)
-            except Exception:  # one message's failure is its own (net.dispatch rule 2)
+            except Exception as exc:  # one message's failure is its own (net.dispatch rule 2)
                 del out[mark:]
                 self._ctx.stats["publish_errors"] += 1
                 log.exception("node %d: failed handling Publish %d from client %d", self._ctx.id, msg.seq, sid)
+                # Answered, as a failed request is: unanswered, the publisher
+                # waited out its timeout for a PubAck that never came.
+                out.append(ToClient(sid, _publish_failed(msg.seq, exc)))
         return out
 
     def _publish(self, sess: Session, msg: cm.Publish, now: float, out: list[Action]) -> None:
@@ -615,3 +618,14 @@ class Clients:
                     sess.id, cm.Error(msg.seq, cm.ErrorCode.UNKNOWN_SUBSCRIPTION, f"no subscription {msg.sub_id!r}")
                 )
             )
+
+
+def _publish_failed(seq: int, exc: Exception) -> cm.Error:
+    """``internal_error`` for a Publish whose handling failed (a bug, logged
+    with its traceback): whether the event was taken is not known."""
+    return cm.Error(
+        seq,
+        cm.ErrorCode.INTERNAL,
+        f"the node failed handling this Publish ({type(exc).__name__}: {exc}); "
+        "it is in the node's log: please report it",
+    )
