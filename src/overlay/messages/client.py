@@ -43,6 +43,7 @@ __all__ = [
     "UnsubAck",
     "Unsubscribe",
     "Welcome",
+    "internal_error",
 ]
 
 Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]
@@ -246,3 +247,15 @@ class Admin(ClientMessage, frozen=True):
 class AdminReply(ClientMessage, frozen=True):
     seq: Seq
     result: Any
+
+
+def internal_error(seq: int, request: str, exc: BaseException) -> Error:
+    """The answer to a request whose handling failed on the node (a bug, which
+    the node logs with its traceback): ``internal_error``, naming the failure;
+    whether the request took effect is not known."""
+    return Error(
+        seq,
+        ErrorCode.INTERNAL,
+        f"the node failed handling this {request} ({type(exc).__name__}: {exc}); "
+        "it is in the node's log: please report it",
+    )

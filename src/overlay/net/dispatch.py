@@ -337,12 +337,7 @@ _REQUESTS: Final = (cm.Subscribe, cm.Unsubscribe, cm.Admin)
 
 
 def _internal_error(msg: cm.Subscribe | cm.Unsubscribe | cm.Admin, exc: Exception) -> cm.Error:
-    return cm.Error(
-        msg.seq,
-        cm.ErrorCode.INTERNAL,
-        f"the node failed handling this {type(msg).__name__} ({type(exc).__name__}: {exc}); "
-        "it is in the node's log: please report it",
-    )
+    return cm.internal_error(msg.seq, type(msg).__name__, exc)
 
 
 def _publish_of(item: InboxItem, sid: int) -> cm.Publish | None:

@@ -79,11 +79,9 @@ L4. Refusals are counted (``rejected_too_many_connections``,
 
 from __future__ import annotations
 
-import functools
 import heapq
 import hmac
 import logging
-import re
 from collections.abc import Callable
 from typing import Final
 
@@ -97,6 +95,7 @@ from overlay.limits.quotas import Quotas
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.node.context import NodeContext
+from overlay.node.ids import CLIENT_ID, EVENT_ID, EVENT_ID_TABLE, client_id_ok, plain_event_id
 from overlay.node.notify import Notifier
 from overlay.node.ordering import Ordering, publish_time_of
 from overlay.node.outbox import FULL_DELAY, Outbox
@@ -107,29 +106,7 @@ __all__ = ["CLIENT_ID", "EVENT_ID", "Clients", "plain_event_id"]
 
 log = logging.getLogger("overlay.node")
 
-# A publisher-chosen event id: letters, digits and ``._:-`` (the message's
-# bound, 128); the client id it is named under: printable ASCII, no space,
-# at most 128.  Ids travel in every notification, the capture and the logs.
-EVENT_ID: Final = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-CLIENT_ID: Final = re.compile(r"[!-~]{1,128}")
 _EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
-# EVENT_ID's characters as a byte table (theirs 0, every other byte 1): one C
-# translate and a memchr per publish instead of a regex match (~100 ns less).
-_EVENT_ID_CHARS: Final = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._:-"
-_EVENT_ID_TABLE: Final = bytes(0 if b in _EVENT_ID_CHARS else 1 for b in range(256))
-
-
-def plain_event_id(event_id: str) -> bool:
-    """``EVENT_ID.fullmatch(event_id)``, faster: 1-128 characters, each of
-    ``_EVENT_ID_CHARS`` (a non-ASCII one fails ``isascii``)."""
-    return 0 < len(event_id) <= 128 and event_id.isascii() and 1 not in event_id.encode().translate(_EVENT_ID_TABLE)
-
-
-@functools.lru_cache(maxsize=4096)
-def _client_id_ok(client_id: str) -> bool:
-    """``CLIENT_ID`` once per client id, not once per publish."""
-    return CLIENT_ID.fullmatch(client_id) is not None
-
 
 AdminCommand = Callable[[Session, cm.Admin, float, list[Action]], None]
 
@@ -441,7 +418,7 @@ class Clients:
                 log.exception("node %d: failed handling Publish %d from client %d", self._ctx.id, msg.seq, sid)
                 # Answered, as a failed request is: unanswered, the publisher
                 # waited out its timeout for a PubAck that never came.
-                out.append(ToClient(sid, _publish_failed(msg.seq, exc)))
+                out.append(ToClient(sid, cm.internal_error(msg.seq, "Publish", exc)))
         return out
 
     def _publish(self, sess: Session, msg: cm.Publish, now: float, out: list[Action]) -> None:
@@ -511,8 +488,8 @@ class Clients:
             if not (  # plain_event_id, inline (per publish)
                 len(chosen) <= 128
                 and chosen.isascii()
-                and 1 not in chosen.encode().translate(_EVENT_ID_TABLE)
-                and _client_id_ok(sess.client_id)
+                and 1 not in chosen.encode().translate(EVENT_ID_TABLE)
+                and client_id_ok(sess.client_id)
             ):
                 ctx.stats["rejected_bad_event"] += 1
                 why = (
@@ -618,14 +595,3 @@ class Clients:
                     sess.id, cm.Error(msg.seq, cm.ErrorCode.UNKNOWN_SUBSCRIPTION, f"no subscription {msg.sub_id!r}")
                 )
             )
-
-
-def _publish_failed(seq: int, exc: Exception) -> cm.Error:
-    """``internal_error`` for a Publish whose handling failed (a bug, logged
-    with its traceback): whether the event was taken is not known."""
-    return cm.Error(
-        seq,
-        cm.ErrorCode.INTERNAL,
-        f"the node failed handling this Publish ({type(exc).__name__}: {exc}); "
-        "it is in the node's log: please report it",
-    )
