@@ -154,8 +154,6 @@ def _test_of(
     return entry[1] if entry is not None else index.compiled(sub_id)
 
 
-# A plain Python class in the compiled build too (overlay.build rule 5): the
-# simulator and the tests replace its methods on an instance or the class.
 class Channel:
     """``ch = <Es, S>`` with its matcher and slice statistics.
 

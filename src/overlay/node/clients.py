@@ -121,8 +121,6 @@ def _yes() -> bool:
     return True
 
 
-# A plain Python class in the compiled build too (overlay.build rule 5): the
-# simulator and the tests replace its methods on an instance or the class.
 class Clients:
     """What a client's messages do.  ``ready`` says whether the cluster is
     ready (``node.boot``); ``admin`` runs an operator command (``node.admin``);

@@ -44,8 +44,6 @@ __all__ = ["Copy", "RankMarks", "Recent", "SeenEvents", "TrackedCopies"]
 V = TypeVar("V")
 
 
-# A plain Python class in the compiled build too (overlay.build rule 5): the
-# simulator and the tests replace its methods on an instance or the class.
 class SeenEvents:
     """Rules 1 and 2.  Invariant: ``_ids`` holds each id of ``_set`` once,
     oldest first, and ``_at`` the time each one was recorded."""

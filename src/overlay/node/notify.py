@@ -89,8 +89,6 @@ def _not_in(container: Container[object], item: object) -> bool:
     return item not in container
 
 
-# A plain Python class in the compiled build too (overlay.build rule 5): the
-# simulator and the tests replace its methods on an instance or the class.
 class Notifier:
     """The access node's notifications and the acks it waits for.
 

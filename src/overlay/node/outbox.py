@@ -146,8 +146,6 @@ class _Kept:
         self.done = False
 
 
-# A plain Python class in the compiled build too (overlay.build rule 5): the
-# simulator and the tests replace its methods on an instance or the class.
 class Outbox:
     """Rules 1–4 at the publisher's access node.
 

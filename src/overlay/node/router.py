@@ -71,8 +71,6 @@ MAX_HOPS: Final = 4
 MAX_REMOVED: Final = 100_000
 
 
-# A plain Python class in the compiled build too (overlay.build rule 5): the
-# simulator and the tests replace its methods on an instance or the class.
 class Router:
     """Rules 2, 3, 5, 8: where each event and (un)subscription goes, and the
     match on the owner.  It hands a match to ``groups`` (tracked) or straight
