@@ -149,3 +149,18 @@ async def test_nothing_is_handled_at_once_while_a_test_taps_or_paces_the_dispatc
     d.intercept(None)
     assert d.publishes_now(sid, [cm.Publish(1, _event(1))]) == 1
     assert _acked(executed) == [1]
+
+
+async def test_a_stopped_dispatcher_leaves_no_receipts_timer_behind() -> None:
+    d, _inbox, _w, _sid, _executed = _dispatcher()
+    fired: list[bool] = []
+    timer = asyncio.get_running_loop().call_later(0.05, lambda: fired.append(True))
+    d._receipts_timer = timer  # as publishes_now leaves it with receipts waiting
+    task = asyncio.create_task(d.run())
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert timer.cancelled() and d._receipts_timer is None
+    await asyncio.sleep(0.1)
+    assert not fired  # nothing runs on the stopped core

@@ -151,6 +151,16 @@ class Dispatcher:
         return kept
 
     async def run(self) -> None:
+        """Rule 1 until cancelled (the node's TaskGroup stops it); rule 6's
+        receipts timer goes with it, so nothing runs on a stopped core."""
+        try:
+            await self._run()
+        finally:
+            if self._receipts_timer is not None:
+                self._receipts_timer.cancel()
+                self._receipts_timer = None
+
+    async def _run(self) -> None:
         core = self._core
         inbox = self._inbox
         execute = self._execute
