@@ -395,6 +395,39 @@ async def test_a_member_proving_the_secret_is_admitted_under_the_id_it_proved(pl
         writer.close()
 
 
+async def test_a_peer_link_that_never_finishes_its_opening_is_closed_after_peer_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Found by the second outside audit: past the 4-byte preamble nothing bounded
+    # a peer link's opening, and a stranger without the secret held 100 such
+    # connections (a task and a descriptor each) on a node for as long as it liked.
+    caplog.set_level(logging.WARNING, logger="overlay.net")
+    async with LoopbackCluster(LOCAL, 3, balancing=False, peer_timeout=1.0) as cl:
+        before = snapshot(cl)
+        openings = [
+            PEER_MAGIC,  # the preamble, then silence
+            PEER_MAGIC + encode_frame(pm.PeerAuth(1, "local", b"n" * pa.NONCE_BYTES)),  # no proof follows
+            PEER_MAGIC + encode_frame(pm.PeerAuth(1, "local", b"n" * pa.NONCE_BYTES))[:7],  # half a frame
+        ]
+        conns = []
+        for opening in openings:
+            reader, writer = await asyncio.open_connection(*cl.addr(0))
+            writer.write(opening)
+            conns.append((reader, writer))
+        for reader, writer in conns:
+            msgs = peer_reader().feed(await read_to_end(reader))  # closed by the node: read_to_end returns
+            writer.close()
+            assert isinstance(msgs[-1], pm.PeerError) and msgs[-1].code == "opening_timeout", msgs
+            assert "peer_timeout" in msgs[-1].message
+        assert refused(cl, Refusal.OPENING_TIMEOUT) == 3
+        assert caplog.text.count("refused opening_timeout from 127.0.0.1:") == 3
+        assert snapshot(cl) == before
+        # The members' own links opened within the same bound and still carry events.
+        sub = await (await cl.client(2)).subscribe("price < 100")
+        await (await cl.client(0)).publish(EVENT)
+        assert (await sub.next(WAIT)).event == EVENT
+
+
 # -- a peer message on a client connection --------------------------------------------------------
 
 

@@ -14,10 +14,12 @@ Rules this module keeps:
    answered in plain bytes, so it fails at once instead of after its timeout.
 3. A peer's inbound link is admitted by ``net.admission`` — a certificate,
    or the challenge on the secret, then its hello — before anything of it
-   reaches the inbox.  The hello is answered at once with how many frames
-   of the caller's run arrived on its earlier connections
-   (``net.peer_link`` rule 6); that count goes on across connections of
-   the run, and older runs of the node are forgotten.
+   reaches the inbox, and all of it within ``peer_timeout`` of the
+   preamble (``opening_timeout`` otherwise, refused as rule 5 says: a
+   stranger cannot hold connections open by never finishing).  The hello
+   is answered at once with how many frames of the caller's run arrived on
+   its earlier connections (``net.peer_link`` rule 6); that count goes on
+   across connections of the run, and older runs of the node are forgotten.
 4. After the hello, every frame goes to the inbox at its level (high or
    normal, ``messages.peer`` rule 2); a ``Batch`` goes in as its messages,
    one item each, in order (``net.peer_link`` rule 7).  Frames are
@@ -173,44 +175,50 @@ class Inbound:
         count = acked = 0
         acked_at = 0.0
         link = None
+        # Rule 3: the opening (the challenge, the hello) within peer_timeout of
+        # the preamble, as the caller bounds its own side of it
+        # (net.peer_link rule 2): a real caller has given up by then anyway.
+        opening = asyncio.timeout(self._timeout)
         try:
             auth = admission.opened(identity)
             proven = identity.node
-            while data := await reader.read(READ_CHUNK):
-                if link is not None:
-                    link.last_seen = time.monotonic()
-                for msg in frames.feed(data):
-                    if src >= 0:  # a handshake message now is the core's protocol error (node.peer_messages)
-                        count += 1  # frames, a Batch one (net.peer_link rule 6)
-                        if type(msg) is pm.Batch:  # its messages one by one, in order (net.peer_link rule 7)
-                            for inner in msg.messages:
-                                item = FromPeer(src, inner)
-                                if not inbox.put_nowait(item, False):
-                                    await inbox.put(item, False)
-                        else:
-                            await inbox.put(FromPeer(src, msg), pm.is_high(msg))
-                        continue
-                    if auth is not None and proven is None:  # rule 3 without TLS: the challenge first
-                        reply = auth.receive(msg)
-                        if reply is not None:
-                            write_frames(writer, [encode_frame(reply)])
-                        proven = auth.caller
-                        continue
-                    assert proven is not None
-                    link = admission.admit(msg, proven, writer, address, time.monotonic())
-                    assert isinstance(msg, pm.PeerHello)
-                    src = msg.node_id
-                    key = (src, msg.incarnation)
-                    count = acked = self.received_from(key)
-                    answer = msgspec.structs.replace(self._hello(), received=count)
-                    write_frames(writer, [encode_frame(answer)])  # net.node rule 9: the answering hello
-                    await inbox.put(PeerHelloIn(src, msg), True)
-                if count > acked:
-                    self.received[key] = count
-                    now = time.monotonic()
-                    if count - acked >= ACK_EVERY or now - acked_at >= ACK_SECONDS:
-                        write_frames(writer, [encode_frame(pm.LinkAck(count))])
-                        acked, acked_at = count, now
+            async with opening:
+                while data := await reader.read(READ_CHUNK):
+                    if link is not None:
+                        link.last_seen = time.monotonic()
+                    for msg in frames.feed(data):
+                        if src >= 0:  # a handshake message now is the core's protocol error (node.peer_messages)
+                            count += 1  # frames, a Batch one (net.peer_link rule 6)
+                            if type(msg) is pm.Batch:  # its messages one by one, in order (net.peer_link rule 7)
+                                for inner in msg.messages:
+                                    item = FromPeer(src, inner)
+                                    if not inbox.put_nowait(item, False):
+                                        await inbox.put(item, False)
+                            else:
+                                await inbox.put(FromPeer(src, msg), pm.is_high(msg))
+                            continue
+                        if auth is not None and proven is None:  # rule 3 without TLS: the challenge first
+                            reply = auth.receive(msg)
+                            if reply is not None:
+                                write_frames(writer, [encode_frame(reply)])
+                            proven = auth.caller
+                            continue
+                        assert proven is not None
+                        link = admission.admit(msg, proven, writer, address, time.monotonic())
+                        opening.reschedule(None)  # admitted: the link lives as long as it carries frames
+                        assert isinstance(msg, pm.PeerHello)
+                        src = msg.node_id
+                        key = (src, msg.incarnation)
+                        count = acked = self.received_from(key)
+                        answer = msgspec.structs.replace(self._hello(), received=count)
+                        write_frames(writer, [encode_frame(answer)])  # net.node rule 9: the answering hello
+                        await inbox.put(PeerHelloIn(src, msg), True)
+                    if count > acked:
+                        self.received[key] = count
+                        now = time.monotonic()
+                        if count - acked >= ACK_EVERY or now - acked_at >= ACK_SECONDS:
+                            write_frames(writer, [encode_frame(pm.LinkAck(count))])
+                            acked, acked_at = count, now
         except PeerRefused as exc:
             self._refuse(Refusal(exc.reason), address, exc.detail)
             with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
@@ -220,6 +228,15 @@ class Inbound:
             self._stats["rejected_peer_protocol"] += 1
             with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
                 write_frames(writer, [encode_frame(pm.PeerError("protocol_error", str(exc)))])
+        except TimeoutError:
+            if opening.expired():  # else a socket's own timeout (an OSError): the peer is gone
+                detail = (
+                    f"the peer link did not finish its opening (the challenge, the hello) within "
+                    f"{self._timeout:g}s of its preamble ([cluster] peer_timeout)"
+                )
+                self._refuse(Refusal.OPENING_TIMEOUT, address, detail)
+                with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
+                    write_frames(writer, [encode_frame(pm.PeerError(Refusal.OPENING_TIMEOUT, detail))])
         except OSError:
             pass
         except Exception:  # rule 5: this link only

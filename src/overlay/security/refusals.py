@@ -33,6 +33,7 @@ class Refusal(enum.StrEnum):
     UNAUTHENTICATED = "unauthenticated"  # insecure mode: a link that skipped the challenge
     WRONG_CLUSTER = "wrong_cluster"  # a PeerHello (or PeerAuth) naming another cluster
     DUPLICATE_ID = "duplicate_id"  # a node id whose live link is open already
+    OPENING_TIMEOUT = "opening_timeout"  # a peer link's challenge and hello not done within peer_timeout
     PEER_MESSAGE_ON_CLIENT = "peer_message_on_client"  # a node-to-node message on a client connection
 
 
