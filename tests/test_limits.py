@@ -22,7 +22,7 @@ from conftest import LOCAL
 from overlay.client import Client
 from overlay.errors import OverlayError, RequestError, SlowConsumerError
 from overlay.messages import client as cm
-from overlay.messages.codec import client_reader, encode_frame
+from overlay.messages.codec import HEADER, client_reader, encode_frame
 from overlay.net.node import CLIENT_MAGIC
 from overlay.testing import WAIT, LoopbackCluster, wait_until
 
@@ -189,6 +189,36 @@ async def test_a_connection_without_a_hello_is_closed_after_the_deadline() -> No
         writer.close()
         assert cl.stat("hello_timeouts") == 1
         await wait_until(lambda: not cl.nodes[0].core.sessions, what="the session gone")
+
+
+def test_the_largest_hello_fits_the_first_frames_bound() -> None:
+    # Every character of the id and the token at 4 bytes of UTF-8: still a Hello the node reads.
+    hello = cm.Hello("\U0001f600" * 256, cm.PROTOCOL_VERSION, "\U0001f600" * (16 * 1024))
+    assert len(encode_frame(hello)) <= HEADER.size + cm.MAX_HELLO_FRAME
+
+
+async def test_a_first_frame_longer_than_any_hello_is_refused_at_its_header() -> None:
+    """net.clients rule 6 (found by the second outside audit): a stranger's
+    first frame declaring 1 MiB was buffered whole, within hello_timeout —
+    200 such connections took +223 MB of the node's memory for 10 s.  No Hello
+    is that long: refused when its header arrives, before its body."""
+    async with LoopbackCluster(LOCAL, 1, limits={"hello_timeout": 60.0}, max_payload=200_000) as cl:
+        reader, writer = await asyncio.open_connection(*cl.addr(0))
+        writer.write(CLIENT_MAGIC + HEADER.pack(1 << 20) + b"x" * 1000)
+        assert await asyncio.wait_for(reader.readexactly(4), WAIT) == CLIENT_MAGIC
+        got = await read_until_fatal(reader)  # well before hello_timeout: refused, not timed out
+        writer.close()
+        assert isinstance(got[-1], cm.Error) and got[-1].fatal, got
+        assert f"longer than any Hello ({cm.MAX_HELLO_FRAME} bytes)" in got[-1].message, got
+        assert cl.stat("rejected_client_protocol") == 1 and cl.stat("hello_timeouts") == 0
+        await wait_until(lambda: not cl.nodes[0].core.sessions, what="the session gone")
+        # A Hello with a big frame pipelined behind it in the same write is served.
+        reader, writer = await asyncio.open_connection(*cl.addr(0))
+        big = cm.Publish(1, {"price": 1.0, "sym": "A"}, payload=b"x" * (cm.MAX_HELLO_FRAME + 10))
+        writer.write(CLIENT_MAGIC + encode_frame(cm.Hello("pipelined")) + encode_frame(big))
+        assert await asyncio.wait_for(reader.readexactly(4), WAIT) == CLIENT_MAGIC
+        assert [type(m) for m in await read_until(reader, 2)] == [cm.Welcome, cm.PubAck]
+        writer.close()
 
 
 async def test_a_frame_begun_and_never_finished_is_closed_and_a_whole_one_keeps_the_session() -> None:

@@ -30,7 +30,8 @@ from overlay.client import AgentClient, Client
 from overlay.errors import RequestError, TlsError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
-from overlay.messages.codec import client_reader, encode_frame, peer_reader
+from overlay.messages.codec import HEADER, client_reader, encode_frame, peer_reader
+from overlay.messages.handshake import MAX_OPENING_FRAME
 from overlay.net.node import CLIENT_MAGIC, PEER_MAGIC
 from overlay.security import client_context, node_security, stats_key
 from overlay.security import peer_auth as pa
@@ -426,6 +427,25 @@ async def test_a_peer_link_that_never_finishes_its_opening_is_closed_after_peer_
         sub = await (await cl.client(2)).subscribe("price < 100")
         await (await cl.client(0)).publish(EVENT)
         assert (await sub.next(WAIT)).event == EVENT
+
+
+async def test_a_peer_opening_frame_longer_than_any_opening_message_is_refused_at_its_header() -> None:
+    # Found by the second outside audit: a stranger's first peer frame declaring
+    # 1 MiB was buffered whole before anything was proved (200 connections: +223 MB).
+    async with LoopbackCluster(LOCAL, 3, balancing=False, peer_timeout=60.0, max_payload=200_000) as cl:
+        before = snapshot(cl)
+        reader, writer = await asyncio.open_connection(*cl.addr(0))
+        writer.write(PEER_MAGIC + HEADER.pack(1 << 20) + b"x" * 1000)
+        msgs = peer_reader().feed(await read_to_end(reader))  # refused at once, not after peer_timeout
+        writer.close()
+        assert isinstance(msgs[-1], pm.PeerError) and msgs[-1].code == "protocol_error", msgs
+        assert f"over the limit of {MAX_OPENING_FRAME}" in msgs[-1].message
+        assert cl.nodes[0].core.stats["rejected_peer_protocol"] == 1
+        assert snapshot(cl) == before
+        # The members' links, whose frames past the opening may be as long as max_frame_size, carry a big event.
+        sub = await (await cl.client(2)).subscribe("price < 100")
+        await (await cl.client(0)).publish(EVENT, payload=b"p" * (MAX_OPENING_FRAME + 1))
+        assert len((await sub.next(WAIT)).payload) == MAX_OPENING_FRAME + 1
 
 
 # -- a peer message on a client connection --------------------------------------------------------

@@ -102,6 +102,13 @@ class ClientMessage(msgspec.Struct, frozen=True, tag=True, array_like=True):
     """Base of every client-protocol message."""
 
 
+# The longest frame a Hello can be: its id and its token at 4 bytes of UTF-8
+# per character (1 KiB and 64 KiB), and msgpack's few bytes around them.  A
+# connection's first frame declaring more is no Hello, and is refused at its
+# header before its body is read (``net.clients`` rule 6).
+MAX_HELLO_FRAME: Final = 80 * 1024
+
+
 class Hello(ClientMessage, frozen=True):
     client_id: Ident
     version: int = 1

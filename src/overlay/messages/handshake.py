@@ -12,17 +12,21 @@ Rules this module keeps:
    node core.
 3. Nonces and proofs are bounded in their type: a short nonce or an
    oversized proof fails at the codec.
+4. A link's opening frames (``PeerAuth``, ``PeerProof``, ``PeerHello``) are
+   small: a frame declaring more than ``MAX_OPENING_FRAME`` before the link
+   is admitted is refused at its header (``net.inbound`` rule 3).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Final
 
 import msgspec
 
 from overlay.messages.peer_base import Capacity, Ident, NodeId, PeerMessage
 
 __all__ = [
+    "MAX_OPENING_FRAME",
     "LinkAck",
     "Nonce",
     "PeerAuth",
@@ -32,6 +36,12 @@ __all__ = [
     "PeerProof",
     "Proof",
 ]
+
+
+# Rule 4: the opening's messages are a few hundred bytes (a hello's host is a
+# host name); the bound keeps what a stranger makes a node hold before it
+# proves anything far below ``max_frame_size``.
+MAX_OPENING_FRAME: Final = 64 * 1024
 
 
 class PeerHello(PeerMessage, frozen=True):

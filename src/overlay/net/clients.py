@@ -40,7 +40,10 @@ Rules:
    (``frame_timeouts``; looked for with rule 7's stalled sessions): a fatal
    protocol error, written after what is queued for it.  Such a frame held
    up to ``max_frame_size`` bytes of the node for as long as the client
-   liked (150 stalled connections: +277 MB).  Per client id limits
+   liked (150 stalled connections: +277 MB).  A first frame longer than
+   any Hello (``MAX_HELLO_FRAME``) is refused at its header, before its
+   body is read: 200 strangers' 1 MiB frames took +223 MB within the
+   hello_timeout.  Per client id limits
    are the core's (``node.clients`` rules L1–L4).
 7. Every frame queued for a session counts in the node's queue budget
    (``overlay.limits.budget``; ``net.writer`` rule 5).  **Slow consumers**:
@@ -534,10 +537,19 @@ class ClientConnections:
         self, reader: asyncio.StreamReader, frames: FrameReader[cm.ClientMessage], sid: int
     ) -> list[cm.ClientMessage]:
         """Rule 6: the connection's first whole frames, read within ``hello_timeout``;
-        [] when it sent none in time (counted) or ended first."""
+        [] when it sent none in time (counted) or ended first.  A first frame
+        longer than any Hello is refused at its header (a protocol error)."""
+        head = b""  # the first frame's header, as it arrives
         try:
             async with asyncio.timeout(self._hello_timeout):
                 while data := await reader.read(READ_CHUNK):
+                    if len(head) < HEADER.size:
+                        head += data[: HEADER.size - len(head)]
+                        if len(head) == HEADER.size and (length := HEADER.unpack(head)[0]) > cm.MAX_HELLO_FRAME:
+                            raise RemoteProtocolError(
+                                f"the first frame is {length} bytes, longer than any Hello "
+                                f"({cm.MAX_HELLO_FRAME} bytes): say Hello first"
+                            )
                     msgs = frames.feed(data)
                     if msgs:
                         return msgs

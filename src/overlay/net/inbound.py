@@ -16,7 +16,9 @@ Rules this module keeps:
    or the challenge on the secret, then its hello — before anything of it
    reaches the inbox, and all of it within ``peer_timeout`` of the
    preamble (``opening_timeout`` otherwise, refused as rule 5 says: a
-   stranger cannot hold connections open by never finishing).  The hello
+   stranger cannot hold connections open by never finishing), in frames
+   of at most ``MAX_OPENING_FRAME`` bytes (``messages.handshake`` rule 4;
+   a longer one is a protocol error at its header).  The hello
    is answered at once with how many frames of the caller's run arrived on
    its earlier connections (``net.peer_link`` rule 6); that count goes on
    across connections of the run, and older runs of the node are forgotten.
@@ -48,6 +50,7 @@ from overlay.errors import PeerRefused, RemoteProtocolError
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
 from overlay.messages.codec import encode_frame, peer_reader
+from overlay.messages.handshake import MAX_OPENING_FRAME
 from overlay.net.admission import Admission
 from overlay.net.clients import CLIENT_MAGIC, ClientConnections
 from overlay.net.inbox import READ_CHUNK, FromPeer, Inbox, PeerHelloIn
@@ -167,7 +170,7 @@ class Inbound:
         once, with how many of its run's frames arrived before (net.node
         rule 9, net.peer_link rule 6), then its messages (rule 4),
         acknowledged every ``ACK_EVERY`` frames or ``ACK_SECONDS``."""
-        frames = peer_reader(self._max_frame)
+        frames = peer_reader(MAX_OPENING_FRAME)  # rule 3: until admitted, then max_frame_size
         inbox = self._inbox
         admission = self._admission
         src = -1
@@ -206,6 +209,8 @@ class Inbound:
                         assert proven is not None
                         link = admission.admit(msg, proven, writer, address, time.monotonic())
                         opening.reschedule(None)  # admitted: the link lives as long as it carries frames
+                        # The caller sends nothing behind its hello until answered (net.peer_link rule 2).
+                        frames.max_size = self._max_frame
                         assert isinstance(msg, pm.PeerHello)
                         src = msg.node_id
                         key = (src, msg.incarnation)
