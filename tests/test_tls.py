@@ -421,7 +421,8 @@ async def test_a_peer_link_that_never_finishes_its_opening_is_closed_after_peer_
             assert isinstance(msgs[-1], pm.PeerError) and msgs[-1].code == "opening_timeout", msgs
             assert "peer_timeout" in msgs[-1].message
         assert refused(cl, Refusal.OPENING_TIMEOUT) == 3
-        assert caplog.text.count("refused opening_timeout from 127.0.0.1:") == 3
+        # Each counted; the first logged, the others within LOG_EVERY only counted (RefusalLog).
+        assert caplog.text.count("refused opening_timeout from 127.0.0.1:") == 1
         assert snapshot(cl) == before
         # The members' own links opened within the same bound and still carry events.
         sub = await (await cl.client(2)).subscribe("price < 100")
@@ -446,6 +447,33 @@ async def test_a_peer_opening_frame_longer_than_any_opening_message_is_refused_a
         sub = await (await cl.client(2)).subscribe("price < 100")
         await (await cl.client(0)).publish(EVENT, payload=b"p" * (MAX_OPENING_FRAME + 1))
         assert len((await sub.next(WAIT)).payload) == MAX_OPENING_FRAME + 1
+
+
+async def test_a_stranger_refused_again_and_again_is_counted_each_time_and_logged_within_a_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Found by the second outside audit: each refusal was a WARNING line, and one
+    # stranger's process wrote 800 a second (2000 connections: 2000 lines, 150-430 kB).
+    caplog.set_level(logging.WARNING, logger="overlay.net")
+    async with LoopbackCluster(LOCAL, 1, balancing=False) as cl:
+        cl.nodes[0].refusal_log.every = 3600.0  # however slow the machine, every attempt falls in one period
+        attempts = {
+            "refused unauthenticated from": PEER_MAGIC + encode_frame(pm.PeerHello(9, "local")),
+            "refused wrong_cluster from": PEER_MAGIC + encode_frame(pm.PeerAuth(1, "x", b"n" * pa.NONCE_BYTES)),
+            "with unknown preamble": b"GET / HTTP/1.1\r\n\r\n",
+            "misbehaved": PEER_MAGIC + HEADER.pack(1 << 20),
+        }
+        for payload in attempts.values():
+            for _ in range(30):
+                reader, writer = await asyncio.open_connection(*cl.addr(0))
+                writer.write(payload)
+                await read_to_end(reader)
+                writer.close()
+        assert refused(cl, Refusal.UNAUTHENTICATED) == refused(cl, Refusal.WRONG_CLUSTER) == 30
+        stats = cl.nodes[0].core.stats
+        assert stats["rejected_bad_preamble"] == stats["rejected_peer_protocol"] == 30
+        # Within the period of the first, each kind's first refusal is its only line.
+        assert {words: caplog.text.count(words) for words in attempts} == dict.fromkeys(attempts, 1)
 
 
 # -- a peer message on a client connection --------------------------------------------------------

@@ -30,7 +30,8 @@ Rules this module keeps:
 5. The read loop sorts its exceptions: a refusal (``PeerRefused``) is
    counted, answered with a PeerError and closed; a protocol error is
    answered with a PeerError, counted (``rejected_peer_protocol``) and
-   closed; ``OSError``: the peer is gone; anything else is logged with its
+   closed — logged at WARNING, before the hello within the node's
+   ``RefusalLog`` bound, as a bad preamble (rule 1) is; ``OSError``: the peer is gone; anything else is logged with its
    traceback and closes this link only.
 """
 
@@ -57,7 +58,7 @@ from overlay.net.inbox import READ_CHUNK, FromPeer, Inbox, PeerHelloIn
 from overlay.net.listener import TLS_HANDSHAKE_RECORD, Refuse
 from overlay.net.peer_link import ACK_EVERY, ACK_SECONDS, PEER_MAGIC
 from overlay.net.writer import write_frames
-from overlay.security import Identity, NodeSecurity, Refusal
+from overlay.security import Identity, NodeSecurity, Refusal, RefusalLog
 
 __all__ = ["Inbound"]
 
@@ -84,6 +85,7 @@ class Inbound:
         *,
         hello: Callable[[], pm.PeerHello],
         refuse: Refuse,
+        refusal_log: RefusalLog,
         stopping: asyncio.Event,
     ) -> None:
         self._id = node_id
@@ -96,6 +98,7 @@ class Inbound:
         self._stats = stats
         self._hello = hello
         self._refuse = refuse
+        self._refusal_log = refusal_log  # rule 5: a stranger's bad preamble or frame, logged within the bound
         self._stopping = stopping
         # Frames received from each peer run, over its connections (net.peer_link rule 6).
         self.received: dict[tuple[int, int], int] = {}
@@ -138,8 +141,13 @@ class Inbound:
         elif self._security.insecure and magic[0] == TLS_HANDSHAKE_RECORD:
             await self._refuse_tls_client(reader, writer, magic, address)
         else:
-            log.warning("node %d: connection from %s with unknown preamble %r closed", self._id, address, magic)
             self._stats["rejected_bad_preamble"] += 1
+            held = self._refusal_log.admit("bad_preamble", time.monotonic())
+            if held is not None:
+                more = RefusalLog.more(held)
+                log.warning(
+                    "node %d: connection from %s with unknown preamble %r closed%s", self._id, address, magic, more
+                )
             error = cm.Error(-1, cm.ErrorCode.PROTOCOL, "unknown preamble: expected OVC1 or OVP1", fatal=True)
             with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
                 write_frames(writer, [CLIENT_MAGIC + encode_frame(error)])
@@ -229,8 +237,14 @@ class Inbound:
             with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
                 write_frames(writer, [encode_frame(pm.PeerError(exc.reason, exc.detail))])
         except RemoteProtocolError as exc:
-            log.warning("node %d: peer %d (%s) misbehaved: %s; closing its link", self._id, src, address, exc)
             self._stats["rejected_peer_protocol"] += 1
+            # Before its hello (src < 0) the caller is anyone: a stranger's frames, logged within the bound.
+            held = self._refusal_log.admit("peer_protocol", time.monotonic()) if src < 0 else 0
+            if held is not None:
+                more = RefusalLog.more(held)
+                log.warning(
+                    "node %d: peer %d (%s) misbehaved: %s; closing its link%s", self._id, src, address, exc, more
+                )
             with contextlib.suppress(ConnectionResetError):  # net.writer rule 4: it may be gone already
                 write_frames(writer, [encode_frame(pm.PeerError("protocol_error", str(exc)))])
         except TimeoutError:

@@ -86,7 +86,9 @@ that carries each out when it is not this one:
     naming the id its hello claims, this cluster, one live link per id —
     before anything of it reaches the inbox; every refusal is counted
     (``overlay.security.refusals``), logged at WARNING with the remote
-    address, answered with a PeerError and closed, and changes nothing.
+    address — the first of each reason, then one per ``LOG_EVERY`` seconds
+    saying how many were only counted (``RefusalLog``) —, answered with a
+    PeerError and closed, and changes nothing.
 16. A node in a process of its own (``freeze_gc``) keeps the cyclic GC's
     full passes short (``net.gc_freeze``): it freezes what exists once it
     has started, and again what survived a full pass that took
@@ -126,7 +128,7 @@ from overlay.net.listener import Listener
 from overlay.net.peer_link import PEER_MAGIC, PeerLink, Sent
 from overlay.net.writer import ConnectionWriter
 from overlay.node import NodeCore
-from overlay.security import PEER_REFUSALS, TLS_REFUSALS, NodeSecurity, Refusal, node_security, stats_key
+from overlay.security import PEER_REFUSALS, TLS_REFUSALS, NodeSecurity, Refusal, RefusalLog, node_security, stats_key
 
 __all__ = ["CLIENT_MAGIC", "INDEX_PAUSE", "INDEX_STEP", "PEER_MAGIC", "TICK_SECONDS", "Node", "new_incarnation"]
 
@@ -217,6 +219,7 @@ class Node:
         self.connections.publishes_now = self.dispatcher.publishes_now  # net.dispatch rule 6
         self._stop = asyncio.Event()
         # The connections the listener accepts (rules 2, 6, 9, 15: net.inbound).
+        self.refusal_log = RefusalLog()  # rule 15: strangers' refusals logged within a bound
         self.inbound = Inbound(
             node_id,
             config,
@@ -227,6 +230,7 @@ class Node:
             self._stats,
             hello=self.core.hello,
             refuse=self.refuse,
+            refusal_log=self.refusal_log,
             stopping=self._stop,
         )
         self.rejoin_reason = ""  # rule 14: set when a majority declared this run dead
@@ -269,9 +273,12 @@ class Node:
             self._carry_out(self._call("notify_dropped", self.core.notify_dropped, sid, tag))
 
     def refuse(self, reason: Refusal, address: str, detail: str) -> None:
-        """Rule 15: a connection refused before it reached the core — counted and logged."""
+        """Rule 15: a connection refused before it reached the core — counted, and logged within the bound."""
         self._stats[stats_key(reason)] += 1
-        log.warning("node %d: refused %s from %s: %s", self.id, reason.value, address, detail)
+        held = self.refusal_log.admit(reason.value, time.monotonic())
+        if held is not None:
+            more = RefusalLog.more(held)
+            log.warning("node %d: refused %s from %s: %s%s", self.id, reason.value, address, detail, more)
 
     def rejoin(self, reason: str) -> None:
         """Rule 14: this run was declared dead by a majority; it stops (its

@@ -12,7 +12,7 @@
 
 from overlay.security.identity import Identity, client_uri, identity_of, node_uri
 from overlay.security.peer_auth import MIN_SECRET_LENGTH, CalleeAuth, CallerAuth
-from overlay.security.refusals import PEER_REFUSALS, TLS_REFUSALS, Refusal, stats_key
+from overlay.security.refusals import PEER_REFUSALS, TLS_REFUSALS, Refusal, RefusalLog, stats_key
 from overlay.security.tls import (
     SECRET_ENV,
     NodeSecurity,
@@ -33,6 +33,7 @@ __all__ = [
     "Identity",
     "NodeSecurity",
     "Refusal",
+    "RefusalLog",
     "check_configured",
     "client_context",
     "client_ssl",
