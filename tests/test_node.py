@@ -218,11 +218,25 @@ async def test_dispatcher_takes_a_high_priority_message_before_queued_normal_one
     # high one to the core before the normal ones still waiting.
     node = cluster.nodes[0]
     handled: list[str] = []
+    waiting_at_high: list[int] = []
+
+    def liem_queued() -> bool:
+        return any(type(i) is FromPeer and type(i.msg) is pm.LIEM for i in node.inbox.high)
+
+    async def hold() -> None:  # before each batch (net.dispatch rule 5): held until the LIEM is queued
+        if waiting_at_high:
+            return
+        await wait_until(liem_queued, what="the LIEM queued")
+        # The burst's Events, read before it on the same link, wait in the
+        # normal queue: there is something to overtake.
+        waiting_at_high.append(sum(1 for i in node.inbox.normal if type(i) is FromPeer and i.src == 9))
+        handled.append("<LIEM queued>")
 
     def tap(item: InboxItem) -> None:  # what the core is handed, in order (net.dispatch rule 5)
-        if type(item) is FromPeer:
+        if type(item) is FromPeer and item.src == 9:
             handled.append(type(item.msg).__name__)
 
+    node.dispatcher.pace(hold)
     node.dispatcher.intercept(tap)
     # A member the config does not list (node 1's own link is up: one live link per id, SPEC §16).
     _reader, writer = await dial_peer(cluster.config, 9, 0)
@@ -235,10 +249,14 @@ async def test_dispatcher_takes_a_high_priority_message_before_queued_normal_one
     await writer.drain()
     try:
         await wait_until(lambda: handled.count("Event") == 200 and "LIEM" in handled, what="every frame handled")
-        # Written last on one connection, the LIEM was read after every Event:
-        # those handled after it were queued before it, and it overtook them.
-        assert handled.index("LIEM") < len(handled) - 1
+        assert waiting_at_high == [200]  # every Event was waiting when the LIEM was queued
+        queued = handled.index("<LIEM queued>")
+        assert handled[:queued] == []  # nothing of the burst was handled before
+        assert handled[queued + 1] == "LIEM"  # the very next message handled
+        assert handled[queued + 2 :] == ["Event"] * 200
     finally:
+        node.dispatcher.pace(None)
+        node.dispatcher.intercept(None)
         writer.close()
 
 
