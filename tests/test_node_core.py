@@ -507,36 +507,58 @@ def test_a_run_of_publishes_before_the_cluster_is_ready_is_refused_message_by_me
 
 
 class _FailingCapture(CaptureBuffer):
-    """A capture buffer that fails on the publish of any event with sym BAD:
-    a bug in the middle of one Publish's handling, put in from outside."""
+    """A capture buffer that fails when the event ``pub/bad`` reaches this
+    node's own subscribers: a bug in the middle of one Publish's handling,
+    put in from outside, after it has added actions (the Notification for the
+    other node's subscriber, matched first) — not before any."""
 
-    def publish(
-        self,
-        event_id: str,
-        channel: object,
-        values: dict[str, Any],
-        key: str | None = None,
-        rank: int | None = None,
-        payload: bytes = b"",
-    ) -> None:
-        if values.get("sym") == "BAD":
+    def deliver(self, event_id: str, sub_ids: Any, owners: Any, payload_bytes: int = 0) -> None:
+        if event_id == "pub/bad":
             raise RuntimeError("a bug")
-        super().publish(event_id, channel, values, key, rank, payload)
+        super().deliver(event_id, sub_ids, owners, payload_bytes)
+
+
+def _publish_run_world() -> tuple[World, int, list[cm.Publish]]:
+    """Subscribers on node 1 (first) and on node 0, which holds the channel;
+    a publisher on node 0 and its run, whose second event is ``pub/bad``."""
+    w = World()
+    w.subscribe(1, w.client(1, "far"), "s", "price < 1000")
+    w.subscribe(0, w.client(0, "near"), "s", "price < 1000")
+    sid = w.client(0, "pub")
+    run = [cm.Publish(1, {"price": 1.0, "sym": "A"}), cm.Publish(2, {"price": 1.0, "sym": "BAD"}, event_id="bad")]
+    run.append(cm.Publish(3, {"price": 2.0, "sym": "B"}))
+    return w, sid, run
+
+
+def _of_bad(acts: list[Any]) -> list[Any]:
+    return [a for a in acts if getattr(a.msg, "event_id", None) == "pub/bad" or getattr(a.msg, "seq", None) == 2]
 
 
 def test_a_publish_that_fails_in_a_run_is_its_own_failure(caplog):
-    w = World()
-    sid = w.client(0, "pub")
+    # Without the bug, the second Publish adds the Notification for node 1
+    # before it reaches the local subscriber: the failure below comes after it.
+    w, sid, run = _publish_run_world()
+    fine = [type(a.msg) for a in _of_bad(w.cores[0].handle_publishes(sid, run, w.net.now))]
+    assert fine[:2] == [pm.Notification, cm.Notify]
+    w, sid, run = _publish_run_world()
     core = w.cores[0]
     core.capture = _FailingCapture(0)
-    run = [cm.Publish(1, {"price": 1.0, "sym": "A"}), cm.Publish(2, {"price": 1.0, "sym": "BAD"})]
-    run.append(cm.Publish(3, {"price": 2.0, "sym": "B"}))
     acts = core.handle_publishes(sid, run, w.net.now)
-    answers = [a.msg for a in acts if type(a) is ToClient]
-    assert [(type(m), m.seq) for m in answers] == [(cm.PubAck, 1), (cm.Error, 2), (cm.PubAck, 3)]
-    assert answers[1].code == cm.ErrorCode.INTERNAL and "RuntimeError: a bug" in answers[1].message
+    # Rolled back: nothing of the failed Publish goes out, but its answer.
+    of_bad = [a.msg for a in _of_bad(acts)]
+    assert [type(m) for m in of_bad if type(m) is not cm.Error] == []  # no half-done Notification
+    (bad,) = of_bad
+    assert type(bad) is cm.Error and bad.seq == 2
+    assert bad.code == cm.ErrorCode.INTERNAL and "RuntimeError: a bug" in bad.message
     assert core.stats["publish_errors"] == 1
     assert "failed handling Publish 2" in caplog.text
+    # The others are served in full: delivered everywhere, then acknowledged.
+    w.net.execute(0, acts)
+    w.net.run()
+    acked = {m.seq: m.event_id for m in w.net.received(0, sid, kind=cm.PubAck)}
+    assert sorted(acked) == [1, 3]
+    notified = sorted((node, m.event_id) for node, _, m in w.net.to_clients if type(m) is cm.Notify)
+    assert notified == sorted((node, acked[seq]) for node in (0, 1) for seq in (1, 3))
 
 
 def test_a_run_of_peer_events_in_one_call_does_what_each_would_alone(caplog):
