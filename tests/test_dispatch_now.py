@@ -22,7 +22,7 @@ from overlay.messages.codec import client_reader, encode_frame
 from overlay.net.dispatch import DISPATCH_BATCH, Dispatcher, SlowLog
 from overlay.net.inbox import Inbox
 from overlay.net.node import CLIENT_MAGIC
-from overlay.testing import LoopbackCluster
+from overlay.testing import LoopbackCluster, wait_until
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
@@ -103,6 +103,28 @@ async def test_the_rest_of_a_read_is_queued_behind_the_publishes_it_starts_with(
         pub.write(cm.Unsubscribe(5, "s"), cm.Publish(6, _event(6)))
         await pub.until(lambda m: type(m) is cm.PubAck and m.seq == 6)
         assert node.dispatcher.publishes_inline - before == 1
+        pub.close()
+
+
+async def test_publishes_read_while_a_test_holds_the_dispatcher_are_queued() -> None:
+    # publishes_now takes none while a test paces the dispatcher (rule 5): the
+    # read loop queues them all, where the held dispatcher finds them.
+    async with LoopbackCluster(LOCAL, 1) as cl:
+        node = cl.nodes[0]
+        pub = await Wire.open(cl.addr(0), "pub")
+        held = asyncio.Event()
+
+        async def hold() -> None:
+            await held.wait()
+
+        node.dispatcher.pace(hold)
+        pub.write(*(cm.Publish(10 + i, _event(i)) for i in range(3)))
+        await wait_until(lambda: len(node.inbox.normal) == 3, what="the read queued")
+        node.dispatcher.pace(None)
+        held.set()
+        got = await pub.until(lambda m: type(m) is cm.PubAck and m.seq == 12)
+        assert [m.seq for m in got if type(m) is cm.PubAck] == [10, 11, 12]
+        assert node.dispatcher.publishes_inline == 0
         pub.close()
 
 

@@ -479,7 +479,11 @@ class ClientConnections:
                     run: list[cm.Publish] = msgs if k == len(msgs) else msgs[:k]  # type: ignore[assignment]  # Publishes
                     done = now_fn(sid, run)
                     msgs = msgs[done:] if done < len(msgs) else []
-                    if done < k:  # a slice's worth: a loop turn (the writers), then on as the inbox allows
+                    # A slice's worth: a loop turn (the writers), then on as the
+                    # inbox allows.  None (a test taps or paces the dispatcher):
+                    # all queued below — looping on, the read loop spun and
+                    # queued nothing.
+                    if 0 < done < k:
                         await asyncio.sleep(0)
                         continue
                 for msg in msgs:
