@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from authkit import auth, token
 from conftest import LOCAL
 from coreworld import World
 from overlay.actions import Action, ToClient
@@ -23,6 +24,7 @@ from overlay.net.dispatch import DISPATCH_BATCH, Dispatcher, SlowLog
 from overlay.net.inbox import Inbox
 from overlay.net.node import CLIENT_MAGIC
 from overlay.testing import LoopbackCluster, wait_until
+from overlay.testing.proxy import Proxy
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(60)]
 
@@ -36,9 +38,9 @@ class Wire:
         self.got: list[cm.ClientMessage] = []
 
     @classmethod
-    async def open(cls, addr: tuple[str, int], client_id: str) -> Wire:
+    async def open(cls, addr: tuple[str, int], client_id: str, token: str = "") -> Wire:
         reader, writer = await asyncio.open_connection(*addr)
-        writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(client_id)))
+        writer.write(CLIENT_MAGIC + encode_frame(cm.Hello(client_id, token=token)))
         assert await reader.readexactly(4) == CLIENT_MAGIC
         wire = cls(reader, writer)
         await wire.until(lambda m: type(m) is cm.Welcome)
@@ -126,6 +128,58 @@ async def test_publishes_read_while_a_test_holds_the_dispatcher_are_queued() -> 
         assert [m.seq for m in got if type(m) is cm.PubAck] == [10, 11, 12]
         assert node.dispatcher.publishes_inline == 0
         pub.close()
+
+
+@pytest.mark.parametrize("at_once", [True, False], ids=["at-once", "queued"])
+async def test_a_run_whose_handling_fails_whole_is_answered_message_by_message(
+    at_once: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A bug in what handle_publishes checks once for the whole run (rule 1):
+    # the run fails as one, not a Publish of it (those publish_many answers
+    # itself).  Unanswered, each publisher waited out its timeout.
+    async with LoopbackCluster(LOCAL, 1, auth=auth()) as cl:
+        node = cl.nodes[0]
+        sub = await Wire.open(cl.addr(0), "sub", token("sub"))
+        sub.write(cm.Subscribe(1, "s", 'sym = "NOW"'))
+        await sub.until(lambda m: type(m) is cm.SubAck)
+        pub = await Wire.open(cl.addr(0), "pub", token("pub"))
+        (sess,) = [s for s in node.core.sessions.values() if s.client_id == "pub"]
+        rights = sess.rights
+        broken = [True]
+
+        def expired(now: float) -> bool:  # from outside (proxy rule 2)
+            if broken[0]:
+                raise RuntimeError("a bug")
+            return rights.expired(now)  # type: ignore[union-attr]
+
+        sess.rights = Proxy(rights, expired=expired)  # type: ignore[assignment]
+        held = asyncio.Event()
+        if not at_once:  # the dispatcher held until the run is queued: rule 1's path, not rule 6's
+
+            async def hold() -> None:
+                await held.wait()
+
+            node.dispatcher.pace(hold)
+        before = node.dispatcher.publishes_inline
+        pub.write(*(cm.Publish(10 + i, _event(i)) for i in range(5)))
+        if not at_once:
+            await wait_until(lambda: len(node.inbox.normal) >= 5, what="the run queued")
+            node.dispatcher.pace(None)
+            held.set()
+        got = await pub.until(lambda m: getattr(m, "seq", None) == 14)
+        answers = [m for m in got if type(m) is not cm.Welcome]
+        assert [(type(m), m.seq) for m in answers] == [(cm.Error, 10 + i) for i in range(5)]
+        assert all(m.code == cm.ErrorCode.INTERNAL and "RuntimeError: a bug" in m.message for m in answers)
+        assert "failed handling Publish" in caplog.text
+        assert node.dispatcher.publishes_inline - before == (5 if at_once else 0)
+        # The connection and the node go on serving.
+        broken[0] = False
+        pub.write(cm.Publish(20, _event(20)))
+        await pub.until(lambda m: type(m) is cm.PubAck and m.seq == 20)
+        notes = await sub.until(lambda m: type(m) is cm.Notify)
+        assert [m.event["price"] for m in notes if type(m) is cm.Notify] == [20.0]
+        pub.close()
+        sub.close()
 
 
 def _dispatcher() -> tuple[Dispatcher, Inbox, World, int, list[Action]]:

@@ -19,7 +19,9 @@ Rules:
    ``PeerError``); any other error of one message's handling is logged with
    its traceback, and a client's request (Subscribe, Unsubscribe, Admin) is
    answered ``internal_error`` — unanswered, its client waited out its
-   timeout ("request timed out") for an answer that never came.  Either way
+   timeout ("request timed out") for an answer that never came —; so is
+   each Publish of a run whose handling fails as a whole (one Publish's
+   failure within it the core answers itself).  Either way
    the next message is handled: one message's failure is its own.
 3. The indexer runs ``NodeCore.background_step`` a bounded step at a time
    (``INDEX_STEP``), pausing ``INDEX_PAUSE`` between steps, until the core
@@ -240,6 +242,8 @@ class Dispatcher:
                     log.exception("node %d: failed handling %s from %s", core.id, what, source)
                     if type(item) is FromClient and isinstance(item.msg, _REQUESTS):
                         execute([ToClient(item.sid, _internal_error(item.msg, exc))])
+                    elif type(item) is FromClient and type(item.msg) is cm.Publish:
+                        execute(_publishes_failed(item.sid, _failed_run(items, i, item), exc))
                     continue
                 if acts:
                     execute(acts)
@@ -276,8 +280,9 @@ class Dispatcher:
             except RemoteProtocolError as exc:  # rule 2, as for a queued run
                 log.warning("node %d: protocol error from client %d: %s", core.id, sid, exc)
                 continue
-            except Exception:
+            except Exception as exc:  # rule 2: the whole run failed, each of it answered
                 log.exception("node %d: failed handling Publish from client %d", core.id, sid)
+                execute(_publishes_failed(sid, run, exc))
                 continue
             if acts:
                 execute(acts)
@@ -341,13 +346,28 @@ M = TypeVar("M")  # a run's message type (rule 1)
 
 
 # Rule 2: the requests answered internal_error when their handling fails (a
-# run of Publishes is the core's: handle_publishes answers each failed one
-# internal_error on its own).
+# Publish of a run whose handling fails is the core's: handle_publishes
+# answers it internal_error on its own; a run that fails whole, here).
 _REQUESTS: Final = (cm.Subscribe, cm.Unsubscribe, cm.Admin)
 
 
 def _internal_error(msg: cm.Subscribe | cm.Unsubscribe | cm.Admin, exc: Exception) -> cm.Error:
     return cm.internal_error(msg.seq, type(msg).__name__, exc)
+
+
+def _publishes_failed(sid: int, run: list[cm.Publish], exc: Exception) -> list[Action]:
+    """Rule 2 for a run of Publishes whose handling failed as a whole (in what
+    the core checks once for the run): nothing of it went out, each is answered."""
+    return [ToClient(sid, cm.internal_error(m.seq, "Publish", exc)) for m in run]
+
+
+def _failed_run(items: list[InboxItem], i: int, item: FromClient) -> list[cm.Publish]:
+    """The Publishes of the run ``item`` began, the last one ``items[i - 1]``
+    (rule 1; ``item`` alone when it was one)."""
+    k = i - 1
+    while items[k] is not item:
+        k -= 1
+    return [it.msg for it in items[k:i] if type(it) is FromClient and type(it.msg) is cm.Publish]
 
 
 def _publish_of(item: InboxItem, sid: int) -> cm.Publish | None:
