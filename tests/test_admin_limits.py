@@ -134,3 +134,16 @@ async def test_a_request_that_is_not_http_is_a_400_counted_and_one_log_line(
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         data, _ = await closed_within(reader, WAIT)
         assert data.startswith(b"HTTP/1.1 200"), data[:200]
+
+
+async def test_a_tls_handshake_never_finished_is_closed_after_the_hello_timeout() -> None:
+    """Rule 9e: over HTTPS, a stranger that opens connections and never
+    finishes the handshake held each for asyncio's default (60 s) — before
+    any request, where rule 9a's watchdog does not see it."""
+    async with LoopbackCluster(LOCAL, 1, tls=True, admin=True, limits={"hello_timeout": IDLE}) as cl:
+        assert cl.nodes[0].security.scheme == "https"
+        reader, writer = await connect(cl)
+        writer.write(b"\x16\x03\x01")  # a TLS record begun, never finished
+        data, took = await closed_within(reader, WAIT)
+        writer.close()
+        assert data == b"" and took >= IDLE * 0.9, took  # never before the timeout

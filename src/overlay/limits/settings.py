@@ -70,7 +70,8 @@ class LimitSettings(ClientLimits, frozen=True, forbid_unknown_fields=True):
     # it is disconnected (slow_consumer).
     slow_consumer_grace: Seconds = 10.0
     # Seconds a new client connection has to send its first whole frame (its
-    # Hello), and a session to finish a frame it began after its last whole one.
+    # Hello), and a session to finish a frame it began after its last whole one;
+    # also the admin endpoint's TLS handshake (net.admin rule 9e).
     hello_timeout: Seconds = 10.0
     # The admin HTTP endpoint: seconds a connection may sit without a
     # request being handled (idle keep-alive, or a request's head still

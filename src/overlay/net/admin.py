@@ -47,7 +47,9 @@ Rules this module keeps:
       request that finds every connection busy is answered 503 and its
       connection closed;
    d. a request line or header field is at most ``MAX_LINE`` bytes, and a
-      request has at most ``MAX_HEADERS`` fields (400 past them).
+      request has at most ``MAX_HEADERS`` fields (400 past them);
+   e. over HTTPS, a connection's TLS handshake must end within
+      ``hello_timeout`` (asyncio's default is 60 s), or it is closed.
    Every closing is counted (``http_timeouts``, ``http_refused``).
 10. A request aiohttp cannot parse (not HTTP, a bad header, a line past
     ``MAX_LINE``) is answered 400 by aiohttp, counted (``http_bad_requests``)
@@ -65,20 +67,19 @@ import math
 import os
 import socket
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from importlib import resources
 from typing import Any, Final
 
 import msgspec
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from overlay.auth.tokens import Role, Verifier
 from overlay.channels.space import ExceptConstraint, RangeConstraint, SetConstraint
 from overlay.config import ClusterConfig
 from overlay.errors import ConfigError, TokenError
+from overlay.net.admin_http import BoundedSite, HttpLog
 from overlay.net.cluster_view import ClusterView, slice_history
 from overlay.net.metrics import NodeCollector
 from overlay.net.view import NodeView
@@ -140,31 +141,6 @@ def effective_admin_token(config: ClusterConfig) -> str:
     return os.environ.get(TOKEN_ENV) or config.cluster.admin_token
 
 
-class _HttpLog(logging.LoggerAdapter):  # type: ignore[type-arg]  # generic only in typeshed
-    """aiohttp's server log, keeping rule 10; a handler's exception keeps its traceback."""
-
-    def __init__(self, node_id: int, stats: Counter[str]) -> None:
-        super().__init__(logging.getLogger("aiohttp.server"), {})
-        self.node_id = node_id
-        self.stats = stats
-
-    def exception(self, msg: object, *args: object, exc_info: Any = True, **kw: Any) -> None:
-        if not self._bad_request(args, exc_info):
-            self.logger.error(msg, *args, exc_info=exc_info, **kw)
-
-    def debug(self, msg: object, *args: object, exc_info: Any = None, **kw: Any) -> None:
-        if not self._bad_request(args, exc_info):  # aiohttp's own choice for a first line not HTTP at all
-            self.logger.debug(msg, *args, exc_info=exc_info, **kw)
-
-    def _bad_request(self, args: tuple[object, ...], exc: Any) -> bool:
-        if not isinstance(exc, HttpProcessingError):
-            return False
-        self.stats["http_bad_requests"] += 1
-        why = " ".join(str(exc.message).split())[:200]  # the parser's message spans lines
-        log.info("node %d: bad HTTP request from %s (%d): %s", self.node_id, args[0] if args else "?", exc.code, why)
-        return True
-
-
 class AdminServer:
     """The admin endpoint of one ``Node`` (module rules 1–5).
 
@@ -213,7 +189,7 @@ class AdminServer:
         runner = web.AppRunner(
             self.app,
             access_log=None,
-            logger=_HttpLog(self.node.id, self.core.stats),  # rule 10
+            logger=HttpLog(self.node.id, self.core.stats),  # rule 10
             shutdown_timeout=SHUTDOWN_SECONDS,
             keepalive_timeout=self.limits.http_idle_timeout + 2 * self._watch_period,  # ours acts first
             max_line_size=MAX_LINE,
@@ -223,7 +199,8 @@ class AdminServer:
         await runner.setup()
         try:
             security = self.node.security
-            await web.SockSite(runner, self._sock, ssl_context=security.admin).start()
+            site = BoundedSite(runner, self._sock, ssl_context=security.admin, handshake=self.limits.hello_timeout)
+            await site.start()
             self._server = runner.server
             self.view.open()
             log.info(
