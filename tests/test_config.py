@@ -65,6 +65,17 @@ def test_the_shipped_configs_load(path: Path) -> None:
         ("probability = 0.5", "probability = 0.5\nmax_payload = -1", "[cluster] max_payload"),
         ("probability = 0.5", "probability = 0.5\nmax_payload = 1e308", "[cluster] max_payload"),
         ("probability = 0.5", "probability = 0.5\noutbox_bytes = 10", "[cluster] outbox_bytes"),
+        # The schema's own checks: the file and the key path too.
+        ('type = "float"', 'type = "flt"', "[schema] attributes #1: attribute 'price': type must be one of"),
+        ("min = 0, max = 100000", 'min = "a", max = 100000', "[schema] attributes #3: attribute 'qty': min must be a"),
+        ("min = 0, max = 1000 }", "min = 10, max = 1 }", "[schema] attributes #1: attribute 'price': min 10 is above"),
+        ('{ name = "sym"', '{ name = "price"', "[schema] attribute 'price' is declared twice"),
+        (
+            'distinguishing = ["price", "sym"]',
+            'distinguishing = ["prize"]',
+            "[schema] distinguishing attribute 'prize'",
+        ),
+        ('distinguishing = ["price", "sym"]', 'distinguishing = "price"', "[schema] distinguishing must be a list"),
         # Rule 3: two sockets on one host:port.
         ("port = 7101", "port = 7100", "node 1's port 127.0.0.1:7100 is node 0's port too"),
         ("admin_port = 8102", "admin_port = 7101", "node 2's admin_port 127.0.0.1:7101 is node 1's port too"),

@@ -489,7 +489,10 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
             raise ConfigError(f"{path}: bandwidth link {link.a}-{link.b} names an unknown node")
     if "schema" not in doc:
         raise ConfigError(f"{path}: no [schema] table")
-    schema = Schema.from_dict(doc["schema"])
+    try:
+        schema = Schema.from_dict(doc["schema"])
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
     if groups.low_priority:
         from overlay.channels.expressions import parse_subscription  # the schema is needed first
 

@@ -318,7 +318,10 @@ class Schema:
         da = table.get("distinguishing")
         if not isinstance(da, list) or not all(isinstance(n, str) for n in da):
             raise ConfigError("[schema] distinguishing must be a list of attribute names")
-        return cls(attrs, da)
+        try:
+            return cls(attrs, da)
+        except ConfigError as exc:  # the key path, as every other config error gives it
+            raise ConfigError(f"[schema] {exc}") from None
 
     @classmethod
     def from_toml(cls, path: str | Path) -> Schema:
@@ -331,15 +334,28 @@ class Schema:
             raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
         if "schema" not in doc:
             raise ConfigError(f"{path} has no [schema] table")
-        return cls.from_dict(doc["schema"])
+        try:
+            return cls.from_dict(doc["schema"])
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
 
 
 def _attribute_from_dict(index: int, raw: object) -> Attribute:
+    """Attribute ``#index + 1`` of ``[schema] attributes``; an error names it so
+    (the key path the config's unknown-key check gives too)."""
+    where = f"[schema] attributes #{index + 1}"
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"schema attribute #{index} must be a table")
+        raise ConfigError(f"{where} must be a table")
     name = raw.get("name")
     if not isinstance(name, str) or not name.isidentifier():
-        raise ConfigError(f"schema attribute #{index} needs a name that is an identifier")
+        raise ConfigError(f"{where} needs a name that is an identifier")
+    try:
+        return _attribute(name, raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def _attribute(name: str, raw: Mapping[str, Any]) -> Attribute:
     raw_kind = raw.get("type")
     if raw_kind == "numeric":  # the spec's word; a numeric attribute takes floats
         raw_kind = "float"
