@@ -76,6 +76,9 @@ def test_the_shipped_configs_load(path: Path) -> None:
             "[schema] distinguishing attribute 'prize'",
         ),
         ('distinguishing = ["price", "sym"]', 'distinguishing = "price"', "[schema] distinguishing must be a list"),
+        # Rule 3: an empty host listened on every interface, unsaid.
+        ('host = "127.0.0.1"', 'host = ""', "[[nodes]] #1 (id 0) host is empty: give the address the other nodes"),
+        ('host = "127.0.0.1"', 'host = " "', '"0.0.0.0" (or "::") listens on every interface'),
         # Rule 3: two sockets on one host:port.
         ("port = 7101", "port = 7100", "node 1's port 127.0.0.1:7100 is node 0's port too"),
         ("admin_port = 8102", "admin_port = 7101", "node 2's admin_port 127.0.0.1:7101 is node 1's port too"),

@@ -21,9 +21,10 @@ the offending key, in this order (``_from_doc``):
 2. every number is finite (TOML allows ``inf`` and ``nan``, which no setting
    means), and each setting lies within its bounds (the types below: a bound
    stops a typo such as ``capacity = 1e308`` before it skews every score);
-3. node ids are unique, and no two listening sockets of the file share a
-   host and port (a node's ``port`` and ``admin_port`` count; port 0, an
-   ephemeral port, never clashes);
+3. node ids are unique, no node's ``host`` is empty (it listened on every
+   interface, unsaid: ``"0.0.0.0"`` or ``"::"`` says so), and no two
+   listening sockets of the file share a host and port (a node's ``port``
+   and ``admin_port`` count; port 0, an ephemeral port, never clashes);
 4. ``[auth]``: key paths are relative to the file's directory; a table
    without ``public_keys`` is refused (nodes would check nothing), and so is
    ``[cluster] admin_token`` beside it — one rule for admin rights: with
@@ -461,6 +462,12 @@ def _from_doc(doc: dict[str, Any], path: str) -> ClusterConfig:
     ids = [n.id for n in nodes]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"{path}: node ids repeat: {ids}")
+    for i, n in enumerate(nodes):
+        if not n.host.strip():  # rule 3
+            raise ConfigError(
+                f"{path}: [[nodes]] #{i + 1} (id {n.id}) host is empty: give the address the other nodes and "
+                'clients reach it at; "0.0.0.0" (or "::") listens on every interface, if that is what you mean'
+            )
     try:
         _check_ports(nodes)
     except ConfigError as exc:
