@@ -78,6 +78,7 @@ def test_verify_says_why_a_token_is_refused(cfg: Path, tmp_path: Path, capsys: p
         (["--role", "publish", "--ttl", "400d"], "max_ttl = 30d"),
         (["--role", "publish", "--ttl", "5x"], "not a duration"),
         (["--role", "publish", "--subject", "two words"], "subject"),
+        (["--role", "publish", "--subject", ""], "argument --subject: an empty subject: give the client id"),
         (["--role", "publish", "--key", "/nonexistent/auth.key"], "does not exist"),
         (["--role", "publish", "--limit", "max_clients=5"], "unknown limit 'max_clients'"),
         (["--role", "publish", "--limit", "publish_rate"], "KEY=NUMBER"),

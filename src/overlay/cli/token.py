@@ -8,9 +8,11 @@ one-line error and exit 2: an unknown role, a scope that is not an
 expression of the schema (with its position), a scope for a role the token
 lacks, a ttl past ``[auth] max_ttl``, a signing key that is missing or is
 not one the cluster's nodes trust, a ``--limit`` that is not one a token may
-set (``overlay.limits.settings`` rule 3) or out of its bounds.  ``verify`` says what a token allows on
-this cluster, or why its nodes would refuse it (exit 1).  ``keys DIR``
-makes a key pair for development and prints the ``[auth]`` table to use.
+set (``overlay.limits.settings`` rule 3) or out of its bounds, an empty
+``--subject`` (left out, the subject is a new random one).  ``verify`` says
+what a token allows on this cluster, or why its nodes would refuse it (exit
+1).  ``keys DIR`` makes a key pair for development and prints the
+``[auth]`` table to use.
 """
 
 from __future__ import annotations
@@ -68,6 +70,16 @@ def _scope(text: str) -> tuple[str, str]:
     if not sep or not role.strip() or not expr.strip():
         raise argparse.ArgumentTypeError(f"{text!r}: a scope is ROLE=EXPRESSION, e.g. 'subscribe=sym prefix \"AB\"'")
     return role.strip(), expr.strip()
+
+
+def _subject(text: str) -> str:
+    # Empty, it made a random subject as if --subject were left out: a token
+    # for a client id nobody chose (a script whose variable was unset).
+    if not text:
+        raise argparse.ArgumentTypeError(
+            "an empty subject: give the client id the token is for, or leave --subject out for a random one"
+        )
+    return text
 
 
 def _limit(text: str) -> tuple[str, float]:
@@ -133,7 +145,7 @@ def cmd_create(args: argparse.Namespace) -> int:
         if role in scopes:
             raise UsageError(f"--scope {role}= given twice: one expression per role (join them with `and`)")
         scopes[role] = expr
-    subject = args.subject or f"client-{uuid.uuid4().hex[:12]}"
+    subject = args.subject if args.subject is not None else f"client-{uuid.uuid4().hex[:12]}"
     now = time.time()
     try:
         token = issue(
@@ -234,7 +246,9 @@ def register(sub: Any) -> None:
         metavar="KEY=NUMBER",
         help=f"override a [limits] setting for this client ({', '.join(CLIENT_KEYS)}); repeat for several",
     )
-    c.add_argument("--subject", default=None, help="the client id the token is for (default: a new random one)")
+    c.add_argument(
+        "--subject", type=_subject, default=None, help="the client id the token is for (default: a new random one)"
+    )
     c.add_argument("--key", default=None, help="the signing key (default: the config's [auth] signing_key)")
     c.set_defaults(func=cmd_create)
     v = actions.add_parser(
