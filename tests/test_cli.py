@@ -116,6 +116,7 @@ def bad_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
     cfg = str(LOCAL)
     bad_toml, typo, clash, admin_clash, inf, nan, huge = (tmp / name for name in BAD_CONFIGS)
     event = '{price: 1, sym: "A"}'
+    split_sym = ["channel", "split", "0.0", "--config", cfg, "--attr", "sym", "--values"]
     return {
         "node-unknown-id": (["node", "--config", cfg, "--id", "9"], "does not exist"),
         "node-no-config": (["node", "--config", str(tmp / "missing.toml"), "--id", "0"], "does not exist"),
@@ -147,6 +148,10 @@ def bad_cases(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "split-no-at": (["channel", "split", "0.0", "--config", cfg, "--attr", "price"], "--at"),
         "split-no-attr": (["channel", "split", "0.0", "--config", cfg, "--at", "5"], "--attr"),
         "split-no-values": (["channel", "split", "0.0", "--config", cfg, "--attr", "sym"], "--values"),
+        # Each value checked here, as the node would (its refusal was exit 1).
+        "split-values-long": ([*split_sym, "IBM,TOOLONGSYM"], "--values 'TOOLONGSYM'"),
+        "split-values-empty": ([*split_sym, "IBM,,X"], "--values ''"),
+        "split-values-many": ([*split_sym, ",".join(f"S{i}" for i in range(1100))], "at most 1024"),
         "place-unknown-node": (["channel", "place", "0.0", "--config", cfg, "--node", "9"], "0, 1, 2"),
         "place-bad-channel": (["channel", "place", "zero", "--config", cfg, "--node", "1"], "NODE.SEQ"),
         "demo-seconds-nan": (["demo", cfg, "--seconds", "nan"], "finite"),

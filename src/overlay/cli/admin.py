@@ -23,6 +23,8 @@ from typing import Any, Final
 import aiohttp
 
 from overlay.channels import Kind, parse_rfid
+from overlay.channels.predicates import MAX_SET_SIZE
+from overlay.channels.schema import Attribute
 from overlay.cli.args import (
     add_command,
     addresses,
@@ -98,6 +100,20 @@ def _cut_value(cfg: ClusterConfig, attr_name: str, text: str) -> int | float:
     return value
 
 
+def _split_values(attr: Attribute, text: str) -> list[str]:
+    """``--values a,b``, each checked as the node checks it: a mistake is a
+    usage error here (exit 2), not the node's refusal (exit 1)."""
+    values = text.split(",")
+    if len(values) > MAX_SET_SIZE:
+        raise UsageError(f"--values lists {len(values)} values; a split takes at most {MAX_SET_SIZE}")
+    for v in values:
+        try:
+            attr.check(v)
+        except SchemaError as exc:
+            raise UsageError(f"--values {v!r}: {exc}") from None
+    return values
+
+
 def _channel_args(cfg: ClusterConfig, args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """The admin command and its arguments, checked against the config."""
     chid = args.channel
@@ -120,7 +136,7 @@ def _channel_args(cfg: ClusterConfig, args: argparse.Namespace) -> tuple[str, di
         if attr.kind is Kind.STRING:
             if args.at is not None or not args.values:
                 raise UsageError(f"{args.attr} is a string attribute: split it with --values a,b (not --at)")
-            return "split", {"channel": chid, "attr": args.attr, "values": args.values.split(",")}
+            return "split", {"channel": chid, "attr": args.attr, "values": _split_values(attr, args.values)}
         if args.values or args.at is None:
             raise UsageError(f"{args.attr} is an ordered attribute: split it with --at VALUE (not --values)")
         return "split", {"channel": chid, "attr": args.attr, "at": _cut_value(cfg, args.attr, args.at)}
