@@ -23,7 +23,7 @@ from typing import Annotated, Final
 
 import msgspec
 
-from overlay.messages.peer_base import Capacity, Ident, NodeId, PeerMessage
+from overlay.messages.peer_base import Capacity, Ident, NodeId, PeerMessage, Port
 
 __all__ = [
     "MAX_OPENING_FRAME",
@@ -53,9 +53,9 @@ class PeerHello(PeerMessage, frozen=True):
     # The caller's address, so a node that does not know it can add it (a node
     # joining a running cluster, overlay.node.membership rule 5).  Optional
     # and trailing: an old peer's hello still decodes.
-    host: str = ""
-    port: int = 0
-    admin_port: int = 0
+    host: Ident = ""
+    port: Port = 0
+    admin_port: Port = 0
     capacity: Capacity = 0.0
     # The caller drained and is leaving: drop it from the peers (node.membership rule 6).
     leaving: bool = False

@@ -31,9 +31,11 @@ from overlay.channels.subscriptions import Subscription as StoredSubscription
 from overlay.messages.peer_base import (
     MAX_TABLE_ITEMS,
     Capacity,
+    Counter,
     Ident,
     Load,
     NodeId,
+    NodeOrNone,
     PeerMessage,
     ReforwardSign,
     ReplySign,
@@ -68,7 +70,7 @@ __all__ = [
 class PastOwner(msgspec.Struct, frozen=True, array_like=True):
     """A node a channel left, and when (the sender's clock)."""
 
-    node: Annotated[int, msgspec.Meta(ge=0, le=65535)]
+    node: NodeId
     left: float
 
 
@@ -102,7 +104,7 @@ class LIEM(PeerMessage, frozen=True):
     broker_d: Load
     broker_dc: Load
     capacity: Capacity
-    slice_no: int = 0
+    slice_no: Counter = 0
 
 
 # -- 7–16: load balancing and migration ---------------------------------------------------
@@ -111,59 +113,59 @@ class LIEM(PeerMessage, frozen=True):
 class RequestLoadBalance(PeerMessage, frozen=True):
     broker_d: Load
     broker_dc: Load
-    session: int = 0
+    session: Counter = 0
     forced: bool = False  # an operator's move: accepted whatever the receiver's state
 
 
 class ReplyRequestLoadBalance(PeerMessage, frozen=True):
     status: ReplySign
-    session: int = 0
+    session: Counter = 0
     reason: str = ""
 
 
 class ChannelTransfer(PeerMessage, frozen=True):
     channels: tuple[ChannelSpec, ...]
-    session: int = 0
+    session: Counter = 0
 
 
 class ReplyChannelTransfer(PeerMessage, frozen=True):
     reply_sign: ReplySign
     channel_ids: tuple[ChannelId, ...]
-    session: int = 0
+    session: Counter = 0
     reason: str = ""
 
 
 class SubscriptionMove(PeerMessage, frozen=True):
     subscription_type: SubscriptionType
     ch_sub_set: tuple[ChannelSubscriptions, ...]
-    session: int = 0
+    session: Counter = 0
 
 
 class ReplySubscriptionMove(PeerMessage, frozen=True):
-    session: int = 0
+    session: Counter = 0
 
 
 class UpdateRoutingTable(PeerMessage, frozen=True):
     delete_chs: tuple[ChannelId, ...]
     update_chs: tuple[RouteItem, ...]
-    session: int = 0
+    session: Counter = 0
     origin: NodeId = 0
     # >= 0: the channels of ``update_chs`` are recovered from this dead node
     # (``node.recovery``): each new owner starts them empty and every access
     # node sends it its clients' subscriptions (``Rebuild``).
-    dead: int = -1
+    dead: NodeOrNone = -1
     # The version of each deletion of ``delete_chs``, in order (the versions
     # of the updates are in their RouteItems); missing: 0, older than anything.
     delete_versions: Annotated[tuple[Version, ...], msgspec.Meta(max_length=MAX_TABLE_ITEMS)] = ()
 
 
 class ReplyUpdateGlobal(PeerMessage, frozen=True):
-    session: int = 0
+    session: Counter = 0
     origin: NodeId = 0
 
 
 class CompleteLoadBalance(PeerMessage, frozen=True):
-    session: int = 0
+    session: Counter = 0
     aborted: bool = False  # the sender rolled back: drop what the session added
     reason: str = ""  # why it was aborted, for the receiver's log
 
@@ -175,7 +177,7 @@ class DeliveryHandover(PeerMessage, frozen=True):
     SubscriptionMove, or not).  One or more per channel, each at most half
     a frame (events carry payloads)."""
 
-    session: int
+    session: Counter
     ch_id: ChannelId
     deliveries: tuple[TrackedDelivery, ...]
     choices: tuple[GroupChoice, ...] = ()
@@ -189,7 +191,7 @@ class ReforwardItem(msgspec.Struct, frozen=True, array_like=True):
 class Reforward(PeerMessage, frozen=True):
     ch_id: ChannelId
     messages: tuple[ReforwardItem, ...]
-    session: int = 0
+    session: Counter = 0
 
 
 # -- what a moving channel's deliveries take along (node.groups rules 9 and 10) ----------

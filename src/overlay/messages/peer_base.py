@@ -11,7 +11,9 @@ Rules this module keeps:
 2. New fields go at the end, with defaults, so older peers still decode.
 3. Every number and string a peer sends is bounded in its type (``NodeId``,
    ``Load``, ``Ident``, …): an absurd value (NaN, ±inf, 1e308, a megabyte of
-   name) fails at the codec, never deeper in a node (SPEC §16).
+   name) fails at the codec, never deeper in a node (SPEC §16).  A sentinel
+   too: a node id where -1 means none is a ``NodeOrNone``, not a plain int
+   (tests/test_peer_bounds.py).
 """
 
 from __future__ import annotations
@@ -26,12 +28,16 @@ from overlay.messages.client import MAX_RANK
 __all__ = [
     "MAX_TABLE_ITEMS",
     "Capacity",
+    "Counter",
     "Digest",
     "DispatchSign",
+    "Hops",
     "Ident",
     "Load",
     "NodeId",
+    "NodeOrNone",
     "PeerMessage",
+    "Port",
     "Rank",
     "ReforwardSign",
     "ReplySign",
@@ -40,6 +46,15 @@ __all__ = [
 ]
 
 NodeId = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+# A node id where -1 means none (a key's home not told, an origin not tracked,
+# no dead node): a sentinel, bounded as the ids it stands beside.
+NodeOrNone = Annotated[int, msgspec.Meta(ge=-1, le=65535)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+# Re-routes of a message so far: node.router and node.keyhome stop it at
+# MAX_HOPS (4); the bound is far above, for the codec only.
+Hops = Annotated[int, msgspec.Meta(ge=0, le=255)]
+# Counters a node numbers its own things with (sessions, slices): never negative.
+Counter = Annotated[int, msgspec.Meta(ge=0, le=(1 << 63) - 1)]
 # Loads, load levels and capacities: finite and non-negative (NaN fails both
 # bounds), so one absurd LIEM cannot poison a monitor's mean (SPEC §16).
 Load = Annotated[float, msgspec.Meta(ge=0, le=1e300)]

@@ -29,7 +29,17 @@ from overlay.channels.predicates import Filter
 from overlay.channels.routing_table import RouteEntry, Version
 from overlay.channels.schema import Value
 from overlay.channels.subscriptions import Subscription as StoredSubscription
-from overlay.messages.peer_base import MAX_TABLE_ITEMS, DispatchSign, Ident, NodeId, PeerMessage, Rank, Weight
+from overlay.messages.peer_base import (
+    MAX_TABLE_ITEMS,
+    DispatchSign,
+    Hops,
+    Ident,
+    NodeId,
+    NodeOrNone,
+    PeerMessage,
+    Rank,
+    Weight,
+)
 
 __all__ = [
     "AckCode",
@@ -94,7 +104,7 @@ class Subscription(PeerMessage, frozen=True):
     access_node: NodeId
     dispatch_sign: DispatchSign
     ch_id: ChannelId | None = None
-    hops: int = 0
+    hops: Hops = 0
     group: Ident = ""  # subscriber group (SPEC §11); "" = none
     weight: Weight = 1.0  # the instance's static weight Ws in its group
     # Which try of its access node this copy is (node.sessions rule 6): the
@@ -112,7 +122,7 @@ class UnSubscription(PeerMessage, frozen=True):
     access_node: NodeId
     dispatch_sign: DispatchSign
     ch_id: ChannelId | None = None
-    hops: int = 0
+    hops: Hops = 0
     attempt: Annotated[int, msgspec.Meta(ge=0)] = 0  # as in Subscription
 
 
@@ -136,10 +146,10 @@ class Event(PeerMessage, frozen=True):
     dispatch_sign: DispatchSign
     ch_id: ChannelId | None = None
     publish_time: float = 0.0  # publisher's wall clock, for publish→notify latency
-    hops: int = 0  # re-routes so far; bounds a routing loop while tables settle
+    hops: Hops = 0  # re-routes so far; bounds a routing loop while tables settle
     key: Ident = ""  # sequence key (SPEC §10); "" = unordered
     rank: Rank = 0  # rank within the key, assigned by the key's home node
-    home: int = -1  # the key's home node, told when delivery completes
+    home: NodeOrNone = -1  # the key's home node, told when delivery completes
     # The publisher's opaque payload, carried unchanged on every path the
     # event takes (Reforward, re-sends, key hand-overs) and never matched.
     payload: bytes = b""
@@ -154,12 +164,12 @@ class Notification(PeerMessage, frozen=True):
     ch_id: ChannelId
     publish_time: float = 0.0
     key: Ident = ""
-    rank: int = 0
-    home: int = -1
+    rank: Rank = 0
+    home: NodeOrNone = -1
     # The publisher's access node (the event's ``access_node``): the receiving
     # access node tells it the notification arrived (``EventsDelivered``).
     # -1: not tracked (an older peer).
-    origin: int = -1
+    origin: NodeOrNone = -1
     # Every other access node the owner sent this event's notifications to
     # (this one included), when the owner leaves its match report to them:
     # the receiving node tells ``origin`` in an ``EventsMatched`` naming
