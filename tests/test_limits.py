@@ -180,6 +180,28 @@ async def test_past_max_clients_a_connection_is_refused_before_it_is_a_session()
         assert len(cl.nodes[0].core.sessions) == 2
 
 
+async def test_the_subscriptions_a_node_holds_are_bounded_every_client_id_together() -> None:
+    """node.clients rule L2, limits.quotas rule 3: client ids are free without
+    [auth], so per client id limits did not bound a node's table (50,000
+    subscriptions of 5 made-up ids took +65 MB in 34 s; nothing stopped 10,000
+    ids at 10,000 each).  Past max_node_subscriptions every subscribe is refused."""
+    async with LoopbackCluster(LOCAL, 1, limits={"max_node_subscriptions": 4}) as cl:
+        first, second = await cl.raw(0), await cl.raw(0)
+        for k in range(2):
+            for c in (first, second):
+                assert isinstance(await c.subscribe(f"price < {k + 1}"), cm.SubAck)
+        third = await cl.raw(0)  # a client id of its own, holding nothing
+        err = await third.subscribe("price < 9", sub_id="x")
+        assert isinstance(err, cm.Error) and err.code == cm.ErrorCode.TOO_MANY_SUBSCRIPTIONS, err
+        assert "[limits] max_node_subscriptions = 4" in err.message
+        assert cl.stat("rejected_too_many_subscriptions") == 1
+        await first.close()  # its subscriptions end with its session: room again
+        await wait_until(
+            lambda: cl.nodes[0].core.sessions.subscription_count() == 2, what="the closed session's subscriptions gone"
+        )
+        assert isinstance(await third.subscribe("price < 9", sub_id="x"), cm.SubAck)
+
+
 async def test_a_connection_without_a_hello_is_closed_after_the_deadline() -> None:
     async with LoopbackCluster(LOCAL, 1, limits={"hello_timeout": 0.5}) as cl:
         reader, writer = await asyncio.open_connection(*cl.addr(0))

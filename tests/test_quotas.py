@@ -23,7 +23,7 @@ class Subs(dict[int, int]):
 
 def quotas(**limits: float) -> tuple[Quotas, Subs]:
     subs = Subs()
-    return Quotas(7, LimitSettings(**limits), subs), subs  # type: ignore[arg-type]
+    return Quotas(7, LimitSettings(**limits), subs, lambda: sum(subs.values())), subs  # type: ignore[arg-type]
 
 
 def test_the_defaults_are_the_documented_ones_and_zero_means_no_limit() -> None:
@@ -35,6 +35,29 @@ def test_the_defaults_are_the_documented_ones_and_zero_means_no_limit() -> None:
         q.open(sid, "c", 0.0)
         subs[sid] = 1000
     q.check_subscribe(1, "price < 1")  # 199,000 held: no limit
+
+
+def test_the_nodes_subscriptions_are_bounded_every_client_id_together() -> None:
+    # Found by the second outside audit: client ids made up by the thousand
+    # (no [auth]) each held max_subscriptions, and nothing bounded the node's table.
+    q, subs = quotas(max_subscriptions=3, max_node_subscriptions=5)
+    for sid, client in enumerate("abc", start=1):
+        q.open(sid, client, 0.0)
+    subs[1], subs[2] = 3, 2
+    with pytest.raises(LimitExceeded) as info:
+        q.check_subscribe(3, "price < 1")  # 'c' holds none, but the node holds 5
+    exc = info.value
+    assert exc.code == ErrorCode.TOO_MANY_SUBSCRIPTIONS and exc.key == "max_node_subscriptions"
+    assert (exc.limit, exc.value) == (5, 6)
+    assert "node 7 holds 5 subscriptions of its clients" in str(exc)
+    assert "[limits] max_node_subscriptions = 5" in str(exc)
+    subs[2] = 1  # one unsubscribed: room again at once
+    q.check_subscribe(3, "price < 1")
+    q, subs = quotas(max_node_subscriptions=0)  # 0: no limit
+    q.open(1, "a", 0.0)
+    subs[1] = 5_000
+    q.check_subscribe(1, "price < 1")
+    assert LimitSettings().max_node_subscriptions == 1_000_000
 
 
 def test_connections_are_counted_per_client_id_and_freed_at_close() -> None:

@@ -16,7 +16,11 @@ calls it; ``now`` is given):
    (``too_many_subscriptions``; the count is the sessions' own, so what was
    unsubscribed or closed is free again at once) or whose text is over
    ``max_expression_bytes`` (``expression_too_large``); ``check_filter``
-   refuses one whose parsed filter has more than ``max_predicates``.
+   refuses one whose parsed filter has more than ``max_predicates``.  And
+   past ``max_node_subscriptions`` held on the node by every client id
+   together (``too_many_subscriptions`` too, naming that key): a bound on
+   the node's whole table, which per client id limits are not while client
+   ids are free to choose (no ``[auth]``).
 4. ``publish`` passes a publish (0.0) or returns the delay until its turn
    in the client id's token bucket (``overlay.limits.bucket``): the node
    answers Choke with it, and the client library sends it again then.
@@ -72,15 +76,23 @@ class _Session:
 
 class Quotas:
     """Rules 1–6 for one node.  ``subscriptions(sid)`` says how many
-    subscriptions session ``sid`` holds (``node.sessions``).
+    subscriptions session ``sid`` holds, ``held()`` how many every session
+    holds together (``node.sessions``).
 
     Invariant: ``_principals[c].sessions`` is exactly the open sessions of
     client id ``c``; ``_idle`` holds only client ids without one."""
 
-    def __init__(self, node_id: int, settings: LimitSettings, subscriptions: Callable[[int], int]) -> None:
+    def __init__(
+        self,
+        node_id: int,
+        settings: LimitSettings,
+        subscriptions: Callable[[int], int],
+        held: Callable[[], int] | None = None,
+    ) -> None:
         self.node_id = node_id
         self.settings = settings
         self._subscriptions = subscriptions
+        self._held = held  # rule 3: the node's whole count (None: not bounded, a core without sessions)
         self._principals: dict[str, _Principal] = {}
         self._sessions: dict[int, _Session] = {}
         self._bucket_of: dict[int, TokenBucket] = {}  # per session, its client id's (publish: one look-up)
@@ -189,6 +201,18 @@ class Quotas:
                     key="max_subscriptions",
                     limit=lim.max_subscriptions,
                     value=held + 1,
+                )
+        cap = self.settings.max_node_subscriptions
+        if cap and self._held is not None:
+            total = self._held()
+            if total >= cap:
+                raise LimitExceeded(
+                    f"node {self.node_id} holds {total} subscriptions of its clients, its limit "
+                    f"([limits] max_node_subscriptions = {cap}): subscribe through another node, or unsubscribe some",
+                    code=ErrorCode.TOO_MANY_SUBSCRIPTIONS,
+                    key="max_node_subscriptions",
+                    limit=cap,
+                    value=total + 1,
                 )
         size = len(text.encode()) if lim.max_expression_bytes else 0
         if lim.max_expression_bytes and size > lim.max_expression_bytes:

@@ -62,6 +62,10 @@ class LimitSettings(ClientLimits, frozen=True, forbid_unknown_fields=True):
 
     # Client connections open on the node, every client together.
     max_clients: Count = 10_000
+    # Subscriptions the node's clients hold on it, every client together
+    # (about 1.3 kB each): without it, client ids made up by the thousand
+    # (no [auth]) each held max_subscriptions, and the node's memory had no bound.
+    max_node_subscriptions: Count = 1_000_000
     # Bytes queued for clients (notifications and replies), every session
     # together; when exceeded, the sessions holding more than their share
     # are disconnected (slow_consumer).

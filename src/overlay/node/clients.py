@@ -60,7 +60,8 @@ Limits (SPEC §16, ``overlay.limits.quotas``), per client id on this node:
 L1. A Hello past the client id's ``max_connections`` is answered with a
     fatal ``too_many_connections`` Error and the session is closed; it
     never counted.
-L2. A subscribe past ``max_subscriptions``, or whose expression is over
+L2. A subscribe past ``max_subscriptions`` (or the node's
+    ``max_node_subscriptions``, every client id together), or whose expression is over
     ``max_expression_bytes`` (checked before parsing) or ``max_predicates``
     (after), is refused — ``too_many_subscriptions``,
     ``expression_too_large`` — naming the limit and its config key; the
@@ -163,7 +164,7 @@ class Clients:
         self._max_payload = ctx.config.cluster.max_payload
         self._expiries: list[tuple[float, int]] = []  # (rights.expires, session): rule A3's sweep
         # Rules L1–L4: what each client id holds here.
-        self.quotas = Quotas(ctx.id, ctx.config.limits, self._subscriptions_of)
+        self.quotas = Quotas(ctx.id, ctx.config.limits, self._subscriptions_of, sessions.subscription_count)
 
     def _subscriptions_of(self, sid: int) -> int:
         sess = self._sessions.get(sid)

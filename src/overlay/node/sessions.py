@@ -205,6 +205,11 @@ class Sessions(Mapping[int, Session]):
     def pending_for(self, gid: str) -> Pending | None:
         return self._pending.get(gid)
 
+    def subscription_count(self) -> int:
+        """Subscriptions the open sessions hold, every one together (``limits.quotas`` rule 3):
+        ``owners`` names each once by its base id, and an expression's conjuncts once more each."""
+        return len(self.owners) - len(self.base_of)
+
     def open(self) -> int:
         self._seq += 1
         sid = self._seq
