@@ -100,6 +100,22 @@ async def test_a_refusal_is_logged_once_per_session(caplog: pytest.LogCaptureFix
     assert len(logged) == 1
 
 
+async def test_refused_hellos_are_counted_each_and_logged_within_a_bound(caplog: pytest.LogCaptureFixture) -> None:
+    # Found by the second outside audit: each refused Hello was a WARNING line, so a
+    # stranger without a token wrote one per connection, as fast as it connected.
+    async with LoopbackCluster(LOCAL, 1, auth=auth(), limits={"max_connections": 1}) as cl:
+        cl.nodes[0].core.clients._refusals.every = 3600.0  # however slow the machine, one period
+        for _ in range(20):
+            await refused(cl, "not-a-jwt")
+        await cl.client(0, token=token("bob"))
+        for _ in range(20):
+            error = await refused(cl, token("bob"))  # past bob's max_connections
+            assert error.code == cm.ErrorCode.TOO_MANY_CONNECTIONS
+        assert (cl.stat("rejected_unauthorized"), cl.stat("rejected_too_many_connections")) == (20, 20)
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and ") refused: " in r.getMessage()]
+    assert len(lines) == 2 and "not a JWT" in lines[0] and "max_connections" in lines[1], lines
+
+
 async def test_a_keyed_publish_and_a_group_subscription_are_checked_too() -> None:
     tok = token("c", scopes={"publish": 'sym = "K"', "subscribe": 'sym = "K"'})
     async with LoopbackCluster(LOCAL, 2, auth=auth(), balancing=False) as cl:

@@ -7,6 +7,10 @@ seconds saying how many were only counted since.
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from overlay.security.refusals import LOG_EVERY, Refusal, RefusalLog, stats_key
 
 
@@ -28,6 +32,18 @@ def test_kinds_are_bounded_apart() -> None:
     assert rl.admit(Refusal.NOT_TLS.value, 2.0) is None
     assert rl.admit(Refusal.BAD_PROOF.value, 11.0) == 0
     assert rl.admit(Refusal.NOT_TLS.value, 10.0) == 1
+
+
+def test_warn_logs_what_admit_lets_through(caplog: pytest.LogCaptureFixture) -> None:
+    rl = RefusalLog(every=10.0)
+    log = logging.getLogger("overlay.test")
+    caplog.set_level(logging.WARNING, logger="overlay.test")
+    for t in (0.0, 1.0, 2.0, 12.0):
+        rl.warn(log, "unauthorized", t, "client %r refused: %s", "x", "bad token")
+    assert [r.getMessage() for r in caplog.records] == [
+        "client 'x' refused: bad token",
+        "client 'x' refused: bad token (2 more since the last line, counted only)",
+    ]
 
 
 def test_what_a_line_says_about_the_refusals_held_back() -> None:

@@ -53,7 +53,8 @@ A3. A session whose token expires is closed with a fatal ``token_expired``
     with its token too.  The client reconnects with a fresh token.
 A4. Every refusal is counted (``rejected_unauthorized``,
     ``rejected_forbidden``, ``rejected_token_expired``: the metrics'
-    ``overlay_rejected{reason}``) and logged once per session.
+    ``overlay_rejected{reason}``) and logged once per session; a refused
+    Hello within the bound of ``security.refusals.RefusalLog``.
 
 Limits (SPEC §16, ``overlay.limits.quotas``), per client id on this node:
 
@@ -102,12 +103,14 @@ from overlay.node.ordering import Ordering, publish_time_of
 from overlay.node.outbox import FULL_DELAY, Outbox
 from overlay.node.router import Router
 from overlay.node.sessions import Session, Sessions
+from overlay.security.refusals import RefusalLog
 
 __all__ = ["CLIENT_ID", "EVENT_ID", "Clients", "plain_event_id"]
 
 log = logging.getLogger("overlay.node")
 
 _EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
+_REFUSED: Final = "node %d: client %r (session %d) refused: %s"
 
 AdminCommand = Callable[[Session, cm.Admin, float, list[Action]], None]
 
@@ -163,6 +166,7 @@ class Clients:
         self._auth_required = auth_required
         self._max_payload = ctx.config.cluster.max_payload
         self._expiries: list[tuple[float, int]] = []  # (rights.expires, session): rule A3's sweep
+        self._refusals = RefusalLog()  # rules A4, L4: a refused Hello is a stranger's as often as not
         # Rules L1–L4: what each client id holds here.
         self.quotas = Quotas(ctx.id, ctx.config.limits, self._subscriptions_of, sessions.subscription_count)
 
@@ -257,7 +261,7 @@ class Clients:
                 )
         except TokenError as exc:
             self._ctx.stats["rejected_unauthorized"] += 1
-            log.warning("node %d: client %r (session %d) refused: %s", self._ctx.id, msg.client_id, sess.id, exc)
+            self._refusals.warn(log, "unauthorized", now, _REFUSED, self._ctx.id, msg.client_id, sess.id, exc)
             out.append(ToClient(sess.id, cm.Error(-1, cm.ErrorCode.UNAUTHORIZED, str(exc), fatal=True)))
             out.append(CloseClient(sess.id, "unauthorized"))
             return False
@@ -276,7 +280,7 @@ class Clients:
             self.quotas.open(sess.id, msg.client_id, now, overrides)
         except LimitExceeded as exc:
             self._ctx.stats[f"rejected_{exc.code}"] += 1
-            log.warning("node %d: client %r (session %d) refused: %s", self._ctx.id, msg.client_id, sess.id, exc)
+            self._refusals.warn(log, exc.code, now, _REFUSED, self._ctx.id, msg.client_id, sess.id, exc)
             out.append(ToClient(sess.id, cm.Error(-1, exc.code, str(exc), fatal=True)))
             out.append(CloseClient(sess.id, exc.code))
             return False

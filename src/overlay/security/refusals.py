@@ -12,6 +12,7 @@ not fill the node's disk with log lines.
 from __future__ import annotations
 
 import enum
+import logging
 from typing import Final
 
 __all__ = ["LOG_EVERY", "PEER_REFUSALS", "TLS_REFUSALS", "Refusal", "RefusalLog", "stats_key"]
@@ -93,3 +94,9 @@ class RefusalLog:
     def more(held: int) -> str:
         """What a logged line adds about the refusals only counted before it."""
         return f" ({held} more since the last line, counted only)" if held else ""
+
+    def warn(self, logger: logging.Logger, kind: str, now: float, msg: str, *args: object) -> None:
+        """``logger.warning(msg, *args)`` if ``admit`` says so, with ``more``'s words at its end."""
+        held = self.admit(kind, now)
+        if held is not None:
+            logger.warning(msg + "%s", *args, self.more(held))
