@@ -19,6 +19,7 @@ from overlay.cli.ports import check_ports_free
 from overlay.cli.running import EXIT_OK, STOP_SIGNALS, UsageError, log, run_command
 from overlay.cli.traffic import run_traffic
 from overlay.config import ClusterConfig, load_config
+from overlay.limits.descriptors import raise_descriptor_limit
 from overlay.security import NodeSecurity, node_security
 
 __all__ = ["cmd_cluster", "cmd_node", "register"]
@@ -53,6 +54,9 @@ cleanly (exit 0, naming any that died on the way); a second Ctrl-C kills them.""
 async def _node_main(cfg: ClusterConfig, nid: int, security: NodeSecurity) -> int:
     from overlay.net.node import Node  # the node's own imports: not for the client commands
 
+    before, after = raise_descriptor_limit()  # net.node rule 17: the process's own limit, as high as it may go
+    if after != before:
+        log.info("node %d: open files limit raised from %d to %d (net.node rule 17)", nid, before, after)
     node = Node(cfg, nid, freeze_gc=True, security=security)  # its own process (net.node: gc.freeze)
     loop = asyncio.get_running_loop()
     main = asyncio.current_task()

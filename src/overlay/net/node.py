@@ -96,6 +96,13 @@ that carries each out when it is not this one:
     every ``YOUNG_THRESHOLD`` new ones; a run that ends unfreezes and puts
     the thresholds back.  Nodes sharing a
     process (tests) do none of this.
+17. Client connections are bounded by the process's file descriptors too
+    (``overlay.limits.descriptors``): ``overlay node`` raises its soft limit
+    to the hard one at start, and a node whose limit is still below
+    ``max_clients`` plus what peers, the admin endpoint and files need
+    admits fewer clients, and says so at WARNING when it starts — else a
+    stranger's connections (300 Hellos at a soft limit of 256) took every
+    descriptor, and accept failed for peers and the admin endpoint too.
 """
 
 from __future__ import annotations
@@ -109,11 +116,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any, Final, ParamSpec
 
+import msgspec
+
 from overlay.actions import Action, AddPeer, CloseClient, Notifies, Rejoin, ToClient, ToPeer
 from overlay.auth.keys import verifier_for
 from overlay.build import BUILD
 from overlay.config import ClusterConfig, NodeConfig
 from overlay.errors import PeerRefused
+from overlay.limits.descriptors import client_cap, descriptor_limit, reserve_for
 from overlay.messages import peer as pm
 from overlay.net import membership
 from overlay.net.admin import AdminServer, effective_admin_token
@@ -151,6 +161,27 @@ def new_incarnation() -> int:
     global _last_incarnation
     _last_incarnation = max(int(time.time() * 1000), _last_incarnation + 1)
     return _last_incarnation
+
+
+def _fit_descriptors(config: ClusterConfig, node_id: int) -> ClusterConfig:
+    """Rule 17: ``config`` for the client connections, ``max_clients`` lowered
+    to what the process's descriptors allow (said at WARNING when it is)."""
+    limits = config.limits
+    descriptors = descriptor_limit()
+    reserve = reserve_for(len(config.nodes), limits.http_max_connections)
+    cap = client_cap(limits.max_clients, descriptors, reserve)
+    if cap == limits.max_clients:
+        return config
+    log.warning(
+        "node %d: this process may open %d files, so it admits %d client connections, not [limits] max_clients = %d "
+        "(%d kept for peers, the admin endpoint and files): raise its limit (ulimit -n, LimitNOFILE=) to hold more",
+        node_id,
+        descriptors,
+        cap,
+        limits.max_clients,
+        reserve,
+    )
+    return msgspec.structs.replace(config, limits=msgspec.structs.replace(limits, max_clients=cap))
 
 
 class _Stop(Exception):
@@ -211,7 +242,13 @@ class Node:
         self.listener: Listener | None = None
         self.links: dict[int, PeerLink] = {p.id: self._new_link(p) for p in config.nodes if p.id != node_id}
         self.connections = ClientConnections(
-            node_id, config, self.core, self.inbox, execute=self.execute, spawn=self._spawn, refuse=self.refuse
+            node_id,
+            _fit_descriptors(config, node_id),
+            self.core,
+            self.inbox,
+            execute=self.execute,
+            spawn=self._spawn,
+            refuse=self.refuse,
         )
         self.clients: dict[int, ConnectionWriter] = self.connections.writers
         self.slow_log = SlowLog(self.core, config.cluster.slow_ms)
