@@ -32,3 +32,20 @@ def test_bounds_must_increase_strictly(bounds: tuple[float, ...]) -> None:
 def test_the_core_bounds_are_valid() -> None:
     BucketCounts(TESTED_BOUNDS)
     BucketCounts(LATENCY_BOUNDS)
+
+
+def test_observe_puts_every_value_where_bisect_left_does() -> None:
+    """observe's written-out search against the standard library's, on the
+    bounds, between them, outside them, negative, infinite and NaN values."""
+    from bisect import bisect_left
+
+    for bounds in (TESTED_BOUNDS, LATENCY_BOUNDS, (1,), (0.5, 2)):
+        values: list[float] = [-1.0, float("inf"), float("-inf"), float("nan"), 0, 1e9]
+        for b in bounds:
+            values += [b, b - 1e-9, b + 1e-9, b * 2, b / 2]
+        for v in values:
+            h = BucketCounts(bounds)
+            h.observe(v)
+            expected = [0] * (len(bounds) + 1)
+            expected[bisect_left(bounds, v)] = 1
+            assert h.counts == expected, (bounds, v)

@@ -15,7 +15,6 @@ cumulative counts read in order are Prometheus's ``le`` buckets.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterable
 from typing import Final
 
@@ -61,7 +60,20 @@ class BucketCounts:
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
+        # bisect.bisect_left's search written out (the same comparisons, so the
+        # same slot for every value, NaN included): compiled, it runs natively,
+        # where the call into bisect compared boxed floats through the generic
+        # rich comparison — two observations per event (issue 19).
+        bounds = self.bounds
+        lo = 0
+        hi = len(bounds)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if bounds[mid] < value:
+                lo = mid + 1
+            else:
+                hi = mid
+        self.counts[lo] += 1
         self.sum += value
 
     @property
