@@ -66,6 +66,7 @@ HOT_MODULES: Final = (
     "overlay.messages.codec",
     "overlay.channels._buckets",
     "overlay.channels._plain",
+    "overlay.channels.event_check",
     "overlay.channels.channel",
     "overlay.channels.matcher",
     "overlay.channels.routing_table",
