@@ -389,3 +389,33 @@ def test_any_order_of_the_same_changes_gives_the_same_table(changes, data):
     for chid in {c for c, *_ in changes}:
         top = max(v for c, _, v in changes if c == chid)
         assert reference.version(chid) == top
+
+
+def test_space_contains_is_eventspace_contains() -> None:
+    """lookup_event's compiled test of a space agrees with EventSpace.contains:
+    every constraint kind, values in and out, a missing attribute."""
+    from itertools import product
+
+    from conftest import make_schema
+    from overlay.channels.routing_table import space_contains
+
+    schema = make_schema()
+    spaces = [
+        EventSpace.whole(schema),
+        EventSpace.build(schema, [ExceptConstraint("sym", frozenset({"X", "YY"}))]),
+        EventSpace.build(schema, [SetConstraint("sym", frozenset({"AB", "C"}))]),
+        EventSpace.build(schema, [SetConstraint("sym", frozenset())]),
+        EventSpace.build(
+            schema,
+            [RangeConstraint("price", Interval(10.0, 500.0, True, False)), SetConstraint("sym", frozenset({"AB"}))],
+        ),
+        EventSpace.build(schema, [RangeConstraint("qty", Interval(5, 5))]),
+    ]
+    events = [
+        {"price": p, "qty": q, "sym": s, "tag": 1}
+        for p, q, s in product((0.0, 10.0, 10.5, 500.0, 501), (0, 5, 6), ("AB", "C", "X", "YY", "Z"))
+    ]
+    events += [{"price": 20.0, "qty": 5, "tag": 1}, {"qty": 5, "sym": "AB", "tag": 1}, {}]
+    for space in spaces:
+        for ev in events:
+            assert space_contains(space, ev) == space.contains(ev), (space, ev)

@@ -78,7 +78,7 @@ from overlay.channels.intervals import IntervalSet
 from overlay.channels.predicates import Filter, conjunction
 from overlay.channels.route_entry import RouteEntry
 from overlay.channels.schema import Schema, Value
-from overlay.channels.space import ExceptConstraint, RangeConstraint, SetConstraint
+from overlay.channels.space import EventSpace, ExceptConstraint, RangeConstraint, SetConstraint
 from overlay.errors import LocalProtocolError
 
 __all__ = [
@@ -366,7 +366,7 @@ class RoutingTable:
         """The one channel whose space holds the event (None: a gap in the table)."""
         entries = self._entries
         for chid in self._idx().point(values.get(self._key_attr)):
-            if entries[chid].space.contains(values):
+            if space_contains(entries[chid].space, values):
                 return chid
         return None
 
@@ -381,6 +381,26 @@ class RoutingTable:
         cands = self._idx().overlapping(f)
         # Satisfiable: each candidate compares only the attributes it constrains.
         return sorted(c for c in cands if entries[c].space.meets(f, schema))
+
+
+def space_contains(space: EventSpace, values: Mapping[str, Value]) -> bool:
+    """``space.contains(values)``, compiled: a string attribute's constraint
+    is tested here, where ``EventSpace.contains`` (a Struct's method: pure
+    Python, overlay.build rule 4) made two interpreted calls per constraint
+    on every event; a range's goes through its own ``contains_value``."""
+    for c in space.constraints:
+        v = values.get(c.attr)
+        if v is None:
+            return False
+        if type(c) is ExceptConstraint:
+            if v in c.excluded:
+                return False
+        elif type(c) is SetConstraint:
+            if v not in c.values:
+                return False
+        elif not c.contains_value(v):
+            return False
+    return True
 
 
 class _Index:
