@@ -49,3 +49,8 @@ def test_observe_puts_every_value_where_bisect_left_does() -> None:
             expected = [0] * (len(bounds) + 1)
             expected[bisect_left(bounds, v)] = 1
             assert h.counts == expected, (bounds, v)
+
+
+def test_bounds_that_a_float_cannot_hold_exactly_are_refused() -> None:
+    with pytest.raises(LocalProtocolError, match="exact as floats"):
+        BucketCounts((1, 2**53 + 1))

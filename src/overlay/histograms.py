@@ -50,13 +50,19 @@ LATENCY_BOUNDS: Final[tuple[float, ...]] = (
 class BucketCounts:
     """Counts per fixed upper bound and their sum (module invariant)."""
 
-    __slots__ = ("bounds", "counts", "sum")
+    __slots__ = ("_search", "bounds", "counts", "sum")
 
     def __init__(self, bounds: Iterable[float]) -> None:
         self.bounds: tuple[float, ...] = tuple(bounds)
         if list(self.bounds) != sorted(set(self.bounds)):
             raise LocalProtocolError(f"bucket bounds must increase strictly: {self.bounds}")
         self.counts = [0] * (len(self.bounds) + 1)
+        # The bounds as floats for observe: compiled, a float item is read
+        # straight, an int one converted on every comparison.  The same
+        # numbers (the bounds here are exact as floats).
+        self._search: tuple[float, ...] = tuple([float(b) for b in self.bounds])
+        if self._search != self.bounds:
+            raise LocalProtocolError(f"bucket bounds must be exact as floats: {self.bounds}")
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
@@ -64,7 +70,7 @@ class BucketCounts:
         # same slot for every value, NaN included): compiled, it runs natively,
         # where the call into bisect compared boxed floats through the generic
         # rich comparison — two observations per event (issue 19).
-        bounds = self.bounds
+        bounds = self._search
         lo = 0
         hi = len(bounds)
         while lo < hi:
