@@ -383,6 +383,11 @@ class RoutingTable:
         return sorted(c for c in cands if entries[c].space.meets(f, schema))
 
 
+# Read from C statics when compiled (globals are looked up by name each time).
+_EXCEPT: Final = ExceptConstraint
+_SET: Final = SetConstraint
+
+
 def space_contains(space: EventSpace, values: Mapping[str, Value]) -> bool:
     """``space.contains(values)``, compiled: a string attribute's constraint
     is tested here, where ``EventSpace.contains`` (a Struct's method: pure
@@ -392,10 +397,10 @@ def space_contains(space: EventSpace, values: Mapping[str, Value]) -> bool:
         v = values.get(c.attr)
         if v is None:
             return False
-        if type(c) is ExceptConstraint:
+        if type(c) is _EXCEPT:
             if v in c.excluded:
                 return False
-        elif type(c) is SetConstraint:
+        elif type(c) is _SET:
             if v not in c.values:
                 return False
         elif not c.contains_value(v):

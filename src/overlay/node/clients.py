@@ -112,6 +112,9 @@ log = logging.getLogger("overlay.node")
 
 _EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
 _REFUSED: Final = "node %d: client %r (session %d) refused: %s"
+# Per event, read from a C static when compiled: the module name's global
+# lookup and its attribute's were two dict lookups each time (issue 19).
+_Event: Final = pm.Event
 
 AdminCommand = Callable[[Session, cm.Admin, float, list[Action]], None]
 
@@ -523,7 +526,7 @@ class Clients:
         ctx.stats["events_in"] += 1
         if ctx.capture is not None:
             ctx.capture.publish(event_id, chid, values, payload=msg.payload)
-        ev = pm.Event(event_id, values, ctx.id, _EVENT_DISPATCHED, chid, publish_time_of(msg, now), payload=msg.payload)
+        ev = _Event(event_id, values, ctx.id, _EVENT_DISPATCHED, chid, publish_time_of(msg, now), payload=msg.payload)
         if outbox.send(ev, sess.id, msg.seq, out) and not self._tracks(event_id):
             return  # complete already, no group delivery tracked: nothing comes back (above)
         self._ordering.remember_publish(event_id, sess.id, msg.seq, now)  # dispatched; the PubAck once confirmed

@@ -79,6 +79,10 @@ log = logging.getLogger("overlay.node")
 UNDELIVERABLE: Final = pm.AckCode.UNDELIVERABLE
 # How often (seconds) group ids of subscriptions gone are pruned: housekeeping.
 PRUNE_SECONDS: Final = 5.0
+# Per event, read from C statics when compiled (a global's lookup and its
+# attribute's were dict lookups each time: issue 19).
+_Notify: Final = cm.Notify
+_ToClient: Final = ToClient
 
 OwnerAck = Callable[[pm.NotificationAck, list[Action]], None]
 CloseSession = Callable[[int], list[Action]]
@@ -201,7 +205,7 @@ class Notifier:
                     self._orphaned(owner, event_id, sub_ids, out)
                 return
             # Positional: msgspec parses keywords per call (untagged: key "", rank 0, tag 0).
-            out.append(ToClient(o[0], cm.Notify(event_id, event, (o[1],), publish_time, "", 0, 0, payload)))
+            out.append(_ToClient(o[0], _Notify(event_id, event, (o[1],), publish_time, "", 0, 0, payload)))
             ctx.stats["notifies_out"] += 1
             return
         by_session: dict[int, tuple[str, ...]] = {}

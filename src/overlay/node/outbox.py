@@ -109,6 +109,10 @@ RECEIPT_DELAY: Final = 0.002
 
 _EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
 _replace: Final = msgspec.structs.replace
+# Per event, read from C statics when compiled (a global's lookup and its
+# attribute's were dict lookups each time: issue 19).
+_PubAck: Final = cm.PubAck
+_ToClient: Final = ToClient
 
 DispatchEvent = Callable[[pm.Event, list[Action]], None]
 
@@ -400,7 +404,7 @@ class Outbox:
         self._ctx.stats["events_confirmed"] += 1
         sessions = self._sessions
         if sid in sessions:
-            out.append(ToClient(sid, cm.PubAck(seq, event_id)))
+            out.append(_ToClient(sid, _PubAck(seq, event_id)))
         if more is not None:
             out.extend(ToClient(s, cm.PubAck(q, event_id)) for s, q in more if s in sessions)
         if errors is not None:

@@ -69,6 +69,11 @@ log = logging.getLogger("overlay.node")
 MAX_HOPS: Final = 4
 # Unsubscribed ids an owner remembers (rule 9): far more than can be in flight.
 MAX_REMOVED: Final = 100_000
+# Per event, read from C statics when compiled (a global's lookup and its
+# attributes' were dict lookups each time: issue 19).
+_EVENT_NEW: Final = pm.DispatchSign.EVENT_NEW
+_Notification: Final = pm.Notification
+_ToPeer: Final = ToPeer
 
 
 class Router:
@@ -117,7 +122,7 @@ class Router:
                 self.on_unsubscription(msg, out)
 
     def on_event(self, msg: pm.Event, out: list[Action]) -> None:
-        if msg.dispatch_sign is pm.DispatchSign.EVENT_NEW:  # a keyed event for its home (node.ordering)
+        if msg.dispatch_sign is _EVENT_NEW:  # a keyed event for its home (node.ordering)
             self._ordering.sequence(msg, out)
             return
         chid = msg.ch_id
@@ -172,7 +177,7 @@ class Router:
             self._ctx.stats["notifications_out"] += 1
             self._receipts.matched(msg, (), out)  # rule 5: only this node's client, so the owner reports
             return
-        note = pm.Notification(
+        note = _Notification(
             msg.event_id,
             msg.event_exp,
             (sub.id,),
@@ -185,7 +190,7 @@ class Router:
             (node,),
             msg.payload,
         )
-        out.append(ToPeer(node, note))  # rule 5: that node reports the match as it confirms
+        out.append(_ToPeer(node, note))  # rule 5: that node reports the match as it confirms
         self._ctx.stats["notifications_out"] += 1
 
     def deliver(self, ch: Channel, msg: pm.Event, matched: Sequence[Subscription], out: list[Action]) -> None:
@@ -282,7 +287,7 @@ class Router:
         if owner == self._ctx.id:
             self.on_event(msg, out)
         else:
-            out.append(ToPeer(owner, msg))
+            out.append(_ToPeer(owner, msg))
 
     def on_subscription(self, msg: pm.Subscription, out: list[Action]) -> None:
         chid = msg.ch_id
