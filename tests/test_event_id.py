@@ -70,3 +70,22 @@ def test_a_publish_s_id_is_accepted_or_refused_as_the_regex_says() -> None:
         else:
             assert type(reply) is cm.Error and reply.code == cm.ErrorCode.BAD_EVENT, event_id
             assert reply.message == f"event id {event_id!r} must be 1-128 letters, digits or ._:-"
+
+
+def test_a_chosen_id_needs_a_plain_client_id_whichever_session_published_last() -> None:
+    """The publish path remembers the last client id it passed (compared by
+    identity): a session whose client id is not plain is refused before and
+    after one whose id is, and that one keeps being accepted."""
+    w = World()
+    good = w.client(1, "pub")
+    bad = w.client(1, "bad id")
+    for i, sid in enumerate((good, bad, good, bad, bad, good)):
+        seq = 200 + i
+        w.net.client_send(1, sid, cm.Publish(seq, {"price": 1.0, "sym": "A"}, event_id=f"e{i}"))
+        w.net.run()
+        (reply,) = [m for m in w.net.received(1, sid) if getattr(m, "seq", None) == seq]
+        if sid == good:
+            assert type(reply) is cm.PubAck and reply.event_id == f"pub/e{i}"
+        else:
+            assert type(reply) is cm.Error and reply.code == cm.ErrorCode.BAD_EVENT
+            assert "needs a client id of 1-128 printable characters" in reply.message
