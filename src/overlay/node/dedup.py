@@ -68,13 +68,15 @@ class SeenEvents:
 
     def seen(self, event_id: str, now: float) -> bool:
         """Rule 1: True for a copy of an id recorded lately; else record it."""
-        if event_id in self._set:
+        held = self._set
+        n = len(held)
+        held.add(event_id)  # one probe of the table, not a lookup and then an add
+        if len(held) == n:
             return True
-        self._set.add(event_id)
         self._ids.append(event_id)
         at = self._at
         at.append(now)
-        if at[0] <= now - self.window or len(self._set) > self.limit:
+        if at[0] <= now - self.window or n >= self.limit:
             self._forget(now)
         return False
 
