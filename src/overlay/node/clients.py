@@ -112,10 +112,7 @@ log = logging.getLogger("overlay.node")
 
 _EVENT_DISPATCHED: Final = pm.DispatchSign.EVENT_DISPATCHED
 _REFUSED: Final = "node %d: client %r (session %d) refused: %s"
-# Per event, read from a C static when compiled: the module name's global
-# lookup and its attribute's were two dict lookups each time (issue 19).
-_Event: Final = pm.Event
-_EVENT_ID_TABLE: Final = EVENT_ID_TABLE
+_Event: Final = pm.Event  # a C static when compiled, not a global's and an attribute's lookup per event
 
 AdminCommand = Callable[[Session, cm.Admin, float, list[Action]], None]
 
@@ -465,8 +462,7 @@ class Clients:
             if isinstance(msg.event, str):
                 values = parse_event(msg.event, ctx.schema)
             else:  # checked once, here (schema rule 6), natively (channels.event_check)
-                given = msg.event
-                values = given if self._event_check.valid(given) else ctx.schema.check_event_values(given)
+                values = msg.event if self._event_check.valid(msg.event) else ctx.schema.check_event_values(msg.event)
         except ExpressionError as exc:
             ctx.stats["rejected_bad_event"] += 1
             out.append(ToClient(sess.id, cm.Error(msg.seq, cm.ErrorCode.BAD_EVENT, exc.reason, exc.position)))
@@ -493,7 +489,7 @@ class Clients:
             if not (  # plain_event_id, inline (per publish)
                 len(chosen) <= 128
                 and chosen.isascii()
-                and 1 not in chosen.encode().translate(_EVENT_ID_TABLE)
+                and 1 not in chosen.encode().translate(EVENT_ID_TABLE)
                 and (sess.client_id is self._client_ok or client_id_ok(sess.client_id))
             ):
                 ctx.stats["rejected_bad_event"] += 1
