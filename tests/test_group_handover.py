@@ -198,6 +198,17 @@ def test_a_receiver_leaves_a_gone_instances_copy_to_the_live_sender_until_its_ha
     assert w.net.errors == []
 
 
+def test_a_receiver_waiting_for_the_senders_copy_reports_no_match_the_publisher_could_take_as_whole():
+    """node.groups rule 8: the receiver's match sent the group nothing (its copy
+    is the sender's), so a report from it, naming no access node, would
+    complete the event at its publisher's access node (node 0) while that copy
+    is still held on 0→1 (fault seed 3467's shape)."""
+    w, _, _, eid = _matched_again_before_the_hand_over()
+    reports = [m for _, _, m in w.net.pending(2, 0) if isinstance(m, pm.EventsMatched) and eid in m.event_ids]
+    assert reports == []
+    assert eid in w.cores[0].outbox
+
+
 def test_a_receiver_gives_a_gone_instances_copy_to_another_instance_when_the_sender_dies_first():
     """Fault seed 770's constraint: left to a sender that dies before its
     hand-over, the copy is not lost — the receiver picks another instance."""

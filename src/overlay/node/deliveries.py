@@ -18,12 +18,13 @@ Rules this module keeps:
    delivery's copies of the same event (a hand-over meeting a match of the
    receiver's own), keeping both copies in flight and the union of the
    instances tried, so that neither is replaced while the other may still be
-   taken.
+   taken.  ``flying(group, …)`` names the access nodes those copies went to
+   (a match again reports them, ``node.groups`` rule 8).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Container, Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -33,7 +34,7 @@ from overlay.channels.channel import Channel, ChannelId
 from overlay.channels.subscriptions import Subscription
 from overlay.messages import peer as pm
 
-__all__ = ["Delivery", "channel_now", "handover_frames"]
+__all__ = ["Delivery", "channel_now", "handover_frames", "notification"]
 
 # Rule 1: the group state of a delivery without groups: read-only and shared,
 # so a write to it raises instead of leaking into every other delivery.
@@ -65,6 +66,19 @@ class Delivery:
     def in_flight(self, group: str) -> bool:
         """Rule 3: a copy of ``group`` waits for its answer."""
         return group in self.gsub.values()
+
+    def flying(self, group: str, senders: Container[str], nodes: list[int]) -> bool:
+        """Rule 3: adds to ``nodes`` the access nodes ``group``'s copies are in
+        flight to; True when one is a live sender's (an instance in ``senders``,
+        ``node.groups`` rule 10), whose access node is not known here."""
+        held = False
+        for sid, g in self.gsub.items():
+            if g == group:
+                if sid in senders:
+                    held = True
+                elif (node := self.waiting.get(sid)) is not None:
+                    nodes.append(node)
+        return held
 
     def to_wire(self) -> pm.TrackedDelivery:
         """Rule 2: the record a moving channel's sender hands over."""
@@ -165,3 +179,19 @@ def channel_now(
             continue
         todo.extend(replaced.get(chid, ()))
     return None
+
+
+def notification(msg: pm.Event, sub_ids: tuple[str, ...], chid: ChannelId, origin: int) -> pm.Notification:
+    """The Notification of ``msg`` for ``sub_ids`` of one access node."""
+    return pm.Notification(
+        msg.event_id,
+        msg.event_exp,
+        sub_ids,
+        chid,
+        msg.publish_time,
+        msg.key,
+        msg.rank,
+        msg.home,
+        origin,
+        payload=msg.payload,
+    )

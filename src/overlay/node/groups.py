@@ -50,7 +50,11 @@ Rules this module keeps:
    naming the other access nodes its first notifications went to; its
    Notifications carry that node as ``origin``, so a re-dispatched group
    copy is confirmed too (a receipt the outbox no longer waits for is
-   counted stale there).
+   counted stale there).  A match again that sends a group nothing, its
+   copy in flight here, names that copy's access node as well, and one
+   whose copy a live sender holds (rule 10) is not reported: a report
+   naming fewer nodes completes the event before the copy arrives (fault
+   seed 3467: the PubAck'd copy died with its owner's run).
 9. **An event matched again** (re-sent by its access node, released again
    by a key's new home) reaches the instance of each group it reached
    before: the owner remembers its *sticky* choices for ``event_ttl`` (at
@@ -102,7 +106,7 @@ from overlay.errors import LocalProtocolError
 from overlay.messages import peer as pm
 from overlay.node.choices import GroupChoices
 from overlay.node.context import NodeContext
-from overlay.node.deliveries import Delivery, channel_now, handover_frames
+from overlay.node.deliveries import Delivery, channel_now, handover_frames, notification
 from overlay.node.notify import PRUNE_SECONDS, UNDELIVERABLE, Notifier
 from overlay.node.ordering import COMPLETE, Ordering
 
@@ -250,9 +254,13 @@ class Groups:
         # Rule 10: a copy of a group still in flight here (a delivery handed over
         # with the channel, or this node's own) is that group's, whatever left since.
         tracked = self._deliveries.get(msg.event_id) if groups else None
+        flying: list[int] = []  # rule 8: access nodes of this event's group copies in flight here
+        held = False  # rule 8: a live sender holds a group's copy: this match's report is not whole
         for g, subs in groups.items():
             if tracked is not None and tracked.in_flight(g):
                 self._ctx.stats["group_copy_in_flight"] += 1
+                if not keyed:
+                    held |= tracked.flying(g, self.choices.waited_for(msg.event_id), flying)
                 continue
             disp = self._dispatcher(ch.id, g)
             bad = []
@@ -286,6 +294,7 @@ class Groups:
                 # sender replaces it; this copy waits for its hand-over or its death.
                 self._ctx.stats["group_copy_with_sender"] += 1
                 self.choices.wait_for_sender(msg.event_id, g, before, sender)
+                held = True
                 d.cands[g] = subs
                 d.tried[g] = {before}
                 d.gsub[before] = g
@@ -312,9 +321,11 @@ class Groups:
         if waits:  # first: this node's access node may answer a copy it had at once (node.notify rule 5)
             self._track(d)
         self._send_notifications(msg, ch.id, targets, out)
-        if not keyed:  # rule 8
+        if not keyed and not held:  # rule 8
             me = self._ctx.id
-            self._events_matched(msg, tuple(dict.fromkeys(s.access_node for s in targets if s.access_node != me)), out)
+            nodes = [s.access_node for s in targets]
+            nodes.extend(flying)
+            self._events_matched(msg, tuple(dict.fromkeys(n for n in nodes if n != me)), out)
         if not waits and tracked is None:
             self._delivery_done(d, out)
         return True
@@ -333,7 +344,7 @@ class Groups:
         if len(matched) == 1 and matched[0].access_node != self._ctx.id:  # the common case, inline
             s = matched[0]
             node = d.waiting[s.id] = s.access_node
-            out.append(ToPeer(node, _notification(msg, (s.id,), ch.id, -1)))
+            out.append(ToPeer(node, notification(msg, (s.id,), ch.id, -1)))
             self._ctx.stats["notifications_out"] += 1
         else:
             waiting = d.waiting
@@ -380,7 +391,7 @@ class Groups:
                 msg.payload,
             )
         else:
-            out.append(ToPeer(node, _notification(msg, ids, chid, origin)))
+            out.append(ToPeer(node, notification(msg, ids, chid, origin)))
 
     def _undeliverable(self, ev: pm.Event, group: str, out: list[Action]) -> None:
         """Rule 4: no instance of ``group`` can take ``ev``: tell the publisher."""
@@ -582,19 +593,3 @@ class Groups:
         if cs.groups:
             self._ctx.stats["group_states_restored"] += len(cs.groups)
         self.choices.learn(cs.choices, cs.ch_id)
-
-
-def _notification(msg: pm.Event, sub_ids: tuple[str, ...], chid: ChannelId, origin: int) -> pm.Notification:
-    """The Notification of ``msg`` for ``sub_ids`` of one access node."""
-    return pm.Notification(
-        msg.event_id,
-        msg.event_exp,
-        sub_ids,
-        chid,
-        msg.publish_time,
-        msg.key,
-        msg.rank,
-        msg.home,
-        origin,
-        payload=msg.payload,
-    )
