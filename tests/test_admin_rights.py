@@ -97,6 +97,25 @@ async def test_with_auth_a_changing_command_needs_the_admin_role_on_every_protoc
             await op.admin(command, **args)
 
 
+async def test_with_auth_refused_admin_requests_are_counted_each_and_logged_within_a_bound(
+    monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by the second outside audit: each refused request was a WARNING line,
+    # and anyone reaching the admin port could send them as fast as HTTP allows.
+    monkeypatch.delenv("OVERLAY_ADMIN_TOKEN", raising=False)
+    async with LoopbackCluster(LOCAL, 1, admin=True, auth=auth()) as cl:
+        cl.nodes[0].admin._refusals.every = 3600.0  # however slow the machine, one period
+        url = cl.url(0) + "/drain"
+        for headers in ({"Authorization": "Bearer s3cret"}, {"Authorization": f"Bearer {token('pubsub')}"}):
+            for _ in range(15):
+                assert (await fetch(url, "POST", headers=headers))[0] in (401, 403)
+        core = cl.nodes[0].core
+        assert (core.stats["rejected_unauthorized"], core.stats["rejected_forbidden"]) == (15, 15)
+        assert not core.draining
+    lines = [r.getMessage() for r in caplog.records if "admin request POST /drain refused" in r.getMessage()]
+    assert len(lines) == 2 and "not a JWT" in lines[0] and "no admin role" in lines[1], lines
+
+
 async def test_with_auth_an_admin_token_drains_over_http(monkeypatch) -> None:
     monkeypatch.delenv("OVERLAY_ADMIN_TOKEN", raising=False)
     async with LoopbackCluster(LOCAL, 2, admin=True, balancing=False, auth=auth()) as cl:

@@ -84,7 +84,7 @@ from overlay.net.cluster_view import ClusterView, slice_history
 from overlay.net.metrics import NodeCollector
 from overlay.net.view import NodeView
 from overlay.node.journal import latest
-from overlay.security import NodeSecurity
+from overlay.security import NodeSecurity, RefusalLog
 
 __all__ = [
     "INSECURE_WARNING",
@@ -152,6 +152,7 @@ class AdminServer:
         self.node = node
         self.core = node.core
         self.token = node.core.admin_token  # one token for HTTP and the client protocol
+        self._refusals = RefusalLog()  # rule 4: a refused request is a stranger's as often as not
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(NodeCollector(node))
         self.limits = limits = node.config.limits
@@ -330,22 +331,25 @@ class AdminServer:
     def _token_refusal(self, verifier: Verifier, token: str, request: web.Request) -> web.Response | None:
         """Rule 4 with ``[auth]``: a valid token with the admin role, as on the
         client protocol (``node.admin``); 401 without one, 403 without the role.
-        Counted with the client protocol's refusals, logged each time (HTTP
-        has no session to log once per)."""
+        Counted with the client protocol's refusals, logged within the bound
+        of ``security.refusals.RefusalLog`` (HTTP has no session to log once
+        per, and anyone may send such requests as fast as it likes)."""
         stats = self.core.stats
         what = f"{request.method} {request.path}"
         try:
             rights = verifier.verify(token, time.time())
         except TokenError as exc:
             stats["rejected_unauthorized"] += 1
-            log.warning("node %d: admin request %s refused: %s", self.node.id, what, exc)
+            now = time.monotonic()
+            self._refusals.warn(
+                log, "unauthorized", now, "node %d: admin request %s refused: %s", self.node.id, what, exc
+            )
             hint = "send Authorization: Bearer <token with the admin role>"
             return json_error(401, f"{exc} ({hint})" if token else f"{what} changes the cluster: {hint}")
         if Role.ADMIN not in rights.roles:
             stats["rejected_forbidden"] += 1
-            log.warning(
-                "node %d: admin request %s refused: %s has no admin role", self.node.id, what, rights.describe()
-            )
+            text = "node %d: admin request %s refused: %s has no admin role"
+            self._refusals.warn(log, "forbidden", time.monotonic(), text, self.node.id, what, rights.describe())
             return json_error(
                 403, f"{what} changes the cluster and needs a token with the admin role; yours has {rights.describe()}"
             )
