@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from conftest import LOCAL
-from overlay.actions import Notifies, ToClient, ToPeer
+from overlay.actions import CloseClient, Notifies, ToClient, ToPeer
 from overlay.channels import ChannelId, parse_subscription
 from overlay.messages import client as cm
 from overlay.messages import peer as pm
@@ -38,6 +38,7 @@ from overlay.testing import (
     override,
     wait_until,
 )
+from overlay.testing.proxy import Proxy
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -496,6 +497,39 @@ async def test_an_action_the_shell_does_not_know_is_logged_and_counted_not_skipp
     node.execute([ToClient(99, cm.Ack("e")), ("Teleport", 1)])  # type: ignore[list-item]
     assert node.core.stats["shell_unknown_actions"] == 1
     assert "an action the shell does not know: ('Teleport', 1)" in caplog.text
+
+
+async def test_the_connections_carry_out_the_actions_in_order_handing_back_those_not_for_a_client():
+    """net.clients rule 10: ToClient, Notifies and CloseClient are carried out
+    by the connections; every other action goes back to the node, in its
+    turn — after what came before it was queued, before what comes after."""
+    node = Node(msgspec.structs.replace(BASE, tls=insecure_tls()), 0)  # not running: frames only queue
+    conns = node.connections
+    conns.writers[1] = ConnectionWriter(None, 10, budget=conns.budget, sid=1)  # type: ignore[arg-type]
+    queue = conns.writers[1].queue
+    a, b = cm.Notify("e1", {"price": 1.0}, ("s1",)), cm.Notify("e2", {"price": 2.0}, ("s1",))
+    seen: list[tuple[object, int]] = []
+    acts = [ToClient(1, a), ("Teleport", 1), Notifies(b, [1], [("s1",)]), ToPeer(2, pm.LinkAck(1))]
+    conns.carry_out(acts, lambda act: seen.append((act, len(queue))))  # type: ignore[arg-type]
+    assert seen == [(("Teleport", 1), 1), (ToPeer(2, pm.LinkAck(1)), 2)]
+    assert list(queue.normal) == [encode_frame(a), encode_frame(b)]
+
+
+async def test_a_proxy_in_front_of_the_connections_sees_every_action_for_a_client():
+    """overlay.testing.proxy: a test that puts a Proxy where the node looks its
+    connections up sees each ToClient, Notifies and CloseClient through it,
+    as before the compiled connections carried them out themselves."""
+    node = Node(msgspec.structs.replace(BASE, tls=insecure_tls()), 0)  # not running: nothing is sent anywhere
+    seen: list[tuple[str, object]] = []
+    node.connections = Proxy(  # type: ignore[assignment]
+        node.connections,
+        send=lambda sid, msg: seen.append(("send", sid)),
+        send_notifies=lambda msg, sessions, sub_ids: seen.append(("send_notifies", tuple(sessions))),
+        close=lambda sid, reason: seen.append(("close", sid)),
+    )
+    note = cm.Notify("e1", {"price": 1.0}, ("s1",))
+    node.execute([ToClient(1, note), Notifies(note, [2, 3], [("s1",), ("s1",)]), CloseClient(1, "bye")])
+    assert seen == [("send", 1), ("send_notifies", (2, 3)), ("close", 1)]
 
 
 async def test_a_connection_writer_s_flush_returns_once_what_was_queued_went_out():

@@ -66,7 +66,8 @@ that carries each out when it is not this one:
 11. No task dies of an unexpected error in a core call: the ticker, the
     indexer, the links and the drops of rule 5 log it with its traceback,
     count it (``shell_errors``) and go on.
-12. ``execute`` carries out every kind of ``Action`` the core returns; one it
+12. ``execute`` carries out every kind of ``Action`` the core returns (those
+    for client connections compiled, in ``net.clients`` rule 10); one it
     does not know is logged as an error and counted
     (``shell_unknown_actions``), never silently skipped.  ``AddPeer`` (a node
     joined) opens a link to the newcomer as a task of the TaskGroup and
@@ -550,23 +551,34 @@ class Node:
     # -- carrying out actions (rules 5, 10, 12) --------------------------------------------------
 
     def _carry_out(self, actions: list[Action]) -> None:
-        connections = self.connections
+        conns = self.connections
+        if type(conns) is ClientConnections:
+            # The client actions are the connections' (net.clients rule 10); the rest come back to _carry_other.
+            conns.carry_out(actions, self._carry_other)
+            return
+        # A test's Proxy in front of the connections (overlay.testing.proxy):
+        # each action through its methods, which the test may have replaced.
         for act in actions:
-            if type(act) is ToPeer:
-                self._send_peer(act.node, act.msg)
-            elif type(act) is ToClient:
-                connections.send(act.session, act.msg)
+            if type(act) is ToClient:
+                conns.send(act.session, act.msg)
             elif type(act) is Notifies:
-                connections.send_notifies(act.msg, act.sessions, act.sub_ids)
+                conns.send_notifies(act.msg, act.sessions, act.sub_ids)
             elif type(act) is CloseClient:
-                connections.close(act.session, act.reason)
-            elif type(act) is AddPeer:  # a node joined: link to it first
-                self.add_peer(act.peer)
-            elif type(act) is Rejoin:  # rule 14: declared dead; a new run takes over
-                self.rejoin(act.reason)
+                conns.close(act.session, act.reason)
             else:
-                self._stats["shell_unknown_actions"] += 1
-                log.error("node %d: the core returned an action the shell does not know: %r", self.id, act)
+                self._carry_other(act)
+
+    def _carry_other(self, act: Action) -> None:
+        """Rule 12 for the actions that are not for a client connection."""
+        if type(act) is ToPeer:
+            self._send_peer(act.node, act.msg)
+        elif type(act) is AddPeer:  # a node joined: link to it first
+            self.add_peer(act.peer)
+        elif type(act) is Rejoin:  # rule 14: declared dead; a new run takes over
+            self.rejoin(act.reason)
+        else:
+            self._stats["shell_unknown_actions"] += 1
+            log.error("node %d: the core returned an action the shell does not know: %r", self.id, act)
 
     def _send_peer(self, node: int, msg: pm.PeerMessage) -> None:
         link = self.links.get(node)
