@@ -17,6 +17,12 @@ Rules:
    fields in Notify's order, checked at import), so a client cannot tell.
    A frame per distinct ``sub_ids`` is kept: sessions whose subscriptions
    carry the same local ids share one frame object.
+5. ``FrameReader.feed`` decodes each frame from a slice of the bytes read
+   (copying ~150 bytes is cheaper than a memoryview object per frame) and
+   reads the length prefix byte by byte (compiled, indexing ``bytes`` is
+   native; ``HEADER.unpack_from`` is a call and a tuple): 515 → 330 ns per
+   Publish frame, of which decoding is 250.  Only a frame split across reads
+   is copied into the buffer, and the next read joined to it once.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ __all__ = [
 # pin much memory per connection.  Configurable per cluster.
 DEFAULT_MAX_FRAME_SIZE: Final = 1 << 20
 HEADER: Final = struct.Struct(">I")
+assert HEADER.size == 4  # FrameReader.feed reads it byte by byte (rule 5)
 
 _encoder: Final = msgspec.msgpack.Encoder()
 
@@ -105,44 +112,48 @@ class FrameReader(Generic[M]):
         self.bad: bytes | None = None  # rule 3: the body of the frame that failed to decode
 
     def feed(self, data: bytes) -> list[M]:
+        """The whole frames ``data`` completes, decoded (rule 5)."""
         buf = self._buf
-        buf += data
+        if buf:  # a frame begun in an earlier read: one copy joins them
+            buf += data
+            data = bytes(buf)
+            buf.clear()
         out: list[M] = []
         pos = 0
-        n = len(buf)
-        size = HEADER.size
+        n = len(data)
         decode = self._decoder.decode
-        unpack = HEADER.unpack_from
-        view = memoryview(buf)  # one view for the whole feed; released before the buffer shrinks
+        limit = self.max_size
         try:
-            while n - pos >= size:
-                (length,) = unpack(view, pos)
-                if length > self.max_size:
-                    raise RemoteProtocolError(f"frame of {length} bytes is over the limit of {self.max_size}")
-                end = pos + size + length
+            while n - pos >= 4:
+                length = (data[pos] << 24) | (data[pos + 1] << 16) | (data[pos + 2] << 8) | data[pos + 3]  # HEADER
+                if length > limit:
+                    raise RemoteProtocolError(f"frame of {length} bytes is over the limit of {limit}")
+                start = pos + 4
+                end = start + length
                 if end > n:
                     break
                 try:
-                    out.append(decode(view[pos + size : end]))
+                    out.append(decode(data[start:end]))
                 except msgspec.ValidationError as exc:
-                    raise self._bad(buf, pos + size, end, f"invalid message: {exc}", exc) from exc
+                    raise self._bad(data, start, end, f"invalid message: {exc}", exc) from exc
                 except msgspec.DecodeError as exc:
-                    raise self._bad(buf, pos + size, end, f"undecodable frame: {exc}", exc) from exc
+                    raise self._bad(data, start, end, f"undecodable frame: {exc}", exc) from exc
                 except RecursionError as exc:
                     # msgspec's depth limit: a small frame of nested arrays in a free-form field.
-                    raise self._bad(buf, pos + size, end, f"frame nested too deeply: {exc}", exc) from exc
+                    raise self._bad(data, start, end, f"frame nested too deeply: {exc}", exc) from exc
                 except UnicodeDecodeError as exc:  # msgspec raises this one itself for a bad str
-                    raise self._bad(buf, pos + size, end, f"invalid UTF-8 in a string: {exc}", exc) from exc
+                    raise self._bad(data, start, end, f"invalid UTF-8 in a string: {exc}", exc) from exc
                 pos = end
-        finally:
-            view.release()
-        if pos:
-            del buf[:pos]
+        except RemoteProtocolError:
+            buf += data[pos:]  # what was not taken stays buffered, the bad frame first
+            raise
+        if pos < n:  # a frame begun: at most one header and body (rule 2: its length was checked)
+            buf += data[pos:]
         return out
 
-    def _bad(self, buf: bytearray, start: int, end: int, text: str, cause: Exception) -> RemoteProtocolError:
+    def _bad(self, data: bytes, start: int, end: int, text: str, cause: Exception) -> RemoteProtocolError:
         """Rule 3: keep the frame that failed (the error path only)."""
-        self.bad = bytes(buf[start:end])
+        self.bad = bytes(data[start:end])
         err = RemoteProtocolError(text)
         # What ``raise ... from`` sets, set here too: the compiled build
         # (mypyc 2.4.1) drops the ``from`` of a raise.
