@@ -23,6 +23,9 @@ Rules:
    native; ``HEADER.unpack_from`` is a call and a tuple): 515 → 330 ns per
    Publish frame, of which decoding is 250.  Only a frame split across reads
    is copied into the buffer, and the next read joined to it once.
+6. ``encode_frame`` calls the encoder's bound method and writes the prefix
+   with ``int.to_bytes``: 279 → 242 ns for a Notify frame compiled, of
+   which encoding is ~150.
 """
 
 from __future__ import annotations
@@ -58,6 +61,9 @@ HEADER: Final = struct.Struct(">I")
 assert HEADER.size == 4  # FrameReader.feed reads it byte by byte (rule 5)
 
 _encoder: Final = msgspec.msgpack.Encoder()
+# Rule 6: the bound method, called as is (compiled, ``_encoder.encode(...)``
+# looks the method up by name on every call).
+_encode: Final = _encoder.encode
 
 from overlay.messages import client as _c  # noqa: E402
 
@@ -92,10 +98,11 @@ def encode(msg: PeerMessage | ClientMessage) -> bytes:
 
 
 def encode_frame(msg: PeerMessage | ClientMessage, max_size: int = DEFAULT_MAX_FRAME_SIZE) -> bytes:
-    body = _encoder.encode(msg)
-    if len(body) > max_size:
-        raise LocalProtocolError(f"{type(msg).__name__} encodes to {len(body)} bytes, over the frame limit {max_size}")
-    return HEADER.pack(len(body)) + body
+    body = _encode(msg)
+    n = len(body)
+    if n > max_size:
+        raise LocalProtocolError(f"{type(msg).__name__} encodes to {n} bytes, over the frame limit {max_size}")
+    return n.to_bytes(4, "big") + body  # HEADER (rule 6)
 
 
 class FrameReader(Generic[M]):
