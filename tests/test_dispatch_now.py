@@ -5,7 +5,9 @@ what is past one slice) is queued behind them.
 
 Against a loopback node, one read at a time (every frame of a step written in
 one write); and ``Dispatcher.publishes_now`` on its own over a sans-IO core
-(its slice, and the tests' taps and paces)."""
+(its slice, and the tests' taps and paces).  Rule 7 likewise for a peer's
+messages (``Dispatcher.peers_now``): across a loopback cluster, and over a
+sans-IO core against the dispatcher handling the same messages queued."""
 
 from __future__ import annotations
 
@@ -17,12 +19,14 @@ import pytest
 from authkit import auth, token
 from conftest import LOCAL
 from coreworld import World
-from overlay.actions import Action, ToClient
+from overlay.actions import Action, Notifies, ToClient, ToPeer
 from overlay.messages import client as cm
+from overlay.messages import peer as pm
 from overlay.messages.codec import client_reader, encode_frame
 from overlay.net.dispatch import DISPATCH_BATCH, Dispatcher, SlowLog
-from overlay.net.inbox import Inbox
+from overlay.net.inbox import FromPeer, Inbox
 from overlay.net.node import CLIENT_MAGIC
+from overlay.node import NodeCore
 from overlay.testing import LoopbackCluster, wait_until
 from overlay.testing.proxy import Proxy
 
@@ -240,3 +244,131 @@ async def test_a_stopped_dispatcher_leaves_no_receipts_timer_behind() -> None:
     assert timer.cancelled() and d._receipts_timer is None
     await asyncio.sleep(0.1)
     assert not fired  # nothing runs on the stopped core
+
+
+# -- net.dispatch rule 7: a peer's Batch read while the inbox is empty -------------------------------------
+
+
+async def test_events_crossing_nodes_are_handled_at_once_by_the_nodes_they_reach_in_order() -> None:
+    """Published on node 1, matched on node 0 (EC's owner), delivered by node
+    2: the peers' Batches reach the dispatchers of nodes 0 and 2 at once."""
+    async with LoopbackCluster(LOCAL, 3) as cl:
+        sub = await Wire.open(cl.addr(2), "sub")
+        sub.write(cm.Subscribe(1, "s", 'sym = "NOW"'))
+        await sub.until(lambda m: type(m) is cm.SubAck)
+        pub = await Wire.open(cl.addr(1), "pub")
+        before = [n.dispatcher.peer_inline for n in cl.nodes.values()]
+        for burst in range(5):
+            pub.write(*(cm.Publish(100 + 20 * burst + i, _event(20 * burst + i)) for i in range(20)))
+        got = await pub.until(lambda m: type(m) is cm.PubAck and m.seq == 199)
+        assert [m.seq for m in got if type(m) is cm.PubAck] == list(range(100, 200))
+        notes = await sub.until(lambda m: type(m) is cm.Notify and m.event["price"] == 99.0)
+        assert [m.event["price"] for m in notes if type(m) is cm.Notify] == [float(i) for i in range(100)]
+        after = [n.dispatcher.peer_inline for n in cl.nodes.values()]
+        assert after[0] > before[0] and after[2] > before[2]  # some of them, at least, not through the inbox
+        pub.close()
+        sub.close()
+
+
+def _events_for_node_0() -> tuple[list[pm.PeerMessage], int]:
+    """The Events node 1 sends node 0 (EC's owner) for 3 × DISPATCH_BATCH
+    publishes of a 2-node world, with a Heartbeat amid them; and node 1's id."""
+    w = World(2)
+    pub = w.client(1, "pub")
+    w.net.pause(1, 0)
+    for i in range(3 * DISPATCH_BATCH):
+        w.publish(1, pub, _event(i))
+    msgs = [m for _src, _dst, m in w.net.pending(1, 0) if type(m) is pm.Event]
+    assert len(msgs) == 3 * DISPATCH_BATCH
+    msgs.insert(DISPATCH_BATCH + 5, pm.Heartbeat(w.cores[1].hello().incarnation))  # not an Event: alone, in its place
+    return msgs, 1
+
+
+def _receiver() -> tuple[Dispatcher, Inbox, list[Action], NodeCore]:
+    """A dispatcher over node 0's core of a fresh 2-node world with a subscriber there."""
+    w = World(2)
+    sub = w.client(0, "sub")
+    w.subscribe(0, sub, "s", 'sym = "NOW"')
+    core = w.cores[0]
+    executed: list[Action] = []
+    inbox = Inbox(10_000)
+    d = Dispatcher(core, inbox, SlowLog(core, 0), execute=executed.extend, peer_run=lambda src, inc: None)
+    return d, inbox, executed, core
+
+
+def _notified(executed: list[Action]) -> list[Any]:
+    return [a.msg.event["price"] for a in executed if type(a) is ToClient and type(a.msg) is cm.Notify] + [
+        a.msg.event["price"] for a in executed if type(a) is Notifies
+    ]
+
+
+async def test_a_peer_s_messages_handled_at_once_do_what_the_dispatcher_does_with_them_queued() -> None:
+    msgs, src = _events_for_node_0()
+    now_d, _, now_done, now_core = _receiver()
+    now_d.slice = 60.0  # one call for all, however slow the machine
+    assert now_d.peers_now(src, msgs) == len(msgs) and now_d.peer_inline == len(msgs)
+    queued_d, inbox, queued_done, queued_core = _receiver()
+    for m in msgs:
+        assert inbox.put_nowait(FromPeer(src, m), False)
+    task = asyncio.create_task(queued_d.run())
+    try:
+        while len(inbox):
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    now_done += now_core.end_batch()  # the receipts still waiting to be due (node.outbox rule 5)
+    queued_done += queued_core.end_batch()
+    # The same actions, in the same order — but for the receipts batched
+    # after each batch (node.outbox rule 5): one EventsMatched for the call,
+    # one per batch the dispatcher took; the same events in the same order.
+    assert _unreceipted(now_done) == _unreceipted(queued_done)
+    assert _receipted(now_done) == _receipted(queued_done) == [e.event_id for e in msgs if type(e) is pm.Event]
+    assert _notified(now_done) == [float(i) for i in range(3 * DISPATCH_BATCH)]
+
+
+def _unreceipted(executed: list[Action]) -> list[Action]:
+    return [a for a in executed if not (type(a) is ToPeer and type(a.msg) is pm.EventsMatched)]
+
+
+def _receipted(executed: list[Action]) -> list[str]:
+    return [e for a in executed if type(a) is ToPeer and type(a.msg) is pm.EventsMatched for e in a.msg.event_ids]
+
+
+async def test_a_slice_s_worth_of_a_peer_s_messages_is_handled_and_the_rest_left_to_the_caller() -> None:
+    msgs, src = _events_for_node_0()
+    d, _, executed, _ = _receiver()
+    d.slice = 0.0  # every run takes a whole slice
+    done = d.peers_now(src, msgs)
+    assert done == DISPATCH_BATCH  # one run of Events, at most a batch's worth
+    d.slice = 60.0
+    assert d.peers_now(src, msgs[done:]) == len(msgs) - done
+    assert _notified(executed) == [float(i) for i in range(3 * DISPATCH_BATCH)]
+
+
+async def test_no_peer_message_is_handled_at_once_while_a_test_taps_or_paces_the_dispatcher() -> None:
+    msgs, src = _events_for_node_0()
+    d, _, executed, _ = _receiver()
+
+    async def hold() -> None:
+        return None
+
+    d.pace(hold)
+    assert d.peers_now(src, msgs) == 0
+    d.pace(None)
+    d.intercept(lambda item: None)
+    assert d.peers_now(src, msgs) == 0
+    assert executed == [] and d.peer_inline == 0
+
+
+async def test_a_peer_s_message_that_breaks_the_protocol_is_answered_and_the_rest_handled() -> None:
+    msgs, src = _events_for_node_0()
+    d, _, executed, _ = _receiver()
+    bad = pm.LinkAck(1)  # the link's own, never the node's
+    d.slice = 60.0
+    assert d.peers_now(src, [bad, *msgs[:3]]) == 4
+    errors = [a for a in executed if type(a) is ToPeer and type(a.msg) is pm.PeerError]
+    assert [(a.node, a.msg.code) for a in errors] == [(src, "protocol_error")]
+    assert _notified(executed) == [0.0, 1.0, 2.0]

@@ -53,6 +53,16 @@ Rules:
    would send them.  While a test taps or paces the dispatcher (rule 5)
    nothing is handled so: every message goes through the inbox, to be seen
    or held.
+7. **A peer's Batch at once.**  Likewise a peer's inbound link that reads a
+   ``Batch`` while the inbox is empty hands its messages to ``peers_now``
+   (``net.inbound`` rule 4): handled now, in order, as rule 1 would handle
+   them queued — a peer's Events in a row in one call
+   (``NodeCore.handle_peer_events``, in runs of at most ``DISPATCH_BATCH``),
+   any other message alone (``NodeCore.handle_peer``) — with rule 2's
+   errors (a protocol error answered ``PeerError``), rule 4's slow log,
+   ``end_batch`` after them, rule 6's slice and receipts timer, and none
+   while a test taps or paces the dispatcher.  No inbox item, no hand-over
+   to the dispatcher's task: an event crossing nodes meets this twice.
 """
 
 from __future__ import annotations
@@ -131,6 +141,7 @@ class Dispatcher:
         self._pace: Pace | None = None
         self._receipts_timer: asyncio.TimerHandle | None = None  # rule 6
         self.publishes_inline = 0  # rule 6: Publishes handled at once (status, tests)
+        self.peer_inline = 0  # rule 7: peer messages handled at once (tests)
         self.slice = DISPATCH_SLICE  # rule 1's slice, and rule 6's (seconds)
 
     def intercept(self, tap: Tap | None) -> None:
@@ -292,16 +303,70 @@ class Dispatcher:
             if t1 >= slice_end:
                 break
         self.publishes_inline += done
+        self._after_now()
+        return done
+
+    def peers_now(self, src: int, msgs: list[pm.PeerMessage]) -> int:
+        """Rule 7: the messages of a Batch from peer ``src`` read while the
+        inbox is empty, handled now, in order; how many (the first ones: a
+        slice's worth) — the caller queues the rest.  None while a test taps
+        or paces the dispatcher (rule 5)."""
+        if self._tap is not None or self._pace is not None:
+            return 0
+        core = self._core
+        execute = self._execute
+        slow = self._slow
+        n = len(msgs)
+        i = 0
+        slice_end = time.perf_counter() + self.slice
+        while i < n:
+            msg = msgs[i]
+            j = i + 1
+            now = time.time()
+            t0 = time.perf_counter()
+            try:
+                if type(msg) is _EVENT and j < n and type(msgs[j]) is _EVENT:
+                    # Rule 1's run: the Events in a row, at most a batch's worth.
+                    stop = min(n, i + DISPATCH_BATCH)
+                    while j < stop and type(msgs[j]) is _EVENT:
+                        j += 1
+                    events: list[pm.Event] = msgs[i:j]  # type: ignore[assignment]  # Events
+                    i = j
+                    acts = core.handle_peer_events(src, events, now)
+                else:
+                    i = j
+                    acts = core.handle_peer(src, msg, now)
+            except RemoteProtocolError as exc:  # rule 2, as for a queued one
+                log.warning("node %d: protocol error from peer %d: %s", core.id, src, exc)
+                execute([ToPeer(src, pm.PeerError("protocol_error", str(exc)))])
+                continue
+            except Exception:
+                log.exception("node %d: failed handling %s from peer %d", core.id, type(msg).__name__, src)
+                continue
+            if acts:
+                execute(acts)
+            t1 = time.perf_counter()
+            if t1 - t0 > slow.threshold:
+                slow.note(type(msg).__name__, f"peer {src}", now, t0)
+            if t1 >= slice_end:
+                break
+        self.peer_inline += i
+        self._after_now()
+        return i
+
+    def _after_now(self) -> None:
+        """Rules 6 and 7: after messages handled at once, the core's batched
+        notes, the indexer, and the receipts timer, as after a batch (rule 1)."""
+        core = self._core
         acts = core.end_batch(idle=False)
         if acts:
-            execute(acts)
+            self._execute(acts)
         if core.index_wanted:
             self._wake.set()
         if self._receipts_timer is None:
             due = core.receipts_due_in(time.time())
             if due is not None:  # the dispatcher may be waiting on the inbox alone: a timer sends them
                 self._receipts_timer = asyncio.get_running_loop().call_later(due, self._receipts_due)
-        return done
 
     def _receipts_due(self) -> None:
         """Rule 6: receipts left by Publishes handled at once, now due."""
@@ -343,6 +408,10 @@ class Dispatcher:
 
 
 M = TypeVar("M")  # a run's message type (rule 1)
+
+# Rule 7's check, as this module's own constant (compiled: a C static, not
+# the lookups of ``pm.Event`` on every message).
+_EVENT: Final = pm.Event
 
 
 # Rule 2: the requests answered internal_error when their handling fails (a

@@ -24,7 +24,11 @@ Rules this module keeps:
    across connections of the run, and older runs of the node are forgotten.
 4. After the hello, every frame goes to the inbox at its level (high or
    normal, ``messages.peer`` rule 2); a ``Batch`` goes in as its messages,
-   one item each, in order (``net.peer_link`` rule 7).  Frames are
+   one item each, in order (``net.peer_link`` rule 7) — but a frame read
+   while the inbox is empty goes to the dispatcher's ``peers_now``
+   (``net.dispatch`` rule 7): its messages handled at once, in order, a
+   slice's worth at a time with a loop turn between (while the inbox stays
+   empty), the rest queued as above.  Frames are
    acknowledged with a ``LinkAck`` every ``ACK_EVERY`` frames or
    ``ACK_SECONDS``.
 5. The read loop sorts its exceptions: a refusal (``PeerRefused``) is
@@ -102,6 +106,8 @@ class Inbound:
         self._stopping = stopping
         # Frames received from each peer run, over its connections (net.peer_link rule 6).
         self.received: dict[tuple[int, int], int] = {}
+        # Rule 4: the dispatcher's peers_now, once the node has made it (None: every message queued).
+        self.peers_now: Callable[[int, list[pm.PeerMessage]], int] | None = None
 
     def received_from(self, key: tuple[int, int]) -> int:
         """Frames of run ``key`` (node, incarnation) received on earlier
@@ -200,8 +206,21 @@ class Inbound:
                     for msg in frames.feed(data):
                         if src >= 0:  # a handshake message now is the core's protocol error (node.peer_messages)
                             count += 1  # frames, a Batch one (net.peer_link rule 6)
-                            if type(msg) is pm.Batch:  # its messages one by one, in order (net.peer_link rule 7)
-                                for inner in msg.messages:
+                            batch = type(msg) is pm.Batch  # its messages one by one, in order (net.peer_link rule 7)
+                            msgs: list[pm.PeerMessage] = list(msg.messages) if batch else [msg]  # type: ignore[attr-defined]
+                            done = 0
+                            now_fn = self.peers_now
+                            while now_fn is not None and done < len(msgs) and not len(inbox):  # rule 4: at once
+                                k = now_fn(src, msgs[done:] if done else msgs)
+                                if not k:
+                                    break
+                                done += k
+                                if done < len(msgs):  # a slice's worth: a loop turn, then on while the inbox is empty
+                                    await asyncio.sleep(0)
+                            if done == len(msgs):
+                                continue
+                            if batch:
+                                for inner in msgs[done:]:
                                     item = FromPeer(src, inner)
                                     if not inbox.put_nowait(item, False):
                                         await inbox.put(item, False)

@@ -19,7 +19,8 @@ that carries each out when it is not this one:
    loop turn at least every ``DISPATCH_SLICE`` so replies go out during a
    burst.  A client's Publishes read while the inbox is empty are handed
    to the dispatcher at once instead (``net.dispatch`` rule 6: nothing is
-   queued ahead of them).  A peer's ``Batch`` frame goes in as its messages, one item
+   queued ahead of them), and so are a peer's messages (``net.dispatch``
+   rule 7).  A peer's ``Batch`` frame goes in as its messages, one item
    each, in order (``net.peer_link`` rule 7).  Read loops block
    when it is full (TCP backpressure).  A publish that finds the normal level
    past ``choke_threshold`` is answered with Choke instead (SPEC §12).  A
@@ -271,6 +272,7 @@ class Node:
             refusal_log=self.refusal_log,
             stopping=self._stop,
         )
+        self.inbound.peers_now = self.dispatcher.peers_now  # net.dispatch rule 7
         self.rejoin_reason = ""  # rule 14: set when a majority declared this run dead
         self._gc_t0 = 0.0
         self._gc_cpu0 = 0.0
