@@ -126,7 +126,6 @@ from overlay.build import BUILD
 from overlay.config import ClusterConfig, NodeConfig
 from overlay.errors import PeerRefused
 from overlay.limits.descriptors import client_cap, descriptor_limit, reserve_for
-from overlay.messages import peer as pm
 from overlay.net import membership
 from overlay.net.admin import AdminServer, effective_admin_token
 from overlay.net.admission import Admission
@@ -572,8 +571,18 @@ class Node:
 
     def _carry_other(self, act: Action) -> None:
         """Rule 12 for the actions that are not for a client connection."""
-        if type(act) is ToPeer:
-            self._send_peer(act.node, act.msg)
+        if type(act) is ToPeer:  # one or more per event crossing nodes: no call more than needed
+            link = self.links.get(act.node)
+            if link is None:
+                log.error("node %d: no link to node %d for %s", self.id, act.node, type(act.msg).__name__)
+                return
+            sent = link.send(act.msg)
+            if sent is Sent.QUEUED:
+                return
+            if sent is Sent.DROPPED:  # rule 10: the bound holds while the peer is away
+                self._stats["peer_frames_dropped"] += 1
+            elif sent is Sent.OVERFLOW:  # backpressure without blocking the dispatcher
+                self._stats["peer_queue_overflow"] += 1
         elif type(act) is AddPeer:  # a node joined: link to it first
             self.add_peer(act.peer)
         elif type(act) is Rejoin:  # rule 14: declared dead; a new run takes over
@@ -581,14 +590,3 @@ class Node:
         else:
             self._stats["shell_unknown_actions"] += 1
             log.error("node %d: the core returned an action the shell does not know: %r", self.id, act)
-
-    def _send_peer(self, node: int, msg: pm.PeerMessage) -> None:
-        link = self.links.get(node)
-        if link is None:
-            log.error("node %d: no link to node %d for %s", self.id, node, type(msg).__name__)
-            return
-        sent = link.send(msg)
-        if sent is Sent.DROPPED:  # rule 10: the bound holds while the peer is away
-            self._stats["peer_frames_dropped"] += 1
-        elif sent is Sent.OVERFLOW:  # backpressure without blocking the dispatcher
-            self._stats["peer_queue_overflow"] += 1

@@ -99,6 +99,7 @@ ACK_SECONDS: Final = 0.05
 # share of the receiver's inbox and of what a reconnect sends again.
 BATCH_ITEMS: Final = 128
 _BATCHED: Final = pm.BATCHED
+assert not _BATCHED & pm.HIGH  # send() batches before it asks which queue (messages.peer rule 3)
 
 
 class Sent(enum.Enum):
@@ -178,8 +179,7 @@ class PeerLink:
 
     def send(self, msg: pm.PeerMessage) -> Sent:
         """Rules 3 and 7."""
-        high = pm.is_high(msg)
-        if self.connected.is_set() and type(msg) in _BATCHED:
+        if type(msg) in _BATCHED and self.connected.is_set():  # normal-queue types (asserted at import)
             batch = self._batch
             batch.append(msg)
             if len(batch) >= BATCH_ITEMS:
@@ -188,6 +188,7 @@ class PeerLink:
                 self._flush_due = True
                 asyncio.get_running_loop().call_soon(self.flush)
             return Sent.OVERFLOW if self.queue.full(False) else Sent.QUEUED
+        high = pm.is_high(msg)
         if self._batch and not high:
             self.flush()  # rule 7: what was batched before it goes before it
         frame = encode_frame(msg, self.max_frame)
