@@ -18,6 +18,25 @@ def test_an_id_is_new_once_and_seen_after_within_the_window() -> None:
     assert "a" in seen and "b" in seen and len(seen) == 2
 
 
+def test_unsee_undoes_only_the_mark_the_last_call_made() -> None:
+    """node.outbox rule 6: a failed Publish's dedup mark is undone, so its
+    retry is delivered; a mark made by an earlier copy (delivered) stays."""
+    seen = SeenEvents(window=10.0, limit=100)
+    seen.seen("a", 0.0)
+    assert not seen.seen("b", 1.0)
+    seen.unsee("b", 1.0)
+    assert "b" not in seen and len(seen) == 1
+    assert not seen.seen("b", 2.0)  # delivered, recorded again: forgotten once, in its own time
+    assert seen.seen("a", 2.0)
+    seen.unsee("a", 2.0)  # the last call found "a" recorded before: it stays
+    seen.unsee("b", 2.0)  # and "b" was not the last call's
+    assert "a" in seen and "b" in seen
+    seen.expire(10.0)  # "a" goes at its time, "b" stays: the order is kept
+    assert "a" not in seen and "b" in seen and len(seen) == 1
+    seen.expire(12.0)
+    assert len(seen) == 0
+
+
 def test_ids_older_than_the_window_are_forgotten_as_new_ones_come() -> None:
     seen = SeenEvents(window=10.0, limit=100)
     seen.seen("a", 0.0)

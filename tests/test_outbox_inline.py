@@ -110,21 +110,45 @@ def test_a_deferred_error_within_the_send_comes_after_the_pub_ack() -> None:
     assert [(type(a.msg).__name__, a.msg.seq) for a in out if type(a) is ToClient] == [("PubAck", 7), ("Error", 7)]
 
 
-def test_a_dispatch_that_fails_leaves_the_event_kept_and_sent_again() -> None:
-    r = Rig(resend_after=1.0)
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_a_dispatch_that_fails_leaves_nothing_of_the_event(name: str) -> None:
+    """Rule 6: its publisher is answered internal_error (node.clients), so
+    the event is not kept — not re-sent, not acked, not expired later —
+    whatever its dispatch told the outbox before it failed (a record made
+    on the way is dropped too), ``unsent`` hears of it, and the same id sent
+    again is handled as new.  Failed before: the event stayed kept, was
+    re-sent and PubAck'd after the internal_error."""
+    steps = SCENARIOS[name]
+    r = Rig(resend_after=1.0, ttl=10.0)
+    unsent: list[str] = []
+    r.outbox.unsent = lambda eid, now: unsent.append(eid)
 
-    def failing(ev: pm.Event, out: list[Action]) -> None:
+    def failing(ev: pm.Event, o: list[Action]) -> None:
         r.sent.append(ev)
+        for step in steps:
+            if step is steps[-1] and len(steps) > 1:
+                break  # the last step would complete it: the failure comes first
+            step(r.outbox, ev.event_id, o)
         raise RuntimeError("a bug")
 
     r.outbox.dispatch = failing
+    r.ctx.now = 0.0
     ev = pm.Event("0-1", VALUES, 0, pm.DispatchSign.EVENT_DISPATCHED, EC, 0.0, payload=b"abc")
     with pytest.raises(RuntimeError):
-        r.outbox.send(ev, 1, 7, [])
-    assert r.outbox.ids() == ["0-1"] and r.outbox.bytes == 3 and r.outbox.waiting("0-1") == [(1, 7)]
-    r.outbox.dispatch = lambda ev, out: r.sent.append(ev)
-    r.outbox.tick(1.0, [])
-    assert [e.event_id for e in r.sent] == ["0-1", "0-1"]  # re-sent (rule 3)
+        r.outbox.send(ev, 1, 7, [])  # what it added is dropped with the rest (node.clients)
+    assert unsent == ["0-1"] and r.ctx.stats["events_in"] == -1  # counted in by node.clients, not here
+    assert r.outbox.ids() == [] and r.outbox.bytes == 0 and r.outbox.waiting("0-1") == []
+    assert r.outbox.completed == 0 and r.ctx.stats["events_confirmed"] == 0  # nor counted if it completed
+    r.outbox.dispatch = lambda ev, o: r.sent.append(ev)
     out: list[Action] = []
+    for t in (1.0, 3.0, 7.0, 10.0, 20.0):
+        r.outbox.tick(t, out)
+    later: list[Action] = []
+    r.outbox.matched("0-1", (), later)  # a report of it is stale
+    assert len(r.sent) == 1 and later == [] and acks(out) == []
+    assert not [a for a in out if type(a) is ToClient and type(a.msg) is not cm.PubAck]  # no undeliverable either
+    # Sent again, the same id: kept and acked as any new event.
+    r.ctx.now = 20.0
+    assert not r.outbox.send(ev, 1, 8, out)
     r.outbox.matched("0-1", (), out)
-    assert acks(out) == [(1, 7, "0-1")] and r.outbox.bytes == 0
+    assert acks(out) == [(1, 8, "0-1")] and r.outbox.bytes == 0 and len(r.outbox) == 0

@@ -260,7 +260,7 @@ class NodeCore:
             recovery=self.recovery,
             receipts=self.receipts,
         )
-        self.outbox.dispatch = self.router.dispatch_event  # the lambda above, without its frame (hot path)
+        self.outbox.dispatch, self.outbox.unsent = self.router.dispatch_event, self.notifier.seen.unsee  # hot path
         self.membership = Membership(
             ctx,
             self.startup,

@@ -48,7 +48,7 @@ class SeenEvents:
     """Rules 1 and 2.  Invariant: ``_ids`` holds each id of ``_set`` once,
     oldest first, and ``_at`` the time each one was recorded."""
 
-    __slots__ = ("_at", "_ids", "_set", "_stats", "limit", "window")
+    __slots__ = ("_at", "_ids", "_last", "_set", "_stats", "limit", "window")
 
     def __init__(self, window: float, limit: int, stats: Counter[str] | None = None) -> None:
         if window <= 0 or limit < 1:
@@ -59,6 +59,7 @@ class SeenEvents:
         self._ids: deque[str] = deque()
         self._at: deque[float] = deque()
         self._stats: Counter[str] = stats if stats is not None else Counter()
+        self._last = ""  # the id the last call recorded ("": it recorded none), for unsee
 
     def __len__(self) -> int:
         return len(self._set)
@@ -72,13 +73,28 @@ class SeenEvents:
         n = len(held)
         held.add(event_id)  # one probe of the table, not a lookup and then an add
         if len(held) == n:
+            self._last = ""
             return True
+        self._last = event_id
         self._ids.append(event_id)
         at = self._at
         at.append(now)
         if at[0] <= now - self.window or n >= self.limit:
             self._forget(now)
         return False
+
+    def unsee(self, event_id: str, now: float) -> None:
+        """Undo the last ``seen`` if it recorded ``event_id``, at ``now``
+        (``node.outbox`` rule 6: the handling that called it failed): its
+        next copy is delivered.  An id recorded by an earlier copy, which
+        was delivered, stays."""
+        ids = self._ids
+        if self._last != event_id or not ids or ids[-1] != event_id or self._at[-1] != now:
+            return
+        self._last = ""
+        self._set.discard(event_id)
+        ids.pop()
+        self._at.pop()
 
     def _forget(self, now: float) -> None:
         """Rule 2: the ids past the window, then the oldest ones past the bound."""

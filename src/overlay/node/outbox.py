@@ -54,6 +54,9 @@ Rules this module keeps:
    carries many batches' receipts (each frame costs both ends more than the
    ids it carries), and an idle node answers at once.  Those for this
    node's own outbox are a call, not a message.
+6. **A failed send leaves nothing.** Its Publish is answered ``internal_error``, the actions
+   it added dropped (``node.clients``): no record, re-send or PubAck, its counts and (``unsent``)
+   its dedup mark undone, so a retry under its id is new (docs/client.md).
 
 Timing: first re-send deadlines come in the order events were accepted
 (now + a fixed wait), so they sit in two parallel deques — no tuple per
@@ -67,7 +70,7 @@ one-node cluster) gets its PubAck without a record made and torn down.
 Whatever else the dispatch tells the outbox about it — a match naming
 other nodes, a confirmation, a deferred error — makes the record then,
 and it is kept as any other (``_held``); so is one whose dispatch returns
-(or fails) before it completes.
+before it completes (one whose dispatch fails is not: rule 6).
 """
 
 from __future__ import annotations
@@ -167,6 +170,7 @@ class Outbox:
         self.dispatch = dispatch
         self.observer: CoreObserver | None = None  # node.observer rule 1
         self._sessions = sessions
+        self.unsent: Callable[[str, float], None] | None = None  # rule 6: the dedup's unsee (node.core)
         cl = ctx.config.cluster
         self.limit = cl.outbox_limit
         self.byte_limit = cl.outbox_bytes
@@ -234,16 +238,30 @@ class Outbox:
         self.bytes += len(ev.payload)
         try:
             self.dispatch(ev, out)
-        finally:  # a dispatch that failed leaves the event kept too, to be sent again
-            sending, self._sending = self._sending, None
-            if sending is not None:  # nothing about it came back: kept as sent (a remote owner, mostly)
-                k: _Kept | None = self._record(ev, sid, seq)
-            else:  # its record made during the dispatch (_held), or complete
-                k = self._kept.get(ev.event_id)
-            if k is not None:
-                self._first_at.append(k.resend_at)
-                self._first.append(k)
+        except Exception:  # rule 6: kept, it would be re-sent and PubAck'd after its internal_error
+            self._unsent(ev)
+            raise
+        sending, self._sending = self._sending, None
+        if sending is not None:  # nothing about it came back: kept as sent (a remote owner, mostly)
+            k: _Kept | None = self._record(ev, sid, seq)
+        else:  # its record made during the dispatch (_held), or complete
+            k = self._kept.get(ev.event_id)
+        if k is not None:
+            self._first_at.append(k.resend_at)
+            self._first.append(k)
         return k is None  # complete at once (a local owner, local subscribers): no deadline
+
+    def _unsent(self, ev: pm.Event) -> None:
+        stats, k = self._ctx.stats, self._kept.pop(ev.event_id, None)  # a record made during the dispatch
+        if self._sending is None and k is None:  # it completed (_acked), its PubAck dropped with the rest
+            self.completed -= 1
+            stats["events_confirmed"] -= 1
+        else:  # kept still (no deadline yet: nothing else refers to the record)
+            self.bytes -= len(ev.payload)
+        self._sending = None
+        stats["events_in"] -= 1  # node.clients counted it in as it sent it
+        if self.unsent is not None:
+            self.unsent(ev.event_id, self._ctx.now)
 
     def _record(self, ev: pm.Event, sid: int, seq: int) -> _Kept:
         """The record of a kept event (rule 1)."""
