@@ -220,21 +220,3 @@ def test_the_access_node_keeps_a_group_copys_event_only_until_its_client_takes_i
     other = w.publish(2, w.client(2, "pub2"), EVENT)
     w.net.run()
     assert not kept.keeps(other)
-
-
-@pytest.mark.parametrize("later", [1.0, 31.0], ids=["within the event's life", "past it"])
-def test_a_failed_copy_goes_again_only_within_the_events_life_here(later: float) -> None:
-    """node.failed_copies rule 1: past ``event_ttl`` after the copy first came,
-    the plain subscribers' access nodes may no longer drop the event again."""
-    w = World(3)
-    inst = {"a": (1, w.client(1, "inst-a"))}
-    w.subscribe(1, inst["a"][1], "g", "price >= 0", group="g")
-    eid, _, _ = _published_and_declined(w.net, inst)
-    assert w.cores[1].config.cluster.event_ttl == 30.0
-    w.net.tick(1, w.net.now + later)
-    kept = w.cores[1].failed_copies
-    out: list = []
-    kept.owner_gone(0, out)  # node 0's run ended: node 1 sends the event to the channel's owner
-    kept.resend(out)
-    again = [a.msg for a in out if isinstance(getattr(a, "msg", None), pm.Event)]
-    assert [e.event_id for e in again] == ([eid] if later < 30.0 else [])

@@ -16,9 +16,7 @@ Rules this module keeps:
 1. **Kept.**  The Notification of a group copy that waits for its client
    here, sent by another node, is kept (by event id, for ``event_ttl``, at
    most ``dedup_max``) until the copy is taken — then it is forgotten — or
-   fails: then it is kept on, with the owners the failed answer went to, at
-   most ``event_ttl`` after it first came (a copy sent later might reach
-   plain subscribers whose access nodes no longer remember the event).  A
+   fails: then it is kept on, with the owners the failed answer went to.  A
    copy found orphaned (its subscription gone) fails while its Notification
    is handled, which is kept then.  A keyed event's copy is not kept: its
    key's home releases the event again when the owner's run ends
@@ -56,14 +54,13 @@ class _Kept:
     sent it and how many of that node's runs had ended then, and the owners
     the failed answer went to."""
 
-    __slots__ = ("ended", "failed", "msg", "since", "src")
+    __slots__ = ("ended", "failed", "msg", "src")
 
-    def __init__(self, msg: pm.Notification, src: int, ended: int, since: float) -> None:
+    def __init__(self, msg: pm.Notification, src: int, ended: int) -> None:
         self.msg = msg
         self.src = src
         self.ended = ended
         self.failed: set[int] = set()
-        self.since = since  # when it first came here
 
 
 class FailedCopies:
@@ -104,7 +101,7 @@ class FailedCopies:
         ended = self._ends.get(src, 0)
         k = self._waiting.get(eid) or self._failed.get(eid)
         if k is None:
-            k = _Kept(msg, src, ended, self._ctx.now)
+            k = _Kept(msg, src, ended)
         else:  # the copy came again (re-sent, or by the channel's next owner): its latest sender
             k.msg, k.src, k.ended = msg, src, ended
         self._waiting.put(eid, k, self._ctx.now)
@@ -158,11 +155,8 @@ class FailedCopies:
         current owner if that one lives; the others wait for the next call."""
         ctx = self._ctx
         routing, unreachable = ctx.routing, ctx.unreachable
-        ttl = ctx.config.cluster.event_ttl
         for eid, k in list(self._gone.items()):
-            # Past its time; past the event's life here, too: the subscribers'
-            # access nodes drop a copy again only within dedup_window >= event_ttl.
-            if self._failed.get(eid) is not k or ctx.now - k.since > ttl:
+            if self._failed.get(eid) is not k:  # past its time
                 del self._gone[eid]
                 continue
             msg = k.msg
