@@ -8,9 +8,8 @@ Rules this module keeps (numbered as in ``overlay.node.groups``):
 9. **Choices.**  Per event (at most ``dedup_max``, for ``event_ttl``): the
    channel it was matched on and, per group, the instance it went to and
    whether that instance's client took it.  A taken choice is never
-   overwritten by one not taken (of any instance: the instances' access
-   nodes tell a new owner theirs in any order); a replacement instance
-   overwrites one not taken.  ``of(chid)`` gives the choices of a channel and of the
+   overwritten by one not taken of the same instance; a replacement instance
+   overwrites.  ``of(chid)`` gives the choices of a channel and of the
    channels it replaced here (split or merged from), as a SubscriptionMove
    or a DeliveryHandover carries them.
 10. **Senders.**  A receiver learns, with a moved channel's choices not taken,
@@ -67,10 +66,7 @@ class GroupChoices:
             self._chosen.put(event_id, (chid, {group: (instance, taken)}), self._ctx.now)
             return
         choices = entry[1]
-        before, took = choices.get(group, ("", False))
-        if took and not taken:  # only one instance takes an event: another's copy not taken says less
-            return
-        if taken or before != instance:
+        if taken or choices.get(group, ("", False))[0] != instance:
             choices[group] = (instance, taken)
 
     def took(self, event_id: str, group: str, instance: str) -> bool:

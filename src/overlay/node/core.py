@@ -57,7 +57,6 @@ from overlay.node.boot import Boot
 from overlay.node.clients import Clients
 from overlay.node.context import NodeContext
 from overlay.node.dedup import SeenEvents
-from overlay.node.failed_copies import FailedCopies
 from overlay.node.failures import Failures
 from overlay.node.groups import Groups
 from overlay.node.indexing import Indexing
@@ -148,7 +147,6 @@ class NodeCore:
                 self.outbox.defer_error(eid, code, text) or self.ordering.defer_error(eid, code, text)
             ),
         )
-        self.failed_copies = FailedCopies(ctx, self.notifier, dispatch=self.outbox.dispatch)  # node.failed_copies
         self.groups = Groups(
             ctx,
             self.notifier,
@@ -204,7 +202,6 @@ class NodeCore:
             match=lambda ch, ev, out: self.router.match(ch, ev, out),
             peer_gone=lambda node, out: self.failures.peer_dead(node, out),
             resend=lambda now, out: self.outbox.resend_all(now, out),
-            resend_copies=self.failed_copies.resend,
             redispatch=lambda now, out: self.ordering.home.redispatch(out),
             loads=lambda: self.failures.loads(),
             dead_load=lambda node: getattr(self.monitor.loads.get(node), "d", 0.0),
@@ -233,7 +230,6 @@ class NodeCore:
                 lambda node, out: self.peer_runs.drop_subscriptions_of(node),  # its clients died with it
                 self.outbox.node_dead,  # its receipts will not come (node.outbox rule 2)
                 lambda node, out: self.sessions.retry_all(out),  # copies it held or forwarded (sessions rule 6)
-                self.failed_copies.owner_gone,  # group copies failed back to it go again
             ),
             node_back=self.outbox.node_back,
             peer_runs=self.peer_runs,
@@ -244,7 +240,6 @@ class NodeCore:
                 lambda node, out: self.peer_runs.drop_subscriptions_of_old_run(node),
                 self.recovery.peer_restarted,
                 lambda node, out: self.sessions.retry_all(out),
-                self.failed_copies.owner_gone,
             ),
         )
         self.router = Router(
@@ -308,7 +303,6 @@ class NodeCore:
             failures=self.failures,
             migration=self.migration,
             notifier=self.notifier,
-            failed_copies=self.failed_copies,
             outbox=self.outbox,
             receipts=self.receipts,
             recovery=self.recovery,

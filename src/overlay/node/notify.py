@@ -87,7 +87,6 @@ _ToClient: Final = ToClient
 OwnerAck = Callable[[pm.NotificationAck, list[Action]], None]
 CloseSession = Callable[[int], list[Action]]
 DeferError = Callable[[str, str, str], bool]
-Answered = Callable[[int, pm.NotificationAck, list[Action]], None]
 
 
 def _not_in(container: Container[object], item: object) -> bool:
@@ -135,7 +134,6 @@ class Notifier:
         self.marks = RankMarks(min(cl.event_ttl, ctx.config.sequencer.key_ttl), cl.dedup_max, ctx.stats)
         self._next_prune = 0.0
         self.observer: CoreObserver | None = None  # node.observer rule 1
-        self.answered: Answered | None = None  # each answer to another owner (node.failed_copies)
 
     @property
     def has_groups(self) -> bool:
@@ -448,8 +446,6 @@ class Notifier:
         if owner == self._ctx.id:
             self._owner_ack(ack, out)
         else:
-            if self.answered is not None:
-                self.answered(owner, ack, out)
             out.append(ToPeer(owner, ack))
 
     def tracks_ack(self, sid: int, msg: cm.Ack) -> bool:

@@ -19,7 +19,6 @@ from overlay.node.arrivals import Arrivals
 from overlay.node.balancing import Balancing
 from overlay.node.boot import Boot
 from overlay.node.context import NodeContext
-from overlay.node.failed_copies import FailedCopies
 from overlay.node.failures import Failures
 from overlay.node.groups import Groups
 from overlay.node.migration import Migration
@@ -52,7 +51,6 @@ class PeerMessages:
         failures: Failures,
         migration: Migration,
         notifier: Notifier,
-        failed_copies: FailedCopies,
         outbox: Outbox,
         receipts: Receipts,
         recovery: Recovery,
@@ -71,7 +69,6 @@ class PeerMessages:
         self._failures = failures
         self._migration = migration
         self._notifier = notifier
-        self._failed_copies = failed_copies
         self._outbox = outbox
         self._receipts = receipts
         self._recovery = recovery
@@ -130,9 +127,6 @@ class PeerMessages:
                         msg.event_id, msg.event_exp, msg.sub_ids, msg.publish_time, out, msg.payload, src
                     )
                 if msg.origin >= 0 and not msg.key:  # the publisher's access node waits for it (node.outbox)
-                    failed = self._failed_copies
-                    if notifier.has_groups or failed.pending:  # a group copy waits here, or failed
-                        failed.arrived(src, msg, out)
                     if msg.confirm:  # the owner left its match report to us (node.outbox rule 2)
                         self._receipts.reported(msg.origin, msg.event_id, msg.confirm, out)
                     else:

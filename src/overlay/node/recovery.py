@@ -31,10 +31,8 @@ Rules:
    rule 5) — sends each new owner one ``Rebuild`` (in chunks of
    ``REBUILD_CHUNK``) with every subscription it holds that overlaps the
    channel; what its clients' (un)subscriptions waited on there is applied.
-   Then its outbox re-sends every unconfirmed event (to the new owners), so
-   do the keys it is home of their events in flight (``node.keyhome`` rule
-   9), and it the group copies it failed back to an owner gone since
-   (``node.failed_copies`` rule 2).
+   Then its outbox re-sends every unconfirmed event (to the new owners), and
+   the keys it is home of their events in flight (``node.keyhome`` rule 9).
 4. The new owner creates each channel empty and *holds* the events that
    reach it (at most ``MAX_HELD`` per channel; past that an event is dropped
    unacknowledged, counted, and its access node re-sends it) until every
@@ -141,7 +139,6 @@ class Recovery:
         damped: Damped,
         arriving: Arriving,
         redispatch: Resend = lambda now, out: None,
-        resend_copies: Callable[[list[Action]], None] = lambda out: None,
         group_choices: GroupChoices = lambda dead, chid: (),
         learn_choices: LearnChoices = lambda choices, chid: None,
     ) -> None:
@@ -153,7 +150,6 @@ class Recovery:
         self._peer_gone = peer_gone
         self._resend_events = resend
         self._redispatch = redispatch
-        self._resend_copies = resend_copies
         self._loads = loads
         self._dead_load = dead_load
         self._damped = damped
@@ -547,7 +543,6 @@ class Recovery:
         in flight (``node.keyhome`` rule 9), to the channels' current owners."""
         self._resend_events(now, out)
         self._redispatch(now, out)
-        self._resend_copies(out)
 
     def tick(self, now: float, out: list[Action]) -> None:
         # Rule 2 again for an update naming a dead owner that came after the
