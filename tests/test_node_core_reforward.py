@@ -235,6 +235,36 @@ def _filter_of(w: World, gid: str):
 # -- failure before <2> (SPEC §8.2) ------------------------------------------------------------------------
 
 
+def test_an_answer_to_a_session_aborted_for_an_unreachable_receiver_is_ignored():
+    """Fault seed 4893: the receiver became unreachable while its
+    ReplyRequestLoadBalance was in flight; the session aborted at once
+    (peer_unreachable) but is forgotten only at the next tick.  The answer
+    arriving in between is late, not a protocol error."""
+    w = World()
+    net, cores = w.net, w.cores
+    admin = w.client(0, "ops")
+    sid = w.client(1, "c")
+    w.subscribe(1, sid, "s", "price < 10")
+    net.hold_types(pm.ReplyRequestLoadBalance, src=2, dst=0)
+    seq = _start_place(w, admin, "0.0", 2)
+    net.run()
+    (mig,) = cores[0].migration.outgoing.values()
+    assert mig.state is OutState.REQUESTED
+    routing_before = cores[0].routing.entries()
+    net.execute(0, cores[0].peer_unreachable(2, cores[0].ctx.now))
+    assert mig.state is OutState.ABORTED and mig.session in cores[0].migration.outgoing
+    net.release()
+    net.run()
+    assert net.errors == []
+    assert mig.state is OutState.ABORTED
+    assert all(c.routing.entries() == routing_before for c in cores.values())
+    err = w.reply(0, admin, seq)
+    assert isinstance(err, cm.Error) and "aborted" in err.message
+    eid = w.publish(1, sid, {"price": 5.0, "sym": "A"})
+    net.run()
+    assert w.notifies() == Counter({(1, sid, eid, frozenset({"s"})): 1})
+
+
 def test_timeout_before_time_2_aborts_and_rolls_back_the_receiver():
     w = World()
     net, cores = w.net, w.cores

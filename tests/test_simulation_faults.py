@@ -157,6 +157,7 @@ REGRESSION_SEEDS: Final = (
     1751,  # a copy to an instance that had taken the event, failed by its access node that forgot it: replaced
     739,  # a split parent's failed copy re-offered to 13 instances gone since, ~6 s each: not quiet in the drain
     3467,  # matched again with its group's copy in flight, reported to no node: PubAck'd; the copy died with the owner
+    4893,  # a receiver's answer reached a session aborted for it unreachable, not yet forgotten: a protocol error
 )
 
 

@@ -158,8 +158,10 @@ class Migration:
 
     def on_reply(self, src: int, msg: MigrationReply, now: float, out: list[Action]) -> None:
         mig = self.outgoing.get(msg.session)
-        if mig is None or mig.receiver != src:
-            # A late answer to a session already timed out and rolled back.
+        if mig is None or mig.receiver != src or not mig.active:
+            # A late answer to a session already timed out and rolled back —
+            # or aborted (the receiver unreachable) and not yet forgotten: the
+            # next tick forgets it, and the receiver has its CompleteLoadBalance.
             log.info(
                 "node %d: ignoring %s from node %d for a session that is over", self._ctx.id, type(msg).__name__, src
             )
