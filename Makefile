@@ -21,7 +21,7 @@ IS_COMPILED := PYTHONPATH=src $(BIN)/python -c "import sys, overlay.build as b; 
 # matching, the node core, the queues, the fast paths held to the general ones,
 # and the seams check (test_seams guards only pure classes).  About 1 minute.
 PURE_TESTS := tests/test_build.py tests/test_codec.py tests/test_codec_notify.py tests/test_matcher.py \
-	tests/test_channel.py tests/test_node_core.py tests/test_queues.py tests/test_dedup.py tests/test_histograms.py \
+	tests/test_channel.py tests/test_node_core.py tests/test_node_core_failed_publish.py tests/test_queues.py tests/test_dedup.py tests/test_histograms.py \
 	tests/test_simulation.py tests/test_sim_faults.py tests/test_sim_inbox.py tests/test_sim_notifies.py \
 	tests/test_seams.py tests/test_outbox_inline.py tests/test_router_fast.py tests/test_event_id.py tests/test_dispatch_now.py tests/test_event_check.py
 

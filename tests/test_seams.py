@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-import test_node_core
+import test_node_core_failed_publish
 import test_sim_faults
 import test_simulation
 from overlay.build import BUILD, HOT_MODULES
@@ -124,6 +124,8 @@ def test_a_simulation_watches_its_cores_through_their_observers(guarded: list[st
 
 def test_fault_tests_change_cores_from_outside(guarded: list[str], monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     test_sim_faults.test_a_refused_publish_is_retried_with_its_id(monkeypatch, 2)  # a Proxy in front of a core
-    test_node_core.test_a_publish_that_fails_in_a_run_is_its_own_failure(caplog)  # a failing capture buffer
+    test_node_core_failed_publish.test_a_publish_that_fails_in_a_run_is_its_own_failure(
+        caplog
+    )  # a failing capture buffer
     test_simulation.test_double_notifications_are_caught()  # a Proxy duplicating a core's Events
     assert not guarded
